@@ -1,0 +1,899 @@
+"""The BERT model and its pretraining heads, in TensorFlow 1.x graph code.
+
+Variable names and shapes are Google BERT's (bert/embeddings/word_embeddings,
+bert/encoder/layer_0/attention/self/query/kernel, ..., cls/predictions/output_bias,
+cls/seq_relationship/output_weights), so Google BERT checkpoints and the MLPerf
+checkpoint model.ckpt-28252 load by name. The public API is Google's: BertConfig,
+BertModel and its getters, get_assignment_map_from_checkpoint.
+
+Variables are made with tf.get_variable and plain ops (no tf.layers, no Keras), which
+works on TensorFlow 1.15 and on 2.x through tf.compat.v1. They are always float32;
+with compute_type=tf.bfloat16 or tf.float16 a custom getter hands the layers a cast
+copy, so the math runs in low precision while the master weights stay float32.
+"""
+
+import collections
+import copy
+import json
+import math
+import re
+
+import tensorflow.compat.v1 as tf
+
+
+class BertConfig(object):
+  """Hyperparameters of a BertModel (the contents of bert_config.json)."""
+
+  def __init__(self,
+               vocab_size,
+               hidden_size=768,
+               num_hidden_layers=12,
+               num_attention_heads=12,
+               intermediate_size=3072,
+               hidden_act="gelu",
+               hidden_dropout_prob=0.1,
+               attention_probs_dropout_prob=0.1,
+               max_position_embeddings=512,
+               type_vocab_size=2,
+               initializer_range=0.02):
+    """Constructs a BertConfig.
+
+    Args:
+      vocab_size: Size of the WordPiece vocabulary (rows of the embedding table).
+      hidden_size: Width of the encoder layers and the embeddings.
+      num_hidden_layers: Number of Transformer layers.
+      num_attention_heads: Attention heads per layer; must divide hidden_size.
+      intermediate_size: Width of the feed-forward layer inside each Transformer layer.
+      hidden_act: Activation of the feed-forward layer: "gelu", "relu", "tanh" or "linear".
+      hidden_dropout_prob: Dropout on embeddings, encoder and pooler outputs.
+      attention_probs_dropout_prob: Dropout on the attention probabilities.
+      max_position_embeddings: Longest sequence the model accepts.
+      type_vocab_size: Number of segment ids (2 for sentence A / B).
+      initializer_range: Stddev of the truncated-normal weight initializer.
+    """
+    self.vocab_size = vocab_size
+    self.hidden_size = hidden_size
+    self.num_hidden_layers = num_hidden_layers
+    self.num_attention_heads = num_attention_heads
+    self.hidden_act = hidden_act
+    self.intermediate_size = intermediate_size
+    self.hidden_dropout_prob = hidden_dropout_prob
+    self.attention_probs_dropout_prob = attention_probs_dropout_prob
+    self.max_position_embeddings = max_position_embeddings
+    self.type_vocab_size = type_vocab_size
+    self.initializer_range = initializer_range
+
+  @classmethod
+  def from_dict(cls, json_object):
+    """Constructs a BertConfig from a dict; unknown keys are kept as attributes."""
+    if "vocab_size" not in json_object:
+      raise ValueError("bert config has no vocab_size; add it to bert_config.json")
+    config = BertConfig(vocab_size=None)
+    for (key, value) in json_object.items():
+      config.__dict__[key] = value
+    return config
+
+  @classmethod
+  def from_json_file(cls, json_file):
+    """Constructs a BertConfig from a json file of parameters.
+
+    Raises:
+      ValueError: the file is missing, not JSON, or lacks a required key; the
+        message names the file and the fix.
+    """
+    if not tf.gfile.Exists(json_file):
+      raise ValueError("bert config %s does not exist; pass --bert_config_file=PATH/bert_config.json"
+                       % json_file)
+    with tf.gfile.GFile(json_file, "r") as reader:
+      text = reader.read()
+    try:
+      values = json.loads(text)
+    except ValueError as e:
+      raise ValueError("bert config %s is not valid JSON (%s); fix the file or pass another "
+                       "--bert_config_file" % (json_file, e))
+    if not isinstance(values, dict):
+      raise ValueError("bert config %s must hold a JSON object; fix the file" % json_file)
+    config = cls.from_dict(values)
+    config.validate(json_file)
+    return config
+
+  def validate(self, source="bert config"):
+    """Raises ValueError when the hyperparameters cannot build a model."""
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+      value = getattr(self, key, None)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("%s: %s must be a positive integer, got %r; fix bert_config.json"
+                         % (source, key, value))
+    if self.hidden_size % self.num_attention_heads:
+      raise ValueError("%s: hidden_size %d is not a multiple of num_attention_heads %d; fix "
+                       "bert_config.json" % (source, self.hidden_size, self.num_attention_heads))
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError("%s: hidden_act %r is not one of %s; fix bert_config.json"
+                       % (source, self.hidden_act, sorted(ACTIVATIONS)))
+
+  def to_dict(self):
+    """Serializes this instance to a Python dictionary."""
+    return copy.deepcopy(self.__dict__)
+
+  def to_json_string(self):
+    """Serializes this instance to a JSON string."""
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+class BertModel(object):
+  """BERT: Bidirectional Encoder Representations from Transformers.
+
+  Example:
+
+  ```python
+  input_ids = tf.constant([[31, 51, 99], [15, 5, 0]])
+  input_mask = tf.constant([[1, 1, 1], [1, 1, 0]])
+  token_type_ids = tf.constant([[0, 0, 1], [0, 2, 0]])
+  config = modeling.BertConfig(vocab_size=32000, hidden_size=512,
+    num_hidden_layers=8, num_attention_heads=8, intermediate_size=1024)
+  model = modeling.BertModel(config=config, is_training=True,
+    input_ids=input_ids, input_mask=input_mask, token_type_ids=token_type_ids)
+  pooled_output = model.get_pooled_output()
+  ```
+  """
+
+  def __init__(self,
+               config,
+               is_training,
+               input_ids,
+               input_mask=None,
+               token_type_ids=None,
+               use_one_hot_embeddings=False,
+               scope=None,
+               compute_type=tf.float32):
+    """Constructor for BertModel.
+
+    Args:
+      config: `BertConfig` instance.
+      is_training: bool. True applies dropout; False is the evaluation model.
+      input_ids: int32 or int64 Tensor of shape [batch_size, seq_length].
+      input_mask: (optional) int Tensor of shape [batch_size, seq_length]; 1 for real
+        tokens, 0 for padding.
+      token_type_ids: (optional) int Tensor of shape [batch_size, seq_length].
+      use_one_hot_embeddings: bool. Look embeddings up with a one-hot matmul (faster on
+        TPUs) instead of tf.gather.
+      scope: (optional) variable scope. Defaults to "bert".
+      compute_type: tf.float32, tf.float16 or tf.bfloat16: the type the layers compute
+        in. Variables stay float32; outputs are returned in compute_type.
+
+    Raises:
+      ValueError: The config is invalid or one of the input tensor shapes is invalid.
+    """
+    config = copy.deepcopy(config)
+    if not is_training:
+      config.hidden_dropout_prob = 0.0
+      config.attention_probs_dropout_prob = 0.0
+
+    input_shape = get_shape_list(input_ids, expected_rank=2)
+    batch_size = input_shape[0]
+    seq_length = input_shape[1]
+    if isinstance(seq_length, int) and seq_length > config.max_position_embeddings:
+      raise ValueError("sequence length %d is longer than max_position_embeddings %d; lower "
+                       "--max_seq_length or use a config with more positions"
+                       % (seq_length, config.max_position_embeddings))
+
+    if input_mask is None:
+      input_mask = tf.ones(shape=[batch_size, seq_length], dtype=tf.int32)
+    if token_type_ids is None:
+      token_type_ids = tf.zeros(shape=[batch_size, seq_length], dtype=tf.int32)
+
+    with tf.variable_scope(scope, default_name="bert",
+                           custom_getter=get_custom_getter(compute_type)):
+      with tf.variable_scope("embeddings"):
+        # Perform embedding lookup on the word ids.
+        (self.embedding_output, self.embedding_table) = embedding_lookup(
+            input_ids=input_ids,
+            vocab_size=config.vocab_size,
+            embedding_size=config.hidden_size,
+            initializer_range=config.initializer_range,
+            word_embedding_name="word_embeddings",
+            use_one_hot_embeddings=use_one_hot_embeddings)
+
+        # Add positional embeddings and token type embeddings, then layer
+        # normalize and perform dropout.
+        self.embedding_output = embedding_postprocessor(
+            input_tensor=self.embedding_output,
+            use_token_type=True,
+            token_type_ids=token_type_ids,
+            token_type_vocab_size=config.type_vocab_size,
+            token_type_embedding_name="token_type_embeddings",
+            use_position_embeddings=True,
+            position_embedding_name="position_embeddings",
+            initializer_range=config.initializer_range,
+            max_position_embeddings=config.max_position_embeddings,
+            dropout_prob=config.hidden_dropout_prob)
+        # Lookups and the first layer norm run in float32; the encoder in compute_type.
+        self.embedding_output = tf.cast(self.embedding_output, compute_type)
+
+      with tf.variable_scope("encoder"):
+        attention_mask = create_attention_mask_from_input_mask(
+            input_ids, input_mask, self.embedding_output.dtype)
+        self.all_encoder_layers = transformer_model(
+            input_tensor=self.embedding_output,
+            attention_mask=attention_mask,
+            hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=config.num_attention_heads,
+            intermediate_size=config.intermediate_size,
+            intermediate_act_fn=get_activation(config.hidden_act),
+            hidden_dropout_prob=config.hidden_dropout_prob,
+            attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+            initializer_range=config.initializer_range,
+            do_return_all_layers=True)
+
+      self.sequence_output = self.all_encoder_layers[-1]
+      # The "pooler" takes the hidden state of the first token ([CLS]) through a dense
+      # tanh layer; the next-sentence head reads it.
+      with tf.variable_scope("pooler"):
+        first_token_tensor = tf.squeeze(self.sequence_output[:, 0:1, :], axis=1)
+        self.pooled_output = dense_layer(
+            first_token_tensor, config.hidden_size, "dense", activation=tf.tanh,
+            initializer_range=config.initializer_range)
+
+  def get_pooled_output(self):
+    """float Tensor of shape [batch_size, hidden_size]: the pooled [CLS] state."""
+    return self.pooled_output
+
+  def get_sequence_output(self):
+    """float Tensor of shape [batch_size, seq_length, hidden_size]: the final encoder layer."""
+    return self.sequence_output
+
+  def get_all_encoder_layers(self):
+    """List of float Tensors [batch_size, seq_length, hidden_size], one per layer."""
+    return self.all_encoder_layers
+
+  def get_embedding_output(self):
+    """float Tensor of shape [batch_size, seq_length, hidden_size]: word + position +
+    token type embeddings after layer norm and dropout, the input of the encoder."""
+    return self.embedding_output
+
+  def get_embedding_table(self):
+    """float Tensor of shape [vocab_size, hidden_size]: the word embedding table."""
+    return self.embedding_table
+
+
+def get_custom_getter(compute_type):
+  """Returns a variable getter that keeps variables float32 and casts them for use.
+
+  Args:
+    compute_type: the dtype the graph computes in.
+
+  Returns:
+    None for float32; otherwise a custom getter for tf.variable_scope.
+  """
+  if compute_type == tf.float32:
+    return None
+
+  def float32_variable_getter(getter, name, *args, **kwargs):
+    requested_dtype = kwargs.get("dtype", tf.float32)
+    if requested_dtype == compute_type:
+      kwargs["dtype"] = tf.float32
+    variable = getter(name, *args, **kwargs)
+    if requested_dtype == compute_type and variable.dtype.base_dtype != compute_type:
+      return tf.cast(variable, compute_type)
+    return variable
+
+  return float32_variable_getter
+
+
+def gelu(x):
+  """Gaussian Error Linear Unit, the tanh approximation BERT was trained with.
+
+  Args:
+    x: float Tensor.
+
+  Returns:
+    `x` with the GELU activation applied.
+  """
+  cdf = 0.5 * (1.0 + tf.tanh(
+      (math.sqrt(2 / math.pi) * (x + 0.044715 * tf.pow(x, 3)))))
+  return x * cdf
+
+
+ACTIVATIONS = {
+    "gelu": gelu,
+    "relu": tf.nn.relu,
+    "tanh": tf.tanh,
+    "linear": None,
+}
+
+
+def get_activation(activation_string):
+  """Maps bert_config.json's hidden_act string to a Python function.
+
+  Args:
+    activation_string: "gelu", "relu", "tanh" or "linear" (case insensitive), or None.
+
+  Returns:
+    The activation function, or None for "linear" / None.
+
+  Raises:
+    ValueError: the string is not a known activation.
+  """
+  if activation_string is None or not isinstance(activation_string, str):
+    return activation_string
+  act = activation_string.lower()
+  if act not in ACTIVATIONS:
+    raise ValueError("Unsupported activation %r; use one of %s" % (act, sorted(ACTIVATIONS)))
+  return ACTIVATIONS[act]
+
+
+def get_assignment_map_from_checkpoint(tvars, init_checkpoint):
+  """Maps the graph's variables to the checkpoint variables of the same name and shape.
+
+  Args:
+    tvars: list of tf.Variable to look for.
+    init_checkpoint: checkpoint prefix (as tf.train.latest_checkpoint returns it).
+
+  Returns:
+    (assignment_map, initialized_variable_names): an OrderedDict checkpoint name ->
+    graph variable name, and a dict of the graph names found (plus name + ":0").
+
+  Raises:
+    ValueError: a variable of the checkpoint has another shape than the graph's; the
+      message names the variable and both shapes.
+  """
+  name_to_variable = collections.OrderedDict()
+  for var in tvars:
+    name = var.name
+    m = re.match("^(.*):\\d+$", name)
+    if m is not None:
+      name = m.group(1)
+    name_to_variable[name] = var
+
+  assignment_map = collections.OrderedDict()
+  initialized_variable_names = {}
+  for (name, shape) in tf.train.list_variables(init_checkpoint):
+    if name not in name_to_variable:
+      continue
+    graph_shape = name_to_variable[name].shape.as_list()
+    if list(shape) != graph_shape:
+      raise ValueError("checkpoint %s: variable %s has shape %s but the model needs %s; use a "
+                       "--bert_config_file that matches the checkpoint"
+                       % (init_checkpoint, name, list(shape), graph_shape))
+    assignment_map[name] = name
+    initialized_variable_names[name] = 1
+    initialized_variable_names[name + ":0"] = 1
+
+  return (assignment_map, initialized_variable_names)
+
+
+def dropout(input_tensor, dropout_prob):
+  """Applies dropout; a no-op when dropout_prob is None or 0.
+
+  Args:
+    input_tensor: float Tensor.
+    dropout_prob: Python float, the probability of dropping out a value.
+
+  Returns:
+    A Tensor of the same shape as `input_tensor`.
+  """
+  if dropout_prob is None or dropout_prob == 0.0:
+    return input_tensor
+  return tf.nn.dropout(input_tensor, rate=dropout_prob)
+
+
+def layer_norm(input_tensor, name=None):
+  """Layer normalization over the last axis, with variables `name`/beta and `name`/gamma.
+
+  The statistics are computed in float32 whatever the input type, since a low-precision
+  variance loses the small differences that layer norm divides by.
+  """
+  with tf.variable_scope(name, default_name="LayerNorm"):
+    width = input_tensor.shape.as_list()[-1:]
+    beta = tf.get_variable("beta", shape=width, initializer=tf.zeros_initializer())
+    gamma = tf.get_variable("gamma", shape=width, initializer=tf.ones_initializer())
+    x = tf.cast(input_tensor, tf.float32)
+    mean, variance = tf.nn.moments(x, axes=[-1], keep_dims=True)
+    normalized = (x - mean) * tf.rsqrt(variance + 1e-12) * gamma + beta
+    return tf.cast(normalized, input_tensor.dtype)
+
+
+def layer_norm_and_dropout(input_tensor, dropout_prob, name=None):
+  """Runs layer normalization followed by dropout."""
+  output_tensor = layer_norm(input_tensor, name)
+  output_tensor = dropout(output_tensor, dropout_prob)
+  return output_tensor
+
+
+def create_initializer(initializer_range=0.02):
+  """Creates a `truncated_normal_initializer` with the given range."""
+  return tf.truncated_normal_initializer(stddev=initializer_range)
+
+
+def dense_layer(input_tensor, units, name, activation=None, initializer_range=0.02):
+  """A fully connected layer with variables `name`/kernel and `name`/bias.
+
+  Args:
+    input_tensor: float Tensor of shape [..., input_width].
+    units: output width.
+    name: variable scope of the layer ("dense", "query", ...).
+    activation: (optional) activation function applied to the output.
+    initializer_range: stddev of the kernel initializer.
+
+  Returns:
+    float Tensor of shape [..., units], in the type of `input_tensor`.
+  """
+  input_width = input_tensor.shape.as_list()[-1]
+  dtype = input_tensor.dtype
+  with tf.variable_scope(name):
+    kernel = tf.get_variable("kernel", [input_width, units], dtype=dtype,
+                             initializer=create_initializer(initializer_range))
+    bias = tf.get_variable("bias", [units], dtype=dtype, initializer=tf.zeros_initializer())
+    if input_tensor.shape.ndims == 2:
+      output = tf.matmul(input_tensor, kernel)
+    else:
+      output = tf.tensordot(input_tensor, kernel, axes=1)
+    output = tf.nn.bias_add(output, bias)
+    if activation is not None:
+      output = activation(output)
+    return output
+
+
+def embedding_lookup(input_ids,
+                     vocab_size,
+                     embedding_size=128,
+                     initializer_range=0.02,
+                     word_embedding_name="word_embeddings",
+                     use_one_hot_embeddings=False):
+  """Looks up word embeddings for an id tensor.
+
+  Args:
+    input_ids: int Tensor of shape [batch_size, seq_length] containing word ids.
+    vocab_size: int. Size of the embedding vocabulary.
+    embedding_size: int. Width of the word embeddings.
+    initializer_range: float. Embedding initialization range.
+    word_embedding_name: string. Name of the embedding table.
+    use_one_hot_embeddings: bool. If True, use a one-hot matmul for the lookup.
+
+  Returns:
+    float Tensor of shape [batch_size, seq_length, embedding_size], and the embedding
+    table of shape [vocab_size, embedding_size].
+  """
+  embedding_table = tf.get_variable(
+      name=word_embedding_name,
+      shape=[vocab_size, embedding_size],
+      initializer=create_initializer(initializer_range))
+
+  if use_one_hot_embeddings:
+    one_hot_input_ids = tf.one_hot(input_ids, depth=vocab_size, dtype=embedding_table.dtype.base_dtype)
+    output = tf.tensordot(one_hot_input_ids, embedding_table, axes=1)
+  else:
+    output = tf.gather(embedding_table, input_ids)
+  return (output, embedding_table)
+
+
+def embedding_postprocessor(input_tensor,
+                            use_token_type=False,
+                            token_type_ids=None,
+                            token_type_vocab_size=16,
+                            token_type_embedding_name="token_type_embeddings",
+                            use_position_embeddings=True,
+                            position_embedding_name="position_embeddings",
+                            initializer_range=0.02,
+                            max_position_embeddings=512,
+                            dropout_prob=0.1):
+  """Adds token type and position embeddings to the word embeddings, then layer norm
+  and dropout.
+
+  Args:
+    input_tensor: float Tensor of shape [batch_size, seq_length, embedding_size].
+    use_token_type: bool. Whether to add embeddings for `token_type_ids`.
+    token_type_ids: (optional) int Tensor of shape [batch_size, seq_length].
+    token_type_vocab_size: int. The vocabulary size of `token_type_ids`.
+    token_type_embedding_name: string. The name of the token type embedding table.
+    use_position_embeddings: bool. Whether to add position embeddings.
+    position_embedding_name: string. The name of the position embedding table.
+    initializer_range: float. Range of the weight initialization.
+    max_position_embeddings: int. Rows of the position table; seq_length must not exceed it.
+    dropout_prob: float. Dropout probability applied to the final output tensor.
+
+  Returns:
+    float Tensor with the same shape as `input_tensor`.
+  """
+  input_shape = get_shape_list(input_tensor, expected_rank=3)
+  seq_length = input_shape[1]
+  width = input_shape[2]
+
+  output = input_tensor
+  if use_token_type:
+    if token_type_ids is None:
+      raise ValueError("`token_type_ids` must be specified if `use_token_type` is True.")
+    token_type_table = tf.get_variable(
+        name=token_type_embedding_name,
+        shape=[token_type_vocab_size, width],
+        initializer=create_initializer(initializer_range))
+    # The type vocabulary is tiny, so a one-hot matmul is faster than a gather.
+    one_hot_ids = tf.one_hot(token_type_ids, depth=token_type_vocab_size,
+                             dtype=token_type_table.dtype.base_dtype)
+    output += tf.tensordot(one_hot_ids, token_type_table, axes=1)
+
+  if use_position_embeddings:
+    full_position_embeddings = tf.get_variable(
+        name=position_embedding_name,
+        shape=[max_position_embeddings, width],
+        initializer=create_initializer(initializer_range))
+    # Positions are always 0..seq_length-1, so a slice is the lookup.
+    position_embeddings = tf.slice(full_position_embeddings, [0, 0], [seq_length, -1])
+    output += tf.expand_dims(position_embeddings, 0)
+
+  output = layer_norm_and_dropout(output, dropout_prob)
+  return output
+
+
+def create_attention_mask_from_input_mask(from_tensor, to_mask, dtype=tf.float32):
+  """Creates the 3D attention mask [batch_size, from_seq_length, to_seq_length].
+
+  Args:
+    from_tensor: Tensor of shape [batch_size, from_seq_length, ...].
+    to_mask: int Tensor of shape [batch_size, to_seq_length].
+    dtype: type of the returned mask.
+
+  Returns:
+    Tensor of shape [batch_size, 1, to_seq_length]: 1 where a position may be attended
+    to. It broadcasts over the from positions, which all share the same mask.
+  """
+  del from_tensor  # Kept for Google's signature; every query row shares one mask.
+  return tf.cast(tf.expand_dims(to_mask, 1), dtype)
+
+
+def attention_layer(from_tensor,
+                    to_tensor,
+                    attention_mask=None,
+                    num_attention_heads=1,
+                    size_per_head=512,
+                    query_act=None,
+                    key_act=None,
+                    value_act=None,
+                    attention_probs_dropout_prob=0.0,
+                    initializer_range=0.02,
+                    batch_size=None,
+                    from_seq_length=None,
+                    to_seq_length=None):
+  """Multi-headed attention from `from_tensor` to `to_tensor`.
+
+  The query, key and value projections are one matmul each over the flattened
+  [batch_size * seq_length, width] input. The results are reshaped to
+  [batch_size, num_heads, seq_length, size_per_head] so that all heads' dot products
+  are one batched matmul, scaled by 1/sqrt(size_per_head), masked (masked positions get
+  -10000 before the softmax) and softmaxed; the probabilities weight the values, and
+  the heads are concatenated back to [batch_size * from_seq_length, num_heads * size].
+
+  Args:
+    from_tensor: float Tensor of shape [batch_size * from_seq_length, from_width].
+    to_tensor: float Tensor of shape [batch_size * to_seq_length, to_width].
+    attention_mask: (optional) Tensor of shape [batch_size, 1 or from_seq_length,
+      to_seq_length], 1 where attention is allowed, 0 where not.
+    num_attention_heads: int. Number of attention heads.
+    size_per_head: int. Size of each attention head.
+    query_act: (optional) Activation function for the query transform.
+    key_act: (optional) Activation function for the key transform.
+    value_act: (optional) Activation function for the value transform.
+    attention_probs_dropout_prob: (optional) float. Dropout on the attention probabilities.
+    initializer_range: float. Range of the weight initializer.
+    batch_size: int. Batch size of the flattened inputs.
+    from_seq_length: int. Sequence length of `from_tensor`.
+    to_seq_length: int. Sequence length of `to_tensor`.
+
+  Returns:
+    float Tensor of shape [batch_size * from_seq_length, num_attention_heads * size_per_head].
+
+  Raises:
+    ValueError: the tensors are not rank 2 or the lengths are not given.
+  """
+  get_shape_list(from_tensor, expected_rank=2)
+  get_shape_list(to_tensor, expected_rank=2)
+  if batch_size is None or from_seq_length is None or to_seq_length is None:
+    raise ValueError("batch_size, from_seq_length and to_seq_length must be given for "
+                     "rank 2 inputs")
+
+  def split_heads(tensor, seq_length):
+    tensor = tf.reshape(tensor, [batch_size, seq_length, num_attention_heads, size_per_head])
+    return tf.transpose(tensor, [0, 2, 1, 3])
+
+  width = num_attention_heads * size_per_head
+  # `query_layer` = [B*F, N*H]
+  query_layer = dense_layer(from_tensor, width, "query", query_act, initializer_range)
+  # `key_layer` = [B*T, N*H]
+  key_layer = dense_layer(to_tensor, width, "key", key_act, initializer_range)
+  # `value_layer` = [B*T, N*H]
+  value_layer = dense_layer(to_tensor, width, "value", value_act, initializer_range)
+
+  # Scaling the query instead of the scores touches F*H values instead of F*T.
+  query_layer = split_heads(query_layer * (1.0 / math.sqrt(float(size_per_head))),
+                            from_seq_length)
+  key_layer = split_heads(key_layer, to_seq_length)
+
+  # `attention_scores` = [B, N, F, T]
+  attention_scores = tf.matmul(query_layer, key_layer, transpose_b=True)
+
+  if attention_mask is not None:
+    # `attention_mask` = [B, 1, 1 or F, T]
+    attention_mask = tf.expand_dims(attention_mask, axis=[1])
+    adder = (1.0 - tf.cast(attention_mask, attention_scores.dtype)) * -10000.0
+    attention_scores += adder
+
+  attention_probs = tf.nn.softmax(attention_scores)
+  attention_probs = dropout(attention_probs, attention_probs_dropout_prob)
+
+  # `value_layer` = [B, N, T, H]
+  value_layer = split_heads(value_layer, to_seq_length)
+  # `context_layer` = [B, N, F, H] -> [B, F, N, H] -> [B*F, N*H]
+  context_layer = tf.matmul(attention_probs, value_layer)
+  context_layer = tf.transpose(context_layer, [0, 2, 1, 3])
+  return tf.reshape(context_layer, [batch_size * from_seq_length, width])
+
+
+def transformer_model(input_tensor,
+                      attention_mask=None,
+                      hidden_size=768,
+                      num_hidden_layers=12,
+                      num_attention_heads=12,
+                      intermediate_size=3072,
+                      intermediate_act_fn=gelu,
+                      hidden_dropout_prob=0.1,
+                      attention_probs_dropout_prob=0.1,
+                      initializer_range=0.02,
+                      do_return_all_layers=False):
+  """The Transformer encoder of "Attention is All You Need" as BERT uses it (post-LN).
+
+  Args:
+    input_tensor: float Tensor of shape [batch_size, seq_length, hidden_size].
+    attention_mask: (optional) Tensor of shape [batch_size, 1 or seq_length, seq_length],
+      1 where attention is allowed.
+    hidden_size: int. Hidden size of the Transformer.
+    num_hidden_layers: int. Number of layers (blocks) in the Transformer.
+    num_attention_heads: int. Number of attention heads in the Transformer.
+    intermediate_size: int. The size of the "intermediate" (a.k.a., feed forward) layer.
+    intermediate_act_fn: function. The non-linear activation of the intermediate layer.
+    hidden_dropout_prob: float. Dropout probability for the hidden layers.
+    attention_probs_dropout_prob: float. Dropout probability of the attention probabilities.
+    initializer_range: float. Range of the initializer (stddev of truncated normal).
+    do_return_all_layers: Whether to also return all layers or just the final layer.
+
+  Returns:
+    float Tensor of shape [batch_size, seq_length, hidden_size], the final hidden layer,
+    or the list of all layers' outputs when do_return_all_layers.
+
+  Raises:
+    ValueError: A Tensor shape or parameter is invalid.
+  """
+  if hidden_size % num_attention_heads != 0:
+    raise ValueError(
+        "The hidden size (%d) is not a multiple of the number of attention "
+        "heads (%d)" % (hidden_size, num_attention_heads))
+
+  attention_head_size = int(hidden_size / num_attention_heads)
+  input_shape = get_shape_list(input_tensor, expected_rank=3)
+  batch_size = input_shape[0]
+  seq_length = input_shape[1]
+  input_width = input_shape[2]
+
+  # The residual additions need the input to be as wide as the hidden layers.
+  if input_width != hidden_size:
+    raise ValueError("The width of the input tensor (%d) != hidden size (%d)" %
+                     (input_width, hidden_size))
+
+  # Work on the 2D [batch_size * seq_length, width] form throughout: reshapes between 2D
+  # and 3D are not free, and the dense layers are plain matmuls on it.
+  prev_output = tf.reshape(input_tensor, [-1, input_width])
+
+  all_layer_outputs = []
+  for layer_idx in range(num_hidden_layers):
+    with tf.variable_scope("layer_%d" % layer_idx):
+      layer_input = prev_output
+
+      with tf.variable_scope("attention"):
+        with tf.variable_scope("self"):
+          attention_output = attention_layer(
+              from_tensor=layer_input,
+              to_tensor=layer_input,
+              attention_mask=attention_mask,
+              num_attention_heads=num_attention_heads,
+              size_per_head=attention_head_size,
+              attention_probs_dropout_prob=attention_probs_dropout_prob,
+              initializer_range=initializer_range,
+              batch_size=batch_size,
+              from_seq_length=seq_length,
+              to_seq_length=seq_length)
+
+        # Project back to hidden_size, then add the residual and normalize.
+        with tf.variable_scope("output"):
+          attention_output = dense_layer(attention_output, hidden_size, "dense",
+                                         initializer_range=initializer_range)
+          attention_output = dropout(attention_output, hidden_dropout_prob)
+          attention_output = layer_norm(attention_output + layer_input)
+
+      # The activation is only applied to the "intermediate" hidden layer.
+      with tf.variable_scope("intermediate"):
+        intermediate_output = dense_layer(attention_output, intermediate_size, "dense",
+                                          intermediate_act_fn, initializer_range)
+
+      # Down-project back to `hidden_size` then add the residual.
+      with tf.variable_scope("output"):
+        layer_output = dense_layer(intermediate_output, hidden_size, "dense",
+                                   initializer_range=initializer_range)
+        layer_output = dropout(layer_output, hidden_dropout_prob)
+        layer_output = layer_norm(layer_output + attention_output)
+        prev_output = layer_output
+        all_layer_outputs.append(layer_output)
+
+  if do_return_all_layers:
+    return [tf.reshape(layer_output, input_shape) for layer_output in all_layer_outputs]
+  return tf.reshape(prev_output, input_shape)
+
+
+def get_masked_lm_output(bert_config, input_tensor, output_weights, positions, label_ids,
+                         label_weights):
+  """The masked-LM head (cls/predictions), evaluated at the masked positions only.
+
+  Gathering the masked positions first means the transform and the vocabulary
+  projection run on batch_size * max_predictions_per_seq rows instead of
+  batch_size * seq_length: the projection is the largest matmul of a small BERT.
+
+  Args:
+    bert_config: BertConfig.
+    input_tensor: float Tensor [batch_size, seq_length, hidden_size], the sequence output.
+    output_weights: float Tensor [vocab_size, hidden_size], the word embedding table
+      (the output projection shares it).
+    positions: int Tensor [batch_size, max_predictions_per_seq], masked positions.
+    label_ids: int Tensor [batch_size, max_predictions_per_seq], the true token ids.
+    label_weights: float Tensor [batch_size, max_predictions_per_seq], 1.0 for real
+      predictions, 0.0 for padding.
+
+  Returns:
+    (loss, per_example_loss, log_probs): float32 scalar, float32 [batch_size *
+    max_predictions_per_seq], float32 [batch_size * max_predictions_per_seq, vocab_size].
+  """
+  input_tensor = gather_indexes(input_tensor, positions)
+
+  with tf.variable_scope("cls/predictions"):
+    # One more non-linear transform before the output layer; it is not used after
+    # pretraining.
+    with tf.variable_scope("transform"):
+      input_tensor = dense_layer(input_tensor, bert_config.hidden_size, "dense",
+                                 get_activation(bert_config.hidden_act),
+                                 bert_config.initializer_range)
+      input_tensor = layer_norm(input_tensor)
+
+    # The output weights are the input embeddings, but there is an output-only bias
+    # for each token.
+    output_bias = tf.get_variable("output_bias", shape=[bert_config.vocab_size],
+                                  dtype=input_tensor.dtype, initializer=tf.zeros_initializer())
+    logits = tf.matmul(input_tensor, tf.cast(output_weights, input_tensor.dtype),
+                       transpose_b=True)
+    logits = tf.cast(tf.nn.bias_add(logits, output_bias), tf.float32)
+    log_probs = tf.nn.log_softmax(logits, axis=-1)
+
+    label_ids = tf.reshape(label_ids, [-1])
+    label_weights = tf.cast(tf.reshape(label_weights, [-1]), tf.float32)
+    per_example_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(label_ids, tf.int32), logits=logits)
+    # Padding predictions have weight 0; the epsilon keeps an all-padding batch at 0.
+    numerator = tf.reduce_sum(label_weights * per_example_loss)
+    denominator = tf.reduce_sum(label_weights) + 1e-5
+    loss = numerator / denominator
+
+  return (loss, per_example_loss, log_probs)
+
+
+def get_next_sentence_output(bert_config, input_tensor, labels):
+  """The next-sentence head (cls/seq_relationship): is sentence B the real next one?
+
+  Args:
+    bert_config: BertConfig.
+    input_tensor: float Tensor [batch_size, hidden_size], the pooled output.
+    labels: int Tensor [batch_size] or [batch_size, 1]: 0 = B follows A, 1 = random B.
+
+  Returns:
+    (loss, per_example_loss, log_probs): float32 scalar, [batch_size], [batch_size, 2].
+  """
+  with tf.variable_scope("cls/seq_relationship"):
+    output_weights = tf.get_variable(
+        "output_weights", shape=[2, bert_config.hidden_size], dtype=input_tensor.dtype,
+        initializer=create_initializer(bert_config.initializer_range))
+    output_bias = tf.get_variable("output_bias", shape=[2], dtype=input_tensor.dtype,
+                                  initializer=tf.zeros_initializer())
+
+    logits = tf.matmul(input_tensor, output_weights, transpose_b=True)
+    logits = tf.cast(tf.nn.bias_add(logits, output_bias), tf.float32)
+    log_probs = tf.nn.log_softmax(logits, axis=-1)
+    labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
+    per_example_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                      logits=logits)
+    loss = tf.reduce_mean(per_example_loss)
+    return (loss, per_example_loss, log_probs)
+
+
+def gather_indexes(sequence_tensor, positions):
+  """Gathers the vectors at the given positions of each sequence of the batch.
+
+  Args:
+    sequence_tensor: float Tensor [batch_size, seq_length, width].
+    positions: int Tensor [batch_size, num_positions].
+
+  Returns:
+    float Tensor [batch_size * num_positions, width].
+  """
+  sequence_shape = get_shape_list(sequence_tensor, expected_rank=3)
+  batch_size = sequence_shape[0]
+  seq_length = sequence_shape[1]
+  width = sequence_shape[2]
+
+  positions = tf.cast(positions, tf.int32)
+  flat_offsets = tf.reshape(tf.range(0, batch_size, dtype=tf.int32) * seq_length, [-1, 1])
+  flat_positions = tf.reshape(positions + flat_offsets, [-1])
+  flat_sequence_tensor = tf.reshape(sequence_tensor, [batch_size * seq_length, width])
+  return tf.gather(flat_sequence_tensor, flat_positions)
+
+
+def get_shape_list(tensor, expected_rank=None, name=None):
+  """Returns a list of the shape of tensor, preferring static dimensions.
+
+  Args:
+    tensor: A tf.Tensor object to find the shape of.
+    expected_rank: (optional) int or list of ints. The expected rank of `tensor`.
+    name: Optional name of the tensor for the error message.
+
+  Returns:
+    A list of dimensions: Python ints where static, scalar int32 Tensors where dynamic.
+
+  Raises:
+    ValueError: the tensor's rank is not the expected one.
+  """
+  if name is None:
+    name = tensor.name
+
+  if expected_rank is not None:
+    assert_rank(tensor, expected_rank, name)
+
+  shape = tensor.shape.as_list()
+
+  non_static_indexes = []
+  for (index, dim) in enumerate(shape):
+    if dim is None:
+      non_static_indexes.append(index)
+
+  if not non_static_indexes:
+    return shape
+
+  dyn_shape = tf.shape(tensor)
+  for index in non_static_indexes:
+    shape[index] = dyn_shape[index]
+  return shape
+
+
+def assert_rank(tensor, expected_rank, name=None):
+  """Raises a ValueError if the tensor rank is not of the expected rank.
+
+  Args:
+    tensor: A tf.Tensor to check the rank of.
+    expected_rank: Python integer or list of integers, expected rank.
+    name: Optional name of the tensor for the error message.
+
+  Raises:
+    ValueError: If the expected shape doesn't match the actual shape.
+  """
+  if name is None:
+    name = tensor.name
+
+  expected_rank_dict = {}
+  if isinstance(expected_rank, int):
+    expected_rank_dict[expected_rank] = True
+  else:
+    for x in expected_rank:
+      expected_rank_dict[x] = True
+
+  actual_rank = tensor.shape.ndims
+  if actual_rank not in expected_rank_dict:
+    scope_name = tf.get_variable_scope().name
+    raise ValueError(
+        "For the tensor `%s` in scope `%s`, the actual rank "
+        "`%d` (shape = %s) is not equal to the expected rank `%s`" %
+        (name, scope_name, actual_rank, str(tensor.shape), str(expected_rank)))
