@@ -1,0 +1,177 @@
+"""The embedded default: everything a pretraining run needs, built from the shipped corpus.
+
+`bash run_1card_FPS.sh` without --input_files_dir calls this first. From
+bert_pretrain/demo_data/corpus.txt (public-domain books, see SOURCE.md) it builds, in
+--cache_dir, and only what is not there yet:
+
+  vocab.txt            a WordPiece vocab trained on the corpus
+  train/, eval/        TFRecords (max_seq_length 128, 20 predictions); the eval set is
+                       made from held-out documents, never seen in training
+  bert_config.json     a small BERT (2 layers, hidden 128)
+  init/model.ckpt-0    a fresh checkpoint of it, the run's --init_checkpoint
+
+Each artefact is written under a temporary name and renamed when complete, so an
+interrupted preparation is redone, never half-used.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+from absl import app
+from absl import flags
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import create_pretraining_data
+from bert_pretrain import modeling
+from bert_pretrain import tokenization
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "corpus.txt")
+
+# The demo's model and data settings, in one place. run_1card_FPS.sh passes the same
+# sequence lengths to run_pretraining.
+DEMO_CONFIG = {
+    "vocab_size": 4096,
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 512,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "initializer_range": 0.02,
+}
+MAX_SEQ_LENGTH = 128
+MAX_PREDICTIONS_PER_SEQ = 20
+EVAL_DOCUMENT_FRACTION = 0.1
+NUM_TRAIN_FILES = 4
+
+flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts.")
+FLAGS = flags.FLAGS
+
+
+def read_documents(path):
+  """Returns the documents of a text file: lists of sentences split by blank lines."""
+  documents, current = [], []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      line = line.strip()
+      if line:
+        current.append(line)
+      elif current:
+        documents.append(current)
+        current = []
+  if current:
+    documents.append(current)
+  return documents
+
+
+def write_documents(documents, path):
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n\n".join("\n".join(doc) for doc in documents) + "\n")
+
+
+def prepare(cache_dir, log=print):
+  """Builds whatever of the demo artefacts is missing in cache_dir; returns their paths."""
+  if not os.path.exists(CORPUS):
+    raise ValueError("the demo corpus %s is missing; restore it with git checkout" % CORPUS)
+  os.makedirs(cache_dir, exist_ok=True)
+  paths = {
+      "vocab_file": os.path.join(cache_dir, "vocab.txt"),
+      "input_files_dir": os.path.join(cache_dir, "train"),
+      "eval_files_dir": os.path.join(cache_dir, "eval"),
+      "bert_config_file": os.path.join(cache_dir, "bert_config.json"),
+      "init_checkpoint": os.path.join(cache_dir, "init", "model.ckpt-0"),
+  }
+
+  # Held-out documents (every 10th) make the eval set, the rest the training set.
+  documents = read_documents(CORPUS)
+  step = int(round(1 / EVAL_DOCUMENT_FRACTION))
+  eval_docs = [d for i, d in enumerate(documents) if i % step == step - 1]
+  train_docs = [d for i, d in enumerate(documents) if i % step != step - 1]
+  text_dir = os.path.join(cache_dir, "text")
+  os.makedirs(text_dir, exist_ok=True)
+  train_text = os.path.join(text_dir, "train.txt")
+  eval_text = os.path.join(text_dir, "eval.txt")
+  write_documents(train_docs, train_text)
+  write_documents(eval_docs, eval_text)
+
+  if not os.path.exists(paths["vocab_file"]):
+    log("demo: building a %d-token WordPiece vocab from %s" % (DEMO_CONFIG["vocab_size"], CORPUS))
+    tokenization.build_wordpiece_vocab([train_text], DEMO_CONFIG["vocab_size"],
+                                       paths["vocab_file"] + ".tmp")
+    os.rename(paths["vocab_file"] + ".tmp", paths["vocab_file"])
+
+  for name, text, num_files, dupe_factor, seed in (
+      ("input_files_dir", train_text, NUM_TRAIN_FILES, 5, 12345),
+      ("eval_files_dir", eval_text, 1, 1, 54321)):
+    folder = paths[name]
+    if os.path.isdir(folder):
+      continue
+    log("demo: writing TFRecords to %s" % folder)
+    tmp_folder = folder + ".tmp"
+    shutil.rmtree(tmp_folder, ignore_errors=True)
+    os.makedirs(tmp_folder)
+    outputs = [os.path.join(tmp_folder, "part-%05d-of-%05d" % (i, num_files))
+               for i in range(num_files)]
+    stats = create_pretraining_data.create_pretraining_data(
+        [text], outputs, paths["vocab_file"], do_lower_case=True,
+        max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS_PER_SEQ,
+        dupe_factor=dupe_factor, random_seed=seed)
+    log("demo: %d documents -> %d instances" % (stats["num_documents"], stats["num_instances"]))
+    os.rename(tmp_folder, folder)
+
+  if not os.path.exists(paths["bert_config_file"]):
+    with open(paths["bert_config_file"] + ".tmp", "w") as f:
+      json.dump(DEMO_CONFIG, f, indent=2, sort_keys=True)
+    os.rename(paths["bert_config_file"] + ".tmp", paths["bert_config_file"])
+
+  if not tf.gfile.Exists(paths["init_checkpoint"] + ".index"):
+    log("demo: writing a freshly initialized checkpoint %s" % paths["init_checkpoint"])
+    write_fresh_checkpoint(modeling.BertConfig.from_dict(DEMO_CONFIG), paths["init_checkpoint"])
+  return paths
+
+
+def write_fresh_checkpoint(bert_config, prefix, seed=12345):
+  """Saves a randomly initialized BERT with its pretraining heads at `prefix`."""
+  from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    tf.set_random_seed(seed)
+    batch = 1
+    features = {
+        "input_ids": tf.zeros([batch, MAX_SEQ_LENGTH], tf.int32),
+        "input_mask": tf.ones([batch, MAX_SEQ_LENGTH], tf.int32),
+        "segment_ids": tf.zeros([batch, MAX_SEQ_LENGTH], tf.int32),
+        "masked_lm_positions": tf.zeros([batch, MAX_PREDICTIONS_PER_SEQ], tf.int32),
+        "masked_lm_ids": tf.zeros([batch, MAX_PREDICTIONS_PER_SEQ], tf.int32),
+        "masked_lm_weights": tf.ones([batch, MAX_PREDICTIONS_PER_SEQ], tf.float32),
+        "next_sentence_labels": tf.zeros([batch, 1], tf.int32),
+    }
+    run_pretraining.build_model(bert_config, features, False, tf.float32)
+    saver = tf.train.Saver(tf.trainable_variables())
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      tmp_dir = os.path.dirname(prefix) + ".tmp"
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+      saver.save(sess, os.path.join(tmp_dir, os.path.basename(prefix)), write_meta_graph=False)
+  shutil.rmtree(os.path.dirname(prefix), ignore_errors=True)
+  os.rename(tmp_dir, os.path.dirname(prefix))
+
+
+def main(argv):
+  del argv
+  tf.logging.set_verbosity(tf.logging.ERROR)
+  tf.disable_v2_behavior()
+  try:
+    prepare(FLAGS.cache_dir)
+  except ValueError as e:
+    print("demo: error: %s" % e, file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))
