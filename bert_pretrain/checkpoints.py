@@ -7,12 +7,41 @@ foreign checkpoint are ignored. A checkpoint of this recipe in --output_dir is r
 from instead: weights, optimizer state and global_step.
 """
 
+import json
 import os
 import re
 
 import tensorflow.compat.v1 as tf
 
 _CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
+# Written into output_dir by this recipe; a checkpoint without it is someone else's.
+RUN_MARKER = "bert_pretrain_run.json"
+
+
+def find_resume_checkpoint(output_dir):
+  """Returns the prefix of this recipe's latest checkpoint in output_dir, or None.
+
+  Raises:
+    ValueError: output_dir holds a checkpoint that this recipe did not write (MLPerf's
+      model.ckpt-28252 copied there, say): resuming from it would take a foreign
+      global_step and optimizer state.
+  """
+  if not tf.gfile.IsDirectory(output_dir):
+    return None
+  prefix = tf.train.latest_checkpoint(output_dir)
+  if prefix is None and not tf.gfile.Glob(os.path.join(output_dir, "*.index")):
+    return None
+  if not tf.gfile.Exists(os.path.join(output_dir, RUN_MARKER)):
+    raise ValueError("--output_dir=%s holds a checkpoint that is not a checkpoint of this "
+                     "run's recipe; to start from its weights pass it as --init_checkpoint with "
+                     "a new --output_dir" % output_dir)
+  return prefix
+
+
+def write_run_marker(output_dir, settings):
+  """Marks output_dir as this recipe's, with the settings its checkpoints need."""
+  with tf.gfile.GFile(os.path.join(output_dir, RUN_MARKER), "w") as f:
+    f.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def resolve_checkpoint(path, flag_name="--init_checkpoint"):
@@ -98,9 +127,9 @@ def check_resumable(prefix, variables, optional_prefixes=("loss_scale/",)):
     if name.startswith(optional_prefixes):
       continue
     if name not in checkpoint_shapes:
-      raise ValueError("--output_dir holds checkpoint %s, which lacks %s: it is not a "
-                       "checkpoint of this run's recipe and config; to start from its weights "
-                       "pass it as --init_checkpoint with a new --output_dir" % (prefix, name))
+      raise ValueError("--output_dir holds checkpoint %s, which lacks %s: it was written with "
+                       "other settings (optimizer, accumulation, config); use those settings "
+                       "or a new --output_dir" % (prefix, name))
     if list(checkpoint_shapes[name]) != var.shape.as_list():
       raise ValueError("--output_dir holds checkpoint %s whose %s has shape %s, but this run "
                        "needs %s; use the same --bert_config_file or a new --output_dir"

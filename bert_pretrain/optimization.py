@@ -169,10 +169,10 @@ class DynamicLossScale(object):
   def __init__(self, initial_scale=2.0 ** 15, growth_interval=1000):
     with tf.variable_scope("loss_scale"):
       self.scale = tf.get_variable("scale", initializer=float(initial_scale), trainable=False)
-      self.good_steps = tf.get_variable("good_steps", initializer=0, dtype=tf.int64,
-                                        trainable=False)
-      self.skipped_steps = tf.get_variable("skipped_steps", initializer=0, dtype=tf.int64,
-                                           trainable=False)
+      self.good_steps = tf.get_variable("good_steps", shape=[], dtype=tf.int64,
+                                        initializer=tf.zeros_initializer(), trainable=False)
+      self.skipped_steps = tf.get_variable("skipped_steps", shape=[], dtype=tf.int64,
+                                           initializer=tf.zeros_initializer(), trainable=False)
     self.growth_interval = growth_interval
 
   def update(self, all_finite):

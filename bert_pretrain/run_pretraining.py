@@ -165,6 +165,7 @@ def check_flags():
                                         FLAGS.max_predictions_per_seq,
                                         vocab_size=bert_config.vocab_size)
   _check_output_dir(FLAGS.output_dir)
+  checkpoints.find_resume_checkpoint(FLAGS.output_dir)
   return bert_config, train_files, eval_files
 
 
@@ -256,14 +257,24 @@ EVAL_SUMS = ("mlm_correct", "mlm_weight", "mlm_loss_sum", "nsp_correct", "nsp_co
 
 class Evaluator(object):
   """Evaluates the current weights on the eval set; each rank reads its part of it and
-  the sums are all-reduced, so N ranks report what one card would on the whole set."""
+  the sums are all-reduced, so N ranks report what one card would on the whole set.
 
-  def __init__(self, bert_config, eval_files, ranks, dtype):
+  Args:
+    bert_config: BertConfig.
+    eval_files: list of TFRecord paths.
+    ranks: Ranks.
+    dtype: compute type of the model.
+    batch_size, max_seq_length, max_predictions_per_seq: of the eval records.
+    max_eval_steps: batches per rank (0: the whole set).
+  """
+
+  def __init__(self, bert_config, eval_files, ranks, dtype, batch_size, max_seq_length,
+               max_predictions_per_seq, max_eval_steps=0):
     dataset = input_pipeline.make_dataset(
-        eval_files, FLAGS.eval_batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
+        eval_files, batch_size, max_seq_length, max_predictions_per_seq,
         is_training=False, num_shards=ranks.size, shard_index=ranks.rank)
-    if FLAGS.max_eval_steps > 0:
-      dataset = dataset.take(FLAGS.max_eval_steps)
+    if max_eval_steps > 0:
+      dataset = dataset.take(max_eval_steps)
     self.iterator = tf.data.make_initializable_iterator(dataset)
     # AUTO_REUSE: the eval model shares the training model's variables, or makes them
     # when there is no training.
@@ -369,7 +380,11 @@ def run(bert_config, train_files, eval_files, ranks):
         allreduce_fn=allreduce_fn if FLAGS.allreduce_post_accumulation else None,
         loss_scale=loss_scale,
         pre_accumulation_fn=None if FLAGS.allreduce_post_accumulation else allreduce_fn)
-  evaluator = Evaluator(bert_config, eval_files, ranks, dtype) if FLAGS.do_eval else None
+  evaluator = None
+  if FLAGS.do_eval:
+    evaluator = Evaluator(bert_config, eval_files, ranks, dtype, FLAGS.eval_batch_size,
+                          FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
+                          FLAGS.max_eval_steps)
 
   model_variables = tf.trainable_variables()
   saver = tf.train.Saver(max_to_keep=FLAGS.keep_checkpoint_max)
@@ -377,7 +392,7 @@ def run(bert_config, train_files, eval_files, ranks):
 
   sess = tf.Session(config=session_config(ranks))
   sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-  resume_prefix = tf.train.latest_checkpoint(FLAGS.output_dir)
+  resume_prefix = checkpoints.find_resume_checkpoint(FLAGS.output_dir)
   if resume_prefix:
     checkpoints.check_resumable(resume_prefix, tf.global_variables())
     present = dict(tf.train.list_variables(resume_prefix))
@@ -393,6 +408,11 @@ def run(bert_config, train_files, eval_files, ranks):
     logger.print("No --init_checkpoint: the model starts from random weights")
   if broadcast_op is not None:
     sess.run(broadcast_op)
+  if is_chief and FLAGS.do_train:
+    checkpoints.write_run_marker(FLAGS.output_dir, {
+        "bert_config": bert_config.to_dict(), "max_seq_length": FLAGS.max_seq_length,
+        "max_predictions_per_seq": FLAGS.max_predictions_per_seq,
+        "optimizer": FLAGS.optimizer, "global_batch_size": global_batch_size})
   sess.graph.finalize()  # Nothing may add ops inside the loop.
   logger.mlperf(logs.mllog.constants.INIT_STOP, kind="end")
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")

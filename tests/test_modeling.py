@@ -1,0 +1,169 @@
+"""The model: Google BERT variable names and shapes, output shapes, config handling."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import modeling
+from bert_pretrain import run_pretraining
+
+CONFIG = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                             num_attention_heads=4, intermediate_size=37,
+                             max_position_embeddings=64, type_vocab_size=2)
+
+
+def google_bert_variables(config):
+  """The variable names and shapes of a Google BERT checkpoint, written out by hand."""
+  h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
+  names = {
+      "bert/embeddings/word_embeddings": [v, h],
+      "bert/embeddings/token_type_embeddings": [config.type_vocab_size, h],
+      "bert/embeddings/position_embeddings": [config.max_position_embeddings, h],
+      "bert/embeddings/LayerNorm/beta": [h],
+      "bert/embeddings/LayerNorm/gamma": [h],
+      "bert/pooler/dense/kernel": [h, h],
+      "bert/pooler/dense/bias": [h],
+      "cls/predictions/transform/dense/kernel": [h, h],
+      "cls/predictions/transform/dense/bias": [h],
+      "cls/predictions/transform/LayerNorm/beta": [h],
+      "cls/predictions/transform/LayerNorm/gamma": [h],
+      "cls/predictions/output_bias": [v],
+      "cls/seq_relationship/output_weights": [2, h],
+      "cls/seq_relationship/output_bias": [2],
+  }
+  for layer in range(config.num_hidden_layers):
+    p = "bert/encoder/layer_%d/" % layer
+    for name in ("query", "key", "value"):
+      names[p + "attention/self/%s/kernel" % name] = [h, h]
+      names[p + "attention/self/%s/bias" % name] = [h]
+    names[p + "attention/output/dense/kernel"] = [h, h]
+    names[p + "attention/output/dense/bias"] = [h]
+    names[p + "attention/output/LayerNorm/beta"] = [h]
+    names[p + "attention/output/LayerNorm/gamma"] = [h]
+    names[p + "intermediate/dense/kernel"] = [h, i]
+    names[p + "intermediate/dense/bias"] = [i]
+    names[p + "output/dense/kernel"] = [i, h]
+    names[p + "output/dense/bias"] = [h]
+    names[p + "output/LayerNorm/beta"] = [h]
+    names[p + "output/LayerNorm/gamma"] = [h]
+  return names
+
+
+def features(batch, seq, predictions):
+  rng = np.random.RandomState(0)
+  return {
+      "input_ids": tf.constant(rng.randint(0, CONFIG.vocab_size, [batch, seq]), tf.int32),
+      "input_mask": tf.constant(np.ones([batch, seq]), tf.int32),
+      "segment_ids": tf.constant(rng.randint(0, 2, [batch, seq]), tf.int32),
+      "masked_lm_positions": tf.constant(rng.randint(0, seq, [batch, predictions]), tf.int32),
+      "masked_lm_ids": tf.constant(rng.randint(0, CONFIG.vocab_size, [batch, predictions]),
+                                   tf.int32),
+      "masked_lm_weights": tf.ones([batch, predictions], tf.float32),
+      "next_sentence_labels": tf.zeros([batch, 1], tf.int32),
+  }
+
+
+def test_variables_have_google_bert_names_and_shapes():
+  with tf.Graph().as_default():
+    run_pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.float32)
+    got = {v.op.name: v.shape.as_list() for v in tf.global_variables()}
+  assert got == google_bert_variables(CONFIG)
+
+
+def test_output_shapes_and_getters():
+  with tf.Graph().as_default():
+    ids = tf.constant(np.random.RandomState(1).randint(0, 99, [3, 11]), tf.int32)
+    model = modeling.BertModel(CONFIG, is_training=False, input_ids=ids,
+                               input_mask=tf.ones([3, 11], tf.int32))
+    assert model.get_sequence_output().shape.as_list() == [3, 11, 32]
+    assert model.get_pooled_output().shape.as_list() == [3, 32]
+    assert model.get_embedding_output().shape.as_list() == [3, 11, 32]
+    assert model.get_embedding_table().shape.as_list() == [99, 32]
+    assert len(model.get_all_encoder_layers()) == 2
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      pooled = sess.run(model.get_pooled_output())
+    assert np.all(np.abs(pooled) <= 1.0)  # tanh pooler
+    assert np.isfinite(pooled).all()
+
+
+def test_padding_does_not_change_real_tokens():
+  """Attention must ignore masked positions: padding more does not move the outputs."""
+  with tf.Graph().as_default():
+    ids = tf.placeholder(tf.int32, [1, None])
+    mask = tf.placeholder(tf.int32, [1, None])
+    model = modeling.BertModel(CONFIG, False, ids, mask)
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      short = sess.run(model.get_sequence_output(), {ids: [[5, 6, 7, 0]], mask: [[1, 1, 1, 0]]})
+      long = sess.run(model.get_sequence_output(),
+                      {ids: [[5, 6, 7, 0, 0, 0]], mask: [[1, 1, 1, 0, 0, 0]]})
+  np.testing.assert_allclose(short[0, :3], long[0, :3], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("act,expected", [("gelu", modeling.gelu), ("relu", tf.nn.relu),
+                                          ("tanh", tf.tanh), ("linear", None)])
+def test_hidden_act_follows_the_config(act, expected):
+  assert modeling.get_activation(act) is expected
+
+
+def test_gelu_values():
+  with tf.Graph().as_default(), tf.Session() as sess:
+    got = sess.run(modeling.gelu(tf.constant([-1.0, 0.0, 1.0, 3.0])))
+  np.testing.assert_allclose(got, [-0.158808, 0.0, 0.841192, 2.996363], atol=1e-5)
+
+
+def test_config_round_trip_and_errors(tmp_path):
+  path = tmp_path / "bert_config.json"
+  path.write_text(CONFIG.to_json_string())
+  loaded = modeling.BertConfig.from_json_file(str(path))
+  assert loaded.to_dict() == CONFIG.to_dict()
+
+  with pytest.raises(ValueError, match="does not exist"):
+    modeling.BertConfig.from_json_file(str(tmp_path / "missing.json"))
+  path.write_text("{not json")
+  with pytest.raises(ValueError, match="not valid JSON"):
+    modeling.BertConfig.from_json_file(str(path))
+  path.write_text(json.dumps(dict(CONFIG.to_dict(), num_attention_heads=5)))
+  with pytest.raises(ValueError, match="not a multiple of num_attention_heads"):
+    modeling.BertConfig.from_json_file(str(path))
+  path.write_text(json.dumps(dict(CONFIG.to_dict(), hidden_act="swish")))
+  with pytest.raises(ValueError, match="hidden_act"):
+    modeling.BertConfig.from_json_file(str(path))
+
+
+def test_sequence_longer_than_positions_is_a_clear_error():
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match="longer than max_position_embeddings"):
+      modeling.BertModel(CONFIG, False, tf.zeros([1, 65], tf.int32))
+
+
+def test_assignment_map_from_checkpoint(tmp_path):
+  with tf.Graph().as_default():
+    a = tf.get_variable("bert/a", [2, 3])
+    tf.get_variable("cls/b", [4])
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      prefix = tf.train.Saver([a]).save(sess, str(tmp_path / "model.ckpt"))
+    assignment_map, names = modeling.get_assignment_map_from_checkpoint(
+        tf.global_variables(), prefix)
+  assert dict(assignment_map) == {"bert/a": "bert/a"}
+  assert "bert/a:0" in names and "cls/b" not in names
+  with tf.Graph().as_default():
+    tf.get_variable("bert/a", [3, 3])
+    with pytest.raises(ValueError, match=r"bert/a has shape \[2, 3\] but the model needs \[3, 3\]"):
+      modeling.get_assignment_map_from_checkpoint(tf.global_variables(), prefix)
+
+
+def test_bfloat16_compute_keeps_float32_variables():
+  with tf.Graph().as_default():
+    outputs = run_pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.bfloat16)
+    assert all(v.dtype.base_dtype == tf.float32 for v in tf.global_variables())
+    assert outputs["total_loss"].dtype == tf.float32
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      loss = sess.run(outputs["total_loss"])
+  # Untrained: the masked-LM loss is about log(vocab_size), the NSP loss about log(2).
+  assert abs(loss - (np.log(99) + np.log(2))) < 1.0

@@ -1,0 +1,146 @@
+"""Optimizers, schedule, accumulation and loss scaling, checked against numpy."""
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import modeling
+from bert_pretrain import optimization
+from bert_pretrain import run_pretraining
+
+
+def schedule_values(steps, **kwargs):
+  with tf.Graph().as_default():
+    step = tf.placeholder(tf.int64, [])
+    lr = optimization.learning_rate_schedule(step, **kwargs)
+    with tf.Session() as sess:
+      return [float(sess.run(lr, {step: s})) for s in steps]
+
+
+def test_warmup_then_polynomial_decay():
+  got = schedule_values([0, 5, 10, 55, 100, 150], init_lr=1.0, num_train_steps=100,
+                        num_warmup_steps=10)
+  np.testing.assert_allclose(got, [0.0, 0.5, 0.9, 0.45, 0.0, 0.0], atol=1e-6)
+  got = schedule_values([50], init_lr=1.0, num_train_steps=100, num_warmup_steps=0,
+                        poly_power=2.0)
+  np.testing.assert_allclose(got, [0.25], atol=1e-6)
+  # MLPerf's start_warmup_step shifts the warm-up: nothing before it.
+  got = schedule_values([0, 10, 15], init_lr=1.0, num_train_steps=100, num_warmup_steps=10,
+                        start_warmup_step=10)
+  np.testing.assert_allclose(got, [0.0, 0.0, 0.5], atol=1e-6)
+
+
+def numpy_lamb_step(w, g, m, v, step, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+  m = b1 * m + (1 - b1) * g
+  v = b2 * v + (1 - b2) * g * g
+  update = (m / (1 - b1 ** step)) / (np.sqrt(v / (1 - b2 ** step)) + eps) + wd * w
+  ratio = np.linalg.norm(w) / np.linalg.norm(update)
+  return w - lr * ratio * update, m, v
+
+
+@pytest.mark.parametrize("name", ["lamb", "adam"])
+def test_one_update_matches_numpy(name):
+  w0 = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
+  g = np.array([[0.1, 0.2], [-0.3, 0.05]], np.float32)
+  b0 = np.array([0.3, -0.2], np.float32)
+  with tf.Graph().as_default():
+    w = tf.get_variable("layer/kernel", initializer=w0)
+    b = tf.get_variable("layer/bias", initializer=b0)
+    step = tf.train.get_or_create_global_step()
+    opt = optimization.create_optimizer(name, 0.1, weight_decay_rate=0.01)
+    op = opt.apply_gradients([(tf.constant(g), w), (tf.constant(g[0]), b)], global_step=step)
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      sess.run(op)
+      w1, b1 = sess.run([w, b])
+      names = sorted(v.op.name for v in tf.global_variables())
+  if name == "lamb":
+    want_w, _, _ = numpy_lamb_step(w0, g, 0, 0, 1, 0.1, 0.01)
+    want_b, _, _ = numpy_lamb_step(b0, g[0], 0, 0, 1, 0.1, 0.0)  # no decay on bias
+  else:
+    m, v = 0.1 * g, 0.001 * g * g
+    want_w = w0 - 0.1 * (m / (np.sqrt(v) + 1e-6) + 0.01 * w0)
+    want_b = b0 - 0.1 * (0.1 * g[0] / (np.sqrt(0.001 * g[0] ** 2) + 1e-6))
+  np.testing.assert_allclose(w1, want_w, rtol=1e-5)
+  np.testing.assert_allclose(b1, want_b, rtol=1e-5)
+  # Slots are named as in Google BERT checkpoints.
+  assert "layer/kernel/adam_m" in names and "layer/kernel/adam_v" in names
+
+
+CONFIG = modeling.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                             num_attention_heads=2, intermediate_size=32,
+                             max_position_embeddings=16, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0)
+
+
+def _batches(batch_size):
+  rng = np.random.RandomState(3)
+  n, seq, preds = 16, 8, 3
+  data = {
+      "input_ids": rng.randint(1, 50, [n, seq]).astype(np.int32),
+      "input_mask": np.ones([n, seq], np.int32),
+      "segment_ids": (np.arange(seq) >= 4).astype(np.int32)[None].repeat(n, 0),
+      "masked_lm_positions": rng.randint(0, seq, [n, preds]).astype(np.int32),
+      "masked_lm_ids": rng.randint(1, 50, [n, preds]).astype(np.int32),
+      # Full weights: every micro-batch has the same number of predictions, so the mean
+      # of micro-batch losses is the loss of the whole batch.
+      "masked_lm_weights": np.ones([n, preds], np.float32),
+      "next_sentence_labels": rng.randint(0, 2, [n, 1]).astype(np.int32),
+  }
+  dataset = tf.data.Dataset.from_tensor_slices(data).batch(batch_size).repeat()
+  return tf.data.make_one_shot_iterator(dataset).get_next()
+
+
+def train_weights(batch_size, accumulation, updates=3, optimizer="lamb"):
+  with tf.Graph().as_default():
+    tf.set_random_seed(7)
+    outputs = run_pretraining.build_model(CONFIG, _batches(batch_size), True, tf.float32)
+    step = tf.train.get_or_create_global_step()
+    opt = optimization.create_optimizer(optimizer, 1e-2)
+    accumulate, update = optimization.create_train_ops(outputs["total_loss"], opt, step,
+                                                       accumulation)
+    with tf.Session() as sess:
+      sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+      for _ in range(updates):
+        for _ in range(accumulation - 1):
+          sess.run(accumulate)
+        sess.run(update)
+      return sess.run(step), {v.op.name: sess.run(v) for v in tf.trainable_variables()}
+
+
+@pytest.mark.parametrize("optimizer", ["lamb", "adam"])
+def test_accumulation_equals_a_larger_batch(optimizer):
+  step_big, big = train_weights(8, 1, optimizer=optimizer)
+  step_acc, acc = train_weights(4, 2, optimizer=optimizer)
+  step_4, four = train_weights(2, 4, optimizer=optimizer)
+  assert step_big == step_acc == step_4 == 3
+  initial_distance = 0.0
+  for name in big:
+    np.testing.assert_allclose(acc[name], big[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    np.testing.assert_allclose(four[name], big[name], rtol=2e-4, atol=2e-5, err_msg=name)
+  # And the updates did move the weights (a no-op would pass the comparison too).
+  _, small_batch = train_weights(4, 1, optimizer=optimizer)
+  initial_distance = max(np.abs(small_batch[n] - big[n]).max() for n in big)
+  assert initial_distance > 1e-4
+
+
+def test_loss_scale_skips_overflow_and_halves():
+  with tf.Graph().as_default():
+    w = tf.get_variable("w", initializer=np.array([1.0, 2.0], np.float32))
+    scale_in = tf.placeholder(tf.float32, [])
+    loss = tf.reduce_sum(w * scale_in)
+    step = tf.train.get_or_create_global_step()
+    loss_scale = optimization.DynamicLossScale(initial_scale=8.0, growth_interval=2)
+    _, update = optimization.create_train_ops(loss, optimization.create_optimizer("adam", 0.1),
+                                              step, loss_scale=loss_scale)
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      sess.run(update, {scale_in: np.inf})
+      assert sess.run(loss_scale.scale) == 4.0
+      assert sess.run(loss_scale.skipped_steps) == 1
+      np.testing.assert_array_equal(sess.run(w), [1.0, 2.0])  # skipped: unchanged
+      sess.run(update, {scale_in: 1.0})
+      assert not np.allclose(sess.run(w), [1.0, 2.0])
+      sess.run(update, {scale_in: 1.0})
+      assert sess.run(loss_scale.scale) == 8.0  # two good steps: grown
+      assert sess.run(step) == 3
