@@ -1,0 +1,1 @@
+"""BERT pretraining recipe: tokenization, data creation, model and training."""
