@@ -107,7 +107,7 @@ def prepare(cache_dir, log=print):
 
   for name, text, num_files, dupe_factor, seed in (
       ("input_files_dir", train_text, NUM_TRAIN_FILES, 5, 12345),
-      ("eval_files_dir", eval_text, 1, 1, 54321)):
+      ("eval_files_dir", eval_text, 1, 5, 54321)):
     folder = paths[name]
     if os.path.isdir(folder):
       continue

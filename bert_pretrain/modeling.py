@@ -183,8 +183,9 @@ class BertModel(object):
     if token_type_ids is None:
       token_type_ids = tf.zeros(shape=[batch_size, seq_length], dtype=tf.int32)
 
-    with tf.variable_scope(scope, default_name="bert",
-                           custom_getter=get_custom_getter(compute_type)):
+    # A fixed name, not default_name: a second model in the graph (the evaluation
+    # model) must find the same variables instead of making "bert_1".
+    with tf.variable_scope(scope or "bert", custom_getter=get_custom_getter(compute_type)):
       with tf.variable_scope("embeddings"):
         # Perform embedding lookup on the word ids.
         (self.embedding_output, self.embedding_table) = embedding_lookup(

@@ -32,9 +32,9 @@ demo_args() {
     --vocab_file="$cache/vocab.txt"
     --output_dir="./results/demo-$(date +%Y%m%d-%H%M%S)"
     --max_seq_length=128 --max_predictions_per_seq=20 --train_batch_size=32
-    --optimizer=lamb --learning_rate=2e-3 --num_warmup_steps=50 --num_train_steps=600
-    --display_loss_steps=50 --save_checkpoints_steps=200 --stop_threshold=0
-    --eval_at_start --samples_start_eval=0 --samples_between_eval=6400
+    --optimizer=lamb --learning_rate=5e-3 --num_warmup_steps=50 --num_train_steps=500
+    --display_loss_steps=50 --save_checkpoints_steps=250 --stop_threshold=0
+    --eval_at_start --samples_start_eval=0 --samples_between_eval=4000
     --eval_batch_size=64 --max_eval_steps=0
   )
 }

@@ -72,6 +72,24 @@ def test_variables_have_google_bert_names_and_shapes():
   assert got == google_bert_variables(CONFIG)
 
 
+def test_training_and_evaluation_models_share_variables(tmp_path):
+  """The evaluator must measure the weights being trained, not a second set."""
+  path = tmp_path / "eval.tfrecord"
+  with tf.io.TFRecordWriter(str(path)) as writer:
+    ints = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+    writer.write(tf.train.Example(features=tf.train.Features(feature={
+        "input_ids": ints([1] * 16), "input_mask": ints([1] * 16), "segment_ids": ints([0] * 16),
+        "masked_lm_positions": ints([1, 2, 3]), "masked_lm_ids": ints([4, 5, 6]),
+        "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * 3)),
+        "next_sentence_labels": ints([0])})).SerializeToString())
+  with tf.Graph().as_default():
+    run_pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.float32)
+    before = [v.op.name for v in tf.global_variables()]
+    run_pretraining.Evaluator(CONFIG, [str(path)], run_pretraining.Ranks(False), tf.float32,
+                              batch_size=1, max_seq_length=16, max_predictions_per_seq=3)
+    assert [v.op.name for v in tf.global_variables()] == before
+
+
 def test_output_shapes_and_getters():
   with tf.Graph().as_default():
     ids = tf.constant(np.random.RandomState(1).randint(0, 99, [3, 11]), tf.int32)
