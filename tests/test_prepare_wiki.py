@@ -1,0 +1,437 @@
+"""Tests of tools/prepare_wiki.py: wikitext to text, sentences, and the whole pipeline.
+
+The pipeline runs on tests/data/wiki_sample.xml, a small MediaWiki export (48 pages: 39
+articles with templates, infoboxes, links, tables, references and non-ASCII text, plus
+redirects, disambiguation pages, other namespaces and a stub) at small settings.
+"""
+
+import bz2
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import tensorflow.compat.v1 as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import prepare_wiki  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
+from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+
+SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")
+SMALL = dict(num_shards=4, num_eval_articles=4, num_eval_samples=20, max_seq_length=64,
+             max_predictions_per_seq=10, dupe_factor=2, pages_per_chunk=10)
+OUTPUTS = ("text", "train_data", "eval_intermediate", "eval_data", "manifest.json",
+           "settings.json")
+
+
+def run_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
+  """Runs bash tools/prepare_wiki.sh with the small settings; returns CompletedProcess."""
+  values = dict(SMALL, dump=dump, vocab=vocab, output_dir=output_dir, jobs=jobs)
+  values.update(overrides)
+  args = ["--%s=%s" % (k, v) for k, v in values.items() if v is not None]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.run(["bash", os.path.join(ROOT, "tools", "prepare_wiki.sh")] + args,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, env=env, timeout=300)
+
+
+def error_line(result):
+  """The one error line of a failed run."""
+  assert result.returncode != 0, result.stdout + result.stderr
+  lines = [l for l in result.stderr.splitlines() if l.startswith("prepare_wiki: error")]
+  assert len(lines) == 1, result.stderr
+  return lines[0]
+
+
+def files_under(root):
+  """{relative path: bytes} of the outputs (not work/ nor the lock) of a run."""
+  found = {}
+  for top in OUTPUTS:
+    path = os.path.join(root, top)
+    if os.path.isfile(path):
+      found[top] = open(path, "rb").read()
+    for folder, _, names in os.walk(path):
+      for name in names:
+        full = os.path.join(folder, name)
+        found[os.path.relpath(full, root)] = open(full, "rb").read()
+  return found
+
+
+def documents(path):
+  """The documents (lists of sentences) of a text file in create_pretraining_data format."""
+  text = open(path, encoding="utf-8").read()
+  return [d.split("\n") for d in text.split("\n\n") if d.strip()]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
+  tokenization.build_wordpiece_vocab([SAMPLE], 1500, path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory, vocab):
+  """One complete run (--jobs=1) that the other tests read or copy."""
+  output_dir = str(tmp_path_factory.mktemp("run") / "a")
+  result = run_cli(output_dir, vocab)
+  assert result.returncode == 0, result.stderr
+  return output_dir
+
+
+# ---------------------------------------------------------------------------------------
+# Wikitext, cleanup, sentences.
+# ---------------------------------------------------------------------------------------
+
+
+def test_nested_templates_are_removed_and_inline_ones_rendered():
+  text = prepare_wiki.wikitext_to_text(
+      "{{Infobox city|name={{lang|fr|Paris}}|area={{convert|105|km2|{{abbr|sq mi}}}}}}\n"
+      "The summit is {{convert|8849|m|ft}} high, in {{lang|ne|सगरमाथा}} terms.{{Citation "
+      "needed|date={{CURRENTYEAR}}}} Hillary climbed it on {{start date|1953|5|29}}.")
+  assert text == ("The summit is 8849 m high, in सगरमाथा terms. Hillary climbed it on "
+                  "29 May 1953.")
+
+
+def test_links_files_categories_and_external_links():
+  text = prepare_wiki.wikitext_to_text(
+      "[[File:Draisine.jpg|thumb|The machine of [[Karl Drais]], about [[1817]]]]"
+      "Riders of [[bicycle]]s in [[France|the country]] and [[Paris (band)|]] read "
+      "[https://example.org/x the guide] and [http://example.org/bare].\n"
+      "[[Category:Bicycles| ]]\n[[de:Fahrrad]]\n[[:Category:Bicycles|a category]] too.")
+  assert text == ("Riders of bicycles in the country and Paris read the guide and .\n"
+                  "a category too.")
+
+
+def test_tables_references_comments_tags_quotes_and_headings():
+  text = prepare_wiki.wikitext_to_text(
+      "'''Bread''' is ''baked''.<ref name=\"a\">{{cite book|title=X}}</ref> It keeps."
+      "<ref name=\"a\"/><!-- hidden\nnote -->\n"
+      "{| class=\"wikitable\"\n! A !! B\n|-\n| 1 ||\n{|\n| inner\n|}\n|}\n"
+      "== History ==\nFlour &amp; water<br/>make <span lang=\"fr\">pain</span>.\n"
+      "<math>x^2</math>Done.\n* a list item\n# numbered\n"
+      "== References ==\nSmith, J. (2001). A book.\n=== Sub ===\nStill dropped.\n"
+      "== Legacy ==\nKept again. __NOTOC__")
+  assert text == ("Bread is baked. It keeps.\nFlour & water make pain.\nDone.\n"
+                  "Kept again.")
+
+
+def test_unclosed_template_does_not_swallow_the_article():
+  text = prepare_wiki.wikitext_to_text("{{Infobox broken\n| name = X\n\nFirst line.\n"
+                                       "Second {{nowrap|line}} here.")
+  lines = text.split("\n")
+  assert lines[-1] == "Second line here."
+  cleaned = prepare_wiki.clean_text(text)
+  assert "{{" not in cleaned and "Second line here." in cleaned
+
+
+def test_clean_text_drops_remnants_and_fixes_spacing():
+  text = ("Paris (; French: ) is the capital of France .\n"
+          "| name = leftover infobox parameter\n"
+          "thumb|left|A caption that lost its link\n"
+          "See http://example.org for the rest of the story today.\n"
+          "Too short.\n"
+          "{{unclosed template and some words\n"
+          "東京は日本の首都です。")
+  assert prepare_wiki.clean_text(text).split("\n") == [
+      "Paris is the capital of France.", "See for the rest of the story today.",
+      "東京は日本の首都です。"]
+
+
+@pytest.mark.parametrize("paragraph,expected", [
+    ("Mr. Smith met Dr. Jones in St. Louis. They talked.",
+     ["Mr. Smith met Dr. Jones in St. Louis.", "They talked."]),
+    ("He moved to the U.S. in 1933. He settled there.",
+     ["He moved to the U.S. in 1933.", "He settled there."]),
+    ("He lived in the U.S. The war had begun.",
+     ["He lived in the U.S.", "The war had begun."]),
+    ("John F. Kennedy and J. R. R. Tolkien met. Nobody saw.",
+     ["John F. Kennedy and J. R. R. Tolkien met.", "Nobody saw."]),
+    ("It costs 3.14 euros, e.g. bread. Pi is about 3.14159. Next.",
+     ["It costs 3.14 euros, e.g. bread.", "Pi is about 3.14159.", "Next."]),
+    ("See No. 5 and pp. 12-14. Apple Inc. It grew. Apple Inc. Records sold.",
+     ["See No. 5 and pp. 12-14.", "Apple Inc.", "It grew.", "Apple Inc. Records sold."]),
+    ('She said "Stop!" Then she left? Yes (really). "Quoted." End',
+     ['She said "Stop!"', "Then she left?", "Yes (really).", '"Quoted."', "End"]),
+    ("東京は日本の首都です。人口は多い！Tokyo is big.",
+     ["東京は日本の首都です。", "人口は多い！", "Tokyo is big."]),
+    ("The year was c. 1500 in Europe. The end.",
+     ["The year was c. 1500 in Europe.", "The end."]),
+])
+def test_sentence_segmentation(paragraph, expected):
+  assert prepare_wiki.split_sentences(paragraph) == expected
+
+
+# ---------------------------------------------------------------------------------------
+# The pipeline on the sample dump.
+# ---------------------------------------------------------------------------------------
+
+
+def test_counts_and_balanced_shards(run_a):
+  manifest = json.load(open(os.path.join(run_a, "manifest.json")))
+  counts = manifest["counts"]
+  assert counts["pages"] == 48
+  assert counts["dropped"] == {"non_article": 4, "redirect": 2, "disambiguation": 2,
+                               "near_empty": 1, "no_sentences": 0}
+  assert counts["articles"] == 39
+  assert counts["train"]["articles"] == 35 and counts["eval"]["articles"] == 4
+  shards = sorted(os.listdir(os.path.join(run_a, "text", "train")))
+  assert shards == ["part-%05d-of-00004" % i for i in range(4)]
+  assert sorted(os.listdir(os.path.join(run_a, "train_data"))) == shards
+  sizes = [os.path.getsize(os.path.join(run_a, "text", "train", s)) for s in shards]
+  largest_article = max(len(("\n".join(d) + "\n\n").encode("utf-8"))
+                        for s in shards
+                        for d in documents(os.path.join(run_a, "text", "train", s)))
+  # Each article goes to the smallest shard, so shards differ by at most one article.
+  assert max(sizes) - min(sizes) <= largest_article
+  assert sum(sizes) == counts["train"]["text_bytes"]
+  sentences = sum(len(d) for s in shards
+                  for d in documents(os.path.join(run_a, "text", "train", s)))
+  assert sentences == counts["train"]["sentences"]
+
+
+def test_text_is_clean_prose_with_non_ascii(run_a):
+  text = "".join(open(os.path.join(run_a, "text", "train", n), encoding="utf-8").read()
+                 for n in os.listdir(os.path.join(run_a, "text", "train")))
+  text += open(os.path.join(run_a, "text", "eval", "eval.txt"), encoding="utf-8").read()
+  for remnant in ("{{", "}}", "[[", "]]", "<ref", "{|", "|}", "'''", "thumb|", "http",
+                  "&amp;", "Category:"):
+    assert remnant not in text
+  # Redirects, disambiguation pages, other namespaces and the stub are gone.
+  for dropped in ("may refer to", "This template shows", "free online encyclopedia",
+                  "This category contains", "Smallville", "only the disambiguation"):
+    assert dropped not in text
+  for kept in ("Île de la Cité", "東京は日本の首都です。", "Þingvellir", "São Paulo",
+               "Dr. Curie later discovered the elements polonium and radium",
+               "with a summit at 8849 m."):
+    assert kept in text
+  # One sentence a line: this one is split from the next at "Dr." no more.
+  assert "\nDr. Curie later discovered" in text
+
+
+def test_no_eval_article_in_training(run_a):
+  eval_documents = documents(os.path.join(run_a, "text", "eval", "eval.txt"))
+  assert len(eval_documents) == 4
+  train_sentences = set()
+  for name in os.listdir(os.path.join(run_a, "text", "train")):
+    for document in documents(os.path.join(run_a, "text", "train", name)):
+      train_sentences.update(document)
+  for document in eval_documents:
+    assert not train_sentences & set(document)
+  # The held-out articles are those with the smallest sha256 of their title.
+  titles = []
+  for name in sorted(os.listdir(os.path.join(run_a, "work", "sentences"))):
+    if name.endswith(".jsonl"):
+      for line in open(os.path.join(run_a, "work", "sentences", name), encoding="utf-8"):
+        titles.append(json.loads(line)["title"])
+  by_hash = sorted(titles, key=lambda t: hashlib.sha256(t.encode("utf-8")).hexdigest())
+  held_out = set(by_hash[:4])
+  first_sentences = {d[0] for d in eval_documents}
+  for name in sorted(os.listdir(os.path.join(run_a, "work", "sentences"))):
+    if name.endswith(".jsonl"):
+      for line in open(os.path.join(run_a, "work", "sentences", name), encoding="utf-8"):
+        article = json.loads(line)
+        assert (article["sentences"][0] in first_sentences) == (article["title"] in held_out)
+
+
+def test_records_readable_by_the_training_input_pipeline(run_a, vocab):
+  manifest = json.load(open(os.path.join(run_a, "manifest.json")))
+  vocab_size = len(tokenization.load_vocab(vocab))
+  files = input_pipeline.list_record_files(os.path.join(run_a, "train_data"))
+  assert len(files) == 4
+  assert input_pipeline.check_record_files(files, 64, 10, vocab_size) == (
+      manifest["counts"]["train"]["instances"])
+  eval_files = input_pipeline.list_record_files(os.path.join(run_a, "eval_data"))
+  assert [os.path.basename(f) for f in eval_files] == ["eval_20"]
+  assert input_pipeline.check_record_files(eval_files, 64, 10, vocab_size) == 20
+  with tf.Graph().as_default():
+    dataset = input_pipeline.make_dataset(files, 32, 64, 10, is_training=False)
+    batch = tf.data.make_one_shot_iterator(dataset).get_next()
+    count = 0
+    with tf.Session() as session:
+      while True:
+        try:
+          values = session.run(batch)
+        except tf.errors.OutOfRangeError:
+          break
+        count += len(values["input_ids"])
+        assert values["input_ids"].shape[1] == 64
+        assert values["masked_lm_ids"].shape[1] == 10
+  assert count == manifest["counts"]["train"]["instances"]
+
+
+def test_masking_statistics_within_tolerance(run_a):
+  manifest = json.load(open(os.path.join(run_a, "manifest.json")))
+  train = manifest["counts"]["train"]
+  masked = mask = kept = tokens = 0
+  for path in input_pipeline.list_record_files(os.path.join(run_a, "train_data")):
+    for record in tf.io.tf_record_iterator(path):
+      feature = tf.train.Example.FromString(record).features.feature
+      ids = feature["input_ids"].int64_list.value
+      length = sum(feature["input_mask"].int64_list.value)
+      positions = [p for p, w in zip(feature["masked_lm_positions"].int64_list.value,
+                                     feature["masked_lm_weights"].float_list.value) if w]
+      labels = feature["masked_lm_ids"].int64_list.value
+      tokens += length
+      masked += len(positions)
+      mask += sum(1 for p in positions if ids[p] == 4)  # [MASK] is id 4 in a built vocab
+      kept += sum(1 for p, label in zip(positions, labels) if ids[p] == label)
+  assert masked == train["masked_tokens"]
+  assert 0.13 <= masked / tokens <= 0.16
+  assert abs(mask / masked - 0.8) < 0.05
+  assert abs(kept / masked - 0.1) < 0.04
+  assert 0.4 <= train["random_next"] / train["instances"] <= 0.8
+
+
+def test_manifest_sha256_matches_every_output(run_a):
+  manifest = json.load(open(os.path.join(run_a, "manifest.json")))
+  listed = manifest["files"]
+  outputs = {p for p in files_under(run_a) if p not in ("manifest.json", "settings.json")}
+  assert set(listed) == outputs
+  for relative_path, digest in listed.items():
+    data = open(os.path.join(run_a, relative_path), "rb").read()
+    assert digest == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+  assert manifest["settings"]["max_seq_length"] == 64
+  assert manifest["settings"]["dump_name"] == "wiki_sample.xml"
+  assert manifest["counts"]["eval"]["instances"] == 20
+
+
+def test_same_seed_gives_byte_identical_output_with_two_jobs(run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "b")
+  result = run_cli(output_dir, vocab, jobs=2)
+  assert result.returncode == 0, result.stderr
+  assert files_under(output_dir) == files_under(run_a)
+
+
+def test_resume_redoes_only_what_is_missing(run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "c")
+  shutil.copytree(run_a, output_dir)  # copy2 keeps the modification times
+  before = {p: os.stat(os.path.join(output_dir, p)).st_mtime_ns
+            for p in files_under(output_dir)}
+  original = files_under(run_a)
+  # As a kill leaves things: one shard's TFRecords gone, a half-written temporary file,
+  # an extraction chunk whose marker was never written.
+  os.remove(os.path.join(output_dir, "train_data", "part-00002-of-00004"))
+  temporary = os.path.join(output_dir, "train_data", "part-00001-of-00004.tmp-4242")
+  with open(temporary, "wb") as f:
+    f.write(b"half a record")
+  os.remove(os.path.join(output_dir, "work", "done", "extract", "chunk-00003.json"))
+  result = run_cli(output_dir, vocab)
+  assert result.returncode == 0, result.stderr
+  assert "extract: 48 pages in 5 chunks (4 done before)" in result.stderr
+  assert "tfrecords: 1 files made (4 done before)" in result.stderr
+  assert "shard: done before" in result.stderr
+  assert not os.path.exists(temporary)
+  after = files_under(output_dir)
+  assert after == original
+  changed = sorted(p for p in after if os.stat(os.path.join(output_dir, p)).st_mtime_ns
+                   != before[p])
+  assert changed == ["manifest.json", "train_data/part-00002-of-00004"]
+
+
+def test_other_settings_are_refused(run_a, vocab):
+  before = os.stat(os.path.join(run_a, "settings.json")).st_mtime_ns
+  result = run_cli(run_a, vocab, max_seq_length=128, dupe_factor=5)
+  line = error_line(result)
+  assert "holds a run made with other settings" in line
+  assert "max_seq_length=64 there, 128 now" in line and "dupe_factor=2 there, 5 now" in line
+  assert "new --output_dir" in line
+  assert os.stat(os.path.join(run_a, "settings.json")).st_mtime_ns == before
+
+
+def test_folder_of_other_files_is_refused(vocab, tmp_path):
+  (tmp_path / "notes.txt").write_text("someone else's file")
+  line = error_line(run_cli(str(tmp_path), vocab))
+  assert "not empty and holds no settings.json" in line and "notes.txt" in line
+
+
+@pytest.mark.parametrize("content,message", [
+    ("<html><body>Not a dump</body></html>", "is not a MediaWiki XML export: its root "
+     "element is <html>"),
+    ("just some text, not XML at all", "is not a MediaWiki XML export (not XML"),
+    ("", "is not a MediaWiki XML export (not XML"),
+])
+def test_dump_that_is_not_mediawiki_xml(vocab, tmp_path, content, message):
+  dump = tmp_path / "dump.xml"
+  dump.write_text(content)
+  line = error_line(run_cli(str(tmp_path / "out"), vocab, dump=str(dump)))
+  assert message in line and "pages-articles" in line
+
+
+def test_dump_cut_short_keeps_finished_chunks(vocab, tmp_path):
+  data = open(SAMPLE, "rb").read()
+  dump = tmp_path / "cut.xml"
+  dump.write_bytes(data[:len(data) * 7 // 10])
+  output_dir = tmp_path / "out"
+  line = error_line(run_cli(str(output_dir), vocab, dump=str(dump)))
+  assert "is damaged or cut short" in line and "finished chunks are kept" in line
+  # 10 pages a chunk: the pages before the cut make whole chunks, which are kept.
+  done = sorted(os.listdir(output_dir / "work" / "done" / "extract"))
+  assert done == ["chunk-00000.json", "chunk-00001.json"]
+  assert not [n for n in os.listdir(output_dir / "work" / "extracted") if ".tmp" in n]
+  compressed = tmp_path / "cut.xml.bz2"
+  compressed.write_bytes(bz2.compress(data)[:-2000])
+  line = error_line(run_cli(str(tmp_path / "out_bz2"), vocab, dump=str(compressed)))
+  assert "ends inside its bz2 stream" in line
+
+
+def test_bz2_dump_and_steps_run_alone(run_a, vocab, tmp_path):
+  dump = tmp_path / "wiki_sample.xml.bz2"
+  dump.write_bytes(bz2.compress(open(SAMPLE, "rb").read()))
+  output_dir = str(tmp_path / "out")
+  result = run_cli(output_dir, None, dump=str(dump), steps="extract")
+  assert result.returncode == 0, result.stderr
+  result = run_cli(output_dir, None, dump=None, steps="clean,segment,shard")
+  assert result.returncode == 0, result.stderr
+  for name in sorted(os.listdir(os.path.join(run_a, "text", "train"))):
+    assert (open(os.path.join(output_dir, "text", "train", name), "rb").read() ==
+            open(os.path.join(run_a, "text", "train", name), "rb").read())
+  assert not os.path.exists(os.path.join(output_dir, "train_data"))
+
+
+def test_step_without_its_input_is_refused(vocab, tmp_path):
+  line = error_line(run_cli(str(tmp_path / "out"), vocab, dump=None, steps="tfrecords"))
+  assert "needs the text shards of step shard" in line and "--steps=shard" in line
+
+
+def test_missing_vocab(tmp_path):
+  output_dir = tmp_path / "out"
+  line = error_line(run_cli(str(output_dir), str(tmp_path / "vocab.txt")))
+  assert "vocab file" in line and "does not exist" in line and "--vocab=" in line
+  assert not output_dir.exists()
+
+
+def test_second_run_on_the_same_folder_is_refused(run_a, vocab):
+  with prepare_wiki.locked(prepare_wiki.Layout(run_a)):
+    line = error_line(run_cli(run_a, vocab))
+  assert "another prepare_wiki run is using" in line
+
+
+def test_full_disk_is_reported_and_finished_work_kept(run_a, vocab, tmp_path, monkeypatch):
+  output_dir = str(tmp_path / "full")
+  real_atomic_output = prepare_wiki.atomic_output
+
+  def full_disk(path, binary=False):
+    if "part-00002" in path:
+      raise OSError(errno.ENOSPC, "No space left on device", path)
+    return real_atomic_output(path, binary)
+
+  monkeypatch.setattr(prepare_wiki, "atomic_output", full_disk)
+  with pytest.raises(OSError) as raised:
+    prepare_wiki.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, **SMALL)
+  message = prepare_wiki.describe_os_error(raised.value)
+  assert message.startswith("the disk is full writing ")
+  assert "run the same command again: finished work is kept" in message
+  assert sorted(os.listdir(os.path.join(output_dir, "work", "done"))) == [
+      "clean", "clean.json", "extract", "extract.json", "segment", "segment.json"]
+  assert not [n for n in os.listdir(os.path.join(output_dir, "text", "train"))]
+  monkeypatch.setattr(prepare_wiki, "atomic_output", real_atomic_output)
+  prepare_wiki.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, **SMALL)
+  assert files_under(output_dir) == files_under(run_a)
