@@ -54,13 +54,21 @@ UNK_TOKEN = "[UNK]"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_INPUT_CHARS_PER_WORD = 200
 
-# For ASCII text, Google's rules reduce to: delete the control characters (all below
-# 32 but \t \n \r, and 127), split on whitespace, lower-case, and split off every
-# visible non-alphanumeric character as a punctuation token. _TEXT_SEPARATOR (see
-# FullTokenizer._ascii_to_ids) is matched as a word of its own.
+# On "simple" text Google's rules reduce to: delete the ASCII control characters,
+# lower-case, and split into runs of word characters and single punctuation characters
+# (anything else separates words). Simple text holds ASCII plus the non-ASCII characters
+# that _simple_text_patterns() finds to behave alone as a word, punctuation or space
+# character (accented Latin letters, Greek and Cyrillic letters but the capital sigma,
+# dashes, curly quotes, ...).
 _ASCII_CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_ASCII_WORD_RE = re.compile("[A-Za-z0-9]+|[!-/:-@\\[-`{-~]|\ue000")
+_ASCII_PUNCTUATION = "!-/:-@\\[-`{-~"
+# Non-ASCII blocks searched for simple characters: Latin-1 Supplement, Latin Extended-A
+# and -B, Greek and Cyrillic, General Punctuation, Currency Symbols.
+_SIMPLE_CANDIDATE_RANGES = ((0xA0, 0x250), (0x370, 0x500), (0x2000, 0x2070),
+                            (0x20A0, 0x20C1))
+# Joins texts for one regex pass; a private-use character, which is never simple.
 _TEXT_SEPARATOR = "\ue000"
+_simple_patterns = None
 # Bound on the word cache of the ASCII path (a few hundred MB at most).
 _WORD_CACHE_MAX_WORDS = 2000000
 
@@ -179,6 +187,48 @@ def _is_chinese_char(cp):
           (0x20000 <= cp <= 0x2A6DF) or (0x2A700 <= cp <= 0x2B73F) or
           (0x2B740 <= cp <= 0x2B81F) or (0x2B820 <= cp <= 0x2CEAF) or
           (0xF900 <= cp <= 0xFAFF) or (0x2F800 <= cp <= 0x2FA1F))
+
+
+def _simple_text_patterns():
+  """Finds the simple characters and returns regexes for the simple-text path.
+
+  A non-ASCII character is simple if, next to ASCII letters, both BasicTokenizers treat
+  it as a space, as a punctuation mark they keep unchanged, or as part of the word,
+  where lower-casing maps it to one simple word character and does not depend on its
+  neighbours. Found with this Python's own Unicode tables, so it always agrees with the
+  reference code.
+
+  Returns:
+    (not_simple, words): compiled regexes; not_simple finds a character outside simple
+    text, words.findall splits simple text into words, punctuation and _TEXT_SEPARATOR.
+  """
+  global _simple_patterns
+  if _simple_patterns is not None:
+    return _simple_patterns
+  lower = BasicTokenizer(do_lower_case=True)
+  cased = BasicTokenizer(do_lower_case=False)
+  spaces, punctuation, words = [], [], set()
+  for start, end in _SIMPLE_CANDIDATE_RANGES:
+    for char in map(chr, range(start, end)):
+      probe = "a" + char + "a"
+      as_lower = lower.tokenize(probe)
+      as_cased = cased.tokenize(probe)
+      if as_lower == as_cased == ["a", "a"]:
+        spaces.append(char)
+      elif as_lower == as_cased == ["a", char, "a"] and _is_punctuation(char):
+        punctuation.append(char)
+      elif (as_cased == [probe] and len(as_lower) == 1 and char != "\u03a3" and
+            len(char.lower()) == 1 and char.lower().lower() == char.lower() and
+            unicodedata.category(char)[0] in "LNS"):
+        words.add(char)
+  # Lower-casing must stay within the word characters the regex knows.
+  words = sorted(c for c in words if c.lower() in words or c.lower().isascii())
+  allowed = "".join(spaces + punctuation + words)
+  not_simple = re.compile("[^\x00-\x7f%s]" % allowed)
+  word_re = re.compile("[A-Za-z0-9%s]+|[%s%s]|%s" % (
+      "".join(words), _ASCII_PUNCTUATION, "".join(punctuation), _TEXT_SEPARATOR))
+  _simple_patterns = (not_simple, word_re)
+  return _simple_patterns
 
 
 class BasicTokenizer(object):
@@ -423,12 +473,13 @@ class FullTokenizer(object):
   def tokenize_to_ids(self, texts):
     """Tokenizes many texts straight to ids; the bulk path of data creation.
 
-    ASCII texts take a pure-Python path: Google's rules reduce to dropping control
-    characters, lower-casing, and splitting into alphanumeric runs and single
-    punctuation marks, and each distinct word's WordPiece ids are computed once (by the
-    reference code) and cached. This is about 4x faster than the Rust tokenizer, whose
-    per-token overhead dominates. Other texts go to the Rust tokenizer in one batch, or
-    to the reference code if they hold a character the two disagree on.
+    Simple texts (ASCII, accented letters, common punctuation; see
+    _simple_text_patterns) take a pure-Python path: Google's rules reduce to deleting
+    control characters, lower-casing, and one regex split over all the texts, and each
+    distinct word's ids are computed once by the reference code and cached. On English
+    this is ~4x faster than the Rust tokenizer, whose per-token overhead dominates.
+    Other texts go to the Rust tokenizer in one batch, or to the reference code if they
+    hold a character on which the two disagree.
 
     Args:
       texts: list of str.
@@ -436,20 +487,21 @@ class FullTokenizer(object):
     Returns:
       list (one entry per text) of int32 numpy arrays of token ids.
     """
+    not_simple = _simple_text_patterns()[0]
     results = [None] * len(texts)
-    ascii_indices = []
+    simple_indices = []
     fast_indices = []
     for index, text in enumerate(texts):
-      if text.isascii():
-        ascii_indices.append(index)
+      if not not_simple.search(text):
+        simple_indices.append(index)
       elif self.can_use_fast_path(text):
         fast_indices.append(index)
       else:
         results[index] = np.array(
             self.convert_tokens_to_ids(self.reference_tokenize(text)), dtype=np.int32)
-    if ascii_indices:
-      for index, ids in zip(ascii_indices,
-                            self._ascii_to_ids([texts[i] for i in ascii_indices])):
+    if simple_indices:
+      for index, ids in zip(simple_indices,
+                            self._simple_to_ids([texts[i] for i in simple_indices])):
         results[index] = ids
     if fast_indices:
       encode_batch = getattr(self._fast, "encode_batch_fast", self._fast.encode_batch)
@@ -458,26 +510,30 @@ class FullTokenizer(object):
         results[index] = np.array(encoding.ids, dtype=np.int32)
     return results
 
-  def _ascii_to_ids(self, texts):
-    """Google's tokenization of ASCII texts, as int32 id arrays (see tokenize_to_ids).
+  def _simple_to_ids(self, texts):
+    """Google's tokenization of simple texts, as int32 id arrays (see tokenize_to_ids).
 
-    All texts are joined and split into words by one regex pass, so the per-text
-    Python work is a few slices.
+    All texts are joined and split by one regex pass, so the per-text Python work is a
+    few slices.
     """
+    word_re = _simple_text_patterns()[1]
     cache = self._word_ids_cache
     if len(cache) > _WORD_CACHE_MAX_WORDS:
       cache.clear()
-    # A non-ASCII separator cannot occur in the texts; the regex makes it a word of its
-    # own, whose "ids" mark where each text ends.
+    # The separator is a word of its own for the regex; its "ids" mark where each text
+    # ends.
     cache[_TEXT_SEPARATOR] = [-1]
     joined = _TEXT_SEPARATOR.join(texts)
     if _ASCII_CONTROL_RE.search(joined):  # Rare, so only then pay for a second pass.
       joined = _ASCII_CONTROL_RE.sub("", joined)
     if self.do_lower_case:
       joined = joined.lower()
-    words = _ASCII_WORD_RE.findall(joined)
+    words = word_re.findall(joined)
     for word in set(words).difference(cache):
-      cache[word] = self.convert_tokens_to_ids(self.wordpiece_tokenizer.tokenize(word))
+      # An ASCII word is already lower-cased (if asked) and free of punctuation.
+      pieces = (self.wordpiece_tokenizer.tokenize(word) if word.isascii() else
+                self.reference_tokenize(word))
+      cache[word] = self.convert_tokens_to_ids(pieces)
     flat = np.array(list(itertools.chain.from_iterable(map(cache.__getitem__, words))),
                     dtype=np.int32)
     separators = np.flatnonzero(flat == -1).tolist()

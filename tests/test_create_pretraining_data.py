@@ -111,6 +111,7 @@ def test_feature_spec_and_shapes(data):
   _, outputs, examples = data
   names = {"input_ids", "input_mask", "segment_ids", "masked_lm_positions",
            "masked_lm_ids", "masked_lm_weights", "next_sentence_labels"}
+  assert set(cpd.FEATURE_NAMES) == set(cpd.feature_spec(SEQ, PRED)) == names
   example = tf.train.Example.FromString(examples[0]["_record"])
   assert set(example.features.feature) == names
   for name in names - {"masked_lm_weights"}:
@@ -400,6 +401,7 @@ def bad_cases(tmp_path, vocab_file):
       ("masked_lm_prob 0", dict(masked_lm_prob=0.0), r"masked_lm_prob=0 must be in \(0, 1\]"),
       ("short_seq_prob > 1", dict(short_seq_prob=1.5), "short_seq_prob=1.5"),
       ("dupe_factor 0", dict(dupe_factor=0), "dupe_factor=0 must be >= 1"),
+      ("negative seed", dict(random_seed=-1), "random_seed=-1 must be >= 0"),
       ("no output", dict(output_files=[]), "no output files given"),
       ("output twice", dict(output_files=out + out), "listed twice"),
       ("output is input", dict(output_files=[SAMPLE_TEXT]), "is also an input file"),

@@ -49,13 +49,15 @@ def _char_vocab(texts, do_lower_case):
   """A vocab holding every character (alone and as "##c") of the texts' basic tokens.
 
   With it no ordinary word is [UNK], so fast and reference paths are compared on the
-  actual characters rather than on [UNK].
+  actual characters rather than on [UNK]. do_lower_case None covers both modes.
   """
-  basic = tokenization.BasicTokenizer(do_lower_case=do_lower_case)
+  modes = (True, False) if do_lower_case is None else (do_lower_case,)
   chars = set()
-  for text in texts:
-    for token in basic.tokenize(text):
-      chars.update(token)
+  for mode in modes:
+    basic = tokenization.BasicTokenizer(do_lower_case=mode)
+    for text in texts:
+      for token in basic.tokenize(text):
+        chars.update(token)
   tokens = list(tokenization.SPECIAL_TOKENS) + ["hello", "##llo", "un", "##aff", "##able"]
   for c in sorted(chars):
     tokens += [c, "##" + c]
@@ -154,6 +156,29 @@ def test_tokenize_to_ids_on_random_ascii(char_tokenizer):
   for text, ids in zip(texts, results):
     expected = char_tokenizer.convert_tokens_to_ids(char_tokenizer.reference_tokenize(text))
     assert ids.tolist() == expected, repr(text)
+
+
+def test_simple_text_path_on_random_text(tmp_path):
+  """Random strings of ASCII and every "simple" character: bulk ids equal the reference."""
+  not_simple, _ = tokenization._simple_text_patterns()
+  simple = [chr(cp) for start, end in tokenization._SIMPLE_CANDIDATE_RANGES
+            for cp in range(start, end) if not not_simple.search(chr(cp))]
+  assert len(simple) > 800
+  for char in "“”‘’–—…«»éèüßçñøæœ€°×Жжωσς\u00a0\u2009":
+    assert char in simple, repr(char)
+  # Word-final sigma, combining marks, soft hyphen, bidi controls: not simple.
+  for char in "Σ\u0301\u00ad\u200b\u202a":
+    assert char not in simple, repr(char)
+  rng = random.Random(1)
+  pool = simple + [chr(i) for i in range(128)] * 3
+  texts = ["".join(rng.choice(pool) for _ in range(rng.randrange(40))) for _ in range(1500)]
+  path = _write_lines(tmp_path / "vocab.txt", _char_vocab(simple, None))
+  for do_lower_case in (True, False):
+    tokenizer = tokenization.FullTokenizer(path, do_lower_case=do_lower_case)
+    assert all(not not_simple.search(text) for text in texts)
+    for text, ids in zip(texts, tokenizer.tokenize_to_ids(texts)):
+      expected = tokenizer.convert_tokens_to_ids(tokenizer.reference_tokenize(text))
+      assert ids.tolist() == expected, repr(text)
 
 
 def test_long_words(char_tokenizer):
