@@ -396,6 +396,43 @@ def test_bz2_dump_and_steps_run_alone(run_a, vocab, tmp_path):
   assert not os.path.exists(os.path.join(output_dir, "train_data"))
 
 
+def multistream_bz2(xml, pages_per_stream=5):
+  """Compresses an export as Wikimedia's -multistream dumps: header, page groups, footer."""
+  head, rest = xml.split(b"  <page>", 1)
+  pages = [b"  <page>" + p for p in rest.split(b"  <page>")]
+  last, footer = pages[-1].rsplit(b"</mediawiki>", 1)
+  pages[-1] = last
+  groups = [b"".join(pages[i:i + pages_per_stream])
+            for i in range(0, len(pages), pages_per_stream)]
+  return b"".join(bz2.compress(part) for part in [head] + groups + [b"</mediawiki>" + footer])
+
+
+def test_multistream_bz2_is_cut_between_streams(monkeypatch, tmp_path):
+  xml = open(SAMPLE, "rb").read()
+  path = tmp_path / "multi.xml.bz2"
+  path.write_bytes(multistream_bz2(xml))
+  monkeypatch.setattr(prepare_wiki, "_BZ2_SEGMENT", 700)
+  with open(str(path), "rb") as raw:
+    assert prepare_wiki._is_multistream_bz2(raw)
+    segments = list(prepare_wiki._bz2_segments(prepare_wiki._CountingReader(raw)))
+  assert len(segments) > 3
+  assert b"".join(bz2.decompress(segment) for segment in segments) == xml
+
+
+def test_multistream_bz2_decompressed_in_parallel(run_a, tmp_path):
+  dump = tmp_path / "wiki_sample-multistream.xml.bz2"
+  dump.write_bytes(multistream_bz2(open(SAMPLE, "rb").read()))
+  output_dir = str(tmp_path / "out")
+  result = run_cli(output_dir, None, dump=str(dump), steps="extract", jobs=2)
+  assert result.returncode == 0, result.stderr
+  extracted = os.path.join("work", "extracted")
+  names = sorted(os.listdir(os.path.join(run_a, extracted)))
+  assert sorted(os.listdir(os.path.join(output_dir, extracted))) == names
+  for name in names:
+    assert (open(os.path.join(output_dir, extracted, name), "rb").read() ==
+            open(os.path.join(run_a, extracted, name), "rb").read())
+
+
 def test_step_without_its_input_is_refused(vocab, tmp_path):
   line = error_line(run_cli(str(tmp_path / "out"), vocab, dump=None, steps="tfrecords"))
   assert "needs the text shards of step shard" in line and "--steps=shard" in line
@@ -435,3 +472,14 @@ def test_full_disk_is_reported_and_finished_work_kept(run_a, vocab, tmp_path, mo
   monkeypatch.setattr(prepare_wiki, "atomic_output", real_atomic_output)
   prepare_wiki.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, **SMALL)
   assert files_under(output_dir) == files_under(run_a)
+
+
+def test_tensorflow_write_errors_read_as_os_errors():
+  full = tf.errors.ResourceExhaustedError(None, None, "/x/part-1; No space left on device")
+  error = prepare_wiki.os_error_from_tf(full, "/x/part-1")
+  assert error.errno == errno.ENOSPC and error.filename == "/x/part-1"
+  assert prepare_wiki.describe_os_error(error).startswith(
+      "the disk is full writing /x/part-1 (No space left on device)")
+  other = prepare_wiki.os_error_from_tf(tf.errors.UnknownError(None, None, "bad"), "/y")
+  assert prepare_wiki.describe_os_error(other) == (
+      "TensorFlow could not write it: bad writing /y")
