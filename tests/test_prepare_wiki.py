@@ -334,6 +334,10 @@ def test_resume_redoes_only_what_is_missing(run_a, vocab, tmp_path):
   changed = sorted(p for p in after if os.stat(os.path.join(output_dir, p)).st_mtime_ns
                    != before[p])
   assert changed == ["manifest.json", "train_data/part-00002-of-00004"]
+  # Once every chunk is there, a rerun does not even read the dump.
+  result = run_cli(output_dir, None, steps="extract,clean")
+  assert result.returncode == 0, result.stderr
+  assert "extract: done before (5 chunks)" in result.stderr
 
 
 def test_other_settings_are_refused(run_a, vocab):
@@ -386,7 +390,8 @@ def test_bz2_dump_and_steps_run_alone(run_a, vocab, tmp_path):
   dump = tmp_path / "wiki_sample.xml.bz2"
   dump.write_bytes(bz2.compress(open(SAMPLE, "rb").read()))
   output_dir = str(tmp_path / "out")
-  result = run_cli(output_dir, None, dump=str(dump), steps="extract")
+  # An extract-only run leaves the later steps' settings free.
+  result = run_cli(output_dir, None, dump=str(dump), steps="extract", num_shards=500)
   assert result.returncode == 0, result.stderr
   result = run_cli(output_dir, None, dump=None, steps="clean,segment,shard")
   assert result.returncode == 0, result.stderr

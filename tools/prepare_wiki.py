@@ -1014,10 +1014,17 @@ def run_extract(layout, settings, dump_path, jobs):
   os.makedirs(layout.extracted, exist_ok=True)
   os.makedirs(os.path.join(layout.done, "extract"), exist_ok=True)
   remove_stale_temporaries(layout.extracted)
+  step_marker = read_json(layout.marker("extract"))
+  if (step_marker and step_marker.get("settings") == step_settings(settings, "extract") and
+      all(marker_is_valid(layout, read_json(layout.marker("extract", "chunk-%05d" % i)),
+                          settings, "extract")
+          for i in range(step_marker["num_chunks"]))):
+    # A resumed run does not read the dump again when every chunk is there.
+    _say("extract: done before (%d chunks)" % step_marker["num_chunks"])
+    return step_marker["num_chunks"]
   pages_per_chunk = settings["pages_per_chunk"]
   progress = Progress("extract", settings["dump_bytes"])
   counter = [0]
-  totals = collections.Counter()
   num_chunks = [0]
   skipped = [0]
 
@@ -1042,9 +1049,6 @@ def run_extract(layout, settings, dump_path, jobs):
     if batch:
       yield index, chunk_done, batch
 
-  def on_result(stats):
-    totals.update(stats)
-
   started = time.time()
   if jobs <= 1:
     for index, chunk_done, batch in chunks():
@@ -1052,7 +1056,7 @@ def run_extract(layout, settings, dump_path, jobs):
       if chunk_done:
         skipped[0] += 1
         continue
-      on_result(extract_chunk((layout.root, settings, index, batch)))
+      extract_chunk((layout.root, settings, index, batch))
   else:
     # Bounded in flight: the parser must not run ahead of the converters by more than a
     # few chunks, or the whole dump would queue up in memory.
@@ -1067,9 +1071,9 @@ def run_extract(layout, settings, dump_path, jobs):
         pending.append(pool.apply_async(extract_chunk, ((layout.root, settings, index,
                                                           batch),)))
         while len(pending) > jobs:
-          on_result(pending.popleft().get())
+          pending.popleft().get()
       while pending:
-        on_result(pending.popleft().get())
+        pending.popleft().get()
       pool.close()
     finally:
       pool.terminate()
@@ -1626,17 +1630,20 @@ def check_vocab(vocab):
   return file_digest(vocab)["sha256"]
 
 
-def reconcile_settings(layout, settings):
+def reconcile_settings(layout, settings, step_list):
   """Checks the run's settings against output_dir/settings.json and records them.
 
-  Settings this run does not know (no --dump, no --vocab) are taken from the file.
+  The file holds the settings of the steps run so far in the folder (and the dump's
+  and vocab's identity); every one of them must match. Settings this run does not
+  know (no --dump, no --vocab) are taken from the file.
 
   Args:
     layout: Layout.
     settings: dict; None values mean "not given in this run".
+    step_list: the steps this run will run.
 
   Returns:
-    the settings of the folder, merged.
+    the settings to run with.
 
   Raises:
     PrepareError: the folder was made with other settings, or holds other files.
@@ -1660,11 +1667,20 @@ def reconcile_settings(layout, settings):
     raise PrepareError("output folder %s holds a run made with other settings (%s); pass "
                        "the same settings to resume it, or a new --output_dir"
                        % (layout.root, "; ".join(differences)))
-  merged = dict(stored)
-  merged.update({k: v for k, v in settings.items() if v is not None})
-  if merged != stored:
-    write_json(layout.settings, {"tool": "tools/prepare_wiki.py", "settings": merged})
-  return merged
+  # Only the settings of steps that ran bind the folder: an extract-only first run
+  # leaves the TFRecord settings free.
+  relevant = set(["format_version", "dump_name", "dump_bytes", "vocab_sha256"])
+  for step in step_list:
+    relevant.update(STEP_SETTINGS.get(step, ()))
+  recorded = dict(stored)
+  recorded.update({k: v for k, v in settings.items() if k in relevant and v is not None})
+  if recorded != stored:
+    write_json(layout.settings, {"tool": "tools/prepare_wiki.py", "settings": recorded})
+  effective = dict(settings)
+  for key, value in stored.items():
+    if effective.get(key) is None:
+      effective[key] = value
+  return effective
 
 
 @contextlib.contextmanager
@@ -1743,7 +1759,7 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
   layout = Layout(output_dir)
   manifest = None
   with locked(layout):
-    settings = reconcile_settings(layout, settings)
+    settings = reconcile_settings(layout, settings, step_list)
     for step in step_list:
       if step == "extract":
         run_extract(layout, settings, dump, jobs)
@@ -1857,6 +1873,9 @@ def main(argv):
                  **{key: flag_values[key].value for key in DEFAULTS})
   except PrepareError as e:
     sys.exit("prepare_wiki: error: %s" % e)
+  except KeyboardInterrupt:
+    sys.exit("prepare_wiki: interrupted; run the same command again to go on where it "
+             "stopped")
   except ValueError as e:
     # create_pretraining_data's own one-line errors (an unusable vocab, say).
     sys.exit("prepare_wiki: error: %s" % e)
