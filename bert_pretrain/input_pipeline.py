@@ -50,9 +50,11 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
     if not names:
       raise ValueError("%s=%s does not exist; pass the folder that holds the TFRecord files"
                        % (flag_name, files_dir))
-  skipped_suffixes = (".txt", ".json", ".md", ".index", ".tsv", ".log", ".tmp")
+  skipped_suffixes = (".txt", ".json", ".md", ".index", ".tsv", ".log")
+  # ".tmp" anywhere in the name: a half-written output of create_pretraining_data or
+  # tools/prepare_wiki.py (part-00001.tmp-1234) is never training data.
   files = sorted(n for n in names
-                 if not os.path.basename(n).startswith(".")
+                 if not os.path.basename(n).startswith(".") and ".tmp" not in os.path.basename(n)
                  and not n.endswith(skipped_suffixes) and not tf.gfile.IsDirectory(n))
   files = [f for f in files if tf.gfile.Stat(f).length > 0]
   if not files:

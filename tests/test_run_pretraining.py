@@ -220,3 +220,14 @@ def test_bad_input_is_a_one_line_error(pretraining_data, tmp_path, case, overrid
   assert "Traceback" not in result.stderr
   assert "Step " not in result.stdout
   assert sorted(os.listdir(str(out))) == ["model.ckpt-keep.txt"]
+
+
+def test_half_written_and_foreign_files_are_not_training_data(pretraining_data, tmp_path):
+  from bert_pretrain import input_pipeline
+  folder = tmp_path / "records"
+  shutil.copytree(pretraining_data["train"], str(folder))
+  for name in ("part-9.tmp-1234", "README.md", "manifest.json", ".hidden", "part-8.tmp"):
+    (folder / name).write_text("not records")
+  (folder / "empty-part").write_bytes(b"")
+  files = input_pipeline.list_record_files(str(folder))
+  assert [os.path.basename(f) for f in files] == sorted(os.listdir(pretraining_data["train"]))
