@@ -231,3 +231,29 @@ def test_half_written_and_foreign_files_are_not_training_data(pretraining_data, 
   (folder / "empty-part").write_bytes(b"")
   files = input_pipeline.list_record_files(str(folder))
   assert [os.path.basename(f) for f in files] == sorted(os.listdir(pretraining_data["train"]))
+
+
+def _final_eval(stdout):
+  blocks = stdout.split("***** Eval results *****")
+  last = blocks[-1]
+  return {k: float(v) for k, v in re.findall(r"^  (\w+) = ([\d.e+-]+)$", last, re.M)}
+
+
+def test_amp_matches_float32_and_xla_runs(pretraining_data, tmp_path):
+  """bfloat16 compute (the CPU's --amp) trains like float32: same data order, same seed,
+  the final eval within a small tolerance; --use_xla runs too."""
+  common = dict(num_train_steps=30, learning_rate=5e-3, shuffle_buffer=1, seed=5,
+                display_loss_steps=10)
+  fp32 = run_pretraining(*base_flags(pretraining_data, tmp_path / "fp32", **common))
+  amp = run_pretraining(*base_flags(pretraining_data, tmp_path / "amp", amp=None, **common))
+  xla = run_pretraining(*base_flags(pretraining_data, tmp_path / "xla", use_xla=None,
+                                    **dict(common, num_train_steps=2)))
+  for result in (fp32, amp, xla):
+    assert result.returncode == 0, result.stderr
+  assert "float32 compute" in fp32.stdout and "bfloat16 compute" in amp.stdout
+  first_loss = float(re.search(r"Step 10, total_loss: ([\d.]+)", fp32.stdout).group(1))
+  got, want = _final_eval(amp.stdout), _final_eval(fp32.stdout)
+  assert want["masked_lm_loss"] < first_loss - 0.5  # float32 did learn something
+  assert got["masked_lm_loss"] == pytest.approx(want["masked_lm_loss"], rel=0.03)
+  assert got["masked_lm_accuracy"] == pytest.approx(want["masked_lm_accuracy"], abs=0.03)
+  assert "Step 2," in xla.stdout
