@@ -83,6 +83,8 @@ flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on
 flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
 flags.DEFINE_integer("shuffle_buffer", 10000, "Training records held for shuffling.")
 flags.DEFINE_integer("seed", None, "Graph-level random seed (dropout, shuffling).")
+flags.DEFINE_string("submission_org", "unknown", "MLPerf log: submitting organization.")
+flags.DEFINE_string("submission_platform", "unknown", "MLPerf log: system name.")
 
 FLAGS = flags.FLAGS
 
@@ -313,6 +315,12 @@ def log_hyperparameters(logger, ranks, global_batch_size, learning_rate):
   """The MLPerf hyperparameter keys of the BERT benchmark."""
   c = logs.mllog.constants
   logger.mlperf(c.SUBMISSION_BENCHMARK, "bert")
+  logger.mlperf(c.SUBMISSION_ORG, FLAGS.submission_org)
+  logger.mlperf(c.SUBMISSION_PLATFORM, FLAGS.submission_platform)
+  logger.mlperf(c.SUBMISSION_DIVISION, "closed")
+  logger.mlperf(c.SUBMISSION_STATUS, "onprem")
+  # The recipe does not drop the OS page cache (that needs root); the log says so.
+  logger.mlperf(c.CACHE_CLEAR, False)
   logger.mlperf(c.GLOBAL_BATCH_SIZE, global_batch_size)
   logger.mlperf("train_batch_size", FLAGS.train_batch_size)
   logger.mlperf("max_sequence_length", FLAGS.max_seq_length)
@@ -425,13 +433,18 @@ def run(bert_config, train_files, eval_files, ranks):
 
   def evaluate(at_step):
     nonlocal eval_time, last_eval_step
-    last_eval_step = at_step
     start = time.time()
+    samples = {"epoch_num": at_step * global_batch_size}
+    logger.mlperf(logs.mllog.constants.EVAL_START, metadata=samples, kind="start")
     res = evaluator.evaluate(sess)
+    logger.mlperf(logs.mllog.constants.EVAL_STOP, metadata=samples, kind="end")
     eval_time += time.time() - start
     res["eval_time_s"] = round(time.time() - start, 3)
-    logger.mlperf("eval_accuracy", res["masked_lm_accuracy"],
-                  metadata={"epoch_num": at_step * global_batch_size})
+    if last_eval_step is None:
+      logger.mlperf(logs.mllog.constants.EVAL_SAMPLES, res["eval_samples"])
+    last_eval_step = at_step
+    logger.mlperf(logs.mllog.constants.EVAL_ACCURACY, res["masked_lm_accuracy"],
+                  metadata=samples)
     logger.eval_results(at_step, res, FLAGS.output_dir if is_chief else None)
     return res
 
@@ -460,7 +473,22 @@ def run(bert_config, train_files, eval_files, ranks):
   if FLAGS.do_train and step >= FLAGS.num_train_steps:
     logger.print("global_step %d already reached --num_train_steps=%d; nothing to train"
                  % (step, FLAGS.num_train_steps))
+  block_first_step = None  # MLPerf "blocks": the training between two evaluations.
+
+  def block(kind):
+    nonlocal block_first_step
+    if kind == "start":
+      block_first_step = step
+    metadata = {"first_epoch_num": block_first_step * global_batch_size,
+                "epoch_count": FLAGS.samples_between_eval}
+    logger.mlperf(logs.mllog.constants.BLOCK_START if kind == "start"
+                  else logs.mllog.constants.BLOCK_STOP, metadata=metadata, kind=kind)
+    if kind == "end":
+      block_first_step = None
+
   while FLAGS.do_train and step < FLAGS.num_train_steps:
+    if block_first_step is None:
+      block("start")
     step_start = time.time()
     for _ in range(FLAGS.num_accumulation_steps - 1):
       sess.run(accumulate_op)
@@ -509,6 +537,7 @@ def run(bert_config, train_files, eval_files, ranks):
     if evaluator is not None and step * global_batch_size >= next_eval_samples \
         and step < FLAGS.num_train_steps:
       next_eval_samples += FLAGS.samples_between_eval
+      block("end")
       results = evaluate(step)
       window_start += results["eval_time_s"]
       if reached_target(results):
@@ -516,6 +545,8 @@ def run(bert_config, train_files, eval_files, ranks):
                      % (results["masked_lm_accuracy"], FLAGS.stop_threshold, step))
         break
   train_time = time.time() - loop_start
+  if block_first_step is not None:
+    block("end")
 
   if FLAGS.do_train and is_chief and step != last_saved:
     saver.save(sess, os.path.join(FLAGS.output_dir, "model.ckpt"), global_step=step)
@@ -523,8 +554,8 @@ def run(bert_config, train_files, eval_files, ranks):
     results = evaluate(step)
   if results and reached_target(results):
     status = "success"
-  logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end",
-                metadata={"status": status})
+  logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, step * global_batch_size)
+  logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
 
   e2e_time = time.time() - run_start
   fps_all = trained_sentences / max(train_time - eval_time, 1e-9)
