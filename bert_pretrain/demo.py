@@ -24,6 +24,7 @@ from absl import flags
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import create_pretraining_data
+from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
 from bert_pretrain import tokenization
 
@@ -140,16 +141,7 @@ def write_fresh_checkpoint(bert_config, prefix, seed=12345):
   from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top
   with tf.Graph().as_default():
     tf.set_random_seed(seed)
-    batch = 1
-    features = {
-        "input_ids": tf.zeros([batch, MAX_SEQ_LENGTH], tf.int32),
-        "input_mask": tf.ones([batch, MAX_SEQ_LENGTH], tf.int32),
-        "segment_ids": tf.zeros([batch, MAX_SEQ_LENGTH], tf.int32),
-        "masked_lm_positions": tf.zeros([batch, MAX_PREDICTIONS_PER_SEQ], tf.int32),
-        "masked_lm_ids": tf.zeros([batch, MAX_PREDICTIONS_PER_SEQ], tf.int32),
-        "masked_lm_weights": tf.ones([batch, MAX_PREDICTIONS_PER_SEQ], tf.float32),
-        "next_sentence_labels": tf.zeros([batch, 1], tf.int32),
-    }
+    features = input_pipeline.constant_features(1, MAX_SEQ_LENGTH, MAX_PREDICTIONS_PER_SEQ)
     run_pretraining.build_model(bert_config, features, False, tf.float32)
     saver = tf.train.Saver(tf.trainable_variables())
     with tf.Session() as sess:

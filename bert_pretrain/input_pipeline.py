@@ -30,6 +30,20 @@ def feature_spec(max_seq_length, max_predictions_per_seq):
   }
 
 
+def constant_features(batch_size, max_seq_length, max_predictions_per_seq):
+  """A batch of the feature spec's shapes made of constants: the input of a graph that
+  only needs the model's variables (a fresh checkpoint, a benchmark)."""
+  return {
+      "input_ids": tf.zeros([batch_size, max_seq_length], tf.int32),
+      "input_mask": tf.ones([batch_size, max_seq_length], tf.int32),
+      "segment_ids": tf.zeros([batch_size, max_seq_length], tf.int32),
+      "masked_lm_positions": tf.zeros([batch_size, max_predictions_per_seq], tf.int32),
+      "masked_lm_ids": tf.zeros([batch_size, max_predictions_per_seq], tf.int32),
+      "masked_lm_weights": tf.ones([batch_size, max_predictions_per_seq], tf.float32),
+      "next_sentence_labels": tf.zeros([batch_size, 1], tf.int32),
+  }
+
+
 def list_record_files(files_dir, flag_name="--input_files_dir"):
   """Lists the TFRecord files of a folder (or a glob, or one file), sorted.
 

@@ -8,6 +8,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import checkpoints
+from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
 from conftest import TINY_CONFIG, base_flags, run_pretraining
 
@@ -19,16 +20,7 @@ def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
   config = modeling.BertConfig.from_dict(config_dict)
   with tf.Graph().as_default():
     tf.set_random_seed(seed)
-    batch, seq, preds = 1, 8, 2
-    features = {
-        "input_ids": tf.zeros([batch, seq], tf.int32),
-        "input_mask": tf.ones([batch, seq], tf.int32),
-        "segment_ids": tf.zeros([batch, seq], tf.int32),
-        "masked_lm_positions": tf.zeros([batch, preds], tf.int32),
-        "masked_lm_ids": tf.zeros([batch, preds], tf.int32),
-        "masked_lm_weights": tf.ones([batch, preds], tf.float32),
-        "next_sentence_labels": tf.zeros([batch, 1], tf.int32),
-    }
+    features = input_pipeline.constant_features(1, 8, 2)
     rp.build_model(config, features, False, tf.float32)
     model_vars = tf.trainable_variables()
     extras = [tf.get_variable(v.op.name + "/adam_m", initializer=tf.ones_like(v.initialized_value()))
