@@ -96,7 +96,11 @@ class Ranks(object):
     self.hvd = None
     self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
     if use_horovod:
-      import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+      try:
+        import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+      except ImportError as e:
+        raise ValueError("--horovod needs Horovod with TensorFlow support (%s); run "
+                         "bash init_tf.sh" % e)
       hvd.init()
       self.hvd = hvd
       self.rank, self.size = hvd.rank(), hvd.size()
@@ -593,9 +597,8 @@ def main(argv):
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
     return 2
-  ranks = Ranks(FLAGS.horovod)
   try:
-    return run(bert_config, train_files, eval_files, ranks)
+    return run(bert_config, train_files, eval_files, Ranks(FLAGS.horovod))
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
     return 2
