@@ -30,7 +30,11 @@ fi
 
 # 3. Python packages of the recipe, its tools and tests (pip skips what is there).
 #    TensorFlow < 2.16 is built against numpy 1.x: keep pip from pulling numpy 2 in.
-numpy_pin=$("$PYTHON" -c "import tensorflow as tf; v = tuple(int(x) for x in tf.__version__.split('.')[:2]); print('numpy<2' if v < (2, 16) else 'numpy')")
+#    TensorFlow 1.x keeps exactly the numpy it was installed with.
+numpy_pin=$("$PYTHON" -c "
+import numpy, tensorflow as tf
+v = tuple(int(x) for x in tf.__version__.split('.')[:2])
+print('numpy==' + numpy.__version__ if v < (2, 0) else 'numpy<2' if v < (2, 16) else 'numpy')")
 pip_install "$numpy_pin" absl-py tokenizers mlperf-logging pytest vermin psutil
 have_module mpi4py || pip_install mpi4py
 
@@ -38,7 +42,8 @@ have_module mpi4py || pip_install mpi4py
 #    lets the build see the TensorFlow installed above.
 if ! have_module horovod.tensorflow; then
   echo "init_tf: building horovod==$HOROVOD_VERSION (a few minutes)"
-  pip_install -U pip setuptools wheel "$numpy_pin"
+  pip_install -U pip setuptools wheel
+  pip_install "$numpy_pin"
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
   HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
     pip_install --no-build-isolation "horovod==$HOROVOD_VERSION"

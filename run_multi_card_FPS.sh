@@ -14,7 +14,7 @@ source "$here/scripts/common.sh"
 num_ranks="$(count_ranks)"
 read -r -a run_args <<< "${HOROVOD_RUN_ARGS:---gloo}"
 case " ${run_args[*]} " in
-  *" -H "*|*" --hosts "*|*" --hostfile "*|*" -hostfile "*) ;;
+  *" -H"*|*" --host"*|*" -hostfile"*) ;;  # -H, --hosts[=], --hostfile[=] given
   # One host: this machine with a slot per rank (also more ranks than cores, for tests).
   *) run_args+=(-H "localhost:$num_ranks") ;;
 esac

@@ -18,24 +18,39 @@ _CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
 RUN_MARKER = "bert_pretrain_run.json"
 
 
-def find_resume_checkpoint(output_dir):
+def find_resume_checkpoint(output_dir, settings=None):
   """Returns the prefix of this recipe's latest checkpoint in output_dir, or None.
+
+  Args:
+    output_dir: the run's --output_dir.
+    settings: (optional) dict of the settings a resumed run must share with the
+      earlier one (write_run_marker stored them).
 
   Raises:
     ValueError: output_dir holds a checkpoint that this recipe did not write (MLPerf's
       model.ckpt-28252 copied there, say): resuming from it would take a foreign
       global_step and optimizer state.
   """
-  if not tf.gfile.IsDirectory(output_dir):
+  if not tf.gfile.IsDirectory(output_dir) or \
+      not tf.gfile.Glob(os.path.join(output_dir, "*.index")):
     return None
-  prefix = tf.train.latest_checkpoint(output_dir)
-  if prefix is None and not tf.gfile.Glob(os.path.join(output_dir, "*.index")):
-    return None
-  if not tf.gfile.Exists(os.path.join(output_dir, RUN_MARKER)):
+  marker = os.path.join(output_dir, RUN_MARKER)
+  if not tf.gfile.Exists(marker):
     raise ValueError("--output_dir=%s holds a checkpoint that is not a checkpoint of this "
                      "run's recipe; to start from its weights pass it as --init_checkpoint with "
                      "a new --output_dir" % output_dir)
-  return prefix
+  if settings is not None:
+    with tf.gfile.GFile(marker, "r") as f:
+      earlier = json.load(f)
+    changed = sorted(k for k in settings if k in earlier and earlier[k] != settings[k])
+    if changed:
+      raise ValueError("--output_dir=%s holds a run with other %s (%s); resume with the same "
+                       "settings or use a new --output_dir"
+                       % (output_dir, ", ".join(changed),
+                          "; ".join("%s was %s" % (k, earlier[k]) for k in changed
+                                    if k != "bert_config") or "bert_config.json differs"))
+  # Without the "checkpoint" index file (copied folders), the newest *.index is taken.
+  return resolve_checkpoint(output_dir, "--output_dir")
 
 
 def write_run_marker(output_dir, settings):

@@ -1,6 +1,7 @@
 """The embedded default: everything a pretraining run needs, built from the shipped corpus.
 
-`bash run_1card_FPS.sh` without --input_files_dir calls this first. From
+`bash run_1card_FPS.sh` without --input_files_dir calls this first; it prints the
+flags of the demo run, one a line, for the script to pass on. From
 bert_pretrain/demo_data/corpus.txt (public-domain books, see SOURCE.md) it builds, in
 --cache_dir, and only what is not there yet:
 
@@ -18,6 +19,7 @@ import json
 import os
 import shutil
 import sys
+import time
 
 from absl import app
 from absl import flags
@@ -49,6 +51,25 @@ MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS_PER_SEQ = 20
 EVAL_DOCUMENT_FRACTION = 0.1
 NUM_TRAIN_FILES = 4
+# The training run: 500 LAMB updates of 32 sequences, evaluated every 125 updates.
+RUN_FLAGS = {
+    "max_seq_length": MAX_SEQ_LENGTH,
+    "max_predictions_per_seq": MAX_PREDICTIONS_PER_SEQ,
+    "train_batch_size": 32,
+    "num_accumulation_steps": 1,
+    "optimizer": "lamb",
+    "learning_rate": 5e-3,
+    "num_warmup_steps": 50,
+    "num_train_steps": 500,
+    "display_loss_steps": 50,
+    "save_checkpoints_steps": 250,
+    "stop_threshold": 0,
+    "eval_at_start": True,
+    "samples_start_eval": 0,
+    "samples_between_eval": 4000,
+    "eval_batch_size": 64,
+    "max_eval_steps": 0,
+}
 
 flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts.")
 FLAGS = flags.FLAGS
@@ -153,15 +174,24 @@ def write_fresh_checkpoint(bert_config, prefix, seed=12345):
   os.rename(tmp_dir, os.path.dirname(prefix))
 
 
+def run_flags(paths, output_dir):
+  """The run_pretraining flags of the demo run, as a list of "--name=value"."""
+  values = dict(paths, output_dir=output_dir, **RUN_FLAGS)
+  return ["--%s=%s" % (k, v) if not isinstance(v, bool) else "--%s%s" % ("" if v else "no", k)
+          for k, v in values.items()]
+
+
 def main(argv):
   del argv
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   try:
-    prepare(FLAGS.cache_dir)
+    paths = prepare(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
   except ValueError as e:
     print("demo: error: %s" % e, file=sys.stderr)
     return 2
+  output_dir = os.path.join("results", "demo-" + time.strftime("%Y%m%d-%H%M%S"))
+  print("\n".join(run_flags(paths, output_dir)))
   return 0
 
 

@@ -104,6 +104,17 @@ class RunLogger(object):
       self._summary_writer.close()
 
 
+def new_log_path(folder, stem, suffix):
+  """folder/stem+suffix, or stem.2+suffix, stem.3+suffix... when earlier runs (a resumed
+  output_dir) left one: each run's MLPerf log must hold one run only."""
+  path = os.path.join(folder, stem + suffix)
+  number = 2
+  while tf.gfile.Exists(path):
+    path = os.path.join(folder, "%s.%d%s" % (stem, number, suffix))
+    number += 1
+  return path
+
+
 def _makedirs_for(path):
   folder = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(folder):

@@ -81,7 +81,7 @@ class BertConfig(object):
       ValueError: the file is missing, not JSON, or lacks a required key; the
         message names the file and the fix.
     """
-    if not tf.gfile.Exists(json_file):
+    if not tf.gfile.Exists(json_file) or tf.gfile.IsDirectory(json_file):
       raise ValueError("bert config %s does not exist; pass --bert_config_file=PATH/bert_config.json"
                        % json_file)
     with tf.gfile.GFile(json_file, "r") as reader:

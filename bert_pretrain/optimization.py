@@ -76,7 +76,7 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
     for (grad, param) in grads_and_vars:
       if grad is None or param is None:
         continue
-      param_name = self._get_variable_name(param.name)
+      param_name = param.op.name
       with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
         m = tf.get_variable(name=param_name + "/adam_m", shape=param.shape.as_list(),
                             dtype=tf.float32, trainable=False,
@@ -112,13 +112,6 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
         return False
     return True
 
-  @staticmethod
-  def _get_variable_name(param_name):
-    """Get the variable name from the tensor name."""
-    m = re.match("^(.*):\\d+$", param_name)
-    if m is not None:
-      param_name = m.group(1)
-    return param_name
 
 
 class AdamWeightDecayOptimizer(_WeightDecayOptimizer):
@@ -202,7 +195,7 @@ def create_optimizer(optimizer_name, learning_rate, weight_decay_rate=0.01, beta
 
 def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
                      allreduce_fn=None, loss_scale=None, clip_norm=1.0,
-                     pre_accumulation_fn=None):
+                     pre_accumulation_fn=None, compile_optimizer=False):
   """Builds the ops of one training step.
 
   Args:
@@ -216,6 +209,8 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
     clip_norm: gradients are clipped to this global norm before the update.
     pre_accumulation_fn: (optional) like allreduce_fn, but applied to every
       micro-batch's gradients before they are accumulated.
+    compile_optimizer: compile the clipping and update math with XLA, which fuses the
+      optimizer's many elementwise passes over the weights into a few loops.
 
   Returns:
     (accumulate_op, update_op): run accumulate_op k-1 times, then update_op once.
@@ -253,9 +248,10 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   else:
     all_finite = None
 
-  (grads, _) = tf.clip_by_global_norm(grads, clip_norm=clip_norm)
-  apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step,
-                                       should_update=all_finite)
+  with tf.name_scope("optimizer"), tf.xla.experimental.jit_scope(compile_ops=compile_optimizer):
+    (grads, _) = tf.clip_by_global_norm(grads, clip_norm=clip_norm)
+    apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step,
+                                         should_update=all_finite)
   with tf.control_dependencies([apply_op]):
     after_update = [global_step.assign_add(1)]
     if loss_scale is not None:

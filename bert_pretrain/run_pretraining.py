@@ -78,7 +78,8 @@ flags.DEFINE_bool("horovod", False, "One process per card, gradients all-reduced
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 compute with loss scaling on GPUs, "
                   "bfloat16 on CPUs; master weights stay float32.")
 flags.DEFINE_bool("use_fp16", False, "Alias of --amp.")
-flags.DEFINE_bool("use_xla", False, "Compile the graph with XLA JIT.")
+flags.DEFINE_bool("use_xla", False, "XLA JIT: auto-clustering of the graph, and the optimizer "
+                  "update compiled as one XLA cluster.")
 flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
 flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
 flags.DEFINE_integer("shuffle_buffer", 10000, "Training records held for shuffling.")
@@ -127,9 +128,13 @@ def check_flags():
   bert_config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
   for name in ("train_batch_size", "eval_batch_size", "num_accumulation_steps",
                "max_seq_length", "max_predictions_per_seq", "display_loss_steps",
-               "save_checkpoints_steps"):
+               "save_checkpoints_steps", "samples_between_eval", "shuffle_buffer"):
     if getattr(FLAGS, name) < 1:
       raise ValueError("--%s=%d must be at least 1" % (name, getattr(FLAGS, name)))
+  for name in ("num_warmup_steps", "start_warmup_step", "fps_warmup_steps",
+               "keep_checkpoint_max", "max_eval_steps", "samples_start_eval"):
+    if getattr(FLAGS, name) < 0:
+      raise ValueError("--%s=%d must not be negative" % (name, getattr(FLAGS, name)))
   if FLAGS.do_train and FLAGS.num_train_steps < 1:
     raise ValueError("--num_train_steps=%d must be at least 1 (or pass --nodo_train)"
                      % FLAGS.num_train_steps)
@@ -142,7 +147,7 @@ def check_flags():
     raise ValueError("--max_predictions_per_seq=%d is above --max_seq_length=%d; lower it"
                      % (FLAGS.max_predictions_per_seq, FLAGS.max_seq_length))
   if FLAGS.vocab_file:
-    if not tf.gfile.Exists(FLAGS.vocab_file):
+    if not tf.gfile.Exists(FLAGS.vocab_file) or tf.gfile.IsDirectory(FLAGS.vocab_file):
       raise ValueError("--vocab_file=%s does not exist; pass the vocab.txt of the data"
                        % FLAGS.vocab_file)
     with tf.gfile.GFile(FLAGS.vocab_file, "r") as f:
@@ -171,15 +176,23 @@ def check_flags():
                                         FLAGS.max_predictions_per_seq,
                                         vocab_size=bert_config.vocab_size)
   _check_output_dir(FLAGS.output_dir)
-  checkpoints.find_resume_checkpoint(FLAGS.output_dir)
+  checkpoints.find_resume_checkpoint(FLAGS.output_dir, resume_settings(bert_config))
   return bert_config, train_files, eval_files
+
+
+def resume_settings(bert_config):
+  """What a run resuming from output_dir must share with the run that wrote it."""
+  return {"bert_config": bert_config.to_dict(), "max_seq_length": FLAGS.max_seq_length,
+          "max_predictions_per_seq": FLAGS.max_predictions_per_seq,
+          "optimizer": FLAGS.optimizer}
 
 
 def _check_output_dir(output_dir):
   """Creates output_dir if needed and checks that it can be written."""
   try:
     tf.gfile.MakeDirs(output_dir)
-    probe = os.path.join(output_dir, ".write_test")
+    # Named per process: all ranks probe the same folder at once.
+    probe = os.path.join(output_dir, ".write_test.%d" % os.getpid())
     with tf.gfile.GFile(probe, "w") as f:
       f.write("ok")
     tf.gfile.Remove(probe)
@@ -208,12 +221,10 @@ def compute_type():
   """float32, or with --amp float16 on a GPU and bfloat16 on a CPU."""
   if not FLAGS.amp:
     return tf.float32
-  return tf.float16 if tf.test.is_built_with_cuda() and _has_gpu() else tf.bfloat16
-
-
-def _has_gpu():
-  from tensorflow.python.client import device_lib  # pylint: disable=g-import-not-at-top
-  return any(d.device_type == "GPU" for d in device_lib.list_local_devices())
+  # list_physical_devices starts no GPU, so it does not fight the session's
+  # visible_device_list (one card per Horovod rank).
+  gpus = tf.config.experimental.list_physical_devices("GPU")
+  return tf.float16 if gpus else tf.bfloat16
 
 
 def build_model(bert_config, features, is_training, dtype):
@@ -351,7 +362,7 @@ def run(bert_config, train_files, eval_files, ranks):
   logger = logs.RunLogger(
       output_dir=FLAGS.output_dir, is_chief=is_chief,
       dllog_path=FLAGS.dllog_path or os.path.join(FLAGS.output_dir, "dllog.json"),
-      mllog_path=FLAGS.mllog_path or os.path.join(FLAGS.output_dir, "mlperf.log"))
+      mllog_path=FLAGS.mllog_path or logs.new_log_path(FLAGS.output_dir, "mlperf", ".log"))
   logger.mlperf(logs.mllog.constants.INIT_START, kind="start")
   if FLAGS.seed is not None:
     tf.set_random_seed(FLAGS.seed)
@@ -391,7 +402,16 @@ def run(bert_config, train_files, eval_files, ranks):
         outputs["total_loss"], optimizer, global_step, FLAGS.num_accumulation_steps,
         allreduce_fn=allreduce_fn if FLAGS.allreduce_post_accumulation else None,
         loss_scale=loss_scale,
-        pre_accumulation_fn=None if FLAGS.allreduce_post_accumulation else allreduce_fn)
+        pre_accumulation_fn=None if FLAGS.allreduce_post_accumulation else allreduce_fn,
+        compile_optimizer=FLAGS.use_xla)
+  if FLAGS.do_train:
+    losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
+    if ranks.hvd is not None:
+      losses = ranks.hvd.allreduce(losses, op=ranks.hvd.Average, name="display_losses")
+    display_fetches = {"update": update_op, "losses": losses, "learning_rate": learning_rate}
+    if loss_scale is not None:
+      display_fetches.update(loss_scale=loss_scale.scale,
+                             skipped_steps=loss_scale.skipped_steps)
   evaluator = None
   if FLAGS.do_eval:
     evaluator = Evaluator(bert_config, eval_files, ranks, dtype, FLAGS.eval_batch_size,
@@ -399,17 +419,23 @@ def run(bert_config, train_files, eval_files, ranks):
                           FLAGS.max_eval_steps)
 
   model_variables = tf.trainable_variables()
-  saver = tf.train.Saver(max_to_keep=FLAGS.keep_checkpoint_max)
+  # max_to_keep=0 keeps every checkpoint.
+  saver = tf.train.Saver(max_to_keep=FLAGS.keep_checkpoint_max or None)
   broadcast_op = ranks.hvd.broadcast_global_variables(0) if ranks.hvd is not None else None
 
   sess = tf.Session(config=session_config(ranks))
   sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-  resume_prefix = checkpoints.find_resume_checkpoint(FLAGS.output_dir)
+  resume_prefix = checkpoints.find_resume_checkpoint(FLAGS.output_dir,
+                                                     resume_settings(bert_config))
   if resume_prefix:
     checkpoints.check_resumable(resume_prefix, tf.global_variables())
     present = dict(tf.train.list_variables(resume_prefix))
     tf.train.Saver(var_list=[v for v in tf.global_variables()
                              if v.op.name in present]).restore(sess, resume_prefix)
+    # Older checkpoints of the earlier run stay in the rotation of --keep_checkpoint_max.
+    state = tf.train.get_checkpoint_state(FLAGS.output_dir)
+    if state is not None:
+      saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
     logger.print("Resuming from %s at step %d (weights, optimizer state, learning-rate "
                  "schedule); --init_checkpoint is not applied"
                  % (resume_prefix, sess.run(global_step)))
@@ -421,10 +447,7 @@ def run(bert_config, train_files, eval_files, ranks):
   if broadcast_op is not None:
     sess.run(broadcast_op)
   if is_chief and FLAGS.do_train:
-    checkpoints.write_run_marker(FLAGS.output_dir, {
-        "bert_config": bert_config.to_dict(), "max_seq_length": FLAGS.max_seq_length,
-        "max_predictions_per_seq": FLAGS.max_predictions_per_seq,
-        "optimizer": FLAGS.optimizer, "global_batch_size": global_batch_size})
+    checkpoints.write_run_marker(FLAGS.output_dir, resume_settings(bert_config))
   sess.graph.finalize()  # Nothing may add ops inside the loop.
   logger.mlperf(logs.mllog.constants.INIT_STOP, kind="end")
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
@@ -474,6 +497,7 @@ def run(bert_config, train_files, eval_files, ranks):
                           FLAGS.samples_between_eval)
   last_saved = step
   loss_is_finite = True
+  loop_eval_time = 0.0
   if FLAGS.do_train and step >= FLAGS.num_train_steps:
     logger.print("global_step %d already reached --num_train_steps=%d; nothing to train"
                  % (step, FLAGS.num_train_steps))
@@ -496,12 +520,9 @@ def run(bert_config, train_files, eval_files, ranks):
     step_start = time.time()
     for _ in range(FLAGS.num_accumulation_steps - 1):
       sess.run(accumulate_op)
-    fetches = {"update": update_op, "total_loss": outputs["total_loss"],
-               "mlm_loss": outputs["mlm_loss"], "nsp_loss": outputs["nsp_loss"],
-               "learning_rate": learning_rate}
-    if loss_scale is not None:
-      fetches.update(loss_scale=loss_scale.scale, skipped_steps=loss_scale.skipped_steps)
-    values = sess.run(fetches)
+    display = step + 1 == FLAGS.num_train_steps or (step + 1) % FLAGS.display_loss_steps == 0
+    # Losses are fetched (and averaged over ranks) on display steps only.
+    values = sess.run(display_fetches if display else update_op)
     step += 1
     step_time = time.time() - step_start
     trained_sentences += global_batch_size
@@ -512,37 +533,41 @@ def run(bert_config, train_files, eval_files, ranks):
 
     if step % FLAGS.display_loss_steps == 0 or step == FLAGS.num_train_steps:
       window_fps = window_steps * global_batch_size / max(time.time() - window_start, 1e-9)
+      total_loss, mlm_loss, nsp_loss = values["losses"]
       line = ("Step %d, total_loss: %.4f, mlm_loss: %.4f, nsp_loss: %.4f, learning_rate: %.3e, "
-              "sentences_per_second: %.2f" % (step, values["total_loss"], values["mlm_loss"],
-                                              values["nsp_loss"], values["learning_rate"],
-                                              window_fps))
+              "sentences_per_second: %.2f" % (step, total_loss, mlm_loss, nsp_loss,
+                                              values["learning_rate"], window_fps))
       if loss_scale is not None:
         line += ", loss_scale: %g, skipped_steps: %d" % (values["loss_scale"],
                                                          values["skipped_steps"])
       logger.print(line)
-      logger.metrics(step, {k: values[k] for k in ("total_loss", "mlm_loss", "nsp_loss",
-                                                     "learning_rate")},
-                     prefix="train")
-      logger.metrics(step, {"throughput_train": window_fps}, prefix="train")
-      loss_is_finite = bool(np.isfinite(values["total_loss"]))
+      logger.metrics(step, {"total_loss": total_loss, "mlm_loss": mlm_loss,
+                            "nsp_loss": nsp_loss, "learning_rate": values["learning_rate"],
+                            "throughput_train": window_fps}, prefix="train")
+      # All ranks see the same averaged loss, so they stop together. With loss
+      # scaling a non-finite step is skipped, not fatal.
+      loss_is_finite = bool(np.isfinite(total_loss)) or loss_scale is not None
       if not loss_is_finite:
-        logger.print("Loss is %s at step %d: stopping. Lower --learning_rate or raise "
-                     "--num_warmup_steps" % (values["total_loss"], step))
+        logger.print("Loss is %s at step %d: stopping without saving. Lower --learning_rate "
+                     "or raise --num_warmup_steps" % (total_loss, step))
         break
       window_start, window_steps = time.time(), 0
 
     if is_chief and step % FLAGS.save_checkpoints_steps == 0:
       start = time.time()
-      saver.save(sess, os.path.join(FLAGS.output_dir, "model.ckpt"), global_step=step)
+      saver.save(sess, os.path.join(FLAGS.output_dir, "model.ckpt"), global_step=step,
+                 write_meta_graph=False)
       checkpoint_time += time.time() - start
       last_saved = step
       window_start += time.time() - start
 
     if evaluator is not None and step * global_batch_size >= next_eval_samples \
         and step < FLAGS.num_train_steps:
-      next_eval_samples += FLAGS.samples_between_eval
+      while next_eval_samples <= step * global_batch_size:
+        next_eval_samples += FLAGS.samples_between_eval
       block("end")
       results = evaluate(step)
+      loop_eval_time += results["eval_time_s"]
       window_start += results["eval_time_s"]
       if reached_target(results):
         logger.print("masked_lm_accuracy %.4f reached --stop_threshold=%g at step %d"
@@ -552,9 +577,10 @@ def run(bert_config, train_files, eval_files, ranks):
   if block_first_step is not None:
     block("end")
 
-  if FLAGS.do_train and is_chief and step != last_saved:
-    saver.save(sess, os.path.join(FLAGS.output_dir, "model.ckpt"), global_step=step)
-  if evaluator is not None and last_eval_step != step:
+  if FLAGS.do_train and is_chief and step != last_saved and loss_is_finite:
+    saver.save(sess, os.path.join(FLAGS.output_dir, "model.ckpt"), global_step=step,
+               write_meta_graph=False)
+  if evaluator is not None and last_eval_step != step and loss_is_finite:
     results = evaluate(step)
   if results and reached_target(results):
     status = "success"
@@ -562,17 +588,18 @@ def run(bert_config, train_files, eval_files, ranks):
   logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
 
   e2e_time = time.time() - run_start
-  fps_all = trained_sentences / max(train_time - eval_time, 1e-9)
+  fps_all = trained_sentences / max(train_time - loop_eval_time, 1e-9)
   fps_steady = steady_sentences / steady_time if steady_time > 0 else fps_all
   summary = {"e2e_time_s": e2e_time, "training_sentences": trained_sentences,
              "throughput_with_overhead": fps_all, "throughput": fps_steady,
              "checkpoint_time_s": checkpoint_time, "eval_time_s": eval_time}
-  if results_at_start:
+  if results_at_start and FLAGS.do_train:
     logger.print("masked_lm_accuracy before training: %.4f"
                  % results_at_start["masked_lm_accuracy"])
   logger.print("e2e_time: %.2f s, training sentences: %d, checkpoint time: %.2f s, eval time: "
                "%.2f s" % (e2e_time, trained_sentences, checkpoint_time, eval_time))
-  logger.print("Throughput Average (sentences/sec) with overhead = %.2f" % fps_all)
+  logger.print("Throughput Average (sentences/sec) with overhead = %.2f (warm-up and checkpoint "
+               "time included, evaluation excluded)" % fps_all)
   logger.print("Throughput Average (sentences/sec) = %.2f (after %d warm-up steps, without "
                "checkpoint and eval time)" % (fps_steady, FLAGS.fps_warmup_steps))
   accuracy = results.get("masked_lm_accuracy") if results else None
@@ -601,6 +628,11 @@ def main(argv):
     return run(bert_config, train_files, eval_files, Ranks(FLAGS.horovod))
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
+    return 2
+  except tf.errors.ResourceExhaustedError as e:
+    print("run_pretraining: error: out of memory (%s); lower --train_batch_size and raise "
+          "--num_accumulation_steps to keep the global batch" % e.message.splitlines()[0],
+          file=sys.stderr)
     return 2
   except tf.errors.DataLossError as e:
     print("run_pretraining: error: corrupt TFRecord data (%s); re-create or remove the "

@@ -8,7 +8,7 @@ MLPERF_DEFAULTS=(
   --optimizer=lamb --learning_rate=5e-5 --num_train_steps=13206
   --save_checkpoints_steps=1000 --stop_threshold=0.72
   --samples_between_eval=150000 --samples_start_eval=3000000
-  --eval_batch_size=24 --max_eval_steps=100
+  --eval_batch_size=24 --max_eval_steps=0
 )
 
 # has_flag NAME ARGS...: whether --NAME=... is among ARGS.
@@ -21,22 +21,13 @@ has_flag() {
   return 1
 }
 
-# demo_args: prepares the embedded demo (cached in $DEMO_CACHE) and sets DEMO_ARGS.
+# demo_args: prepares the embedded demo (cached in $DEMO_CACHE) and sets DEMO_ARGS to
+# the demo run's flags, which bert_pretrain/demo.py defines.
 demo_args() {
-  local cache="${DEMO_CACHE:-$here/demo_cache}"
+  local cache="${DEMO_CACHE:-$here/demo_cache}" flags
   echo "No --input_files_dir: running the embedded demo (artefacts in $cache)"
-  python3 -m bert_pretrain.demo --cache_dir="$cache"
-  DEMO_ARGS=(
-    --input_files_dir="$cache/train" --eval_files_dir="$cache/eval"
-    --bert_config_file="$cache/bert_config.json" --init_checkpoint="$cache/init/model.ckpt-0"
-    --vocab_file="$cache/vocab.txt"
-    --output_dir="./results/demo-$(date +%Y%m%d-%H%M%S)"
-    --max_seq_length=128 --max_predictions_per_seq=20 --train_batch_size=32
-    --optimizer=lamb --learning_rate=5e-3 --num_warmup_steps=50 --num_train_steps=500
-    --display_loss_steps=50 --save_checkpoints_steps=250 --stop_threshold=0
-    --eval_at_start --samples_start_eval=0 --samples_between_eval=4000
-    --eval_batch_size=64 --max_eval_steps=0
-  )
+  flags="$(python3 -m bert_pretrain.demo --cache_dir="$cache")"
+  mapfile -t DEMO_ARGS <<< "$flags"
 }
 
 # count_ranks: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of CUDA_VISIBLE_DEVICES,

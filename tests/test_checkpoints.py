@@ -110,6 +110,15 @@ def test_resume_continues_the_step_count(pretraining_data, tmp_path):
   name = "bert/pooler/dense/kernel/adam_v"
   assert not np.allclose(after.get_tensor(name), before.get_tensor(name))
   assert os.path.exists(str(out / "model.ckpt-3.index"))  # nothing deleted
+  # Each run has its own MLPerf log, so each holds one run for the compliance checker.
+  assert (out / "mlperf.log").exists() and (out / "mlperf.2.log").exists()
+
+  # Resuming with another sequence length or optimizer is refused before training.
+  third = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=7,
+                                      optimizer="adam", nodo_eval=None))
+  assert third.returncode != 0
+  assert "holds a run with other optimizer (optimizer was lamb)" in third.stderr
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-5")
 
 
 def test_foreign_checkpoint_in_output_dir_is_a_clear_error(pretraining_data, tmp_path):

@@ -211,6 +211,10 @@ BAD_INPUTS = [
      r"--max_seq_length=64 is above max_position_embeddings=32"),
     ("batch size 0", lambda d, t: dict(train_batch_size=0),
      r"--train_batch_size=0 must be at least 1"),
+    ("bert_config.json is a folder", lambda d, t: dict(bert_config_file=_empty_dir(t)),
+     r"bert config \S+ does not exist"),
+    ("negative keep_checkpoint_max", lambda d, t: dict(keep_checkpoint_max=-1),
+     r"--keep_checkpoint_max=-1 must not be negative"),
     ("output_dir that cannot be written", lambda d, t: dict(output_dir=_unwritable_output(t)),
      r"--output_dir=\S+ cannot be written"),
 ]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares the MLPerf BERT dataset from a Wikipedia dump (see tools/README_data.md):
+# Prepares the MLPerf BERT dataset from a Wikipedia dump (see README.md ("Preparing the dataset")):
 #   bash tools/prepare_wiki.sh --dump=enwiki-20200101-pages-articles-multistream.xml.bz2 \
 #       --vocab=vocab.txt --output_dir=/data/bert_wiki [--num_shards=500] [--jobs=N]
 # Everything is done by tools/prepare_wiki.py; this only picks the interpreter.
