@@ -2,6 +2,7 @@
 # Installs what the recipe needs into the python3 on PATH. Idempotent: re-running it only
 # checks. A TensorFlow that already imports (a vendor 1.15 build, say) is kept as it is.
 set -euo pipefail
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # quiet TensorFlow imports
 
 PYTHON="${PYTHON:-python3}"
 TF_VERSION="${TF_VERSION:-2.15.1}"
