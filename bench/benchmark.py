@@ -1,0 +1,601 @@
+"""Training-step benchmark of this recipe's BERT on the CPU, side by side with the peer.
+
+  python3 bench/benchmark.py                       # the full table (about 15 minutes)
+  python3 bench/benchmark.py --configs=tiny,base --seq_lengths=128 --skip_peer
+
+For each BERT size (tiny .. base), sequence length (128, 512) and precision (fp32, amp =
+bfloat16 compute with float32 weights, as run_pretraining --amp does on a CPU) it
+measures, each row in its own subprocess (so the memory and threads are the row's):
+
+  - our training step, built as bert_pretrain.run_pretraining builds it (build_model,
+    LAMB, create_train_ops), fed by input_pipeline.make_dataset from real TFRecords, and
+    the same step fed by one batch held in memory (tf.constant), windows interleaved;
+  - the peer: Hugging Face transformers' BertForPreTraining with AdamW in PyTorch, same
+    config, batch, sequence length, bf16 autocast for amp;
+  - sentences/s (median of timing windows after warm-up), model TFLOP/s from an analytic
+    count of the forward + backward FLOPs, MFU against the matmul peak this run measures
+    for that precision, the input pipeline's cost, the peak RSS of each side;
+
+and whether BERT-Large at sequence 512, batch 1 can take a training step here. The table
+is printed and written to --out_dir (benchmark.md, benchmark.json, benchmark.png).
+bench/README.md explains the columns.
+"""
+
+from __future__ import absolute_import
+from __future__ import division
+from __future__ import print_function
+
+import importlib.util
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+CORPUS = os.path.join(ROOT, "bert_pretrain", "demo_data", "corpus.txt")
+
+VOCAB_SIZE = 30522
+# name -> (layers, hidden, heads, intermediate), Google's BERT sizes.
+CONFIGS = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "medium": (8, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+}
+# Masked positions per sequence and passes over the corpus for the TFRecords.
+PREDICTIONS = {128: 20, 512: 76}
+DUPE_FACTOR = {128: 2, 512: 5}
+NUM_RECORD_FILES = 4
+# Sentences per step of each row: what keeps a step around a second on 2 cores.
+BATCH_SIZES = {
+    ("tiny", 128): 16, ("tiny", 512): 8,
+    ("mini", 128): 16, ("mini", 512): 8,
+    ("small", 128): 16, ("small", 512): 4,
+    ("medium", 128): 8, ("medium", 512): 4,
+    ("base", 128): 8, ("base", 512): 2,
+    ("large", 512): 1,
+}
+LEARNING_RATE = 1e-4
+PEER_HINT = ("peer (Hugging Face BertForPreTraining in PyTorch) skipped: install it with "
+             "`pip install torch==2.13.0 transformers`")
+RESULT_PREFIX = "BENCH_RESULT "
+
+flags.DEFINE_list("configs", ["tiny", "mini", "small", "medium", "base"],
+                  "BERT sizes to run: %s." % ", ".join(n for n in CONFIGS if n != "large"))
+flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths (128 and/or 512).")
+flags.DEFINE_list("precisions", ["fp32", "amp"], "fp32 and/or amp (bfloat16 compute).")
+flags.DEFINE_integer("steps", 0, "Steps per timing window (0: as many as fill "
+                     "--window_seconds).")
+flags.DEFINE_integer("windows", 5, "Timing windows per measurement; the median is reported.")
+flags.DEFINE_float("window_seconds", 1.5, "Length of a timing window when --steps=0.")
+flags.DEFINE_integer("warmup_steps", 2, "Steps before timing starts.")
+flags.DEFINE_integer("batch_size", 0, "Sentences per step in every row (0: per-row defaults).")
+flags.DEFINE_bool("skip_peer", False, "Leave out the PyTorch / transformers peer.")
+flags.DEFINE_bool("skip_large", False, "Leave out the BERT-Large seq 512 batch 1 check.")
+flags.DEFINE_integer("intra_threads", 2, "intra_op_parallelism_threads (and torch threads).")
+flags.DEFINE_integer("inter_threads", 2, "inter_op_parallelism_threads (run_pretraining's "
+                     "default is 2).")
+flags.DEFINE_bool("xla", False, "Turn XLA JIT on for our step (run_pretraining --use_xla).")
+flags.DEFINE_string("out_dir", os.path.join(ROOT, "bench_results"),
+                    "Where the table, its JSON, the chart, the logs and the data go.")
+flags.DEFINE_integer("row_timeout", 900, "Seconds one row's subprocess may take.")
+# Internal: the subprocess of one row.
+flags.DEFINE_enum("worker", None, ["ours", "peer", "peak"], "(internal) run one measurement.")
+flags.DEFINE_string("row", None, "(internal) JSON of the row a --worker measures.")
+FLAGS = flags.FLAGS
+
+
+# ---------------------------------------------------------------------------------------
+# FLOPs
+
+def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_SIZE):
+  """Forward + backward FLOPs of one training sequence, by part of the model.
+
+  A multiply-add is 2 FLOPs; backward costs twice the forward. Counted: the dense layers
+  of the encoder (Q, K, V, output, two feed-forward), the attention score and context
+  matmuls, the pooler, and the masked-LM head at the `predictions` gathered positions
+  (transform + vocabulary projection). Embedding look-ups, softmax, layer norm and the
+  optimizer are not matmuls and count 0.
+
+  Returns:
+    dict: encoder_dense, attention, mlm_head, pooler_nsp, total.
+  """
+  layers, hidden, _, intermediate = CONFIGS[config]
+  forward = {
+      "encoder_dense": layers * 2 * seq_length * (4 * hidden * hidden + 2 * hidden * intermediate),
+      "attention": layers * 2 * 2 * seq_length * seq_length * hidden,
+      "mlm_head": predictions * 2 * (hidden * hidden + hidden * vocab_size),
+      "pooler_nsp": 2 * (hidden * hidden + hidden * 2),
+  }
+  flops = {part: 3 * value for part, value in forward.items()}
+  flops["total"] = sum(flops.values())
+  return flops
+
+
+def bert_config_dict(config, vocab_size=VOCAB_SIZE):
+  layers, hidden, heads, intermediate = CONFIGS[config]
+  return {"vocab_size": vocab_size, "hidden_size": hidden, "num_hidden_layers": layers,
+          "num_attention_heads": heads, "intermediate_size": intermediate,
+          "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+          "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512,
+          "type_vocab_size": 2, "initializer_range": 0.02}
+
+
+# ---------------------------------------------------------------------------------------
+# Timing, shared by the workers
+
+def peak_rss_gib():
+  """The high-water mark of this process's resident memory (Linux: ru_maxrss in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / float(2 ** 20)
+
+
+def steps_per_window(step, row):
+  """Runs one step and returns how many fill a window (row["steps"] when set)."""
+  start = time.perf_counter()
+  step()
+  seconds = time.perf_counter() - start
+  if row["steps"] > 0:
+    return row["steps"]
+  return max(1, int(round(row["window_seconds"] / max(seconds, 1e-6))))
+
+
+def interleaved_fps(steps_by_name, batch_size, windows, steps):
+  """Sentences/s per timing window of each step function, their windows taking turns
+  so that the machine's load falls on all of them alike.
+
+  Returns:
+    dict name -> list of sentences/s, one per window.
+  """
+  fps = {name: [] for name in steps_by_name}
+  for _ in range(windows):
+    for name, step in sorted(steps_by_name.items()):
+      start = time.perf_counter()
+      for _ in range(steps):
+        step()
+      fps[name].append(steps * batch_size / (time.perf_counter() - start))
+  return fps
+
+
+def emit(result):
+  print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Worker: our training step (TensorFlow)
+
+def _import_tf():
+  # Imported here, not at the top: the peer's subprocess must not load TensorFlow
+  # (a second oneDNN / OpenMP runtime in its process), nor the parent pin threads.
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  tf.disable_v2_behavior()
+  tf.logging.set_verbosity(tf.logging.ERROR)
+  return tf
+
+
+def session_config(tf, row):
+  """As run_pretraining.session_config on one CPU rank, with the row's thread counts."""
+  config = tf.ConfigProto(intra_op_parallelism_threads=row["intra"],
+                          inter_op_parallelism_threads=row["inter"],
+                          allow_soft_placement=True)
+  if row["xla"]:
+    config.graph_options.optimizer_options.global_jit_level = tf.OptimizerOptions.ON_1
+  return config
+
+
+def record_files(data_dir, seq_length):
+  folder = os.path.join(data_dir, "seq%d" % seq_length)
+  return [os.path.join(folder, "part-%02d.tfrecord" % i) for i in range(NUM_RECORD_FILES)]
+
+
+class TrainStep(object):
+  """One graph and session of our training step: build_model, LAMB, create_train_ops,
+  as run_pretraining builds them; features from TFRecords or from one batch in memory."""
+
+  def __init__(self, row, batch=None):
+    tf = _import_tf()
+    from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
+    from bert_pretrain import modeling  # pylint: disable=g-import-not-at-top
+    from bert_pretrain import optimization  # pylint: disable=g-import-not-at-top
+    from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      if batch is None:
+        dataset = input_pipeline.make_dataset(
+            record_files(row["data_dir"], row["seq"]), row["batch"], row["seq"],
+            row["preds"], is_training=True)
+        self.features = tf.data.make_one_shot_iterator(dataset).get_next()
+      else:
+        self.features = {name: tf.constant(value) for name, value in batch.items()}
+      bert_config = modeling.BertConfig.from_dict(bert_config_dict(row["config"]))
+      dtype = tf.bfloat16 if row["precision"] == "amp" else tf.float32
+      outputs = run_pretraining.build_model(bert_config, self.features, True, dtype)
+      optimizer = optimization.create_optimizer("lamb", LEARNING_RATE)
+      _, update_op = optimization.create_train_ops(
+          outputs["total_loss"], optimizer, tf.train.get_or_create_global_step())
+      self.fetches = [update_op, outputs["total_loss"]]
+      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+      self.graph.finalize()
+    self.session = tf.Session(graph=self.graph, config=session_config(tf, row))
+    self.session.run(init)
+    self.loss = None
+
+  def next_batch(self):
+    """A batch of the input pipeline as numpy arrays (TFRecord steps only)."""
+    return self.session.run(self.features)
+
+  def __call__(self):
+    self.loss = float(self.session.run(self.fetches)[1])
+
+
+def ours_worker(row):
+  """Measures our step from TFRecords and, unless row["records_only"], from memory.
+
+  The peak RSS is read after the TFRecord step's warm-up, before the in-memory graph
+  exists, so it is what a training run of this row holds.
+  """
+  start = time.perf_counter()
+  records = TrainStep(row)
+  build_s = time.perf_counter() - start
+  batch = records.next_batch()
+  for _ in range(row["warmup"]):
+    records()
+  steps = steps_per_window(records, row)
+  result = {"rss_gib": peak_rss_gib(), "build_s": build_s, "steps_per_window": steps}
+  steps_by_name = {"records": records}
+  if not row["records_only"]:
+    memory = TrainStep(row, batch)
+    for _ in range(row["warmup"] + 1):
+      memory()
+    steps_by_name["memory"] = memory
+  fps = interleaved_fps(steps_by_name, row["batch"], row["windows"], steps)
+  for name, values in fps.items():
+    result["fps_" + name] = statistics.median(values)
+    result["windows_" + name] = values
+  result["loss"] = records.loss
+  result["step_s"] = row["batch"] / result["fps_records"]
+  emit(result)
+
+
+def peak_worker(row):
+  """The matmul peak of this machine at the row's thread count: the best of several
+  windows of a large square tf.matmul, float32 and bfloat16."""
+  tf = _import_tf()
+  n = row["matmul_size"]
+  result = {"tensorflow": tf.__version__}
+  for name, dtype in (("fp32", tf.float32), ("bf16", tf.bfloat16)):
+    with tf.Graph().as_default() as graph:
+      a = tf.Variable(tf.cast(tf.random.uniform([n, n]), dtype))
+      b = tf.Variable(tf.cast(tf.random.uniform([n, n]), dtype))
+      product = tf.matmul(a, b)
+      with tf.Session(graph=graph, config=session_config(tf, row)) as session:
+        session.run(tf.global_variables_initializer())
+        step = lambda: session.run(product.op)  # pylint: disable=cell-var-from-loop
+        for _ in range(2):
+          step()
+        steps = steps_per_window(step, dict(row, steps=0))
+        fps = interleaved_fps({name: step}, 1, row["windows"], steps)[name]
+        result[name] = max(fps) * 2.0 * n ** 3 / 1e12
+  emit(result)
+
+
+# ---------------------------------------------------------------------------------------
+# Worker: the peer (PyTorch + transformers)
+
+def peer_available():
+  return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
+
+
+def peer_batch(torch, row):
+  """Random token ids with ~15% masked-LM labels (row["preds"] positions a sequence)."""
+  generator = torch.Generator().manual_seed(0)
+  shape = (row["batch"], row["seq"])
+  input_ids = torch.randint(5, VOCAB_SIZE, shape, generator=generator)
+  token_type_ids = torch.zeros(shape, dtype=torch.long)
+  token_type_ids[:, row["seq"] // 2:] = 1
+  labels = torch.full(shape, -100, dtype=torch.long)
+  for i in range(row["batch"]):
+    positions = torch.randperm(row["seq"] - 1, generator=generator)[:row["preds"]] + 1
+    labels[i, positions] = input_ids[i, positions]
+  return {"input_ids": input_ids, "token_type_ids": token_type_ids,
+          "attention_mask": torch.ones(shape, dtype=torch.long), "labels": labels,
+          "next_sentence_label": torch.randint(0, 2, (row["batch"],), generator=generator)}
+
+
+def peer_worker(row):
+  """Training steps of transformers' BertForPreTraining: AdamW, gradients clipped to
+  norm 1 (as ours), bf16 autocast for amp."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(row["intra"])
+  torch.manual_seed(0)
+  config = transformers.BertConfig(**bert_config_dict(row["config"]))
+  model = transformers.BertForPreTraining(config)
+  model.train()
+  optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
+  batch = peer_batch(torch, row)
+  losses = []
+
+  def step():
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=row["precision"] == "amp"):
+      loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    losses.append(float(loss.detach()))
+
+  for _ in range(row["warmup"]):
+    step()
+  steps = steps_per_window(step, row)
+  fps = interleaved_fps({"peer": step}, row["batch"], row["windows"], steps)["peer"]
+  emit({"fps": statistics.median(fps), "windows": fps, "rss_gib": peak_rss_gib(),
+        "loss": losses[-1], "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "attention": getattr(config, "_attn_implementation", None)})
+
+
+# ---------------------------------------------------------------------------------------
+# The parent: data, rows, table
+
+def prepare_data(data_dir, seq_lengths):
+  """WordPiece vocab (up to 30522 tokens) and TFRecords of the demo corpus, once."""
+  from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
+  from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(data_dir):
+    os.makedirs(data_dir)
+  vocab_file = os.path.join(data_dir, "vocab.txt")
+  if not os.path.exists(vocab_file):
+    tokenization.build_wordpiece_vocab([CORPUS], VOCAB_SIZE, vocab_file)
+  for seq in seq_lengths:
+    files = record_files(data_dir, seq)
+    if all(os.path.exists(f) for f in files):
+      continue
+    if not os.path.isdir(os.path.dirname(files[0])):
+      os.makedirs(os.path.dirname(files[0]))
+    log("making TFRecords of seq %d in %s" % (seq, os.path.dirname(files[0])))
+    create_pretraining_data.create_pretraining_data(
+        [CORPUS], files, vocab_file, max_seq_length=seq,
+        max_predictions_per_seq=PREDICTIONS[seq], dupe_factor=DUPE_FACTOR[seq])
+
+
+def log(message):
+  print("[benchmark] " + message, file=sys.stderr, flush=True)
+
+
+def run_worker(kind, row, log_name):
+  """Runs one measurement in a subprocess; returns its result dict, or {"error": ...}."""
+  log_path = os.path.join(FLAGS.out_dir, "logs", log_name + ".log")
+  command = [sys.executable, os.path.abspath(__file__), "--worker=" + kind,
+             "--row=" + json.dumps(row)]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+  start = time.time()
+  with open(log_path, "w") as log_file:
+    try:
+      process = subprocess.run(command, stdout=subprocess.PIPE, stderr=log_file, env=env,
+                               universal_newlines=True, timeout=FLAGS.row_timeout)
+    except subprocess.TimeoutExpired:
+      return {"error": "timed out after %d s" % FLAGS.row_timeout}
+    log_file.write(process.stdout)
+  for line in reversed(process.stdout.splitlines()):
+    if line.startswith(RESULT_PREFIX):
+      result = json.loads(line[len(RESULT_PREFIX):])
+      result["wall_s"] = time.time() - start
+      return result
+  reason = "killed (out of memory?)" if process.returncode in (-9, 137) else \
+      "exit status %d" % process.returncode
+  return {"error": "%s, see %s" % (reason, log_path)}
+
+
+def base_row(config, seq, precision):
+  return {"config": config, "seq": seq, "preds": PREDICTIONS[seq],
+          "batch": FLAGS.batch_size or BATCH_SIZES[(config, seq)], "precision": precision,
+          "warmup": FLAGS.warmup_steps, "windows": FLAGS.windows, "steps": FLAGS.steps,
+          "window_seconds": FLAGS.window_seconds, "intra": FLAGS.intra_threads,
+          "inter": FLAGS.inter_threads, "xla": FLAGS.xla,
+          "data_dir": os.path.join(FLAGS.out_dir, "data"), "records_only": False}
+
+
+def measure_row(config, seq, precision, peak, with_peer):
+  """Our step and the peer's for one row, with the derived columns."""
+  row = base_row(config, seq, precision)
+  name = "%s-seq%d-%s" % (config, seq, precision)
+  log("row %s: batch %d" % (name, row["batch"]))
+  ours = run_worker("ours", row, name + "-ours")
+  peer = run_worker("peer", row, name + "-peer") if with_peer else None
+  flops = train_flops_per_sequence(config, seq, row["preds"])
+  result = dict(row, ours=ours, peer=peer, flops_per_sequence=flops)
+  if "error" not in ours:
+    tflops = ours["fps_records"] * flops["total"] / 1e12
+    peak_tflops = peak.get("bf16" if precision == "amp" else "fp32")
+    result["tflops"] = tflops
+    result["mfu"] = tflops / peak_tflops if peak_tflops else None
+    result["pipeline_cost"] = 1.0 - ours["fps_records"] / ours["fps_memory"]
+    if peer and "error" not in peer:
+      result["ours_over_peer"] = ours["fps_records"] / peer["fps"]
+  log("row %s done: %s" % (name, format_row(result)))
+  return result
+
+
+def measure_large(precision):
+  row = dict(base_row("large", 512, precision), warmup=1, windows=2, steps=1,
+             records_only=True)
+  log("BERT-Large seq 512 batch 1, %s" % precision)
+  return dict(row, ours=run_worker("ours", row, "large-seq512-%s-ours" % precision))
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+
+COLUMNS = ("config", "seq", "batch", "prec", "ours sent/s", "in-memory sent/s",
+           "pipeline cost", "TFLOP/s", "MFU", "peer sent/s", "ours/peer", "ours RSS GiB",
+           "peer RSS GiB")
+
+
+def _num(value, fmt):
+  return fmt % value if value is not None else "-"
+
+
+def format_row(r):
+  ours, peer = r["ours"], r["peer"] or {}
+  if "error" in ours:
+    cells = ["failed: " + ours["error"]] + [""] * 5
+  else:
+    cells = [_num(ours["fps_records"], "%.2f"), _num(ours["fps_memory"], "%.2f"),
+             _num(100 * r["pipeline_cost"], "%.1f%%"), _num(r["tflops"], "%.3f"),
+             _num(r["mfu"] and 100 * r["mfu"], "%.0f%%")]
+  peer_fps = peer.get("fps") if r["peer"] is not None else None
+  peer_cell = "failed: " + peer["error"] if "error" in peer else _num(peer_fps, "%.2f")
+  return " | ".join([r["config"], str(r["seq"]), str(r["batch"]), r["precision"]] + cells +
+                    [peer_cell, _num(r.get("ours_over_peer"), "%.2fx"),
+                     _num(ours.get("rss_gib"), "%.2f"), _num(peer.get("rss_gib"), "%.2f")])
+
+
+def markdown(results):
+  lines = ["# Benchmark: training steps on this CPU", ""]
+  env = results["environment"]
+  lines.append("Machine: %s, %s cores, %d intra / %d inter-op threads%s; load average "
+               "%.1f at the start, %.1f at the end. %s." % (
+                   env["machine"], env["cores"], FLAGS.intra_threads, FLAGS.inter_threads,
+                   ", XLA on" if FLAGS.xla else "", env["load_average"][0],
+                   env["load_average"][1], ", ".join("%s %s" % kv for kv in
+                                                     sorted(env["versions"].items()))))
+  peak = results["peak"]
+  lines.append("Matmul peak measured in this run: %s TFLOP/s fp32, %s TFLOP/s bf16." % (
+      _num(peak.get("fp32"), "%.3f"), _num(peak.get("bf16"), "%.3f")))
+  lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+  lines += ["| " + format_row(r) + " |" for r in results["rows"]]
+  if results["peer_note"]:
+    lines += ["", results["peer_note"]]
+  lines += ["", "FLOPs per training sequence (forward + backward) and their shares:", "",
+            "| config | seq | GFLOP | encoder dense | attention | MLM head |",
+            "|---|---|---|---|---|---|"]
+  seen = set()
+  for r in results["rows"]:
+    key = (r["config"], r["seq"])
+    if key in seen:
+      continue
+    seen.add(key)
+    f = r["flops_per_sequence"]
+    lines.append("| %s | %d | %.1f | %.0f%% | %.0f%% | %.0f%% |" % (
+        r["config"], r["seq"], f["total"] / 1e9, 100.0 * f["encoder_dense"] / f["total"],
+        100.0 * f["attention"] / f["total"], 100.0 * f["mlm_head"] / f["total"]))
+  for r in results["large"]:
+    ours = r["ours"]
+    if "error" in ours:
+      lines += ["", "BERT-Large seq 512 batch 1 %s: no training step (%s)." % (
+          r["precision"], ours["error"])]
+    else:
+      lines += ["", "BERT-Large seq 512 batch 1 %s: trains, %.1f s a step, peak RSS %.2f GiB "
+                "(graph built in %.0f s)." % (r["precision"], ours["step_s"], ours["rss_gib"],
+                                               ours["build_s"])]
+  return "\n".join(lines) + "\n"
+
+
+def draw_chart(results, path):
+  """Sentences/s of both sides (log scale) and our MFU, per row; False without matplotlib."""
+  if importlib.util.find_spec("matplotlib") is None:
+    print("No chart: install matplotlib (`pip install matplotlib`) to draw %s" % path)
+    return False
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rows = [r for r in results["rows"] if "error" not in r["ours"]]
+  if not rows:
+    return False
+  labels = ["%s/%d/%s" % (r["config"], r["seq"], r["precision"]) for r in rows]
+  x = list(range(len(rows)))
+  figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(6, 0.7 * len(rows)), 6),
+                                       sharex=True)
+  top.bar([i - 0.2 for i in x], [r["ours"]["fps_records"] for r in rows], 0.4, label="ours")
+  peer = [r["peer"]["fps"] if r["peer"] and "fps" in r["peer"] else 0 for r in rows]
+  top.bar([i + 0.2 for i in x], peer, 0.4, label="peer (HF PyTorch)")
+  top.set_yscale("log")
+  top.set_ylabel("sentences/s")
+  top.legend(fontsize=8, loc="lower left")
+  bottom.bar(x, [100 * (r["mfu"] or 0) for r in rows], 0.6, color="tab:green")
+  bottom.set_ylabel("MFU % (ours)")
+  bottom.set_xticks(x)
+  bottom.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+  plt.close(figure)
+  return True
+
+
+def environment(peak, rows, load_at_start):
+  versions = {"python": platform.python_version(), "tensorflow": peak.get("tensorflow")}
+  for r in rows:
+    if r["peer"] and "torch" in r["peer"]:
+      versions.update(torch=r["peer"]["torch"], transformers=r["peer"]["transformers"])
+      break
+  return {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+          "versions": versions, "load_average": [load_at_start, os.getloadavg()[0]]}
+
+
+def run_benchmark():
+  for name in FLAGS.configs:
+    if name not in CONFIGS or name == "large":
+      raise app.UsageError("--configs: unknown %r; use %s" % (
+          name, ",".join(n for n in CONFIGS if n != "large")))
+  seq_lengths = [int(s) for s in FLAGS.seq_lengths]
+  for seq in seq_lengths:
+    if seq not in PREDICTIONS:
+      raise app.UsageError("--seq_lengths: %d is not one of 128, 512" % seq)
+  for precision in FLAGS.precisions:
+    if precision not in ("fp32", "amp"):
+      raise app.UsageError("--precisions: %r is not fp32 or amp" % precision)
+  for sub in ("logs", "data"):
+    if not os.path.isdir(os.path.join(FLAGS.out_dir, sub)):
+      os.makedirs(os.path.join(FLAGS.out_dir, sub))
+
+  load_at_start = os.getloadavg()[0]
+  with_peer = not FLAGS.skip_peer and peer_available()
+  peer_note = None if with_peer or FLAGS.skip_peer else PEER_HINT
+  if peer_note:
+    print(peer_note, flush=True)
+  prepare_data(os.path.join(FLAGS.out_dir, "data"),
+               sorted(set(seq_lengths + ([] if FLAGS.skip_large else [512]))))
+  log("matmul peak")
+  peak = run_worker("peak", dict(base_row(FLAGS.configs[0], seq_lengths[0], "fp32"),
+                                 matmul_size=4096), "peak")
+  if "error" in peak:
+    log("matmul peak failed: %s" % peak["error"])
+  rows = [measure_row(config, seq, precision, peak, with_peer)
+          for config in FLAGS.configs for seq in seq_lengths for precision in FLAGS.precisions]
+  large = [] if FLAGS.skip_large else [measure_large(p) for p in FLAGS.precisions]
+  results = {"environment": environment(peak, rows, load_at_start), "peak": peak, "rows": rows,
+             "large": large, "peer_note": peer_note}
+  table = markdown(results)
+  print(table)
+  with open(os.path.join(FLAGS.out_dir, "benchmark.md"), "w") as f:
+    f.write(table)
+  with open(os.path.join(FLAGS.out_dir, "benchmark.json"), "w") as f:
+    json.dump(results, f, indent=1)
+  drawn = draw_chart(results, os.path.join(FLAGS.out_dir, "benchmark.png"))
+  print("Written: %s/benchmark.md, benchmark.json%s" % (FLAGS.out_dir,
+                                                        ", benchmark.png" if drawn else ""))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+  if FLAGS.worker:
+    row = json.loads(FLAGS.row)
+    {"ours": ours_worker, "peer": peer_worker, "peak": peak_worker}[FLAGS.worker](row)
+    return
+  run_benchmark()
+
+
+if __name__ == "__main__":
+  app.run(main)
