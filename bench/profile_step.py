@@ -1,0 +1,133 @@
+"""Where the time of one training step goes: a per-op trace of our step, summed by part
+of the model and by op type.
+
+  python3 bench/profile_step.py --config=base --seq=128 --batch=8 --precision=fp32
+
+Builds the step as bench/benchmark.py does (run_pretraining.build_model, LAMB,
+create_train_ops, TFRecords from bench_results/data; run bench/benchmark.py once
+first to make them), warms it up, traces --traced_steps steps with
+RunOptions(trace_level=FULL_TRACE) and prints the share of the summed op time of each
+part (embeddings, Q/K/V, attention scores and context, attention output, feed-forward,
+masked-LM head, next sentence, optimizer, input), forward and backward, and of the op
+types that take the most. Op times overlap when inter-op threads run ops at once, so
+the shares are of the summed op time, not of the wall time (which is printed too).
+"""
+
+from __future__ import absolute_import
+from __future__ import division
+from __future__ import print_function
+
+import collections
+import os
+import re
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+flags.DEFINE_string("config", "base", "BERT size: tiny, mini, small, medium, base, large.")
+flags.DEFINE_integer("seq", 128, "Sequence length (128 or 512).")
+flags.DEFINE_integer("batch", 8, "Sentences per step.")
+flags.DEFINE_enum("precision", "fp32", ["fp32", "amp"], "fp32 or amp (bfloat16 compute).")
+flags.DEFINE_integer("traced_steps", 3, "Steps traced after the warm-up.")
+flags.DEFINE_integer("top_ops", 15, "Op types listed.")
+FLAGS = flags.FLAGS
+
+# (part, pattern on the node name without "gradients/"), the first match wins.
+PARTS = (
+    ("input", r"^(IteratorGetNext|OneShotIterator)"),
+    ("embeddings", r"bert/embeddings/"),
+    ("q/k/v dense", r"attention/self/(query|key|value)/"),
+    ("attention scores+context", r"attention/self/"),
+    ("attention output dense+LN", r"attention/output/"),
+    ("feed-forward 1 + gelu", r"/intermediate/"),
+    ("feed-forward 2 + LN", r"layer_\d+/output/"),
+    ("masked-LM head", r"cls/predictions/"),
+    ("pooler + next sentence", r"(bert/pooler/|cls/seq_relationship/)"),
+    ("optimizer + clipping", r"^(optimizer|clip_by_global_norm|global_norm|LAMB|lamb|Adam|"
+                             r"adam|global_step|AssignAdd)"),
+)
+
+
+def part_of(node_name):
+  name = node_name[len("gradients/"):] if node_name.startswith("gradients/") else node_name
+  for part, pattern in PARTS:
+    if re.search(pattern, name):
+      return part
+  return "other"
+
+
+def op_type(node):
+  match = re.match(r"[^=]*= (\w+)", node.timeline_label)
+  return match.group(1) if match else node.node_name.split(":")[0].rsplit("/", 1)[-1]
+
+
+def trace(step, tf, steps):
+  """Sums op times (microseconds) of `steps` traced steps by (part, direction) and type."""
+  by_part = collections.Counter()
+  by_type = collections.Counter()
+  wall = 0.0
+  for _ in range(steps):
+    metadata = tf.RunMetadata()
+    start = time.perf_counter()
+    step.session.run(step.fetches,
+                     options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                     run_metadata=metadata)
+    wall += time.perf_counter() - start
+    for device in metadata.step_stats.dev_stats:
+      for node in device.node_stats:
+        micros = node.op_end_rel_micros - node.op_start_rel_micros
+        if node.node_name in ("_SOURCE", "_SINK") or micros <= 0:
+          continue
+        part = part_of(node.node_name)
+        if node.node_name.startswith("gradients/"):
+          direction = "backward"
+        else:
+          direction = "update" if part == "optimizer + clipping" else "forward"
+        by_part[(part, direction)] += micros
+        by_type[op_type(node)] += micros
+  return by_part, by_type, wall / steps
+
+
+def print_profile(by_part, by_type, wall_s, steps):
+  total = float(sum(by_part.values()))
+  print("Step: %.3f s wall (traced); summed op time %.3f s a step" % (
+      wall_s, total / 1e6 / steps))
+  directions = ("forward", "backward", "update")
+  print("\n| part | forward | backward | update | total |\n|---|---|---|---|---|")
+  part_total = lambda p: sum(by_part[(p, d)] for d in directions)
+  for part in sorted({p for p, _ in by_part}, key=lambda p: -part_total(p)):
+    print("| %s | %s | %.1f%% |" % (part, " | ".join("%.1f%%" % (100 * by_part[(part, d)] / total)
+                                                      for d in directions),
+                                    100 * part_total(part) / total))
+  print("\n| op type | share | ms a step |\n|---|---|---|")
+  for name, micros in by_type.most_common(FLAGS.top_ops):
+    print("| %s | %.1f%% | %.1f |" % (name, 100 * micros / total, micros / 1e3 / steps))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+  row = dict(config=FLAGS.config, seq=FLAGS.seq, preds=benchmark.PREDICTIONS[FLAGS.seq],
+             batch=FLAGS.batch, precision=FLAGS.precision, intra=FLAGS.intra_threads,
+             inter=FLAGS.inter_threads, xla=FLAGS.xla,
+             data_dir=os.path.join(FLAGS.out_dir, "data"))
+  if not os.path.exists(benchmark.record_files(row["data_dir"], row["seq"])[0]):
+    benchmark.prepare_data(row["data_dir"], [row["seq"]])
+  tf = benchmark._import_tf()  # pylint: disable=protected-access
+  step = benchmark.TrainStep(row)
+  for _ in range(FLAGS.warmup_steps + 1):
+    step()
+  by_part, by_type, wall_s = trace(step, tf, FLAGS.traced_steps)
+  print("%s seq %d batch %d %s, %d intra / %d inter-op threads" % (
+      FLAGS.config, FLAGS.seq, FLAGS.batch, FLAGS.precision, FLAGS.intra_threads,
+      FLAGS.inter_threads))
+  print_profile(by_part, by_type, wall_s, FLAGS.traced_steps)
+
+
+if __name__ == "__main__":
+  app.run(main)
