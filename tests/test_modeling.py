@@ -185,3 +185,23 @@ def test_bfloat16_compute_keeps_float32_variables():
       loss = sess.run(outputs["total_loss"])
   # Untrained: the masked-LM loss is about log(vocab_size), the NSP loss about log(2).
   assert abs(loss - (np.log(99) + np.log(2))) < 1.0
+
+
+def test_softmax_cross_entropy_matches_tensorflows():
+  rng = np.random.RandomState(4)
+  # Confident wrong predictions (label logit far below the max) are the hard case.
+  logits_value = (rng.randn(6, 1000) * 8).astype(np.float32)
+  labels_value = rng.randint(0, 1000, 6).astype(np.int32)
+  logits_value[0, labels_value[0]] = -60.0
+  with tf.Graph().as_default():
+    logits = tf.constant(logits_value)
+    labels = tf.constant(labels_value)
+    weights = tf.constant(rng.rand(6).astype(np.float32))
+    ours = modeling.softmax_cross_entropy(logits, labels)
+    theirs = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    grads = [tf.gradients(tf.reduce_sum(loss * weights), logits)[0] for loss in (ours, theirs)]
+    with tf.Session() as sess:
+      ours_v, theirs_v, g_ours, g_theirs = sess.run([ours, theirs] + grads)
+  assert theirs_v[0] > 50
+  np.testing.assert_allclose(ours_v, theirs_v, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(g_ours, g_theirs, atol=1e-6)
