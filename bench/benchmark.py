@@ -9,7 +9,7 @@ measures, each row in its own subprocess (so the memory and threads are the row'
 
   - our training step, built as bert_pretrain.run_pretraining builds it (build_model,
     LAMB, create_train_ops), fed by input_pipeline.make_dataset from real TFRecords, and
-    the same step fed by one batch held in memory (tf.constant), windows interleaved;
+    the same step fed one batch held in memory, their timing windows interleaved;
   - the peer: Hugging Face transformers' BertForPreTraining with AdamW in PyTorch, same
     config, batch, sequence length, bf16 autocast for amp;
   - sentences/s (median of timing windows after warm-up), model TFLOP/s from an analytic
@@ -77,9 +77,9 @@ flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths (128 and/or 5
 flags.DEFINE_list("precisions", ["fp32", "amp"], "fp32 and/or amp (bfloat16 compute).")
 flags.DEFINE_integer("steps", 0, "Steps per timing window (0: as many as fill "
                      "--window_seconds).")
-flags.DEFINE_integer("windows", 5, "Timing windows per measurement; the median is reported.")
-flags.DEFINE_float("window_seconds", 1.5, "Length of a timing window when --steps=0.")
-flags.DEFINE_integer("warmup_steps", 2, "Steps before timing starts.")
+flags.DEFINE_integer("windows", 3, "Timing windows per measurement; the median is reported.")
+flags.DEFINE_float("window_seconds", 1.0, "Length of a timing window when --steps=0.")
+flags.DEFINE_integer("warmup_steps", 1, "Steps before timing starts, after the first.")
 flags.DEFINE_integer("batch_size", 0, "Sentences per step in every row (0: per-row defaults).")
 flags.DEFINE_bool("skip_peer", False, "Leave out the PyTorch / transformers peer.")
 flags.DEFINE_bool("skip_large", False, "Leave out the BERT-Large seq 512 batch 1 check.")
@@ -200,9 +200,15 @@ def record_files(data_dir, seq_length):
 
 class TrainStep(object):
   """One graph and session of our training step: build_model, LAMB, create_train_ops,
-  as run_pretraining builds them; features from TFRecords or from one batch in memory."""
+  as run_pretraining builds them, fed by input_pipeline.make_dataset from TFRecords.
 
-  def __init__(self, row, batch=None):
+  Calling it runs one step. With `feed` (a batch of numpy arrays, name -> array) the
+  step takes that batch from memory instead: it is fed in place of the iterator's
+  output, so the input pipeline does not run, and the model, weights and session are
+  the same.
+  """
+
+  def __init__(self, row):
     tf = _import_tf()
     from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
     from bert_pretrain import modeling  # pylint: disable=g-import-not-at-top
@@ -210,13 +216,10 @@ class TrainStep(object):
     from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top
     self.graph = tf.Graph()
     with self.graph.as_default():
-      if batch is None:
-        dataset = input_pipeline.make_dataset(
-            record_files(row["data_dir"], row["seq"]), row["batch"], row["seq"],
-            row["preds"], is_training=True)
-        self.features = tf.data.make_one_shot_iterator(dataset).get_next()
-      else:
-        self.features = {name: tf.constant(value) for name, value in batch.items()}
+      dataset = input_pipeline.make_dataset(
+          record_files(row["data_dir"], row["seq"]), row["batch"], row["seq"],
+          row["preds"], is_training=True)
+      self.features = tf.data.make_one_shot_iterator(dataset).get_next()
       bert_config = modeling.BertConfig.from_dict(bert_config_dict(row["config"]))
       dtype = tf.bfloat16 if row["precision"] == "amp" else tf.float32
       outputs = run_pretraining.build_model(bert_config, self.features, True, dtype)
@@ -229,10 +232,19 @@ class TrainStep(object):
     self.session = tf.Session(graph=self.graph, config=session_config(tf, row))
     self.session.run(init)
     self.loss = None
+    self.feed_dict = None
 
   def next_batch(self):
-    """A batch of the input pipeline as numpy arrays (TFRecord steps only)."""
+    """A batch of the input pipeline as numpy arrays."""
     return self.session.run(self.features)
+
+  def in_memory(self, batch):
+    """A step function that trains on `batch` (from next_batch) held in memory."""
+    feed_dict = {self.features[name]: value for name, value in batch.items()}
+
+    def step():
+      self.loss = float(self.session.run(self.fetches, feed_dict=feed_dict)[1])
+    return step
 
   def __call__(self):
     self.loss = float(self.session.run(self.fetches)[1])
@@ -241,21 +253,24 @@ class TrainStep(object):
 def ours_worker(row):
   """Measures our step from TFRecords and, unless row["records_only"], from memory.
 
-  The peak RSS is read after the TFRecord step's warm-up, before the in-memory graph
-  exists, so it is what a training run of this row holds.
+  The peak RSS is read after the TFRecord step's warm-up, so it is what a training run
+  of this row holds.
   """
   start = time.perf_counter()
   records = TrainStep(row)
-  build_s = time.perf_counter() - start
+  result = {"build_s": time.perf_counter() - start}
   batch = records.next_batch()
+  start = time.perf_counter()
+  records()
+  result["first_step_s"] = time.perf_counter() - start
   for _ in range(row["warmup"]):
     records()
   steps = steps_per_window(records, row)
-  result = {"rss_gib": peak_rss_gib(), "build_s": build_s, "steps_per_window": steps}
+  result.update(rss_gib=peak_rss_gib(), steps_per_window=steps)
   steps_by_name = {"records": records}
   if not row["records_only"]:
-    memory = TrainStep(row, batch)
-    for _ in range(row["warmup"] + 1):
+    memory = records.in_memory(batch)
+    for _ in range(row["warmup"]):
       memory()
     steps_by_name["memory"] = memory
   fps = interleaved_fps(steps_by_name, row["batch"], row["windows"], steps)
@@ -573,7 +588,8 @@ def run_benchmark():
     log("matmul peak failed: %s" % peak["error"])
   rows = [measure_row(config, seq, precision, peak, with_peer)
           for config in FLAGS.configs for seq in seq_lengths for precision in FLAGS.precisions]
-  large = [] if FLAGS.skip_large else [measure_large(p) for p in FLAGS.precisions]
+  large = [] if FLAGS.skip_large else [
+      measure_large("fp32" if "fp32" in FLAGS.precisions else "amp")]
   results = {"environment": environment(peak, rows, load_at_start), "peak": peak, "rows": rows,
              "large": large, "peer_note": peer_note}
   table = markdown(results)
