@@ -23,20 +23,13 @@ def bench_module():
 
 def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):
   import tensorflow.compat.v1 as tf
+  from bert_pretrain import input_pipeline
   from bert_pretrain import modeling
   from bert_pretrain import run_pretraining
   seq, preds, batch = 16, 3, 2
   config = modeling.BertConfig.from_dict(bench_module.bert_config_dict("tiny", vocab_size=50))
   with tf.Graph().as_default():
-    features = {
-        "input_ids": tf.zeros([batch, seq], tf.int32),
-        "input_mask": tf.ones([batch, seq], tf.int32),
-        "segment_ids": tf.zeros([batch, seq], tf.int32),
-        "masked_lm_positions": tf.zeros([batch, preds], tf.int32),
-        "masked_lm_ids": tf.zeros([batch, preds], tf.int32),
-        "masked_lm_weights": tf.ones([batch, preds], tf.float32),
-        "next_sentence_labels": tf.zeros([batch, 1], tf.int32),
-    }
+    features = input_pipeline.constant_features(batch, seq, preds)
     run_pretraining.build_model(config, features, True, tf.float32)
     kernels = {v.op.name: v.shape.num_elements() for v in tf.trainable_variables()
                if v.op.name.endswith("kernel")}
