@@ -1,6 +1,6 @@
 """Training-step benchmark of this recipe's BERT on the CPU, side by side with the peer.
 
-  python3 bench/benchmark.py                       # the full table (about 15 minutes)
+  python3 bench/benchmark.py                       # the full table (20-30 minutes)
   python3 bench/benchmark.py --configs=tiny,base --seq_lengths=128 --skip_peer
 
 For each BERT size (tiny .. base), sequence length (128, 512) and precision (fp32, amp =
@@ -431,15 +431,39 @@ def measure_row(config, seq, precision, peak, with_peer):
   flops = train_flops_per_sequence(config, seq, row["preds"])
   result = dict(row, ours=ours, peer=peer, flops_per_sequence=flops)
   if "error" not in ours:
-    tflops = ours["fps_records"] * flops["total"] / 1e12
-    peak_tflops = peak.get("bf16" if precision == "amp" else "fp32")
-    result["tflops"] = tflops
-    result["mfu"] = tflops / peak_tflops if peak_tflops else None
+    result["tflops"] = ours["fps_records"] * flops["total"] / 1e12
+    set_mfu(result, peak)
     result["pipeline_cost"] = 1.0 - ours["fps_records"] / ours["fps_memory"]
     if peer and "error" not in peer:
       result["ours_over_peer"] = ours["fps_records"] / peer["fps"]
   log("row %s done: %s" % (name, format_row(result)))
   return result
+
+
+def set_mfu(row, peak):
+  """row["mfu"]: its TFLOP/s over the matmul peak of its precision."""
+  peak_tflops = peak.get("bf16" if row["precision"] == "amp" else "fp32")
+  row["mfu"] = row["tflops"] / peak_tflops if peak_tflops and "tflops" in row else None
+
+
+def measure_peak(name):
+  log("matmul peak (%s)" % name)
+  peak = run_worker("peak", dict(base_row(FLAGS.configs[0], int(FLAGS.seq_lengths[0]), "fp32"),
+                                 matmul_size=4096), name)
+  if "error" in peak:
+    log("matmul peak failed: %s" % peak["error"])
+  return peak
+
+
+def best_peak(*peaks):
+  best = {"measurements": list(peaks)}
+  for peak in peaks:
+    for key, value in peak.items():
+      if key in ("fp32", "bf16"):
+        best[key] = max(best.get(key, 0.0), value)
+      elif key == "tensorflow":
+        best[key] = value
+  return best
 
 
 def measure_large(precision):
@@ -486,7 +510,8 @@ def markdown(results):
                    env["load_average"][1], ", ".join("%s %s" % kv for kv in
                                                      sorted(env["versions"].items()))))
   peak = results["peak"]
-  lines.append("Matmul peak measured in this run: %s TFLOP/s fp32, %s TFLOP/s bf16." % (
+  lines.append("Matmul peak measured in this run (best of its start and end): %s TFLOP/s "
+               "fp32, %s TFLOP/s bf16." % (
       _num(peak.get("fp32"), "%.3f"), _num(peak.get("bf16"), "%.3f")))
   lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
   lines += ["| " + format_row(r) + " |" for r in results["rows"]]
@@ -581,15 +606,15 @@ def run_benchmark():
     print(peer_note, flush=True)
   prepare_data(os.path.join(FLAGS.out_dir, "data"),
                sorted(set(seq_lengths + ([] if FLAGS.skip_large else [512]))))
-  log("matmul peak")
-  peak = run_worker("peak", dict(base_row(FLAGS.configs[0], seq_lengths[0], "fp32"),
-                                 matmul_size=4096), "peak")
-  if "error" in peak:
-    log("matmul peak failed: %s" % peak["error"])
-  rows = [measure_row(config, seq, precision, peak, with_peer)
+  peak_start = measure_peak("peak-start")
+  rows = [measure_row(config, seq, precision, peak_start, with_peer)
           for config in FLAGS.configs for seq in seq_lengths for precision in FLAGS.precisions]
   large = [] if FLAGS.skip_large else [
       measure_large("fp32" if "fp32" in FLAGS.precisions else "amp")]
+  # Other work on the machine lowers a peak measurement; the best of two is closer.
+  peak = best_peak(peak_start, measure_peak("peak-end"))
+  for row in rows:
+    set_mfu(row, peak)
   results = {"environment": environment(peak, rows, load_at_start), "peak": peak, "rows": rows,
              "large": large, "peer_note": peer_note}
   table = markdown(results)
