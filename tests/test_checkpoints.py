@@ -3,7 +3,10 @@
 import hashlib
 import os
 import re
+import socket
 import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import checkpoints
 from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
-from conftest import TINY_CONFIG, base_flags, run_pretraining
+from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining
 
 
 def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
@@ -265,3 +268,123 @@ def test_resume_refuses_a_non_finite_checkpoint_and_names_the_last_good_one(
   assert resumed.returncode == 0, resumed.stderr
   assert "Resuming from %s/model.ckpt-4 at step 4" % out in resumed.stdout
   assert checkpoints.non_finite_variable(str(out / "model.ckpt-6")) is None
+
+
+def test_a_second_run_on_the_same_output_dir_is_refused_until_the_first_is_killed(
+    pretraining_data, tmp_path):
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out, num_train_steps=10 ** 7,
+                     save_checkpoints_steps=10 ** 7, display_loss_steps=10 ** 6,
+                     nodo_eval=None)
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  first = subprocess.Popen([sys.executable, "-m", "bert_pretrain.run_pretraining"] + flags,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+  try:
+    lock = out / ".bert_pretrain.lock"
+    holder = "pid %d on %s" % (first.pid, socket.gethostname())
+    for _ in range(600):  # the first run takes the lock after its input checks
+      if lock.exists() and lock.read_text() == holder:
+        break
+      assert first.poll() is None, "the first run ended early"
+      time.sleep(0.2)
+    second = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=2,
+                                         nodo_eval=None))
+    assert second.returncode == 2
+    errors = [l for l in second.stderr.splitlines() if "error:" in l]
+    assert errors == ["run_pretraining: error: --output_dir=%s is in use by another run "
+                      "(%s); wait for it to end or pass another --output_dir"
+                      % (out, holder)], second.stderr
+    assert "Step " not in second.stdout
+    assert not (out / "mlperf.2.log").exists()  # the second run wrote no log
+    assert first.poll() is None
+  finally:
+    first.kill()
+    first.wait()
+  # The kernel dropped the killed run's lock: the next run is not blocked.
+  third = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=2,
+                                      nodo_eval=None))
+  assert third.returncode == 0, third.stderr
+  assert "Step 2," in third.stdout
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MB tmpfs mounted for the test, unmounted afterwards."""
+  mount_point = tmp_path / "disk"
+  mount_point.mkdir()
+  try:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                   check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                   universal_newlines=True)
+  except (OSError, subprocess.CalledProcessError) as e:
+    pytest.skip("cannot mount a tmpfs to fill (%s); needs root and CAP_SYS_ADMIN"
+                % getattr(e, "output", e))
+  try:
+    yield mount_point
+  finally:
+    subprocess.call(["umount", str(mount_point)])
+
+
+def test_a_full_disk_is_named_keeps_earlier_checkpoints_and_resumes(pretraining_data,
+                                                                     small_disk):
+  out = small_disk / "out"
+  common = dict(save_checkpoints_steps=2, nodo_eval=None)
+  first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4, **common))
+  assert first.returncode == 0, first.stderr
+  assert steps_of(out) == [2, 4]
+  kept = {n: v for n, v in snapshot(out).items() if n.startswith("model.ckpt-")}
+  # Leave 300 kB: room for the logs, not for a 520 kB checkpoint.
+  stat = os.statvfs(str(small_disk))
+  filler = small_disk / "filler"
+  filler.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 300 * 1024))
+
+  full = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=8, **common))
+  assert full.returncode == 2
+  errors = [l for l in full.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, full.stderr
+  assert re.match(r"run_pretraining: error: the disk is full \(no space left on the device "
+                  r"of --output_dir=%s, [\d.]+ MB free\) while writing checkpoint "
+                  r"model\.ckpt-6; free space there or lower --keep_checkpoint_max, then run "
+                  r"the same command again: it resumes from model\.ckpt-4$"
+                  % re.escape(str(out)), errors[0]), errors[0]
+  assert "Traceback" not in full.stderr
+  after = snapshot(out)
+  assert {n: v for n, v in after.items() if n.startswith("model.ckpt-")} == kept
+  assert not [n for n in after if "tempstate" in n or n.startswith("model.ckpt-6")]
+
+  # What a save killed halfway leaves is removed when the run starts again.
+  (out / "model.ckpt-6.data-00000-of-00001.tempstate8817236").write_bytes(b"\0" * 100)
+  (out / "model.ckpt-6.data-00000-of-00001").write_bytes(b"\0" * 100)
+  filler.unlink()
+  rerun = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=8, **common))
+  assert rerun.returncode == 0, rerun.stderr
+  assert ("Removed what an interrupted save left in %s: model.ckpt-6.data-00000-of-00001, "
+          "model.ckpt-6.data-00000-of-00001.tempstate8817236" % out) in rerun.stdout
+  assert "Resuming from %s/model.ckpt-4 at step 4" % out in rerun.stdout
+  assert steps_of(out) == [2, 4, 6, 8]
+  assert not [n for n in os.listdir(str(out)) if "tempstate" in n]
+
+
+def test_horovod_ranks_share_their_jobs_lock(pretraining_data, tmp_path):
+  """Rank 0 takes the lock for the job: a 2-rank job runs (rank 1 does not ask for the
+  lock rank 0 holds), and a 2-rank job on a folder another run holds is refused."""
+  gloo = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+          "bert_pretrain.run_pretraining", "--horovod"]
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out, num_train_steps=2, nodo_eval=None)
+  job = subprocess.run(gloo + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, env=env, timeout=300)
+  assert job.returncode == 0, job.stdout[-3000:]
+  assert steps_of(out) == [2]
+
+  held = checkpoints.OutputDirLock(str(out))
+  held.acquire()
+  flags = base_flags(pretraining_data, out, num_train_steps=4, nodo_eval=None)
+  refused = subprocess.run(gloo + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True, env=env, timeout=300)
+  assert refused.returncode != 0
+  assert ("run_pretraining: error: --output_dir=%s is in use by another run (pid %d on %s)"
+          % (out, os.getpid(), socket.gethostname())) in refused.stdout, refused.stdout[-3000:]
+  assert "Step " not in refused.stdout
+  assert steps_of(out) == [2]
