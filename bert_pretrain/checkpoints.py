@@ -131,6 +131,17 @@ def non_finite_variable(prefix):
   return None
 
 
+def all_finite(variables):
+  """A bool scalar Tensor: no floating-point variable among `variables` holds NaN or Inf.
+
+  Run before each save (cheap next to the save itself). With float16 loss scaling a
+  step whose gradients overflow is skipped and leaves the variables finite, so it
+  passes.
+  """
+  return tf.reduce_all(tf.stack([tf.reduce_all(tf.is_finite(v)) for v in variables
+                                 if v.dtype.base_dtype.is_floating]))
+
+
 def _check_finite(output_dir, found):
   """Raises ValueError if the newest of `found` holds NaN or Inf; names the last good one.
 

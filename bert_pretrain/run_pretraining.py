@@ -425,8 +425,7 @@ def run(bert_config, train_files, eval_files, ranks):
                          save_relative_paths=True)
   # Checked before every save: nothing with NaN or Inf is written. Weights are the same
   # on every rank, so every rank gets the same answer and they stop together.
-  all_finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.is_finite(v))
-                                       for v in tf.global_variables() if v.dtype.is_floating]))
+  all_finite = checkpoints.all_finite(tf.global_variables())
   broadcast_op = ranks.hvd.broadcast_global_variables(0) if ranks.hvd is not None else None
 
   sess = tf.Session(config=session_config(ranks))

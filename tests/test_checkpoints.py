@@ -388,3 +388,32 @@ def test_horovod_ranks_share_their_jobs_lock(pretraining_data, tmp_path):
           % (out, os.getpid(), socket.gethostname())) in refused.stdout, refused.stdout[-3000:]
   assert "Step " not in refused.stdout
   assert steps_of(out) == [2]
+
+
+def test_a_skipped_float16_step_passes_the_check_before_saving():
+  """float16 compute with a loss scale so large that the gradients overflow: the step is
+  skipped, the variables stay finite and the check before a save passes. Without loss
+  scaling the same overflow makes them NaN and the check fails."""
+  from bert_pretrain import optimization
+  from bert_pretrain import run_pretraining as rp
+  config = modeling.BertConfig.from_dict(TINY_CONFIG)
+  for scaled in (True, False):
+    with tf.Graph().as_default():
+      tf.set_random_seed(1)
+      features = input_pipeline.constant_features(2, 16, 3)
+      loss = rp.build_model(config, features, True, tf.float16)["total_loss"]
+      loss_scale = optimization.DynamicLossScale(initial_scale=2.0 ** 60) if scaled else None
+      if not scaled:
+        loss = loss * 1e38 * 1e38  # inf, as an overflow makes it
+      global_step = tf.train.get_or_create_global_step()
+      _, update = optimization.create_train_ops(
+          loss, optimization.create_optimizer("lamb", 1e-3), global_step,
+          num_accumulation_steps=1, loss_scale=loss_scale)
+      check = checkpoints.all_finite(tf.global_variables())
+      with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert sess.run(check)
+        sess.run(update)
+        if scaled:
+          assert sess.run(loss_scale.skipped_steps) == 1
+        assert sess.run(check) == scaled
