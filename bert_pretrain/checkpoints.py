@@ -1,35 +1,59 @@
-"""Finding and loading checkpoints: --init_checkpoint (weights only) and resume.
+"""Finding, loading and saving checkpoints: --init_checkpoint (weights only) and resume.
 
 --init_checkpoint takes a prefix (model.ckpt-28252), the path of one of its files
 (model.ckpt-28252.index, model.ckpt-28252.data-00000-of-00001) or a folder (its latest
 checkpoint). Only model weights are taken from it: optimizer slots and global_step of a
 foreign checkpoint are ignored. A checkpoint of this recipe in --output_dir is resumed
 from instead: weights, optimizer state and global_step.
+
+A run reads, rotates and deletes checkpoints only inside its own output_dir: the
+`checkpoint` index file is not trusted (older versions wrote absolute paths into it, so
+a copied folder resumed from, and rotated away, the original's files); the newest
+checkpoint is the complete model.ckpt-<step> with the highest step, and one holding NaN
+or Inf is refused. Saving writes relative paths; a save that fails on a full disk
+removes its partial files. One run at a time holds output_dir (OutputDirLock).
 """
 
+import errno
+import fcntl
 import json
 import os
 import re
+import socket
 
+import numpy as np
 import tensorflow.compat.v1 as tf
 
 _CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
 # Written into output_dir by this recipe; a checkpoint without it is someone else's.
 RUN_MARKER = "bert_pretrain_run.json"
+# This recipe's checkpoints: output_dir/model.ckpt-<global step>.
+CHECKPOINT_NAME = "model.ckpt"
+_CHECKPOINT_FILE = re.compile(r"^(model\.ckpt-(\d+))\.(index|data-(\d{5})-of-(\d{5}))$")
+# What an interrupted save leaves: TensorFlow's temporary files (<name>.tempstate<digits>)
+# and the temporary folders of sharded saves (model.ckpt-N_temp...).
+_PARTIAL = re.compile(r"^(model\.ckpt-\d+_temp.*|.*\.tempstate\d*)$")
+LOCK_FILE = ".bert_pretrain.lock"
 
 
-def find_resume_checkpoint(output_dir, settings=None):
-  """Returns the prefix of this recipe's latest checkpoint in output_dir, or None.
+def find_resume_checkpoint(output_dir, settings=None, check_values=True):
+  """Returns the prefix of this recipe's newest checkpoint in output_dir, or None.
+
+  The newest is the complete model.ckpt-<step> inside output_dir with the highest step
+  (not the `checkpoint` file's pick, which may name another folder, nor the newest file
+  time).
 
   Args:
     output_dir: the run's --output_dir.
     settings: (optional) dict of the settings a resumed run must share with the
       earlier one (write_run_marker stored them).
+    check_values: read the checkpoint and refuse it if it holds NaN or Inf.
 
   Raises:
     ValueError: output_dir holds a checkpoint that this recipe did not write (MLPerf's
       model.ckpt-28252 copied there, say): resuming from it would take a foreign
-      global_step and optimizer state.
+      global_step and optimizer state. Or its newest checkpoint holds NaN or Inf: the
+      message names the last good one and how to resume from it.
   """
   if not tf.gfile.IsDirectory(output_dir) or \
       not tf.gfile.Glob(os.path.join(output_dir, "*.index")):
@@ -49,8 +73,43 @@ def find_resume_checkpoint(output_dir, settings=None):
                        % (output_dir, ", ".join(changed),
                           "; ".join("%s was %s" % (k, earlier[k]) for k in changed
                                     if k != "bert_config") or "bert_config.json differs"))
-  # Without the "checkpoint" index file (copied folders), the newest *.index is taken.
-  return resolve_checkpoint(output_dir, "--output_dir")
+  found = list_checkpoints(output_dir)
+  if not found:
+    return None
+  if check_values:
+    _check_finite(output_dir, found)
+  return found[-1][1]
+
+
+def list_checkpoints(output_dir):
+  """The complete checkpoints of this recipe in output_dir, by step.
+
+  Only the files in output_dir count, whatever its `checkpoint` file says. A checkpoint
+  is complete when its .index and all its .data shards are there (TensorFlow renames
+  the index into place last).
+
+  Args:
+    output_dir: the run's --output_dir.
+
+  Returns:
+    list of (step, prefix), the lowest step first.
+  """
+  if not tf.gfile.IsDirectory(output_dir):
+    return []
+  indexes, shards = set(), {}
+  for name in tf.gfile.ListDirectory(output_dir):
+    match = _CHECKPOINT_FILE.match(name)
+    if not match:
+      continue
+    if match.group(3) == "index":
+      indexes.add(match.group(1))
+    else:
+      shards.setdefault((match.group(1), int(match.group(5))), set()).add(match.group(4))
+  found = []
+  for (stem, total), present in shards.items():
+    if stem in indexes and len(present) == total:
+      found.append((int(stem.rsplit("-", 1)[1]), os.path.join(output_dir, stem)))
+  return sorted(found)
 
 
 def write_run_marker(output_dir, settings):
@@ -59,23 +118,195 @@ def write_run_marker(output_dir, settings):
     f.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
+def non_finite_variable(prefix):
+  """The name of the first variable in a checkpoint that holds NaN or Inf, or None.
+
+  Reads the floating-point tensors one at a time: the I/O of one restore.
+  """
+  reader = tf.train.load_checkpoint(prefix)
+  for name, dtype in sorted(reader.get_variable_to_dtype_map().items()):
+    if dtype.is_floating and \
+        not np.isfinite(np.asarray(reader.get_tensor(name), np.float32)).all():
+      return name
+  return None
+
+
+def all_finite(variables):
+  """A bool scalar Tensor: no floating-point variable among `variables` holds NaN or Inf.
+
+  Run before each save (cheap next to the save itself). With float16 loss scaling a
+  step whose gradients overflow is skipped and leaves the variables finite, so it
+  passes.
+  """
+  return tf.reduce_all(tf.stack([tf.reduce_all(tf.is_finite(v)) for v in variables
+                                 if v.dtype.base_dtype.is_floating]))
+
+
+def _check_finite(output_dir, found):
+  """Raises ValueError if the newest of `found` holds NaN or Inf; names the last good one.
+
+  Args:
+    output_dir: the run's --output_dir.
+    found: list_checkpoints(output_dir), not empty.
+  """
+  bad_name = non_finite_variable(found[-1][1])
+  if bad_name is None:
+    return
+  bad, good = [found[-1]], None
+  for step, prefix in reversed(found[:-1]):
+    if non_finite_variable(prefix) is None:
+      good = prefix
+      break
+    bad.append((step, prefix))
+  what = ("--output_dir=%s: its newest checkpoint %s holds NaN or Inf (%s), the run that "
+          "wrote it diverged" % (output_dir, os.path.basename(found[-1][1]), bad_name))
+  if good is None:
+    raise ValueError("%s, and no checkpoint there is finite; start again with a new "
+                     "--output_dir and a lower --learning_rate" % what)
+  raise ValueError("%s; the last good one is %s: to resume from it move the newer ones away "
+                   "(cd %s && mkdir -p diverged && mv %s diverged/) and run again with a "
+                   "lower --learning_rate, or start a new --output_dir with "
+                   "--init_checkpoint=%s (weights only)"
+                   % (what, os.path.basename(good), output_dir,
+                      " ".join("%s.*" % os.path.basename(p) for _, p in sorted(bad)), good))
+
+
+def remove_partial_checkpoints(output_dir, step=None):
+  """Deletes what an interrupted or failed save left in output_dir.
+
+  That is TensorFlow's temporary files (*.tempstate*), the temporary folders of sharded
+  saves, and the files of checkpoints that are not complete (no .index: TensorFlow
+  writes it last); with `step`, also every file of model.ckpt-<step> (its save failed).
+
+  Args:
+    output_dir: the run's --output_dir.
+    step: (optional) the step of a save that failed.
+
+  Returns:
+    sorted list of the names removed.
+  """
+  if not tf.gfile.IsDirectory(output_dir):
+    return []
+  complete = set(os.path.basename(p) for _, p in list_checkpoints(output_dir))
+  removed = []
+  for name in tf.gfile.ListDirectory(output_dir):
+    name = name.rstrip("/")
+    match = _CHECKPOINT_FILE.match(name)
+    if not (_PARTIAL.match(name) or
+            (match and (match.group(1) not in complete or
+                        (step is not None and int(match.group(2)) == step)))):
+      continue
+    path = os.path.join(output_dir, name)
+    try:
+      if tf.gfile.IsDirectory(path):
+        tf.gfile.DeleteRecursively(path)
+      else:
+        tf.gfile.Remove(path)
+      removed.append(name)
+    except tf.errors.OpError:
+      pass
+  return sorted(removed)
+
+
+def is_disk_full(error):
+  """Whether an exception, TensorFlow's or Python's, means "No space left on device"."""
+  if isinstance(error, EnvironmentError) and error.errno == errno.ENOSPC:
+    return True
+  return "No space left on device" in str(getattr(error, "message", None) or error)
+
+
+def disk_full_message(output_dir, what):
+  """One line: the disk of output_dir filled up while writing `what`, and what to do."""
+  found = list_checkpoints(output_dir)
+  then = "it resumes from %s" % os.path.basename(found[-1][1]) if found else "it starts anew"
+  try:
+    stat = os.statvfs(output_dir)
+    free = ", %.1f MB free" % (stat.f_bavail * stat.f_frsize / 1e6)
+  except OSError:
+    free = ""
+  return ("the disk is full (no space left on the device of --output_dir=%s%s) while "
+          "writing %s; free space there or lower --keep_checkpoint_max, then run the same "
+          "command again: %s" % (output_dir, free, what, then))
+
+
+class DiskFullError(ValueError):
+  """No space left on the device of output_dir; the message says where and what to do."""
+
+
+def save_checkpoint(saver, sess, output_dir, step):
+  """Saves output_dir/model.ckpt-<step>; on a full disk removes its partial files.
+
+  Args:
+    saver: a tf.train.Saver made with save_relative_paths=True.
+    sess: the session.
+    output_dir: the run's --output_dir.
+    step: the global step, the checkpoint's number.
+
+  Returns:
+    the checkpoint prefix.
+
+  Raises:
+    DiskFullError: no space left; the earlier checkpoints are intact.
+  """
+  try:
+    return saver.save(sess, os.path.join(output_dir, CHECKPOINT_NAME), global_step=step,
+                      write_meta_graph=False)
+  except (tf.errors.OpError, EnvironmentError) as e:
+    if not is_disk_full(e):
+      raise
+    remove_partial_checkpoints(output_dir, step)
+    raise DiskFullError(disk_full_message(output_dir, "checkpoint %s-%d"
+                                          % (CHECKPOINT_NAME, step)))
+
+
+class OutputDirLock(object):
+  """An exclusive lock on output_dir for the life of this process.
+
+  fcntl.flock on output_dir/.bert_pretrain.lock: the kernel drops it when the process
+  ends, however it ends, so a SIGKILLed run does not block the next one. The file names
+  the holder. In a Horovod job rank 0 takes it for the whole job.
+  """
+
+  def __init__(self, output_dir):
+    self.output_dir = output_dir
+    self._handle = None
+
+  def acquire(self):
+    """Takes the lock, or raises ValueError naming the live run that holds it."""
+    handle = open(os.path.join(self.output_dir, LOCK_FILE), "a+")
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (IOError, OSError):
+      handle.seek(0)
+      holder = handle.read().strip() or "another process"
+      handle.close()
+      raise ValueError("--output_dir=%s is in use by another run (%s); wait for it to end "
+                       "or pass another --output_dir" % (self.output_dir, holder))
+    handle.seek(0)
+    handle.truncate()
+    handle.write("pid %d on %s" % (os.getpid(), socket.gethostname()))
+    handle.flush()
+    self._handle = handle  # Kept open: closing the file would drop the lock.
+
+
 def resolve_checkpoint(path, flag_name="--init_checkpoint"):
   """Returns the checkpoint prefix that `path` names.
+
+  A folder names its checkpoint with the highest step (name-N.index), the newest file
+  if no name carries a step.
 
   Raises:
     ValueError: nothing there is a checkpoint; the message says what to pass.
   """
   if tf.gfile.IsDirectory(path):
-    prefix = tf.train.latest_checkpoint(path)
-    if prefix is None:
-      # A folder without a "checkpoint" index file: take the newest *.index in it.
-      indexes = sorted(tf.gfile.Glob(os.path.join(path, "*.index")),
-                       key=lambda p: tf.gfile.Stat(p).mtime_nsec)
-      prefix = indexes[-1][:-len(".index")] if indexes else None
-    if prefix is None:
+    def order(index_path):
+      step = re.search(r"-(\d+)\.index$", index_path)
+      return (int(step.group(1)) if step else -1, tf.gfile.Stat(index_path).mtime_nsec)
+    indexes = sorted(tf.gfile.Glob(os.path.join(path, "*.index")), key=order)
+    if not indexes:
       raise ValueError("%s=%s is a folder without a checkpoint; pass the checkpoint prefix, "
                        "e.g. %s=/path/model.ckpt-28252" % (flag_name, path, flag_name))
-    return prefix
+    return indexes[-1][:-len(".index")]
   prefix = _CHECKPOINT_FILE_SUFFIX.sub("", path)
   if not tf.gfile.Exists(prefix + ".index"):
     raise ValueError("%s=%s: no checkpoint there (%s.index does not exist); pass the prefix "

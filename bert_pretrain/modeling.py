@@ -22,7 +22,17 @@ import tensorflow.compat.v1 as tf
 
 
 class BertConfig(object):
-  """Hyperparameters of a BertModel (the contents of bert_config.json)."""
+  """Hyperparameters of a BertModel (the contents of bert_config.json).
+
+  A bert_config.json must hold every key of Google's format (REQUIRED_KEYS): a file
+  without hidden_size would otherwise build a 768-wide model where 128 was meant.
+  """
+
+  # The keys of Google's bert_config.json, in its order.
+  REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                   "intermediate_size", "hidden_act", "hidden_dropout_prob",
+                   "attention_probs_dropout_prob", "max_position_embeddings",
+                   "type_vocab_size", "initializer_range")
 
   def __init__(self,
                vocab_size,
@@ -78,8 +88,8 @@ class BertConfig(object):
     """Constructs a BertConfig from a json file of parameters.
 
     Raises:
-      ValueError: the file is missing, not JSON, or lacks a required key; the
-        message names the file and the fix.
+      ValueError: the file is missing, not JSON, or lacks a key of REQUIRED_KEYS
+        (no default is taken); the message names the file, the keys and the fix.
     """
     if not tf.gfile.Exists(json_file) or tf.gfile.IsDirectory(json_file):
       raise ValueError("bert config %s does not exist; pass --bert_config_file=PATH/bert_config.json"
@@ -93,6 +103,12 @@ class BertConfig(object):
                        "--bert_config_file" % (json_file, e))
     if not isinstance(values, dict):
       raise ValueError("bert config %s must hold a JSON object; fix the file" % json_file)
+    missing = [key for key in cls.REQUIRED_KEYS if key not in values]
+    if missing:
+      raise ValueError("bert config %s lacks %s (no default is taken: Google's format has "
+                       "all of %s); add %s to the file"
+                       % (json_file, ", ".join(missing), ", ".join(cls.REQUIRED_KEYS),
+                          "it" if len(missing) == 1 else "them"))
     config = cls.from_dict(values)
     config.validate(json_file)
     return config

@@ -419,23 +419,30 @@ def run(bert_config, train_files, eval_files, ranks):
                           FLAGS.max_eval_steps)
 
   model_variables = tf.trainable_variables()
-  # max_to_keep=0 keeps every checkpoint.
-  saver = tf.train.Saver(max_to_keep=FLAGS.keep_checkpoint_max or None)
+  # max_to_keep=0 keeps every checkpoint. Relative paths in the `checkpoint` file keep a
+  # copied or moved output_dir pointing at its own files.
+  saver = tf.train.Saver(max_to_keep=FLAGS.keep_checkpoint_max or None,
+                         save_relative_paths=True)
+  # Checked before every save: nothing with NaN or Inf is written. Weights are the same
+  # on every rank, so every rank gets the same answer and they stop together.
+  all_finite = checkpoints.all_finite(tf.global_variables())
   broadcast_op = ranks.hvd.broadcast_global_variables(0) if ranks.hvd is not None else None
 
   sess = tf.Session(config=session_config(ranks))
   sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+  # check_flags read its values already.
   resume_prefix = checkpoints.find_resume_checkpoint(FLAGS.output_dir,
-                                                     resume_settings(bert_config))
+                                                     resume_settings(bert_config),
+                                                     check_values=False)
   if resume_prefix:
     checkpoints.check_resumable(resume_prefix, tf.global_variables())
     present = dict(tf.train.list_variables(resume_prefix))
     tf.train.Saver(var_list=[v for v in tf.global_variables()
                              if v.op.name in present]).restore(sess, resume_prefix)
-    # Older checkpoints of the earlier run stay in the rotation of --keep_checkpoint_max.
-    state = tf.train.get_checkpoint_state(FLAGS.output_dir)
-    if state is not None:
-      saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
+    # The earlier run's checkpoints in this output_dir (never those the `checkpoint`
+    # file may name elsewhere) stay in the rotation of --keep_checkpoint_max.
+    saver.recover_last_checkpoints(
+        [prefix for _, prefix in checkpoints.list_checkpoints(FLAGS.output_dir)])
     logger.print("Resuming from %s at step %d (weights, optimizer state, learning-rate "
                  "schedule); --init_checkpoint is not applied"
                  % (resume_prefix, sess.run(global_step)))
@@ -503,6 +510,17 @@ def run(bert_config, train_files, eval_files, ranks):
                  % (step, FLAGS.num_train_steps))
   block_first_step = None  # MLPerf "blocks": the training between two evaluations.
 
+  def weights_are_finite():
+    """Runs the all-finite check before a save; says so when it fails."""
+    if sess.run(all_finite):
+      return True
+    saved = checkpoints.list_checkpoints(FLAGS.output_dir)
+    logger.print("NaN or Inf in the weights or optimizer state after step %d: stopping "
+                 "without saving. Lower --learning_rate or raise --num_warmup_steps and run "
+                 "again: %s" % (step, "it resumes from %s" % os.path.basename(saved[-1][1])
+                                if saved else "it starts anew"))
+    return False
+
   def block(kind):
     nonlocal block_first_step
     if kind == "start":
@@ -553,10 +571,13 @@ def run(bert_config, train_files, eval_files, ranks):
         break
       window_start, window_steps = time.time(), 0
 
-    if is_chief and step % FLAGS.save_checkpoints_steps == 0:
+    if step % FLAGS.save_checkpoints_steps == 0:
       start = time.time()
-      saver.save(sess, os.path.join(FLAGS.output_dir, "model.ckpt"), global_step=step,
-                 write_meta_graph=False)
+      loss_is_finite = weights_are_finite()
+      if not loss_is_finite:
+        break
+      if is_chief:
+        checkpoints.save_checkpoint(saver, sess, FLAGS.output_dir, step)
       checkpoint_time += time.time() - start
       last_saved = step
       window_start += time.time() - start
@@ -577,9 +598,10 @@ def run(bert_config, train_files, eval_files, ranks):
   if block_first_step is not None:
     block("end")
 
-  if FLAGS.do_train and is_chief and step != last_saved and loss_is_finite:
-    saver.save(sess, os.path.join(FLAGS.output_dir, "model.ckpt"), global_step=step,
-               write_meta_graph=False)
+  if FLAGS.do_train and step != last_saved and loss_is_finite:
+    loss_is_finite = weights_are_finite()
+    if loss_is_finite and is_chief:
+      checkpoints.save_checkpoint(saver, sess, FLAGS.output_dir, step)
   if evaluator is not None and last_eval_step != step and loss_is_finite:
     results = evaluate(step)
   if results and reached_target(results):
@@ -625,11 +647,30 @@ def main(argv):
     print("run_pretraining: error: %s" % e, file=sys.stderr)
     return 2
   try:
-    return run(bert_config, train_files, eval_files, Ranks(FLAGS.horovod))
+    ranks = Ranks(FLAGS.horovod)
+    if ranks.is_chief:
+      # Held while this frame lives (the whole run); a Horovod job's other ranks share it.
+      lock = checkpoints.OutputDirLock(FLAGS.output_dir)
+      lock.acquire()
+      removed = checkpoints.remove_partial_checkpoints(FLAGS.output_dir)
+      if removed:
+        print("Removed what an interrupted save left in %s: %s"
+              % (FLAGS.output_dir, ", ".join(removed)))
+    return run(bert_config, train_files, eval_files, ranks)
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
     return 2
+  except EnvironmentError as e:
+    if not checkpoints.is_disk_full(e):
+      raise
+    print("run_pretraining: error: %s" % checkpoints.disk_full_message(
+        FLAGS.output_dir, e.filename or "its logs"), file=sys.stderr)
+    return 2
   except tf.errors.ResourceExhaustedError as e:
+    if checkpoints.is_disk_full(e):
+      print("run_pretraining: error: %s" % checkpoints.disk_full_message(
+          FLAGS.output_dir, "its files"), file=sys.stderr)
+      return 2
     print("run_pretraining: error: out of memory (%s); lower --train_batch_size and raise "
           "--num_accumulation_steps to keep the global batch" % e.message.splitlines()[0],
           file=sys.stderr)

@@ -1,7 +1,12 @@
 """Checkpoints: --init_checkpoint path forms, foreign checkpoints, shape errors, resume."""
 
+import hashlib
 import os
 import re
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +15,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import checkpoints
 from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
-from conftest import TINY_CONFIG, base_flags, run_pretraining
+from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining
 
 
 def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
@@ -131,3 +136,285 @@ def test_foreign_checkpoint_in_output_dir_is_a_clear_error(pretraining_data, tmp
   error = result.stderr.strip().splitlines()[-1]
   assert "not a checkpoint of this run's recipe" in error and "--init_checkpoint" in error
   assert sorted(os.listdir(str(out))) == files_before
+
+
+# Losing nothing: a run touches only its own output_dir, saves nothing non-finite, holds
+# its output_dir alone, and survives a full disk.
+
+def snapshot(folder):
+  """{relative path: (size, sha256)} of every file under folder, hidden ones included."""
+  found = {}
+  for root, _, names in os.walk(str(folder)):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        found[os.path.relpath(path, str(folder))] = (os.path.getsize(path),
+                                                     hashlib.sha256(f.read()).hexdigest())
+  return found
+
+
+def steps_of(folder):
+  """The steps of the checkpoints in folder (by their .index files)."""
+  return sorted(int(m.group(1)) for m in (re.match(r"model\.ckpt-(\d+)\.index$", n)
+                                          for n in os.listdir(str(folder))) if m)
+
+
+def test_a_copied_or_moved_output_dir_resumes_from_its_own_newest_checkpoint(
+    pretraining_data, tmp_path):
+  """The `checkpoint` file of run1 names run1's files by absolute path (as older versions
+  and TensorFlow's default write it); copies and moves of run1 still resume from their own
+  newest step and rotate only their own files. run1 is not touched."""
+  run1 = tmp_path / "run1"
+  common = dict(save_checkpoints_steps=10, keep_checkpoint_max=3, display_loss_steps=10,
+                nodo_eval=None)
+  first = run_pretraining(*base_flags(pretraining_data, run1, num_train_steps=30, **common))
+  assert first.returncode == 0, first.stderr
+  assert steps_of(run1) == [10, 20, 30]
+  (run1 / "checkpoint").write_text(
+      'model_checkpoint_path: "%s/model.ckpt-30"\n' % run1 +
+      "".join('all_model_checkpoint_paths: "%s/model.ckpt-%d"\n' % (run1, s)
+              for s in (10, 20, 30)))
+  original = snapshot(run1)
+
+  run2 = tmp_path / "run2"
+  subprocess.check_call(["cp", "-a", str(run1), str(run2)])
+  second = run_pretraining(*base_flags(pretraining_data, run2, num_train_steps=50, **common))
+  assert second.returncode == 0, second.stderr
+  assert "Resuming from %s/model.ckpt-30 at step 30" % run2 in second.stdout
+  assert steps_of(run2) == [30, 40, 50]  # rotation removed run2's 10 and 20
+  assert 'model_checkpoint_path: "model.ckpt-50"' in (run2 / "checkpoint").read_text()
+
+  # A moved folder whose files' times say ckpt-20 is the newest: the step number decides.
+  moving, run3 = tmp_path / "moving", tmp_path / "run3"
+  subprocess.check_call(["cp", "-a", str(run1), str(moving)])
+  subprocess.check_call(["mv", str(moving), str(run3)])
+  later = os.stat(str(run3 / "model.ckpt-30.index")).st_mtime + 60
+  for name in os.listdir(str(run3)):
+    if name.startswith("model.ckpt-20."):
+      os.utime(str(run3 / name), (later, later))
+  third = run_pretraining(*base_flags(pretraining_data, run3, num_train_steps=40, **common))
+  assert third.returncode == 0, third.stderr
+  assert "Resuming from %s/model.ckpt-30 at step 30" % run3 in third.stdout
+  assert steps_of(run3) == [20, 30, 40]
+  reader = tf.train.load_checkpoint(str(run3 / "model.ckpt-40"))
+  assert reader.get_tensor("global_step") == 40
+
+  assert snapshot(run1) == original
+
+
+def write_changed_checkpoint(source, target, change):
+  """Writes checkpoint `target` with the tensors of `source` passed through change(name,
+  value)."""
+  reader = tf.train.load_checkpoint(source)
+  with tf.Graph().as_default():
+    variables = {name: tf.Variable(change(name, reader.get_tensor(name)), name=name)
+                 for name in reader.get_variable_to_shape_map()}
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      tf.train.Saver(variables).save(sess, target, write_meta_graph=False, write_state=False)
+
+
+def test_a_diverging_run_saves_nothing_non_finite(pretraining_data, tmp_path):
+  """Checkpoints every 2 updates, losses shown every 50: the run stops at the first save
+  after the weights turn NaN, saving nothing from then on."""
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(
+      pretraining_data, out, num_train_steps=60, learning_rate=1000, num_warmup_steps=100,
+      save_checkpoints_steps=2, display_loss_steps=50, seed=1, nodo_eval=None))
+  assert result.returncode == 1, result.stderr
+  stopped = re.search(r"^NaN or Inf in the weights or optimizer state after step (\d+): "
+                      r"stopping without saving\. Lower --learning_rate or raise "
+                      r"--num_warmup_steps and run again: it resumes from model\.ckpt-(\d+)$",
+                      result.stdout, re.M)
+  assert stopped, result.stdout
+  saved = steps_of(out)
+  assert saved and saved[-1] == int(stopped.group(2)) == int(stopped.group(1)) - 2
+  for step in saved:
+    assert checkpoints.non_finite_variable(str(out / ("model.ckpt-%d" % step))) is None
+  assert "Step " not in result.stdout  # no display step was reached
+
+
+def test_resume_refuses_a_non_finite_checkpoint_and_names_the_last_good_one(
+    pretraining_data, tmp_path):
+  out = tmp_path / "out"
+  first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                      save_checkpoints_steps=2, nodo_eval=None))
+  assert first.returncode == 0, first.stderr
+  # Two checkpoints after step 4 as an older version saved them when a run diverged.
+  nan_in = "bert/encoder/layer_1/output/dense/kernel"
+  for step in (6, 8):
+    write_changed_checkpoint(
+        str(out / "model.ckpt-4"), str(out / ("model.ckpt-%d" % step)),
+        lambda name, value: (value * np.nan if name == nan_in else
+                             np.int64(step) if name == "global_step" else value))
+  before = snapshot(out)
+  refused = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=10,
+                                        nodo_eval=None))
+  assert refused.returncode == 2
+  errors = [l for l in refused.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, refused.stderr
+  move = "cd %s && mkdir -p diverged && mv model.ckpt-6.* model.ckpt-8.* diverged/" % out
+  assert errors[0] == (
+      "run_pretraining: error: --output_dir=%s: its newest checkpoint model.ckpt-8 holds NaN "
+      "or Inf (%s), the run that wrote it diverged; the last good one is model.ckpt-4: to "
+      "resume from it move the newer ones away (%s) and run again with a lower "
+      "--learning_rate, or start a new --output_dir with --init_checkpoint=%s/model.ckpt-4 "
+      "(weights only)" % (out, nan_in, move, out))
+  assert snapshot(out) == before
+  # Doing what the message says resumes from step 4.
+  subprocess.check_call(move, shell=True)
+  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
+                                        nodo_eval=None))
+  assert resumed.returncode == 0, resumed.stderr
+  assert "Resuming from %s/model.ckpt-4 at step 4" % out in resumed.stdout
+  assert checkpoints.non_finite_variable(str(out / "model.ckpt-6")) is None
+
+
+def test_a_second_run_on_the_same_output_dir_is_refused_until_the_first_is_killed(
+    pretraining_data, tmp_path):
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out, num_train_steps=10 ** 7,
+                     save_checkpoints_steps=10 ** 7, display_loss_steps=10 ** 6,
+                     nodo_eval=None)
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  first = subprocess.Popen([sys.executable, "-m", "bert_pretrain.run_pretraining"] + flags,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+  try:
+    lock = out / ".bert_pretrain.lock"
+    holder = "pid %d on %s" % (first.pid, socket.gethostname())
+    for _ in range(600):  # the first run takes the lock after its input checks
+      if lock.exists() and lock.read_text() == holder:
+        break
+      assert first.poll() is None, "the first run ended early"
+      time.sleep(0.2)
+    second = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=2,
+                                         nodo_eval=None))
+    assert second.returncode == 2
+    errors = [l for l in second.stderr.splitlines() if "error:" in l]
+    assert errors == ["run_pretraining: error: --output_dir=%s is in use by another run "
+                      "(%s); wait for it to end or pass another --output_dir"
+                      % (out, holder)], second.stderr
+    assert "Step " not in second.stdout
+    assert not (out / "mlperf.2.log").exists()  # the second run wrote no log
+    assert first.poll() is None
+  finally:
+    first.kill()
+    first.wait()
+  # The kernel dropped the killed run's lock: the next run is not blocked.
+  third = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=2,
+                                      nodo_eval=None))
+  assert third.returncode == 0, third.stderr
+  assert "Step 2," in third.stdout
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MB tmpfs mounted for the test, unmounted afterwards."""
+  mount_point = tmp_path / "disk"
+  mount_point.mkdir()
+  try:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                   check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                   universal_newlines=True)
+  except (OSError, subprocess.CalledProcessError) as e:
+    pytest.skip("cannot mount a tmpfs to fill (%s); needs root and CAP_SYS_ADMIN"
+                % getattr(e, "output", e))
+  try:
+    yield mount_point
+  finally:
+    subprocess.call(["umount", str(mount_point)])
+
+
+def test_a_full_disk_is_named_keeps_earlier_checkpoints_and_resumes(pretraining_data,
+                                                                     small_disk):
+  out = small_disk / "out"
+  common = dict(save_checkpoints_steps=2, nodo_eval=None)
+  first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4, **common))
+  assert first.returncode == 0, first.stderr
+  assert steps_of(out) == [2, 4]
+  kept = {n: v for n, v in snapshot(out).items() if n.startswith("model.ckpt-")}
+  # Leave 300 kB: room for the logs, not for a 520 kB checkpoint.
+  stat = os.statvfs(str(small_disk))
+  filler = small_disk / "filler"
+  filler.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 300 * 1024))
+
+  full = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=8, **common))
+  assert full.returncode == 2
+  errors = [l for l in full.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, full.stderr
+  assert re.match(r"run_pretraining: error: the disk is full \(no space left on the device "
+                  r"of --output_dir=%s, [\d.]+ MB free\) while writing checkpoint "
+                  r"model\.ckpt-6; free space there or lower --keep_checkpoint_max, then run "
+                  r"the same command again: it resumes from model\.ckpt-4$"
+                  % re.escape(str(out)), errors[0]), errors[0]
+  assert "Traceback" not in full.stderr
+  after = snapshot(out)
+  assert {n: v for n, v in after.items() if n.startswith("model.ckpt-")} == kept
+  assert not [n for n in after if "tempstate" in n or n.startswith("model.ckpt-6")]
+
+  # What a save killed halfway leaves is removed when the run starts again.
+  (out / "model.ckpt-6.data-00000-of-00001.tempstate8817236").write_bytes(b"\0" * 100)
+  (out / "model.ckpt-6.data-00000-of-00001").write_bytes(b"\0" * 100)
+  filler.unlink()
+  rerun = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=8, **common))
+  assert rerun.returncode == 0, rerun.stderr
+  assert ("Removed what an interrupted save left in %s: model.ckpt-6.data-00000-of-00001, "
+          "model.ckpt-6.data-00000-of-00001.tempstate8817236" % out) in rerun.stdout
+  assert "Resuming from %s/model.ckpt-4 at step 4" % out in rerun.stdout
+  assert steps_of(out) == [2, 4, 6, 8]
+  assert not [n for n in os.listdir(str(out)) if "tempstate" in n]
+
+
+def test_horovod_ranks_share_their_jobs_lock(pretraining_data, tmp_path):
+  """Rank 0 takes the lock for the job: a 2-rank job runs (rank 1 does not ask for the
+  lock rank 0 holds), and a 2-rank job on a folder another run holds is refused (rank 0
+  exits 2, horovodrun ends rank 1). The timeouts only bound a hang on a loaded machine."""
+  gloo = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+          "bert_pretrain.run_pretraining", "--horovod"]
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out, num_train_steps=2, nodo_eval=None)
+  job = subprocess.run(gloo + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, env=env, timeout=900)
+  assert job.returncode == 0, job.stdout[-3000:]
+  assert steps_of(out) == [2]
+
+  held = checkpoints.OutputDirLock(str(out))
+  held.acquire()
+  flags = base_flags(pretraining_data, out, num_train_steps=4, nodo_eval=None)
+  refused = subprocess.run(gloo + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True, env=env, timeout=900)
+  assert refused.returncode != 0
+  assert ("run_pretraining: error: --output_dir=%s is in use by another run (pid %d on %s)"
+          % (out, os.getpid(), socket.gethostname())) in refused.stdout, refused.stdout[-3000:]
+  assert "Step " not in refused.stdout
+  assert steps_of(out) == [2]
+
+
+def test_a_skipped_float16_step_passes_the_check_before_saving():
+  """float16 compute with a loss scale so large that the gradients overflow: the step is
+  skipped, the variables stay finite and the check before a save passes. Without loss
+  scaling the same overflow makes them NaN and the check fails."""
+  from bert_pretrain import optimization
+  from bert_pretrain import run_pretraining as rp
+  config = modeling.BertConfig.from_dict(TINY_CONFIG)
+  for scaled in (True, False):
+    with tf.Graph().as_default():
+      tf.set_random_seed(1)
+      features = input_pipeline.constant_features(2, 16, 3)
+      loss = rp.build_model(config, features, True, tf.float16)["total_loss"]
+      loss_scale = optimization.DynamicLossScale(initial_scale=2.0 ** 60) if scaled else None
+      if not scaled:
+        loss = loss * 1e38 * 1e38  # inf, as an overflow makes it
+      global_step = tf.train.get_or_create_global_step()
+      _, update = optimization.create_train_ops(
+          loss, optimization.create_optimizer("lamb", 1e-3), global_step,
+          num_accumulation_steps=1, loss_scale=loss_scale)
+      check = checkpoints.all_finite(tf.global_variables())
+      with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert sess.run(check)
+        sess.run(update)
+        if scaled:
+          assert sess.run(loss_scale.skipped_steps) == 1
+        assert sess.run(check) == scaled

@@ -386,6 +386,26 @@ def test_dump_cut_short_keeps_finished_chunks(vocab, tmp_path):
   assert "ends inside its bz2 stream" in line
 
 
+def test_refused_dump_leaves_nothing_that_blocks_the_corrected_command(run_a, vocab,
+                                                                       tmp_path):
+  """An HTML page, then a cut .bz2, are refused on a new folder; the corrected command
+  on that folder then runs and makes what a clean folder gets."""
+  output_dir = str(tmp_path / "out")
+  html_page = tmp_path / "enwiki-latest-pages-articles.xml"
+  html_page.write_text("<html><body>404 Not Found</body></html>\n" * 200)
+  line = error_line(run_cli(output_dir, vocab, dump=str(html_page)))
+  assert "is not a MediaWiki XML export" in line
+  assert not os.path.exists(os.path.join(output_dir, "settings.json"))
+  cut = tmp_path / "enwiki-latest-pages-articles.xml.bz2"
+  cut.write_bytes(bz2.compress(open(SAMPLE, "rb").read())[:-2000])
+  line = error_line(run_cli(output_dir, vocab, dump=str(cut)))
+  assert "ends inside its bz2 stream" in line
+  assert not os.path.exists(os.path.join(output_dir, "settings.json"))
+  result = run_cli(output_dir, vocab)
+  assert result.returncode == 0, result.stderr
+  assert files_under(output_dir) == files_under(run_a)
+
+
 def test_bz2_dump_and_steps_run_alone(run_a, vocab, tmp_path):
   dump = tmp_path / "wiki_sample.xml.bz2"
   dump.write_bytes(bz2.compress(open(SAMPLE, "rb").read()))

@@ -1650,7 +1650,10 @@ def reconcile_settings(layout, settings, step_list):
   """
   stored = read_json(layout.settings)
   if stored is None:
-    leftovers = [n for n in os.listdir(layout.root) if n not in (".lock",)]
+    # work/ with its done/ markers is what a refused first run leaves (its settings.json
+    # is taken back); its markers name their settings, so it does not block a rerun.
+    own = [".lock"] + (["work"] if os.path.isdir(layout.done) else [])
+    leftovers = [n for n in os.listdir(layout.root) if n not in own]
     if leftovers:
       raise PrepareError("output folder %s is not empty and holds no settings.json of "
                          "prepare_wiki (it has %s); pass an empty or new --output_dir"
@@ -1759,23 +1762,52 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
   layout = Layout(output_dir)
   manifest = None
   with locked(layout):
+    settings_before = _read_bytes(layout.settings)
     settings = reconcile_settings(layout, settings, step_list)
-    for step in step_list:
-      if step == "extract":
-        run_extract(layout, settings, dump, jobs)
-      elif step == "clean":
-        run_clean(layout, settings, jobs)
-      elif step == "segment":
-        run_segment(layout, settings, jobs)
-      elif step == "shard":
-        run_shard(layout, settings)
-      elif step == "tfrecords":
-        run_tfrecords(layout, settings, vocab, jobs)
-      elif step == "eval":
-        run_eval(layout, settings)
-      elif step == "manifest":
-        manifest = run_manifest(layout, settings, verify)
+    finished = []
+    try:
+      for step in step_list:
+        if step == "extract":
+          run_extract(layout, settings, dump, jobs)
+        elif step == "clean":
+          run_clean(layout, settings, jobs)
+        elif step == "segment":
+          run_segment(layout, settings, jobs)
+        elif step == "shard":
+          run_shard(layout, settings)
+        elif step == "tfrecords":
+          run_tfrecords(layout, settings, vocab, jobs)
+        elif step == "eval":
+          run_eval(layout, settings)
+        elif step == "manifest":
+          manifest = run_manifest(layout, settings, verify)
+        finished.append(step)
+    except PrepareError:
+      # A refused input (an HTML page, a cut dump) must not bind the folder to it:
+      # settings.json goes back to what it was, so the corrected command is accepted.
+      # The unfinished step's markers hold their own settings and are redone.
+      if not finished:
+        _restore_file(layout.settings, settings_before)
+      raise
   return manifest
+
+
+def _read_bytes(path):
+  """The bytes of the file at path, or None when there is none."""
+  try:
+    with open(path, "rb") as f:
+      return f.read()
+  except FileNotFoundError:
+    return None
+
+
+def _restore_file(path, content):
+  """Puts back the bytes _read_bytes returned (None: no file)."""
+  if content is None:
+    _remove_quietly(path)
+  elif _read_bytes(path) != content:
+    with atomic_output(path, binary=True) as writer:
+      writer.write(content)
 
 
 def _check_settings(settings, jobs):
