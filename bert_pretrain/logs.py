@@ -9,6 +9,7 @@ ranks give one log. The console lines are the ones users grep:
     masked_lm_accuracy = 0.41
 """
 
+import itertools
 import json
 import logging
 import os
@@ -18,6 +19,8 @@ import time
 import tensorflow.compat.v1 as tf
 
 from mlperf_logging import mllog
+
+_MLLOG_NUMBERS = itertools.count()
 
 
 class RunLogger(object):
@@ -44,7 +47,8 @@ class RunLogger(object):
       self._summary_writer = tf.summary.FileWriter(output_dir)
     # The :::MLLOG lines go to their own file only, so that the console stays readable;
     # MLCommons' compliance checker reads that file.
-    file_logger = logging.getLogger("bert_pretrain.mllog")
+    # A logger of its own per RunLogger: mllog refuses to be configured twice with one.
+    file_logger = logging.getLogger("bert_pretrain.mllog.%d" % next(_MLLOG_NUMBERS))
     file_logger.setLevel(logging.INFO)
     file_logger.propagate = False
     if mllog_path:
@@ -83,6 +87,16 @@ class RunLogger(object):
                                   for k, v in values.items()])
       self._summary_writer.add_summary(summary, int(step))
 
+  def warning(self, step, message):
+    """A run-health warning: a console line and a dllog.json record of type "warning"."""
+    if not self.is_chief:
+      return
+    self.print("warning: " + message)
+    if self._dllog is not None:
+      self._dllog.write(json.dumps({"timestamp": time.time(), "type": "warning",
+                                    "step": int(step), "message": message}) + "\n")
+      self._dllog.flush()
+
   def eval_results(self, step, results, output_dir):
     """Prints Google BERT's eval block and writes output_dir/eval_results.txt."""
     if not self.is_chief:
@@ -102,6 +116,10 @@ class RunLogger(object):
       self._dllog.close()
     if self._summary_writer is not None:
       self._summary_writer.close()
+    if self._mllogger is not None:
+      for handler in list(self._mllogger.logger.handlers):
+        handler.close()
+        self._mllogger.logger.removeHandler(handler)
 
 
 def new_log_path(folder, stem, suffix):

@@ -1,0 +1,211 @@
+"""The run report: report.png and a short summary, drawn from a run's dllog.json.
+
+  python3 -m bert_pretrain.report OUTPUT_DIR
+
+report.png has four panels against training samples: the losses (total, masked LM,
+next sentence), masked-LM accuracy at each evaluation, sentences per second of each
+display window, and the learning rate (with the float16 loss scale on a second axis
+where it was used). Evaluations are marked by dotted lines in every panel, warnings by
+red ones. Rank 0 of every run writes it at the end; it needs matplotlib (installed by
+init_tf.sh), and without it the run says how to get the picture and goes on.
+
+A resumed run appends to the same dllog.json: the report shows the whole history, a
+step logged twice (redone after a resume) once, with its latest values.
+"""
+
+import json
+import logging
+import os
+import statistics
+import sys
+
+from absl import app
+from absl import flags
+
+flags.DEFINE_string("dllog_path", None, "dllog.json to read (default: OUTPUT_DIR/dllog.json).")
+flags.DEFINE_string("png_path", None, "Picture to write (default: OUTPUT_DIR/report.png).")
+FLAGS = flags.FLAGS
+
+
+def read_records(path):
+  """Returns the JSON records of a dllog.json, in order.
+
+  A line cut short by a killed run is passed over.
+
+  Raises:
+    ValueError: the file does not exist or holds no record.
+  """
+  if not os.path.isfile(path):
+    raise ValueError("%s does not exist; pass the --output_dir of a run (it holds "
+                     "dllog.json) or --dllog_path" % path)
+  records = []
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      if isinstance(record, dict) and "type" in record:
+        records.append(record)
+  if not records:
+    raise ValueError("%s holds no log records; it is not a dllog.json of this recipe" % path)
+  return records
+
+
+def _series(records, kind):
+  """Records of one type, one per step (the last logged), ordered by step."""
+  by_step = {}
+  for record in records:
+    if record.get("type") == kind and "step" in record:
+      by_step[record["step"]] = record
+  return [by_step[step] for step in sorted(by_step)]
+
+
+def _samples(record):
+  """Training samples at a record: logged by the run, else its step."""
+  return record.get("samples", record["step"])
+
+
+def summarize(records):
+  """Returns a dict of the run's headline numbers (None where the log has none)."""
+  train = _series(records, "train")
+  evals = _series(records, "eval")
+  summaries = [r for r in records if r.get("type") == "summary"]
+  warnings = [r for r in records if r.get("type") == "warning"]
+  accuracies = [r["masked_lm_accuracy"] for r in evals if "masked_lm_accuracy" in r]
+  fps = [r["throughput_train"] for r in train if "throughput_train" in r]
+  return {
+      "last_step": max([r["step"] for r in train + evals] or [0]),
+      "samples": max([r["samples"] for r in train + evals if "samples" in r] or [None]),
+      "first_loss": train[0]["total_loss"] if train else None,
+      "last_loss": train[-1]["total_loss"] if train else None,
+      "first_accuracy": accuracies[0] if accuracies else None,
+      "last_accuracy": accuracies[-1] if accuracies else None,
+      "best_accuracy": max(accuracies) if accuracies else None,
+      "evaluations": len(accuracies),
+      "median_fps": statistics.median(fps) if fps else None,
+      "min_fps": min(fps) if fps else None,
+      "max_fps": max(fps) if fps else None,
+      "throughput": summaries[-1].get("throughput") if summaries else None,
+      "runs": len(summaries),
+      "warnings": [r.get("message", "") for r in warnings],
+  }
+
+
+def format_summary(summary):
+  """The summary as a few lines of text."""
+  number = lambda v, fmt: "n/a" if v is None else fmt % v
+  lines = [
+      "updates: %d, training samples: %s, runs logged: %d"
+      % (summary["last_step"], number(summary["samples"], "%d"), summary["runs"]),
+      "total loss: %s -> %s" % (number(summary["first_loss"], "%.4f"),
+                                number(summary["last_loss"], "%.4f")),
+      "masked-LM accuracy: %s -> %s (best %s, %d evaluations)"
+      % (number(summary["first_accuracy"], "%.4f"), number(summary["last_accuracy"], "%.4f"),
+         number(summary["best_accuracy"], "%.4f"), summary["evaluations"]),
+      "sentences/s per window: median %s (min %s, max %s); steady-state average %s"
+      % (number(summary["median_fps"], "%.2f"), number(summary["min_fps"], "%.2f"),
+         number(summary["max_fps"], "%.2f"), number(summary["throughput"], "%.2f")),
+  ]
+  lines.append("warnings: %d" % len(summary["warnings"]))
+  lines.extend("  " + message for message in summary["warnings"])
+  return lines
+
+
+def draw(records, png_path, title=None):
+  """Draws the report's four panels into png_path.
+
+  Raises:
+    ImportError: matplotlib is not installed.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  logging.getLogger("matplotlib").setLevel(logging.WARNING)
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  train = _series(records, "train")
+  evals = [r for r in _series(records, "eval") if "masked_lm_accuracy" in r]
+  warnings = [r for r in records if r.get("type") == "warning" and "step" in r]
+  x_label = "training samples" if any("samples" in r for r in train + evals) else "step"
+  x = lambda rows: [_samples(r) for r in rows]
+
+  figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+  (loss_ax, acc_ax), (fps_ax, lr_ax) = axes
+  for name, style in (("total_loss", "-"), ("mlm_loss", "--"), ("nsp_loss", ":")):
+    rows = [r for r in train if name in r]
+    if rows:
+      loss_ax.plot(x(rows), [r[name] for r in rows], style, label=name)
+  loss_ax.set_title("training loss")
+  acc_ax.plot(x(evals), [r["masked_lm_accuracy"] for r in evals], "o-", color="tab:green")
+  for r in evals:
+    acc_ax.annotate("%.3f" % r["masked_lm_accuracy"], (_samples(r), r["masked_lm_accuracy"]),
+                    textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+  acc_ax.set_title("masked-LM accuracy (evaluations)")
+  rows = [r for r in train if "throughput_train" in r]
+  fps_ax.plot(x(rows), [r["throughput_train"] for r in rows], ".-", color="tab:purple")
+  if rows:
+    median = statistics.median(r["throughput_train"] for r in rows)
+    fps_ax.axhline(median, color="grey", linewidth=0.8, label="median %.2f" % median)
+  fps_ax.set_title("sentences per second (each display window, all cards)")
+  fps_ax.set_ylim(bottom=0)
+  rows = [r for r in train if "learning_rate" in r]
+  lr_ax.plot(x(rows), [r["learning_rate"] for r in rows], color="tab:orange",
+             label="learning rate")
+  lr_ax.set_title("learning rate")
+  scaled = [r for r in train if "loss_scale" in r]
+  if scaled:
+    scale_ax = lr_ax.twinx()
+    scale_ax.plot(x(scaled), [r["loss_scale"] for r in scaled], color="tab:red",
+                  label="loss scale")
+    scale_ax.set_yscale("log", base=2)
+    scale_ax.set_ylabel("loss scale")
+    lr_ax.set_title("learning rate and loss scale")
+  for ax in (loss_ax, acc_ax, fps_ax, lr_ax):
+    for r in evals:
+      ax.axvline(_samples(r), color="grey", linestyle=":", linewidth=0.6)
+    for r in warnings:
+      ax.axvline(_samples(r), color="red", linestyle="--", linewidth=0.8)
+    ax.set_xlabel(x_label)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=8)
+  figure.suptitle(title or "BERT pretraining run")
+  figure.tight_layout()
+  figure.savefig(png_path, dpi=80)
+  plt.close(figure)
+
+
+def write_report(output_dir, dllog_path=None, png_path=None, log=print):
+  """Prints the summary and draws report.png; what the end of every run calls.
+
+  Returns:
+    The path of the picture, or None when matplotlib is missing (the log says how to get
+    it and how to draw the picture later).
+  """
+  dllog_path = dllog_path or os.path.join(output_dir, "dllog.json")
+  png_path = png_path or os.path.join(output_dir, "report.png")
+  records = read_records(dllog_path)
+  for line in format_summary(summarize(records)):
+    log("report: " + line)
+  try:
+    draw(records, png_path, title=os.path.basename(os.path.abspath(output_dir)))
+  except ImportError:
+    log("report: matplotlib is not installed, so no report.png; pip install matplotlib (or "
+        "bash init_tf.sh), then python3 -m bert_pretrain.report %s" % output_dir)
+    return None
+  log("report: %s" % png_path)
+  return png_path
+
+
+def main(argv):
+  if len(argv) != 2:
+    raise app.UsageError("usage: python3 -m bert_pretrain.report OUTPUT_DIR")
+  try:
+    write_report(argv[1], FLAGS.dllog_path, FLAGS.png_path)
+  except ValueError as e:
+    print("report: error: %s" % e, file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))

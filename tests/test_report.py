@@ -1,0 +1,139 @@
+"""The run-health warnings and the run report (report.png and its summary)."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from bert_pretrain import health
+from bert_pretrain import logs
+from bert_pretrain import report
+from conftest import ROOT
+
+
+def run_report(*args):
+  return subprocess.run([sys.executable, "-m", "bert_pretrain.report"] + list(args),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def test_falling_accuracy_warns_and_rising_accuracy_does_not():
+  monitor = health.HealthMonitor(accuracy_drop=0.002)
+  assert monitor.evaluation(100, 0.30) == []
+  assert monitor.evaluation(200, 0.35) == []
+  assert monitor.evaluation(300, 0.349) == []  # within the tolerance
+  warnings = monitor.evaluation(400, 0.31)
+  assert len(warnings) == 1
+  assert "fell from 0.3490 to 0.3100 at step 400" in warnings[0]
+
+
+def test_a_window_far_below_the_median_throughput_warns():
+  monitor = health.HealthMonitor(fps_drop=0.5, min_windows=3)
+  for step, fps in ((10, 30.0), (20, 100.0), (30, 102.0), (40, 98.0), (50, 60.0)):
+    assert monitor.window(step, fps, 10) == []
+  warnings = monitor.window(60, 40.0, 10)
+  assert len(warnings) == 1 and "fell to 40.00 sentences/s at step 60" in warnings[0]
+
+
+def test_slow_first_windows_do_not_warn():
+  monitor = health.HealthMonitor(fps_drop=0.5, min_windows=3)
+  for step, fps in ((10, 100.0), (20, 10.0), (30, 100.0)):
+    assert monitor.window(step, fps, 10) == []
+
+
+def test_a_loss_scale_that_keeps_falling_warns():
+  monitor = health.HealthMonitor(scale_windows=3)
+  scales = [32768.0, 32768.0, 16384.0, 8192.0]
+  for step, scale in enumerate(scales):
+    assert monitor.window(step * 10, 100.0, 10, loss_scale=scale, skipped_steps=step) == []
+  warnings = monitor.window(40, 100.0, 10, loss_scale=4096.0, skipped_steps=4)
+  assert len(warnings) == 1 and "fell in 3 display windows in a row" in warnings[0]
+  # A steady scale resets the count.
+  assert monitor.window(50, 100.0, 10, loss_scale=4096.0, skipped_steps=4) == []
+
+
+def test_a_window_whose_updates_were_all_skipped_warns():
+  monitor = health.HealthMonitor()
+  assert monitor.window(10, 100.0, 10, loss_scale=2.0 ** 15, skipped_steps=1) == []
+  warnings = monitor.window(20, 100.0, 10, loss_scale=2.0 ** 15, skipped_steps=11)
+  assert len(warnings) == 1 and "all 10 updates up to step 20 were skipped" in warnings[0]
+
+
+def test_the_slowest_rank_is_named_when_it_lags():
+  monitor = health.HealthMonitor(lag=1.3)
+  assert monitor.rank_step_times(10, [0.50, 0.52, 0.51, 0.55]) == []
+  warnings = monitor.rank_step_times(20, [0.50, 0.52, 0.90, 0.51])
+  assert len(warnings) == 1 and warnings[0].startswith("rank 2 is slow: 0.900 s")
+  assert monitor.rank_step_times(30, [0.5]) == []
+
+
+def _write_log(path, resumed=False):
+  """A dllog.json as RunLogger writes it: two runs, the second resumed at step 20."""
+  logger = logs.RunLogger(dllog_path=str(path))
+  logger.metrics(0, {"masked_lm_accuracy": 0.001, "samples": 0}, prefix="eval")
+  for step, loss, fps in ((10, 8.0, 100.0), (20, 7.5, 110.0), (30, 7.2, 105.0)):
+    logger.metrics(step, {"total_loss": loss, "mlm_loss": loss - 0.7, "nsp_loss": 0.7,
+                          "learning_rate": 1e-3, "throughput_train": fps,
+                          "samples": step * 32, "loss_scale": 1024.0}, prefix="train")
+  logger.metrics(30, {"masked_lm_accuracy": 0.05, "samples": 30 * 32}, prefix="eval")
+  logger.warning(30, "throughput fell to 1.00 sentences/s at step 30")
+  logger.metrics(30, {"throughput": 104.0}, prefix="summary")
+  logger.close()
+  if resumed:
+    logger = logs.RunLogger(dllog_path=str(path))
+    # The resumed run redoes step 30 with another loss.
+    logger.metrics(30, {"total_loss": 7.1, "throughput_train": 90.0, "samples": 30 * 32},
+                   prefix="train")
+    logger.metrics(40, {"total_loss": 6.9, "throughput_train": 95.0, "samples": 40 * 32},
+                   prefix="train")
+    logger.metrics(40, {"masked_lm_accuracy": 0.08, "samples": 40 * 32}, prefix="eval")
+    logger.metrics(40, {"throughput": 93.0}, prefix="summary")
+    logger.close()
+  with open(str(path), "a") as f:
+    f.write('{"type": "train", "step": 5')  # a line cut short by a kill
+
+
+def test_the_summary_gives_the_run_history_with_a_resume_counted_once(tmp_path):
+  _write_log(tmp_path / "dllog.json", resumed=True)
+  summary = report.summarize(report.read_records(str(tmp_path / "dllog.json")))
+  assert summary["last_step"] == 40 and summary["samples"] == 40 * 32
+  assert summary["first_loss"] == 8.0 and summary["last_loss"] == 6.9
+  assert (summary["first_accuracy"], summary["last_accuracy"]) == (0.001, 0.08)
+  assert summary["evaluations"] == 3 and summary["runs"] == 2
+  # Windows 10, 20, 30 (redone: 90) and 40.
+  assert summary["median_fps"] == pytest.approx((95.0 + 100.0) / 2)
+  assert summary["throughput"] == 93.0
+  assert summary["warnings"] == ["throughput fell to 1.00 sentences/s at step 30"]
+  text = "\n".join(report.format_summary(summary))
+  assert "masked-LM accuracy: 0.0010 -> 0.0800 (best 0.0800, 3 evaluations)" in text
+
+
+def _png_size(path):
+  with open(path, "rb") as f:
+    header = f.read(24)
+  assert header[:8] == b"\x89PNG\r\n\x1a\n"
+  return struct.unpack(">II", header[16:24])
+
+
+def test_the_report_command_draws_the_picture_and_prints_the_summary(tmp_path):
+  pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
+  _write_log(tmp_path / "dllog.json")
+  result = run_report(str(tmp_path))
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert "report: updates: 30, training samples: 960, runs logged: 1" in out
+  assert "report: warnings: 1" in out
+  width, height = _png_size(str(tmp_path / "report.png"))
+  assert (width, height) == (960, 640)
+
+
+def test_a_missing_or_foreign_log_is_a_one_line_error(tmp_path):
+  result = run_report(str(tmp_path))
+  assert result.returncode == 2
+  assert result.stderr.count("\n") == 1 and "dllog.json does not exist" in result.stderr
+  (tmp_path / "dllog.json").write_text(json.dumps([1, 2]) + "\nnot json\n")
+  result = run_report(str(tmp_path))
+  assert result.returncode == 2 and "holds no log records" in result.stderr
