@@ -21,7 +21,7 @@ Plan = collections.namedtuple("Plan", ["ranks", "hosts", "per_host", "args"])
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
-            "-np": "np", "--num-proc": "np", "-hostfile": "hostfile"}
+            "-np": "np", "--num-proc": "np"}
 
 
 class LaunchError(ValueError):
@@ -41,9 +41,8 @@ def _split_options(run_args):
       continue
     if value is None:
       if i + 1 >= len(run_args):
-        raise LaunchError("%s in HOROVOD_RUN_ARGS has no value; give it one, e.g. %s h1:8,h2:8"
-                          % (name, name) if _OPTIONS[name] == "hosts" else
-                          "%s in HOROVOD_RUN_ARGS has no value; give it one" % name)
+        raise LaunchError("%s in HOROVOD_RUN_ARGS has no value; give it one, e.g. "
+                          "-H h1:8,h2:8 or --hostfile hosts.txt" % name)
       value = run_args[i + 1]
       i += 1
     key = _OPTIONS[name]
@@ -90,9 +89,8 @@ def read_hostfile(path):
     where = "hostfile %s line %d" % (path, number)
     if len(words) > 2 or (len(words) == 2 and not re.match(r"^slots=[0-9]+$", words[1])):
       raise LaunchError("bad line %r in %s; write 'host slots=N' or 'host'" % (line, where))
-    host, _ = _parse_host(words[0], where)
-    slots = _parse_host("%s:%s" % (host, words[1][6:]), where)[1] if len(words) == 2 else None
-    hosts.append((host, slots))
+    spec = words[0] if len(words) == 1 else "%s:%s" % (words[0], words[1][len("slots="):])
+    hosts.append(_parse_host(spec, where))
   if not hosts:
     raise LaunchError("the hostfile %s lists no host; write one line 'host slots=N' per "
                       "machine" % path)
