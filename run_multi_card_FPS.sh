@@ -4,20 +4,18 @@
 #   export IX_NUM_CUDA_VISIBLE_DEVICES=8
 #   bash run_multi_card_FPS.sh --input_files_dir=... --init_checkpoint=... --eval_files_dir=... \
 #       --train_batch_size=6 --bert_config_file=...
-# HOROVOD_RUN_ARGS (default --gloo) goes to horovodrun: --mpi, or hosts for several
-# machines, e.g. HOROVOD_RUN_ARGS="--gloo -H host1:8,host2:8" or "--gloo --hostfile hosts".
+# IX_NUM_CUDA_VISIBLE_DEVICES is the number of cards per host. HOROVOD_RUN_ARGS (default
+# --gloo) goes to horovodrun: --mpi, or hosts for several machines, e.g.
+# HOROVOD_RUN_ARGS="--gloo -H host1:8,host2:8" or "--gloo --hostfile hosts"; the script
+# computes -np (bert_pretrain/launch.py). DRY_RUN=1 prints the plan and the command only.
 # Without --input_files_dir it runs the embedded demo.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/scripts/common.sh"
 
-num_ranks="$(count_ranks)"
-read -r -a run_args <<< "${HOROVOD_RUN_ARGS:---gloo}"
-case " ${run_args[*]} " in
-  *" -H"*|*" --host"*|*" -hostfile"*) ;;  # -H, --hosts[=], --hostfile[=] given
-  # One host: this machine with a slot per rank (also more ranks than cores, for tests).
-  *) run_args+=(-H "localhost:$num_ranks") ;;
-esac
+per_host="$(count_ranks)"
+plan="$(python3 -m bert_pretrain.launch "$per_host")"  # exits 2 on a contradiction
+mapfile -t launcher <<< "$plan"
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
@@ -27,6 +25,9 @@ if ! has_flag input_files_dir "$@"; then
   demo_args
   args+=("${DEMO_ARGS[@]}")
 fi
-echo "Launching $num_ranks ranks: horovodrun -np $num_ranks ${run_args[*]}"
-exec horovodrun -np "$num_ranks" "${run_args[@]}" \
-  python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@"
+command=(horovodrun "${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@")
+echo "${launcher[0]}: $(shell_words "${command[@]}")"
+if [ -n "${DRY_RUN:-}" ]; then
+  exit 0
+fi
+exec "${command[@]}"

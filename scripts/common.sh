@@ -30,8 +30,8 @@ demo_args() {
   mapfile -t DEMO_ARGS <<< "$flags"
 }
 
-# count_ranks: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of CUDA_VISIBLE_DEVICES,
-# else the GPUs nvidia-smi lists, else 2 CPU ranks.
+# count_ranks: ranks per host: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of
+# CUDA_VISIBLE_DEVICES, else the GPUs nvidia-smi lists, else 2 CPU ranks.
 count_ranks() {
   local from_list=""
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
@@ -39,21 +39,31 @@ count_ranks() {
   fi
   if [ -n "${IX_NUM_CUDA_VISIBLE_DEVICES:-}" ]; then
     if ! [[ "$IX_NUM_CUDA_VISIBLE_DEVICES" =~ ^[1-9][0-9]*$ ]]; then
-      echo "error: IX_NUM_CUDA_VISIBLE_DEVICES=$IX_NUM_CUDA_VISIBLE_DEVICES is not a positive number; export the number of cards, e.g. IX_NUM_CUDA_VISIBLE_DEVICES=8" >&2
+      echo "run_multi_card_FPS: error: IX_NUM_CUDA_VISIBLE_DEVICES=$IX_NUM_CUDA_VISIBLE_DEVICES is not a positive number; export the number of cards, e.g. IX_NUM_CUDA_VISIBLE_DEVICES=8" >&2
       exit 2
     fi
     if [ -n "$from_list" ] && [ "$from_list" != "$IX_NUM_CUDA_VISIBLE_DEVICES" ]; then
-      echo "error: IX_NUM_CUDA_VISIBLE_DEVICES=$IX_NUM_CUDA_VISIBLE_DEVICES but CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES lists $from_list cards; make them agree or unset one" >&2
+      echo "run_multi_card_FPS: error: IX_NUM_CUDA_VISIBLE_DEVICES=$IX_NUM_CUDA_VISIBLE_DEVICES but CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES lists $from_list cards; make them agree or unset one" >&2
       exit 2
     fi
     echo "$IX_NUM_CUDA_VISIBLE_DEVICES"
   elif [ -n "$from_list" ]; then
     echo "$from_list"
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset: one rank per GPU that nvidia-smi lists" >&2
+    echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset: one rank per GPU that nvidia-smi lists on this host" >&2
     nvidia-smi -L | grep -c '^GPU'
   else
-    echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset and no GPU is listed: 2 CPU ranks (export IX_NUM_CUDA_VISIBLE_DEVICES=N to choose)" >&2
+    echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset and no GPU is listed: 2 CPU ranks per host (export IX_NUM_CUDA_VISIBLE_DEVICES=N to choose)" >&2
     echo 2
   fi
+}
+
+# shell_words WORDS...: the words as one line to paste into a shell (quoted where needed).
+shell_words() {
+  local word line=""
+  for word in "$@"; do
+    [[ "$word" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]] || word="$(printf '%q' "$word")"
+    line+="${line:+ }$word"
+  done
+  echo "$line"
 }

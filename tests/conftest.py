@@ -6,8 +6,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
+
+from bert_pretrain import demo
+from bert_pretrain import modeling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
@@ -69,3 +73,66 @@ def base_flags(data, output_dir, **overrides):
                 samples_start_eval=10 ** 9, intra_op_threads=1)
   values.update(overrides)
   return ["--%s" % k if v is None else "--%s=%s" % (k, v) for k, v in values.items()]
+
+
+@pytest.fixture(scope="session")
+def equal_weight_data(pretraining_data, tmp_path_factory):
+  """The fixture records in one file with every masked_lm_weight set to 1, so every
+  micro-batch normalizes its masked-LM loss by the same count, and a fresh checkpoint
+  of a dropout-free config. Then ranks x batch and one card x (ranks * batch) compute
+  the same mean gradient."""
+  root = tmp_path_factory.mktemp("equal_weights")
+  (root / "train").mkdir()
+  files = sorted(os.listdir(pretraining_data["train"]))
+  with tf.io.TFRecordWriter(str(root / "train" / "part-0")) as writer:
+    for name in files:
+      for record in tf.io.tf_record_iterator(os.path.join(pretraining_data["train"], name)):
+        example = tf.train.Example.FromString(record)
+        weights = example.features.feature["masked_lm_weights"].float_list.value
+        for i in range(len(weights)):
+          weights[i] = 1.0
+        writer.write(example.SerializeToString())
+  config = dict(TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  (root / "bert_config.json").write_text(json.dumps(config))
+  demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(config), str(root / "init" / "model.ckpt-0"))
+  return dict(pretraining_data, train=str(root / "train"), config=str(root / "bert_config.json"),
+              init=str(root / "init" / "model.ckpt-0"))
+
+
+def final_weights(output_dir):
+  """(global_step, {name: array}) of the model weights in output_dir's latest checkpoint."""
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(output_dir)))
+  names = [n for n in reader.get_variable_to_shape_map() if n.startswith(("bert/", "cls/"))
+           and not n.endswith(("adam_m", "adam_v"))]
+  return reader.get_tensor("global_step"), {n: reader.get_tensor(n) for n in names}
+
+
+def ordered_flags(data, out, batch, accumulation):
+  """Flags of 3 updates on equal_weight_data in record order (ranks x batch = one global batch)."""
+  # shuffle_buffer=1 with one file reads records in order; rank r gets records r::2.
+  return base_flags(data, out, input_files_dir=data["train"], bert_config_file=data["config"],
+                    init_checkpoint=data["init"], train_batch_size=batch,
+                    num_accumulation_steps=accumulation, num_train_steps=3, shuffle_buffer=1,
+                    learning_rate=5e-3, nodo_eval=None)
+
+
+def assert_same_weights(one_dir, other_dir, init_checkpoint):
+  """Asserts that two runs of ordered_flags ended at step 3 with the same weights (rtol 1e-4)
+  and that training moved them away from init_checkpoint.
+
+  Returns:
+    float, the largest absolute difference between the two runs' weights.
+  """
+  step_one, weights_one = final_weights(one_dir)
+  step_other, weights_other = final_weights(other_dir)
+  assert step_one == step_other == 3
+  assert sorted(weights_one) == sorted(weights_other)
+  reader = tf.train.load_checkpoint(init_checkpoint)
+  moved = largest = 0.0
+  for name in weights_one:
+    np.testing.assert_allclose(weights_other[name], weights_one[name], rtol=1e-4, atol=1e-5,
+                               err_msg=name)
+    largest = max(largest, float(np.abs(weights_other[name] - weights_one[name]).max()))
+    moved = max(moved, np.abs(weights_one[name] - reader.get_tensor(name)).max())
+  assert moved > 1e-3  # the steps did train
+  return largest

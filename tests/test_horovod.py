@@ -1,7 +1,6 @@
 """Several ranks with Horovod (Gloo and MPI) on the CPU: same weights as one card with
 the same global batch, distributed evaluation, a killed rank, and the launcher script."""
 
-import json
 import os
 import re
 import signal
@@ -9,13 +8,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
-import tensorflow.compat.v1 as tf
 
-from bert_pretrain import demo
-from bert_pretrain import modeling
-from conftest import PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG, base_flags, run_pretraining
+from bert_pretrain import launch as launch_plan
+from conftest import ROOT, assert_same_weights, base_flags, ordered_flags, run_pretraining
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
 
@@ -39,66 +35,17 @@ HOROVODRUN_MPI = ["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi"]
 MPIRUN = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]
 
 
-@pytest.fixture(scope="module")
-def equal_weight_data(pretraining_data, tmp_path_factory):
-  """The fixture records in one file with every masked_lm_weight set to 1, so every
-  micro-batch normalizes its masked-LM loss by the same count, and a fresh checkpoint
-  of a dropout-free config. Then ranks x batch and one card x (ranks * batch) compute
-  the same mean gradient."""
-  root = tmp_path_factory.mktemp("equal_weights")
-  (root / "train").mkdir()
-  files = sorted(os.listdir(pretraining_data["train"]))
-  with tf.io.TFRecordWriter(str(root / "train" / "part-0")) as writer:
-    for name in files:
-      for record in tf.io.tf_record_iterator(os.path.join(pretraining_data["train"], name)):
-        example = tf.train.Example.FromString(record)
-        weights = example.features.feature["masked_lm_weights"].float_list.value
-        for i in range(len(weights)):
-          weights[i] = 1.0
-        writer.write(example.SerializeToString())
-  config = dict(TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-  (root / "bert_config.json").write_text(json.dumps(config))
-  demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(config), str(root / "init" / "model.ckpt-0"))
-  return dict(pretraining_data, train=str(root / "train"), config=str(root / "bert_config.json"),
-              init=str(root / "init" / "model.ckpt-0"))
-
-
-def _final_weights(output_dir):
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(output_dir)))
-  names = [n for n in reader.get_variable_to_shape_map() if n.startswith(("bert/", "cls/"))
-           and not n.endswith(("adam_m", "adam_v"))]
-  return reader.get_tensor("global_step"), {n: reader.get_tensor(n) for n in names}
-
-
-def _ordered_flags(data, out, batch, accumulation):
-  # shuffle_buffer=1 with one file reads records in order; rank r gets records r::2.
-  return base_flags(data, out, input_files_dir=data["train"], bert_config_file=data["config"],
-                    init_checkpoint=data["init"], train_batch_size=batch,
-                    num_accumulation_steps=accumulation, num_train_steps=3, shuffle_buffer=1,
-                    learning_rate=5e-3, nodo_eval=None)
-
-
 @pytest.mark.parametrize("launcher,accumulation", [(GLOO, 1), (HOROVODRUN_MPI, 2)],
                          ids=["gloo", "mpi-accumulation"])
 def test_two_ranks_match_one_card_with_twice_the_batch(equal_weight_data, tmp_path, launcher,
                                                        accumulation):
-  one = run_pretraining(*_ordered_flags(equal_weight_data, tmp_path / "one", 8, accumulation))
+  one = run_pretraining(*ordered_flags(equal_weight_data, tmp_path / "one", 8, accumulation))
   assert one.returncode == 0, one.stderr
-  two = launch(launcher, _ordered_flags(equal_weight_data, tmp_path / "two", 4, accumulation))
+  two = launch(launcher, ordered_flags(equal_weight_data, tmp_path / "two", 4, accumulation))
   assert two.returncode == 0, two.stdout[-3000:]
   assert "2 rank(s), batch 4 x %d accumulation x 2 ranks = %d sentences" % (
       accumulation, 8 * accumulation) in two.stdout
-  step_one, weights_one = _final_weights(tmp_path / "one")
-  step_two, weights_two = _final_weights(tmp_path / "two")
-  assert step_one == step_two == 3
-  assert sorted(weights_one) == sorted(weights_two)
-  moved = 0.0
-  reader = tf.train.load_checkpoint(equal_weight_data["init"])
-  for name in weights_one:
-    np.testing.assert_allclose(weights_two[name], weights_one[name], rtol=1e-4, atol=1e-5,
-                               err_msg=name)
-    moved = max(moved, np.abs(weights_one[name] - reader.get_tensor(name)).max())
-  assert moved > 1e-3  # the steps did train
+  assert_same_weights(tmp_path / "one", tmp_path / "two", equal_weight_data["init"])
   # Only rank 0 writes: one checkpoint set, one log of 3 steps.
   assert len(re.findall(r"Step 3,", two.stdout)) == 1
 
@@ -171,17 +118,22 @@ def test_rank_count_from_the_environment(values, ranks, message):
   assert message in result.stderr
 
 
+def _run_script(tmp_path, *flags, **values):
+  return subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + list(flags),
+                        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, env=_launcher_env(**values), timeout=60)
+
+
 @pytest.mark.parametrize("values,message", [
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "CUDA_VISIBLE_DEVICES": "0,1"},
      "IX_NUM_CUDA_VISIBLE_DEVICES=8 but CUDA_VISIBLE_DEVICES=0,1 lists 2 cards"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "eight"}, "is not a positive number"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "eight"},
+     "IX_NUM_CUDA_VISIBLE_DEVICES=eight is not a positive number"),
 ])
 def test_launcher_rejects_inconsistent_card_counts(values, message, tmp_path):
-  result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")],
-                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=_launcher_env(**values), timeout=60)
-  assert result.returncode != 0
-  assert message in result.stderr
+  result = _run_script(tmp_path, **values)
+  assert result.returncode == 2
+  assert "run_multi_card_FPS: error: " + message in result.stderr
   assert not (tmp_path / "results").exists()
 
 
@@ -194,9 +146,92 @@ def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
       env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", DEMO_CACHE=str(tmp_path / "cache")))
   assert result.returncode == 0, result.stdout[-3000:]
   out = result.stdout
-  assert "Launching 2 ranks" in out
+  assert "Launching 2 ranks on 1 host (2 per host): horovodrun -np 2 -H localhost:2 --gloo" in out
   assert "2 rank(s)" in out and "Step 20," in out
   assert out.count("***** Eval results *****") == 2  # before and after training
   assert re.search(r"\| 2 cards \| acc [\d.]+ \| fps [\d.]+ \|", out)
   demo_runs = os.listdir(str(tmp_path / "results"))
   assert len(demo_runs) == 1 and demo_runs[0].startswith("demo-")
+
+
+@pytest.mark.parametrize("run_args,ranks,hosts,args", [
+    (["--gloo"], 8, ["localhost"], ["-np", "8", "-H", "localhost:8", "--gloo"]),
+    (["--mpi"], 8, ["localhost"], ["-np", "8", "-H", "localhost:8", "--mpi"]),
+    (["--gloo", "-H", "h1:8,h2:8"], 16, ["h1", "h2"], ["-np", "16", "-H", "h1:8,h2:8", "--gloo"]),
+    (["--gloo", "-H", "h1,h2,h3"], 24, ["h1", "h2", "h3"],
+     ["-np", "24", "-H", "h1:8,h2:8,h3:8", "--gloo"]),
+    (["--hosts=h1,10.0.0.2:8", "--mpi", "--network-interface", "eth0"], 16, ["h1", "10.0.0.2"],
+     ["-np", "16", "-H", "h1:8,10.0.0.2:8", "--mpi", "--network-interface", "eth0"]),
+    (["-np", "16", "-H", "h1:8,h2:8"], 16, ["h1", "h2"], ["-np", "16", "-H", "h1:8,h2:8"]),
+], ids=["one-host", "mpi", "slots", "no-slots", "hosts=", "np-agrees"])
+def test_the_plan_gives_horovodrun_the_total_and_every_host(run_args, ranks, hosts, args):
+  job = launch_plan.plan(run_args, per_host=8)
+  assert (job.ranks, job.hosts, job.per_host, job.args) == (ranks, hosts, 8, args)
+  assert launch_plan.summary(job) == "Launching %d ranks on %d host%s (8 per host)" % (
+      ranks, len(hosts), "s" if len(hosts) > 1 else "")
+
+
+@pytest.mark.parametrize("form", ["--hostfile", "--hostfile="])
+def test_a_hostfile_becomes_the_host_list(form, tmp_path):
+  hostfile = tmp_path / "hosts"
+  hostfile.write_text("# the cluster\nnode1 slots=4\n\nnode2   # no slots: the count per host\n")
+  run_args = [form + str(hostfile)] if form.endswith("=") else [form, str(hostfile)]
+  job = launch_plan.plan(["--mpi"] + run_args, per_host=4)
+  assert job.args == ["-np", "8", "-H", "node1:4,node2:4", "--mpi"]
+  assert job.hosts == ["node1", "node2"]
+
+
+@pytest.mark.parametrize("run_args,hostfile,message", [
+    (["-H", "h1:8,h2:4"], None, "host h2 has 4 slots in -H h1:8,h2:4 but the count per host is 8"),
+    (["--hostfile", "{hosts}"], "h1 slots=2\n", "host h1 has 2 slots in the hostfile"),
+    (["--hostfile", "{hosts}"], "# nothing\n\n", "lists no host"),
+    (["--hostfile", "{hosts}"], "h1 cpus=8\n", "bad line 'h1 cpus=8'"),
+    (["--hostfile", "{missing}"], None, "cannot read the hostfile"),
+    (["-H", "h1:8,,h2"], None, "bad host ''"),
+    (["-H", "h1:0"], None, "bad host 'h1:0'"),
+    (["-H", "h1:x"], None, "bad host 'h1:x'"),
+    (["-H", "h1,h1"], None, "host h1 is listed twice"),
+    (["-H", "h1", "--hostfile", "{hosts}"], "h2\n", "gives the hosts or -np twice"),
+    (["-np", "8", "-H", "h1,h2"], None, "-np 8 in HOROVOD_RUN_ARGS but 2 hosts x 8 per host = 16"),
+    (["-H"], None, "-H in HOROVOD_RUN_ARGS has no value"),
+])
+def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
+  if hostfile is not None:
+    (tmp_path / "hosts").write_text(hostfile)
+  run_args = [a.format(hosts=tmp_path / "hosts", missing=tmp_path / "missing") for a in run_args]
+  with pytest.raises(launch_plan.LaunchError, match=re.escape(message)):
+    launch_plan.plan(["--gloo"] + run_args, per_host=8)
+
+
+def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
+  (tmp_path / "hosts").write_text("host1 slots=8\nhost2\n")
+  result = _run_script(tmp_path, "--input_files_dir=/data/train", "--output_dir=/ckpt dir",
+                       DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="8",
+                       HOROVOD_RUN_ARGS="--gloo --hostfile hosts --network-interface eth0")
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert len(lines) == 1
+  assert lines[0].startswith(
+      "Launching 16 ranks on 2 hosts (8 per host): horovodrun -np 16 -H host1:8,host2:8 --gloo "
+      "--network-interface eth0 python3 -m bert_pretrain.run_pretraining --output_dir=./results ")
+  assert lines[0].endswith(" --horovod --num_accumulation_steps=4 --num_train_steps=1000 "
+                           "--input_files_dir=/data/train --output_dir=/ckpt\\ dir")
+  assert sorted(os.listdir(str(tmp_path))) == ["hosts"]
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "HOROVOD_RUN_ARGS": "--gloo -H h1:4,h2:4"},
+     "run_multi_card_FPS: error: host h1 has 4 slots in -H h1:4,h2:4 but the count per host is 8"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "HOROVOD_RUN_ARGS": "--gloo --hostfile nowhere"},
+     "run_multi_card_FPS: error: cannot read the hostfile nowhere"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "HOROVOD_RUN_ARGS": "--gloo -H 'h1"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS cannot be split into arguments"),
+])
+def test_the_launcher_stops_on_a_contradiction_before_starting_anything(values, message,
+                                                                       tmp_path):
+  result = _run_script(tmp_path, **values)  # no --input_files_dir: the demo would be made
+  assert result.returncode == 2
+  assert result.stdout == ""
+  errors = result.stderr.splitlines()
+  assert len(errors) == 1 and errors[0].startswith(message), result.stderr
+  assert os.listdir(str(tmp_path)) == []
