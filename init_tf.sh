@@ -77,7 +77,9 @@ case "$TF_VERSION" in
   *) numpy_pin="numpy" ;;
 esac
 if have_module tensorflow; then
-  say "TensorFlow: keeping the installed $("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) (it imports)"
+  tf_found=$("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+  say "TensorFlow: keeping the installed $tf_found (it imports)"
+  case "$tf_found" in 1.*) tokenizers="tokenizers<0.14" ;; esac
   # It keeps the numpy it works with; 2.x before 2.16 keeps numpy 1.x.
   numpy_pin=$("$PYTHON" -c "
 import numpy, tensorflow as tf
