@@ -3,6 +3,7 @@
 
 import os
 import random
+import unicodedata
 
 import pytest
 
@@ -114,10 +115,17 @@ def test_fast_tokenizer_equals_reference(char_tokenizer, text):
   assert char_tokenizer.tokenize(text) == reference
   ids = char_tokenizer.convert_tokens_to_ids(reference)
   assert char_tokenizer.tokenize_to_ids([text])[0].tolist() == ids
-  # These texts need no fallback: the Rust tokenizer itself gives Google's tokens.
-  assert char_tokenizer.can_use_fast_path(text)
   raw = char_tokenizer._fast.encode(text, add_special_tokens=False).tokens
-  assert raw == reference
+  if all(unicodedata.category(c) != "Cn" for c in text):
+    # These texts need no fallback: the Rust tokenizer itself gives Google's tokens.
+    assert char_tokenizer.can_use_fast_path(text)
+    assert raw == reference
+  else:
+    # Characters newer than this Python's Unicode tables (Python 3.7 has Unicode 11, so
+    # the emoji 🥲 and 🫠 are unassigned): Google's rules drop them, the Rust tokenizer
+    # keeps them, and the text goes to the reference code.
+    assert not char_tokenizer.can_use_fast_path(text)
+    assert raw != reference
 
 
 def test_tricky_text_tokens(char_tokenizer):

@@ -1,0 +1,205 @@
+"""init_tf.sh's decisions, through its dry run (INIT_TF_DRY_RUN=1), on machines made of fakes.
+
+A fake `nvidia-smi` / `ixsmi` on PATH lists GPUs or none, a wrapper Python sees a fake
+TensorFlow (a "vendor" build), or none, and fake CUDA / NCCL folders have their headers or
+not. Nothing of this machine (its nvcc, its TensorFlow) decides the outcome.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+A100 = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-0)\nGPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\n"
+BI_V100 = "GPU 0: Iluvatar BI-V100 (UUID: GPU-2)\n"
+NO_DEVICES = "No devices were found\n"
+
+
+def _executable(path, text):
+  path.write_text(text)
+  path.chmod(0o755)
+  return str(path)
+
+
+def _fake_tool(folder, name, output, status=0):
+  _executable(folder / name, "#!/bin/sh\ncat <<'EOF'\n%sEOF\nexit %d\n" % (output, status))
+
+
+def _fake_toolkit(folder, headers, nvcc=False):
+  """A folder like CUDA's or NCCL's, with the given include/ headers."""
+  (folder / "include").mkdir(parents=True)
+  (folder / "bin").mkdir()
+  for header in headers:
+    (folder / "include" / header).write_text("/* fake */\n")
+  if nvcc:
+    _executable(folder / "bin" / "nvcc", "#!/bin/sh\nexit 0\n")
+  return str(folder)
+
+
+def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=False,
+            cuda=False, nccl=None, openmpi=True, **settings):
+  """Runs `INIT_TF_DRY_RUN=1 bash init_tf.sh` on a faked machine.
+
+  PATH holds only the fakes and the few plain tools the script uses, so this machine's
+  own nvidia-smi, nvcc or OpenMPI play no part. The fake Python, apt-get and pip log each
+  call to tmp_path/calls.
+
+  Args:
+    nvidia_smi, ixsmi: what `<tool> -L` prints (exit 6 for NO_DEVICES), or None: no such tool.
+    tensorflow: the version of a fake TensorFlow that imports, or None: `import tensorflow`
+      fails.
+    horovod: whether `import horovod.tensorflow` works.
+    cuda: whether CUDA_HOME has include/cuda_runtime.h and bin/nvcc.
+    nccl: None leaves NCCL_HOME unset; True / False sets it to a folder with / without
+      include/nccl.h.
+    openmpi: whether mpicc and mpirun are on PATH (the fake user is root either way).
+    **settings: more environment variables (None removes one).
+
+  Returns:
+    (decision lines without "init_tf: ", command lines without "+ "), both lists of str.
+  """
+  bin_dir = tmp_path / "bin"
+  modules = tmp_path / "modules"
+  calls = tmp_path / "calls"
+  for folder in (bin_dir, modules / "tensorflow", modules / "horovod" / "tensorflow"):
+    folder.mkdir(parents=True)
+  for tool in ("dirname", "grep", "wc", "head", "cut", "paste", "cat"):
+    os.symlink(shutil.which(tool), str(bin_dir / tool))
+  for name, output in (("nvidia-smi", nvidia_smi), ("ixsmi", ixsmi)):
+    if output is not None:
+      _fake_tool(bin_dir, name, output, 6 if output == NO_DEVICES else 0)
+  for name in ("mpicc", "mpirun") if openmpi else ():
+    _fake_tool(bin_dir, name, "")
+  _fake_tool(bin_dir, "id", "0\n")
+  _executable(bin_dir / "apt-get", "#!/bin/sh\necho apt-get \"$@\" >> %s\n" % calls)
+  (modules / "tensorflow" / "__init__.py").write_text(
+      "__version__ = %r\n" % tensorflow if tensorflow else "raise ImportError('no TensorFlow')\n")
+  (modules / "horovod" / "__init__.py").write_text(
+      "__version__ = '0.28.1'\n" if horovod else "raise ImportError('no Horovod')\n")
+  (modules / "horovod" / "tensorflow" / "__init__.py").write_text("")
+  python = _executable(tmp_path / "python",
+                       "#!/bin/sh\necho python \"$@\" >> %s\nPYTHONPATH=%s exec %s \"$@\"\n"
+                       % (calls, modules, sys.executable))
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("PYTHON", "CUDA_HOME", "NCCL_HOME", "TF_VERSION", "PYTHONPATH")}
+  env.update(PATH=str(bin_dir), PYTHON=python, INIT_TF_DRY_RUN="1",
+             CUDA_HOME=_fake_toolkit(tmp_path / "cuda", ["cuda_runtime.h"] if cuda else [],
+                                     nvcc=cuda))
+  if nccl is not None:
+    env["NCCL_HOME"] = _fake_toolkit(tmp_path / "nccl", ["nccl.h"] if nccl else [])
+  env.update(settings)
+  env = {k: v for k, v in env.items() if v is not None}
+  result = subprocess.run([shutil.which("bash"), os.path.join(ROOT, "init_tf.sh")], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=120)
+  assert result.returncode == 0, result.stdout + result.stderr
+  lines = result.stdout.splitlines()
+  assert all(line.startswith(("init_tf: ", "+ ")) for line in lines), result.stdout
+  # A dry run only looks: no apt-get, no pip.
+  logged = calls.read_text() if calls.exists() else ""
+  assert "apt-get" not in logged and " -m pip" not in logged, logged
+  return ([l[len("init_tf: "):] for l in lines if l.startswith("init_tf: ")],
+          [l[2:] for l in lines if l.startswith("+ ")])
+
+
+def _decision(decisions, topic):
+  found = [d for d in decisions if d.startswith(topic + ": ")]
+  assert len(found) == 1, decisions
+  return found[0][len(topic) + 2:]
+
+
+def _horovod_build(commands):
+  found = [c for c in commands if "horovod==0.28.1" in c]
+  assert len(found) == 1, commands
+  return found[0]
+
+
+def test_a_gpu_without_tensorflow_gets_the_gpu_build_and_nccl_horovod(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=A100, cuda=True)
+  assert _decision(decisions, "GPU").startswith("nvidia-smi -L lists 2: GPU 0: NVIDIA A100")
+  assert "installing tensorflow[and-cuda]==2.15.1" in _decision(decisions, "TensorFlow")
+  assert any("tensorflow\\[and-cuda\\]==2.15.1" in c for c in commands), commands
+  assert not any("tensorflow-cpu" in c for c in commands), commands
+  # NCCL comes with tensorflow[and-cuda] (nvidia-nccl-cu12), CUDA from CUDA_HOME.
+  assert "with GPU operations (NCCL" in _decision(decisions, "Horovod")
+  build = _horovod_build(commands)
+  assert "HOROVOD_GPU_OPERATIONS=NCCL" in build
+  assert "HOROVOD_CUDA_HOME=%s" % (tmp_path / "cuda") in build
+  assert "HOROVOD_NCCL_HOME=" in build and "/nvidia/nccl" in build
+
+
+def test_iluvatars_ixsmi_counts_as_a_gpu(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES, ixsmi=BI_V100, cuda=True,
+                                nccl=True)
+  assert _decision(decisions, "GPU") == "ixsmi -L lists 1: " + BI_V100.strip()
+  assert "tensorflow[and-cuda]==2.15.1" in _decision(decisions, "TensorFlow")
+  assert "HOROVOD_NCCL_HOME=%s" % (tmp_path / "nccl") in _horovod_build(commands)
+
+
+def test_a_vendor_tensorflow_on_a_gpu_is_kept(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=A100, tensorflow="1.15.5", cuda=True,
+                                nccl=True)
+  assert _decision(decisions, "TensorFlow") == "keeping the installed 1.15.5 (it imports)"
+  assert not any(re.search(r" tensorflow\S*==", c) for c in commands), commands
+  # TensorFlow 1.x keeps the numpy it came with, and gets the tokenizers of its Pythons.
+  assert any("numpy==" in c and "tokenizers\\<0.14" in c for c in commands), commands
+  assert "HOROVOD_GPU_OPERATIONS=NCCL" in _horovod_build(commands)
+
+
+def test_a_vendor_horovod_is_kept(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=A100, tensorflow="1.15.5", horovod=True,
+                                cuda=True, nccl=True)
+  assert _decision(decisions, "Horovod") == "keeping the installed 0.28.1 (it imports)"
+  assert not any("horovod==" in c for c in commands), commands
+
+
+def test_no_gpu_gets_the_cpu_build_and_cpu_horovod(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES, cuda=True, nccl=True)
+  assert _decision(decisions, "GPU") == "none (nvidia-smi -L and ixsmi -L list no GPU)"
+  assert "installing tensorflow-cpu==2.15.1 (no TensorFlow imports and no GPU is visible)" \
+      in _decision(decisions, "TensorFlow")
+  assert any("tensorflow-cpu==2.15.1 numpy\\<2" in c for c in commands), commands
+  assert _decision(decisions, "Horovod") == \
+      "building 0.28.1 with CPU operations only (no GPU is visible)"
+  assert "HOROVOD_GPU_OPERATIONS" not in _horovod_build(commands)
+
+
+def test_a_gpu_without_cuda_headers_builds_cpu_horovod_and_says_why(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=A100, cuda=False, nccl=True)
+  horovod = _decision(decisions, "Horovod")
+  assert "CPU operations only: a GPU is visible but CUDA is not found" in horovod
+  assert str(tmp_path / "cuda") in horovod and "set CUDA_HOME" in horovod
+  assert "HOROVOD_GPU_OPERATIONS" not in _horovod_build(commands)
+
+
+def test_a_gpu_without_nccl_headers_builds_cpu_horovod_and_says_why(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=A100, tensorflow="2.15.1", cuda=True,
+                                nccl=False)
+  horovod = _decision(decisions, "Horovod")
+  assert "CPU operations only: a GPU is visible but NCCL is not found" in horovod
+  assert str(tmp_path / "nccl") in horovod and "set NCCL_HOME" in horovod
+  assert "HOROVOD_GPU_OPERATIONS" not in _horovod_build(commands)
+
+
+def test_tensorflow_1_15_gets_a_python_37_environment_with_its_pins(tmp_path):
+  venv = tmp_path / "venv"
+  decisions, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES, TF_VERSION="1.15.0",
+                                PYTHON=None, TF_VENV=str(venv), PYTHON37=sys.executable)
+  assert _decision(decisions, "Python").startswith("creating %s from %s" % (venv,
+                                                                           sys.executable))
+  assert commands[0] == "%s -m venv %s" % (sys.executable, venv)
+  python = str(venv / "bin" / "python")
+  assert all(c.startswith(python) or c.startswith("env ") for c in commands[1:]), commands
+  install = [c for c in commands if "tensorflow-cpu==1.15.0" in c]
+  assert len(install) == 1 and "numpy\\<1.20" in install[0] and "protobuf\\<3.21" in install[0]
+  assert any("tokenizers\\<0.14" in c and "matplotlib" in c for c in commands), commands
+
+
+def test_missing_openmpi_is_installed_from_debian(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES, openmpi=False)
+  assert _decision(decisions, "OpenMPI").startswith("installing libopenmpi-dev openmpi-bin")
+  assert commands[:2] == [
+      "apt-get update -qq",
+      "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin"]
