@@ -6,15 +6,30 @@ masked_lm_positions, masked_lm_ids (int64, max_predictions_per_seq), masked_lm_w
 Google's and MLCommons' create_pretraining_data.
 """
 
+import collections
 import os
-import struct
+import re
+import shutil
+import tempfile
 
 import tensorflow.compat.v1 as tf
 
 # Folders whose records together are smaller than this are read whole before training,
 # so a corrupt record is reported before any step runs; larger sets check the first
-# record of each file and report a corrupt record when the pipeline reaches it.
+# record of each file, and a corrupt record met later is located when the pipeline
+# reaches it (find_bad_records).
 FULL_CHECK_MAX_BYTES = 256 * 1024 * 1024
+
+# The in-graph check of token ids fails with a message that starts with this, so that
+# the training loop can tell it from other errors and locate the record.
+TOKEN_ID_ERROR = "token id outside the vocab"
+
+# A record that cannot be trained on: its file, index in the file, byte offset of its
+# header (or where the file is cut) and what is wrong with it.
+BadRecord = collections.namedtuple("BadRecord", ["path", "index", "offset", "problem"])
+# What --skip_corrupt_records leaves out: records, the records of the set (None when
+# not counted), bad, a list of BadRecord.
+SkippedRecords = collections.namedtuple("SkippedRecords", ["records", "bad"])
 
 
 def feature_spec(max_seq_length, max_predictions_per_seq):
@@ -78,33 +93,200 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
   return files
 
 
-def _record_lengths(path):
-  """Yields (offset, length) of each record of a TFRecord file from its framing alone.
+def record_offsets(path):
+  """Returns the (offset, length) of each record of a TFRecord file from its framing alone.
 
-  Raises:
-    ValueError: the file ends inside a record (truncated or not a TFRecord file).
+  Reads the 12-byte headers only (a seek per record), so it is fast on large files.
+
+  Args:
+    path: a TFRecord file.
+
+  Returns:
+    (offsets, error): list of (byte offset, payload length), and None or a message
+    saying where the file ends inside a record.
   """
   size = tf.gfile.Stat(path).length
-  with tf.gfile.GFile(path, "rb") as f:
+  offsets = []
+  with tf.gfile.GFile(path, "rb") as reader:
     offset = 0
     while offset < size:
-      header = f.read(12)
+      header = reader.read(12)
       if len(header) < 12:
-        raise ValueError("corrupt TFRecord file %s: it ends inside the record at byte %d; "
-                         "re-create or remove the file" % (path, offset))
-      (length,) = struct.unpack("<Q", header[:8])
-      end = offset + 12 + length + 4
+        return offsets, ("cut short: it ends inside the header of record %d at byte %d"
+                         % (len(offsets), offset))
+      length = int.from_bytes(header[:8], "little")
+      end = offset + 16 + length
       if end > size:
-        raise ValueError("corrupt TFRecord file %s: record at byte %d claims %d bytes but the "
-                         "file ends at %d; re-create or remove the file"
-                         % (path, offset, length, size))
-      yield offset, length
-      f.seek(end)
+        return offsets, ("cut short or corrupt: record %d at byte %d claims %d bytes but "
+                         "the file ends at byte %d" % (len(offsets), offset, length, size))
+      offsets.append((offset, length))
+      reader.seek(end)
       offset = end
+  return offsets, None
+
+
+def corrupt_records(path, offsets):
+  """Finds the records whose CRCs do not match, going on past each one.
+
+  TensorFlow's reader checks the CRCs but stops at the first bad record; after one,
+  the rest of the file is copied to a temporary file and read from there.
+
+  Args:
+    path: a TFRecord file whose framing is intact up to len(offsets) records.
+    offsets: its record_offsets.
+
+  Returns:
+    list of (record index, byte offset, message).
+  """
+  found = []
+  start = 0
+  source = path
+  temporary = None
+  try:
+    while start < len(offsets):
+      index = start
+      try:
+        for _ in tf.io.tf_record_iterator(source):
+          index += 1
+          if index >= len(offsets):
+            break
+        break
+      except tf.errors.DataLossError:
+        # TensorFlow's message gives offsets in the copy; the framing gives ours.
+        if index >= len(offsets):
+          break
+        found.append((index, offsets[index][0], "the CRC does not match the data"))
+        start = index + 1
+        if start >= len(offsets):
+          break
+        if temporary is None:
+          handle, temporary = tempfile.mkstemp(suffix=".tfrecord")
+          os.close(handle)
+        with tf.gfile.GFile(path, "rb") as reader, open(temporary, "wb") as writer:
+          reader.seek(offsets[start][0])
+          shutil.copyfileobj(reader, writer)
+        source = temporary
+  finally:
+    if temporary:
+      os.remove(temporary)
+  return found
+
+
+def find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size=None):
+  """Every record of a file that cannot be trained on, in file order.
+
+  Checks the framing (a file cut short), the CRCs, that each record is a pretraining
+  example of the run's lengths, and that its token ids are inside the vocab.
+
+  Args:
+    path: a TFRecord file.
+    max_seq_length, max_predictions_per_seq: the lengths of the run.
+    vocab_size: (optional) token ids must be in [0, vocab_size).
+
+  Returns:
+    (num_records, bad): the records the framing holds (a cut record not counted), and
+    a list of BadRecord.
+  """
+  offsets, framing_error = record_offsets(path)
+  bad = [BadRecord(path, index, offset, message)
+         for index, offset, message in corrupt_records(path, offsets)]
+  skipped = set(r.index for r in bad)
+  expected = {"input_ids": max_seq_length, "masked_lm_ids": max_predictions_per_seq}
+  with tf.gfile.GFile(path, "rb") as reader:
+    for index, (offset, length) in enumerate(offsets):
+      if index in skipped:
+        continue
+      reader.seek(offset + 12)
+      problem = _record_problem(reader.read(length), expected, vocab_size)
+      if problem:
+        bad.append(BadRecord(path, index, offset, problem))
+  bad.sort(key=lambda r: r.index)
+  if framing_error:
+    end = offsets[-1][0] + 16 + offsets[-1][1] if offsets else 0
+    bad.append(BadRecord(path, len(offsets), end, "the file is " + framing_error))
+  return len(offsets), bad
+
+
+def _record_problem(serialized, expected_lengths, vocab_size):
+  """What makes one serialized record unusable, or None."""
+  example = tf.train.Example()
+  try:
+    example.ParseFromString(serialized)
+  except Exception:  # pylint: disable=broad-except
+    return "not a tf.train.Example"
+  features = example.features.feature
+  for name, length in expected_lengths.items():
+    if name not in features:
+      return "it lacks the feature %s" % name
+    if len(features[name].int64_list.value) != length:
+      return "%s has %d values, not %d" % (name, len(features[name].int64_list.value),
+                                           length)
+  if vocab_size:
+    ids = list(features["input_ids"].int64_list.value) + list(
+        features["masked_lm_ids"].int64_list.value)
+    outside = [i for i in ids if i < 0 or i >= vocab_size]
+    if outside:
+      return "token id %d is outside the vocab (vocab_size %d)" % (outside[0], vocab_size)
+  return None
+
+
+def locate_bad_record(files, max_seq_length, max_predictions_per_seq, vocab_size=None,
+                      error_message=""):
+  """The first bad record of `files`, for an error met while training.
+
+  TensorFlow names the byte offset of a corrupt record but not its file; files with a
+  record (or a cut) at that offset are read first.
+
+  Args:
+    files: the TFRecord files the failing pipeline read.
+    max_seq_length, max_predictions_per_seq, vocab_size: as find_bad_records.
+    error_message: TensorFlow's error text ("corrupted record at 18866").
+
+  Returns:
+    a BadRecord, or None when every record of the files is good.
+  """
+  hint = re.search(r"(?:corrupted|truncated) record at (\d+)", error_message or "")
+  if hint:
+    at = int(hint.group(1))
+    def near_hint(path):
+      offsets, framing_error = record_offsets(path)
+      starts = set(o for o, _ in offsets)
+      return not (at in starts or at - 12 in starts or framing_error)
+    files = sorted(files, key=near_hint)
+  for path in files:
+    _, bad = find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size)
+    if bad:
+      return bad[0]
+  return None
+
+
+def describe_bad_record(record):
+  """'FILE record 40 (byte 18854): the CRC does not match the data'."""
+  return "%s record %d (byte %d): %s" % (record.path, record.index, record.offset,
+                                        record.problem)
+
+
+def check_corrupt_share(num_records, bad, max_share, flag="--max_corrupt_share"):
+  """Raises ValueError when more than max_share of num_records are bad.
+
+  Args:
+    num_records: records of the set.
+    bad: list of BadRecord found in it.
+    max_share: the largest acceptable fraction.
+
+  Raises:
+    ValueError: naming the count, the first bad record and what to do.
+  """
+  if bad and len(bad) > max_share * max(num_records, 1):
+    raise ValueError("%d of %d training records are corrupt (%.3g%%), more than "
+                     "%s=%g allows; first: %s; re-create the files (inspect them with "
+                     "python3 tools/inspect_tfrecords.py) or raise %s"
+                     % (len(bad), num_records, 100.0 * len(bad) / max(num_records, 1),
+                        flag, max_share, describe_bad_record(bad[0]), flag))
 
 
 def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_size=None,
-                       full_check=None):
+                       full_check=None, full_check_max_bytes=FULL_CHECK_MAX_BYTES):
   """Checks that the files are readable TFRecords of the expected sequence lengths.
 
   Reads the first record of every file and parses it with the feature spec; when the
@@ -115,28 +297,33 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
     max_seq_length: expected length of input_ids, input_mask, segment_ids.
     max_predictions_per_seq: expected length of the masked_lm_* features.
     vocab_size: (optional) token ids of the first record must be below it.
-    full_check: read every record; default: when the files total < FULL_CHECK_MAX_BYTES.
+    full_check: read every record; default: when the files total < full_check_max_bytes.
+    full_check_max_bytes: see full_check.
 
   Returns:
     The number of records counted (exact with full_check, else None).
 
   Raises:
     ValueError: a file is corrupt, not a TFRecord of pretraining examples, or of other
-      lengths; the message names the file and the flags to change.
+      lengths; the message names the file, the record and the flags to change.
   """
   if full_check is None:
-    full_check = sum(tf.gfile.Stat(f).length for f in files) < FULL_CHECK_MAX_BYTES
+    full_check = sum(tf.gfile.Stat(f).length for f in files) < full_check_max_bytes
   total = 0
   for path in files:
     if full_check:
-      # The framing check names the offset of a truncation; the iterator checks CRCs.
-      for _ in _record_lengths(path):
-        pass
+      # The framing names the offset of a truncation; the iterator checks CRCs.
+      offsets, framing_error = record_offsets(path)
+      if framing_error:
+        raise ValueError("corrupt TFRecord file %s: %s; re-create or remove the file, or "
+                         "pass --skip_corrupt_records" % (path, framing_error))
       try:
         records = list(tf.io.tf_record_iterator(path))
-      except tf.errors.DataLossError as e:
-        raise ValueError("corrupt TFRecord file %s (%s); re-create or remove the file"
-                         % (path, e.message.splitlines()[0]))
+      except tf.errors.DataLossError:
+        index, offset, message = corrupt_records(path, offsets)[0]
+        raise ValueError("corrupt TFRecord file %s record %d (byte %d): %s; re-create or "
+                         "remove the file, or pass --skip_corrupt_records"
+                         % (path, index, offset, message))
       total += len(records)
     else:
       try:
@@ -148,6 +335,47 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
       raise ValueError("TFRecord file %s holds no records; re-create or remove it" % path)
     _check_example(path, records[0], max_seq_length, max_predictions_per_seq, vocab_size)
   return total if full_check else None
+
+
+def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_size,
+                         skip_corrupt=False, max_corrupt_share=0.0,
+                         full_check_max_bytes=FULL_CHECK_MAX_BYTES):
+  """The up-front check of a training set; with skip_corrupt, finds the records to skip.
+
+  Without skip_corrupt this is check_record_files. With it, every record is read
+  (framing, CRC, lengths, token ids) and the bad ones are returned, to be left out by
+  make_dataset; the files' format is still checked on a good first record.
+
+  Args:
+    files: list of TFRecord paths.
+    max_seq_length, max_predictions_per_seq, vocab_size: as find_bad_records.
+    skip_corrupt: find bad records instead of failing on the first.
+    max_corrupt_share: the largest fraction of bad records skip_corrupt accepts.
+    full_check_max_bytes: as check_record_files.
+
+  Returns:
+    (num_records, bad): num_records is None unless every record was counted; bad is
+    a list of BadRecord (empty without skip_corrupt).
+
+  Raises:
+    ValueError: as check_record_files; with skip_corrupt, more than max_corrupt_share
+      of the records are bad.
+  """
+  if not skip_corrupt:
+    return check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_size,
+                              full_check_max_bytes=full_check_max_bytes), []
+  total, bad = 0, []
+  for path in files:
+    count, file_bad = find_bad_records(path, max_seq_length, max_predictions_per_seq,
+                                       vocab_size)
+    total += count
+    bad.extend(file_bad)
+  # A set of other lengths gets its own message rather than "all records corrupt".
+  bad_first = set(r.path for r in bad if r.index == 0)
+  check_record_files([f for f in files if f not in bad_first], max_seq_length,
+                     max_predictions_per_seq, vocab_size, full_check=False)
+  check_corrupt_share(total, bad, max_corrupt_share)
+  return total, bad
 
 
 def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vocab_size):
@@ -190,9 +418,18 @@ def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vo
                        % (path, largest_id, vocab_size))
 
 
+def rank_files(files, num_shards, shard_index):
+  """The files one rank of make_dataset reads: every num_shards-th when there are at
+  least as many files as ranks, otherwise all of them (each rank reads every
+  num_shards-th record)."""
+  if num_shards > 1 and len(files) >= num_shards:
+    return files[shard_index::num_shards]
+  return files
+
+
 def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_training,
                  num_shards=1, shard_index=0, shuffle_buffer=10000, seed=None,
-                 num_parallel_reads=4):
+                 num_parallel_reads=4, vocab_size=None, skip_records=()):
   """A tf.data.Dataset of parsed pretraining batches.
 
   Training: files are shuffled and interleaved, records shuffled in a buffer, the set
@@ -201,6 +438,10 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
 
   With several ranks (num_shards > 1) each rank reads distinct records: whole files
   when there are at least as many files as ranks, otherwise every num_shards-th record.
+
+  Files holding records of skip_records are not read by TFRecordDataset (it cannot go
+  on past a corrupt record); their good records are cut out of the file's bytes and
+  mixed into the stream in proportion to their size.
 
   Args:
     files: list of TFRecord paths (list_record_files).
@@ -211,6 +452,9 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
     shuffle_buffer: records held for shuffling (training).
     seed: (optional) shuffle seed.
     num_parallel_reads: files read at once.
+    vocab_size: (optional) every batch is checked in the graph for token ids outside
+      [0, vocab_size); the error starts with TOKEN_ID_ERROR.
+    skip_records: BadRecords to leave out (check_training_files).
 
   Returns:
     A Dataset of dicts name -> Tensor: int32 [batch_size, max_seq_length] for input_ids,
@@ -220,10 +464,17 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
   """
   spec = feature_spec(max_seq_length, max_predictions_per_seq)
   shard_files = num_shards > 1 and len(files) >= num_shards
-  if shard_files:
-    files = files[shard_index::num_shards]
+  files = rank_files(files, num_shards, shard_index)
+  skipped = collections.defaultdict(set)
+  for record in skip_records:
+    skipped[record.path].add(record.index)
+  damaged = [f for f in files if f in skipped]
+  files = [f for f in files if f not in skipped]
 
-  if is_training and (num_shards == 1 or shard_files):
+  dataset = None
+  if not files:
+    pass
+  elif is_training and (num_shards == 1 or shard_files):
     dataset = tf.data.Dataset.from_tensor_slices(tf.constant(files))
     dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
     dataset = dataset.interleave(tf.data.TFRecordDataset,
@@ -234,19 +485,72 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
     # Record sharding reads the files in one fixed order on every rank, so that
     # shard() hands each rank distinct records.
     dataset = tf.data.TFRecordDataset(files)
-    if num_shards > 1:
+    if num_shards > 1 and not shard_files:
       dataset = dataset.shard(num_shards, shard_index)
     if is_training:
       dataset = dataset.repeat()
+  if damaged:
+    kept = _good_records(damaged, skipped)
+    if num_shards > 1 and not shard_files:
+      kept = kept.shard(num_shards, shard_index)
+    if is_training:
+      kept = kept.repeat()
+    if dataset is None:
+      dataset = kept
+    elif is_training:
+      sizes = [float(sum(tf.gfile.Stat(f).length for f in group)) for group in (files, damaged)]
+      dataset = tf.data.experimental.sample_from_datasets(
+          [dataset, kept], [size / sum(sizes) for size in sizes], seed=seed)
+    else:
+      dataset = dataset.concatenate(kept)
   if is_training:
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
 
   def parse(serialized):
     # Parsing a whole batch at once is much cheaper than one example at a time.
     features = tf.parse_example(serialized, spec)
+    if vocab_size:
+      ids = tf.concat([tf.reshape(features["input_ids"], [-1]),
+                       tf.reshape(features["masked_lm_ids"], [-1])], 0)
+      check = tf.Assert(tf.logical_and(tf.reduce_min(ids) >= 0,
+                                       tf.reduce_max(ids) < vocab_size),
+                        [TOKEN_ID_ERROR, tf.reduce_max(ids), "vocab_size", vocab_size])
+      with tf.control_dependencies([check]):
+        features = {name: tf.identity(t) for name, t in features.items()}
     return {name: tf.cast(t, tf.int32) if t.dtype == tf.int64 else t
             for name, t in features.items()}
 
   dataset = dataset.batch(batch_size, drop_remainder=is_training)
   dataset = dataset.map(parse, num_parallel_calls=tf.data.experimental.AUTOTUNE)
   return dataset.prefetch(tf.data.experimental.AUTOTUNE)
+
+
+def _good_records(paths, skipped):
+  """A Dataset of the serialized records of `paths` but those skipped, in file order.
+
+  Each file is read whole into memory once a pass and its records are cut out at the
+  offsets its framing gives (the CRCs were checked when the bad records were found).
+
+  Args:
+    paths: TFRecord files.
+    skipped: dict path -> set of record indices to leave out.
+  """
+  datasets = []
+  for path in paths:
+    offsets, _ = record_offsets(path)
+    keep = [(offset + 12, length) for index, (offset, length) in enumerate(offsets)
+            if index not in skipped[path]]
+    if not keep:
+      continue
+    starts = tf.constant([k[0] for k in keep], tf.int64)
+    lengths = tf.constant([k[1] for k in keep], tf.int64)
+    def cut(content, starts=starts, lengths=lengths):
+      pieces = tf.data.Dataset.from_tensor_slices((starts, lengths))
+      return pieces.map(lambda start, length: tf.strings.substr(content, start, length))
+    datasets.append(tf.data.Dataset.from_tensors(path).map(tf.io.read_file).flat_map(cut))
+  if not datasets:
+    return tf.data.Dataset.from_tensor_slices(tf.constant([], tf.string))
+  dataset = datasets[0]
+  for other in datasets[1:]:
+    dataset = dataset.concatenate(other)
+  return dataset

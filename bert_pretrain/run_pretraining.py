@@ -16,6 +16,7 @@ python3 -m bert_pretrain.run_pretraining --input_files_dir=... --eval_files_dir=
 import math
 import os
 import sys
+import threading
 import time
 
 from absl import app
@@ -83,6 +84,19 @@ flags.DEFINE_bool("use_xla", False, "XLA JIT: auto-clustering of the graph, and 
 flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
 flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
 flags.DEFINE_integer("shuffle_buffer", 10000, "Training records held for shuffling.")
+flags.DEFINE_bool("skip_corrupt_records", False, "Read every training record before "
+                  "training and leave out the corrupt ones (bad CRC, cut short, other "
+                  "lengths, token ids outside the vocab), counted in the log, instead of "
+                  "stopping at the first.")
+flags.DEFINE_float("max_corrupt_share", 0.001, "With --skip_corrupt_records: stop when more "
+                   "than this fraction of the training records is corrupt.")
+flags.DEFINE_integer("full_record_check_mb", 256, "Data sets smaller than this (MB) are read "
+                     "whole before training (CRCs, framing); larger ones check each file's "
+                     "first record up front and locate a bad record when training meets it.")
+flags.DEFINE_integer("stall_timeout_s", 300, "With --horovod: a rank that does not take part "
+                     "for this long (stuck in I/O, stopped, frozen) is named and the job "
+                     "ends with an error; sets Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS "
+                     "and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS unless they are set (0: never).")
 flags.DEFINE_integer("seed", None, "Graph-level random seed (dropout, shuffling).")
 flags.DEFINE_string("submission_org", "unknown", "MLPerf log: submitting organization.")
 flags.DEFINE_string("submission_platform", "unknown", "MLPerf log: system name.")
@@ -91,32 +105,129 @@ FLAGS = flags.FLAGS
 
 
 class Ranks(object):
-  """Who this process is: its rank among `size` ranks, and its local rank on the host."""
+  """Who this process is: its rank among `size` ranks, and its local rank on the host.
 
-  def __init__(self, use_horovod):
+  With Horovod and stall_timeout_s, a rank that stops taking part is named and the job
+  ends instead of hanging. Two checks share the timeout:
+  - Horovod's stall check (HOROVOD_STALL_CHECK_TIME_SECONDS, then
+    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; set here unless the user set them) lists the
+    ranks that did not submit an all-reduce ("Missing ranks"), e.g. a rank stuck in I/O,
+    and shuts Horovod down; the training loop then fails with a Horovod error.
+  - A whole process stopped or frozen cannot answer Horovod's negotiation, so the stall
+    check never runs (MPI waits forever, Gloo times out without a rank). Each rank
+    therefore rewrites a small file output_dir/.ranks/rank-N every few seconds from a
+    thread; a rank that sees another's file unchanged for stall_timeout_s prints a
+    one-line error naming it and exits with status 3. On several hosts this needs an
+    output_dir all hosts see; otherwise only ranks of the same host are named.
+
+  Args:
+    use_horovod: initialize Horovod.
+    stall_timeout_s: seconds a rank may stay away (0: no stall checks).
+    output_dir: the run's folder (for the .ranks files).
+  """
+
+  def __init__(self, use_horovod, stall_timeout_s=0, output_dir=None):
     self.hvd = None
     self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+    self.stall_timeout_s = stall_timeout_s
+    self._folder = None
+    self._stop = threading.Event()
+    self._seen = {}  # rank -> (file content, time it last changed)
     if use_horovod:
       try:
         import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
       except ImportError as e:
         raise ValueError("--horovod needs Horovod with TensorFlow support (%s); run "
                          "bash init_tf.sh" % e)
+      if stall_timeout_s > 0:
+        # Horovod reads these in init(); a user's own setting wins.
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
+                              str(max(1, min(60, stall_timeout_s // 2))))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(stall_timeout_s))
+        # Gloo's own timeout ends a job with a frozen rank without naming it; the
+        # watchdog below names it first.
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(stall_timeout_s + 30))
       hvd.init()
       self.hvd = hvd
       self.rank, self.size = hvd.rank(), hvd.size()
       self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+    if self.size > 1 and stall_timeout_s > 0 and output_dir:
+      self._folder = os.path.join(output_dir, ".ranks")
+      self._interval = max(1.0, min(10.0, stall_timeout_s / 10.0))
+      threading.Thread(target=self._watch, name="stall_watchdog", daemon=True).start()
 
   @property
   def is_chief(self):
     return self.rank == 0
+
+  def _watch(self):
+    """Heartbeat and watchdog thread: see the class docstring."""
+    beats = 0
+    while not self._stop.wait(0 if beats == 0 else self._interval):
+      beats += 1
+      try:
+        if not os.path.isdir(self._folder):
+          os.makedirs(self._folder, exist_ok=True)
+        path = os.path.join(self._folder, "rank-%d" % self.rank)
+        with open(path + ".tmp", "w") as f:
+          f.write("%d %d\n" % (os.getpid(), beats))
+        os.replace(path + ".tmp", path)
+      except OSError:
+        continue  # The heartbeat is best effort; training goes on.
+      stalled = self.stalled_ranks(self.stall_timeout_s)
+      if stalled:
+        print("run_pretraining: error: rank %s stalled: no sign of life for %d s (stuck "
+              "in I/O, stopped, or its host frozen; --stall_timeout_s=%d); the job stops, "
+              "checkpoints in %s are kept: check that host and rerun the same command to "
+              "resume" % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
+                          self.stall_timeout_s, os.path.dirname(self._folder)),
+              file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(3)  # pylint: disable=protected-access
+
+  def stalled_ranks(self, min_age_s):
+    """Other ranks whose heartbeat changed since this rank started watching, then not
+    for min_age_s seconds (a file left by an earlier run never counts)."""
+    if self._folder is None:
+      return []
+    now = time.time()
+    stalled = []
+    for rank in range(self.size):
+      if rank == self.rank:
+        continue
+      try:
+        with open(os.path.join(self._folder, "rank-%d" % rank)) as f:
+          content = f.read()
+      except OSError:
+        continue
+      if content.startswith("done"):
+        continue
+      previous = self._seen.get(rank)
+      if previous is None:
+        self._seen[rank] = (content, None)
+      elif previous[0] != content:
+        self._seen[rank] = (content, now)
+      elif previous[1] is not None and now - previous[1] >= min_age_s:
+        stalled.append(rank)
+    return stalled
+
+  def stop(self):
+    """Ends the heartbeat thread; the others no longer wait for this rank."""
+    self._stop.set()
+    if self._folder is not None:
+      try:
+        with open(os.path.join(self._folder, "rank-%d" % self.rank), "w") as f:
+          f.write("done\n")
+      except OSError:
+        pass
 
 
 def check_flags():
   """Checks the flags and inputs that fail cheaply, before any graph is built.
 
   Returns:
-    (bert_config, train_files, eval_files).
+    (bert_config, train_files, eval_files, skipped_records): skipped_records is an
+    input_pipeline.SkippedRecords (the training records to leave out).
 
   Raises:
     ValueError: with the one-line message the user sees.
@@ -170,14 +281,23 @@ def check_flags():
       raise ValueError("--eval_files_dir is not set; pass --eval_files_dir=/path/to/eval "
                        "records, or --nodo_eval to train without evaluation")
     eval_files = input_pipeline.list_record_files(FLAGS.eval_files_dir, "--eval_files_dir")
-  for files in (train_files, eval_files):
-    if files:
-      input_pipeline.check_record_files(files, FLAGS.max_seq_length,
-                                        FLAGS.max_predictions_per_seq,
-                                        vocab_size=bert_config.vocab_size)
+  if not 0 <= FLAGS.max_corrupt_share < 1:
+    raise ValueError("--max_corrupt_share=%g must be in [0, 1)" % FLAGS.max_corrupt_share)
+  full_check_bytes = FLAGS.full_record_check_mb * 1024 * 1024
+  skipped_records = input_pipeline.SkippedRecords(None, [])
+  if train_files:
+    skipped_records = input_pipeline.SkippedRecords(*input_pipeline.check_training_files(
+        train_files, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
+        bert_config.vocab_size, FLAGS.skip_corrupt_records, FLAGS.max_corrupt_share,
+        full_check_bytes))
+  if eval_files:
+    input_pipeline.check_record_files(eval_files, FLAGS.max_seq_length,
+                                      FLAGS.max_predictions_per_seq,
+                                      vocab_size=bert_config.vocab_size,
+                                      full_check_max_bytes=full_check_bytes)
   _check_output_dir(FLAGS.output_dir)
   checkpoints.find_resume_checkpoint(FLAGS.output_dir, resume_settings(bert_config))
-  return bert_config, train_files, eval_files
+  return bert_config, train_files, eval_files, skipped_records
 
 
 def resume_settings(bert_config):
@@ -289,7 +409,8 @@ class Evaluator(object):
                max_predictions_per_seq, max_eval_steps=0):
     dataset = input_pipeline.make_dataset(
         eval_files, batch_size, max_seq_length, max_predictions_per_seq,
-        is_training=False, num_shards=ranks.size, shard_index=ranks.rank)
+        is_training=False, num_shards=ranks.size, shard_index=ranks.rank,
+        vocab_size=bert_config.vocab_size)
     if max_eval_steps > 0:
       dataset = dataset.take(max_eval_steps)
     self.iterator = tf.data.make_initializable_iterator(dataset)
@@ -355,8 +476,11 @@ def log_hyperparameters(logger, ranks, global_batch_size, learning_rate):
   logger.mlperf("num_ranks", ranks.size)
 
 
-def run(bert_config, train_files, eval_files, ranks):
-  """Builds the graph, then trains and evaluates. Returns the process exit status."""
+def run(bert_config, train_files, eval_files, ranks, skipped_records=None):
+  """Builds the graph, then trains and evaluates. Returns the process exit status.
+
+  skipped_records: (optional) input_pipeline.SkippedRecords, the training records left
+  out (--skip_corrupt_records)."""
   run_start = time.time()
   is_chief = ranks.is_chief
   logger = logs.RunLogger(
@@ -376,6 +500,13 @@ def run(bert_config, train_files, eval_files, ranks):
                   learning_rate_value,
                   " (scaled by ranks)" if FLAGS.scale_lr_by_ranks else ""))
   log_hyperparameters(logger, ranks, global_batch_size, learning_rate_value)
+  if skipped_records is not None and FLAGS.skip_corrupt_records:
+    bad = skipped_records.bad
+    logger.print("--skip_corrupt_records: %d of %d training records skipped%s"
+                 % (len(bad), skipped_records.records,
+                    "; first: " + input_pipeline.describe_bad_record(bad[0]) if bad else ""))
+    logger.metrics(0, {"skipped_records": len(bad), "records": skipped_records.records},
+                   prefix="data")
 
   global_step = tf.train.get_or_create_global_step()
   outputs = update_op = accumulate_op = learning_rate = loss_scale = None
@@ -383,7 +514,9 @@ def run(bert_config, train_files, eval_files, ranks):
     dataset = input_pipeline.make_dataset(
         train_files, FLAGS.train_batch_size, FLAGS.max_seq_length,
         FLAGS.max_predictions_per_seq, is_training=True, num_shards=ranks.size,
-        shard_index=ranks.rank, shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed)
+        shard_index=ranks.rank, shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed,
+        vocab_size=bert_config.vocab_size,
+        skip_records=skipped_records.bad if skipped_records is not None else ())
     features = tf.data.make_one_shot_iterator(dataset).get_next()
     outputs = build_model(bert_config, features, True, dtype)
     learning_rate = optimization.learning_rate_schedule(
@@ -642,12 +775,13 @@ def main(argv):
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   try:
-    bert_config, train_files, eval_files = check_flags()
+    bert_config, train_files, eval_files, skipped_records = check_flags()
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
     return 2
+  ranks = None
   try:
-    ranks = Ranks(FLAGS.horovod)
+    ranks = Ranks(FLAGS.horovod, FLAGS.stall_timeout_s, FLAGS.output_dir)
     if ranks.is_chief:
       # Held while this frame lives (the whole run); a Horovod job's other ranks share it.
       lock = checkpoints.OutputDirLock(FLAGS.output_dir)
@@ -656,7 +790,9 @@ def main(argv):
       if removed:
         print("Removed what an interrupted save left in %s: %s"
               % (FLAGS.output_dir, ", ".join(removed)))
-    return run(bert_config, train_files, eval_files, ranks)
+    status = run(bert_config, train_files, eval_files, ranks, skipped_records)
+    ranks.stop()
+    return status
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
     return 2
@@ -676,9 +812,65 @@ def main(argv):
           file=sys.stderr)
     return 2
   except tf.errors.DataLossError as e:
-    print("run_pretraining: error: corrupt TFRecord data (%s); re-create or remove the "
-          "corrupt file" % e.message.splitlines()[0], file=sys.stderr)
+    print("run_pretraining: error: %s" % bad_record_message(e, bert_config, train_files,
+                                                            eval_files, ranks),
+          file=sys.stderr)
     return 2
+  except tf.errors.InvalidArgumentError as e:
+    if input_pipeline.TOKEN_ID_ERROR not in e.message:
+      raise
+    print("run_pretraining: error: %s" % bad_record_message(e, bert_config, train_files,
+                                                            eval_files, ranks),
+          file=sys.stderr)
+    return 2
+  except tf.errors.OpError as e:
+    if ranks is None or ranks.hvd is None or not _is_horovod_error(e.message):
+      raise
+    stalled = ranks.stalled_ranks(3 * getattr(ranks, "_interval", 1))
+    print("run_pretraining: error: Horovod stopped the job (%s)%s; checkpoints in %s are "
+          "kept: rerun the same command to resume"
+          % (_error_line(e.message),
+             "; rank %s stopped answering" % ", ".join(str(r) for r in stalled) if stalled
+             else "; a rank stalled or failed: its number is in the lines above "
+             "('Missing ranks', or its own error)", FLAGS.output_dir), file=sys.stderr)
+    return 3
+
+
+def bad_record_message(error, bert_config, train_files, eval_files, ranks):
+  """The one-line error for a bad record met while training or evaluating: reads this
+  rank's files to name the file and the record (the rest of the line says what to do)."""
+  where = []
+  for files in (train_files, eval_files):
+    where.extend(input_pipeline.rank_files(files, ranks.size if ranks else 1,
+                                           ranks.rank if ranks else 0))
+  record = input_pipeline.locate_bad_record(where, FLAGS.max_seq_length,
+                                            FLAGS.max_predictions_per_seq,
+                                            bert_config.vocab_size, error.message)
+  if record is None:
+    return ("bad TFRecord data (%s); find it with python3 tools/inspect_tfrecords.py "
+            "--input=%s" % (_error_line(error.message), FLAGS.input_files_dir))
+  if "token id" in record.problem:
+    fix = ("use the bert_config.json whose vocab_size matches the data's vocab, re-create "
+           "the file, or pass --skip_corrupt_records")
+  else:
+    fix = "re-create or remove the file, or pass --skip_corrupt_records"
+  return "bad TFRecord %s; %s; checkpoints in %s are kept" % (
+      input_pipeline.describe_bad_record(record), fix, FLAGS.output_dir)
+
+
+def _error_line(message):
+  """The informative line of a TensorFlow error message (not "Graph execution error:")."""
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  for line in lines:
+    if not line.startswith(("Graph execution error", "Detected at node", "File ", "Node:",
+                            "[[", "Traceback")) and not line.endswith(":"):
+      return line
+  return lines[0] if lines else "no message"
+
+
+def _is_horovod_error(message):
+  """True for the errors Horovod raises when the job is broken (a rank stalled or gone)."""
+  return any(word in message for word in ("Horovod", "horovod", "gloo", "Gloo"))
 
 
 if __name__ == "__main__":

@@ -28,9 +28,7 @@ from __future__ import print_function
 
 import collections
 import os
-import shutil
 import sys
-import tempfile
 
 from absl import app
 from absl import flags
@@ -57,81 +55,9 @@ class InspectError(Exception):
   """Bad input (no files, an unreadable vocab); the message says how to fix it."""
 
 
-def record_offsets(path):
-  """Returns the (offset, length) of each record of a file from its framing alone.
-
-  Args:
-    path: a TFRecord file.
-
-  Returns:
-    (offsets, error): list of (byte offset, payload length), and None or a message
-    saying where the file ends inside a record.
-  """
-  size = os.path.getsize(path)
-  offsets = []
-  with open(path, "rb") as reader:
-    offset = 0
-    while offset < size:
-      header = reader.read(12)
-      if len(header) < 12:
-        return offsets, ("cut short: it ends inside the header of record %d at byte %d"
-                         % (len(offsets), offset))
-      length = int.from_bytes(header[:8], "little")
-      end = offset + 16 + length
-      if end > size:
-        return offsets, ("cut short or corrupt: record %d at byte %d claims %d bytes but "
-                         "the file ends at byte %d" % (len(offsets), offset, length, size))
-      offsets.append((offset, length))
-      reader.seek(end)
-      offset = end
-  return offsets, None
-
-
-def corrupt_records(path, offsets):
-  """Finds the records whose CRCs do not match, going on past each one.
-
-  TensorFlow's reader checks the CRCs but stops at the first bad record; after one,
-  the rest of the file is copied to a temporary file and read from there.
-
-  Args:
-    path: a TFRecord file whose framing is intact up to len(offsets) records.
-    offsets: its record_offsets.
-
-  Returns:
-    list of (record index, byte offset, message).
-  """
-  found = []
-  start = 0
-  source = path
-  temporary = None
-  try:
-    while start < len(offsets):
-      index = start
-      try:
-        for _ in tf.io.tf_record_iterator(source):
-          index += 1
-          if index >= len(offsets):
-            break
-        break
-      except tf.errors.DataLossError:
-        # TensorFlow's message gives offsets in the copy; the framing gives ours.
-        if index >= len(offsets):
-          break
-        found.append((index, offsets[index][0], "the CRC does not match the data"))
-        start = index + 1
-        if start >= len(offsets):
-          break
-        if temporary is None:
-          handle, temporary = tempfile.mkstemp(suffix=".tfrecord")
-          os.close(handle)
-        with open(path, "rb") as reader, open(temporary, "wb") as writer:
-          reader.seek(offsets[start][0])
-          shutil.copyfileobj(reader, writer)
-        source = temporary
-  finally:
-    if temporary:
-      os.remove(temporary)
-  return found
+# The framing and CRC reader is the training pipeline's, so both name a bad record alike.
+record_offsets = input_pipeline.record_offsets
+corrupt_records = input_pipeline.corrupt_records
 
 
 def _example_lists(serialized):

@@ -1,0 +1,262 @@
+"""Bad records anywhere in a training set, and a rank that stalls.
+
+A corrupt record, a file cut short and a token id outside the vocab are met mid-run (the
+up-front check of the whole set is turned off with --full_record_check_mb=0, as for a
+set over 256 MB): the run stops with one line naming the file and the record, keeps its
+checkpoints, and --skip_corrupt_records trains around them. A rank stopped with SIGSTOP
+is named and ends the job.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import input_pipeline
+from conftest import PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG, base_flags, run_pretraining
+
+# The damaged record: far enough into part-1 that a few updates (and checkpoints) come
+# before the pipeline reaches it.
+BAD_INDEX = 50
+
+
+def damaged_copy(data, tmp_path, kind):
+  """A copy of the training folder whose part-1 has a bad record BAD_INDEX.
+
+  Args:
+    kind: "crc" (a payload byte flipped), "cut" (the file ends inside the record) or
+      "id" (a token id above vocab_size).
+
+  Returns:
+    (folder, damaged file, byte offset of the record).
+  """
+  folder = str(tmp_path / ("train_" + kind))
+  shutil.copytree(data["train"], folder)
+  path = os.path.join(folder, "part-1")
+  offsets, error = input_pipeline.record_offsets(path)
+  assert error is None and len(offsets) > BAD_INDEX + 5
+  offset = offsets[BAD_INDEX][0]
+  if kind == "id":
+    records = list(tf.io.tf_record_iterator(path))
+    example = tf.train.Example.FromString(records[BAD_INDEX])
+    example.features.feature["input_ids"].int64_list.value[3] = TINY_CONFIG["vocab_size"] + 7
+    records[BAD_INDEX] = example.SerializeToString()
+    with tf.io.TFRecordWriter(path) as writer:
+      for record in records:
+        writer.write(record)
+  else:
+    content = bytearray(open(path, "rb").read())
+    if kind == "crc":
+      content[offset + 12 + 40] ^= 0xFF
+    else:
+      content = content[:offset + 30]
+    with open(path, "wb") as f:
+      f.write(bytes(content))
+  return folder, path, offset
+
+
+PROBLEMS = {
+    "crc": "the CRC does not match the data",
+    "cut": "the file is cut short or corrupt: record %d at byte {offset} claims" % BAD_INDEX,
+    "id": "token id %d is outside the vocab (vocab_size %d)" % (TINY_CONFIG["vocab_size"] + 7,
+                                                                TINY_CONFIG["vocab_size"]),
+}
+
+
+def mid_run_flags(data, folder, out, **overrides):
+  # shuffle_buffer=1: records are read in file order, so BAD_INDEX comes after a few
+  # updates; save_checkpoints_steps=2: checkpoints exist when it does.
+  values = dict(input_files_dir=folder, num_train_steps=40, save_checkpoints_steps=2,
+                shuffle_buffer=1, full_record_check_mb=0, nodo_eval=None)
+  values.update(overrides)
+  return base_flags(data, out, **values)
+
+
+def error_lines(stderr):
+  return [line for line in stderr.splitlines() if line.startswith("run_pretraining: error:")]
+
+
+@pytest.mark.parametrize("kind", ["crc", "cut", "id"])
+def test_a_bad_record_met_mid_run_is_named_and_checkpoints_stay(pretraining_data, tmp_path,
+                                                                 kind):
+  folder, path, offset = damaged_copy(pretraining_data, tmp_path, kind)
+  out = tmp_path / "out"
+  result = run_pretraining(*mid_run_flags(pretraining_data, folder, out))
+  print(result.stderr.splitlines()[-1])
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  [line] = error_lines(result.stderr)
+  where = "bad TFRecord %s record %d (byte %d): " % (path, BAD_INDEX, offset)
+  assert line.startswith("run_pretraining: error: " + where), line
+  assert PROBLEMS[kind].format(offset=offset) in line
+  assert "pass --skip_corrupt_records" in line
+  assert "checkpoints in %s are kept" % out in line
+  # It was met mid-run: updates were made and their checkpoints are intact.
+  assert "Step 2," in result.stdout
+  latest = tf.train.latest_checkpoint(str(out))
+  assert latest is not None
+  assert tf.train.load_checkpoint(latest).get_tensor("global_step") >= 2
+
+
+@pytest.mark.parametrize("kind", ["crc", "cut"])
+def test_the_up_front_check_names_the_record(pretraining_data, tmp_path, kind):
+  folder, path, offset = damaged_copy(pretraining_data, tmp_path, kind)
+  out = tmp_path / "out"
+  result = run_pretraining(*mid_run_flags(pretraining_data, folder, out,
+                                          full_record_check_mb=256))
+  print(result.stderr.splitlines()[-1])
+  assert result.returncode == 2
+  [line] = error_lines(result.stderr)
+  assert ("corrupt TFRecord file %s" % path) in line
+  assert ("record %d" % BAD_INDEX) in line and ("byte %d" % offset) in line
+  assert "pass --skip_corrupt_records" in line
+  assert "Step " not in result.stdout  # before any training
+
+
+@pytest.mark.parametrize("kind", ["crc", "cut", "id"])
+def test_skip_corrupt_records_trains_around_them_and_counts_them(pretraining_data, tmp_path,
+                                                                 kind):
+  folder, path, offset = damaged_copy(pretraining_data, tmp_path, kind)
+  out = tmp_path / "out"
+  # 40 updates of 8 records: more than two passes over the ~130 records.
+  result = run_pretraining(*mid_run_flags(pretraining_data, folder, out,
+                                          skip_corrupt_records=None, max_corrupt_share=0.01))
+  assert result.returncode == 0, result.stderr[-3000:]
+  [line] = [l for l in result.stdout.splitlines() if l.startswith("--skip_corrupt_records")]
+  print(line)
+  assert line.startswith("--skip_corrupt_records: 1 of ")
+  assert "first: %s record %d (byte %d)" % (path, BAD_INDEX, offset) in line
+  assert "Step 40," in result.stdout
+  logged = [json.loads(l) for l in open(str(out / "dllog.json"))]
+  [counts] = [r for r in logged if r["type"] == "data"]
+  assert counts["skipped_records"] == 1 and counts["records"] > 100
+
+
+def test_skipping_stops_past_the_share(pretraining_data, tmp_path):
+  folder, path, offset = damaged_copy(pretraining_data, tmp_path, "crc")
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "model.ckpt-7.index").write_text("an earlier run's file")
+  result = run_pretraining(*mid_run_flags(pretraining_data, folder, out,
+                                          skip_corrupt_records=None))
+  print(result.stderr.splitlines()[-1])
+  assert result.returncode == 2
+  [line] = error_lines(result.stderr)
+  assert "1 of " in line and "more than --max_corrupt_share=0.001 allows" in line
+  assert "first: %s record %d (byte %d)" % (path, BAD_INDEX, offset) in line
+  assert (out / "model.ckpt-7.index").read_text() == "an earlier run's file"
+  assert "Step " not in result.stdout
+
+
+def test_skipped_records_are_left_out_and_every_other_record_is_read(pretraining_data,
+                                                                     tmp_path):
+  folder, path, _ = damaged_copy(pretraining_data, tmp_path, "crc")
+  files = input_pipeline.list_record_files(folder)
+  records, bad = input_pipeline.check_training_files(
+      files, SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"], skip_corrupt=True,
+      max_corrupt_share=0.1)
+  assert [(r.path, r.index) for r in bad] == [(path, BAD_INDEX)]
+  expected = []
+  for name in sorted(os.listdir(pretraining_data["train"])):
+    source = os.path.join(pretraining_data["train"], name)
+    for i, record in enumerate(tf.io.tf_record_iterator(source)):
+      if not (name == "part-1" and i == BAD_INDEX):
+        expected.append(tuple(tf.train.Example.FromString(record).features.feature[
+            "input_ids"].int64_list.value))
+  assert records == len(expected) + 1
+  with tf.Graph().as_default():
+    dataset = input_pipeline.make_dataset(files, 16, SEQ_LENGTH, PREDICTIONS,
+                                          is_training=False, skip_records=bad,
+                                          vocab_size=TINY_CONFIG["vocab_size"])
+    batch = tf.data.make_one_shot_iterator(dataset).get_next()
+    read = []
+    with tf.Session() as sess:
+      while True:
+        try:
+          read.extend(tuple(row) for row in sess.run(batch["input_ids"]))
+        except tf.errors.OutOfRangeError:
+          break
+  assert sorted(read) == sorted(expected)
+
+
+def _descendants(pid):
+  """Process ids of all descendants of pid (from /proc)."""
+  children = {}
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open("/proc/%s/stat" % entry) as f:
+          parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      except (OSError, IndexError, ValueError):
+        continue
+      children.setdefault(parent, []).append(int(entry))
+  found, todo = [], [pid]
+  while todo:
+    for child in children.get(todo.pop(), []):
+      found.append(child)
+      todo.append(child)
+  return found
+
+
+def _rank_process(launcher_pid, rank):
+  """The training process of `rank` among the launcher's descendants, or None."""
+  for pid in _descendants(launcher_pid):
+    try:
+      with open("/proc/%d/cmdline" % pid, "rb") as f:
+        argv = f.read().split(b"\0")
+      with open("/proc/%d/environ" % pid, "rb") as f:
+        environ = f.read().split(b"\0")
+    except OSError:
+      continue
+    if (os.path.basename(argv[0]).startswith(b"python") and
+        b"bert_pretrain.run_pretraining" in argv and
+        ("HOROVOD_RANK=%d" % rank).encode() in environ):
+      return pid
+  return None
+
+
+def test_a_stalled_rank_is_named_and_the_job_ends(pretraining_data, tmp_path):
+  timeout_s = 20
+  flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
+                     display_loss_steps=5, nodo_eval=None, stall_timeout_s=timeout_s)
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+  proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
+                           sys.executable, "-m", "bert_pretrain.run_pretraining", "--horovod"]
+                          + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, env=env)
+  stopped = None
+  try:
+    deadline = time.time() + 180
+    output = []
+    for line in proc.stdout:
+      output.append(line)
+      if "Step 10," in line or time.time() > deadline:
+        break
+    stopped = _rank_process(proc.pid, 1)
+    assert stopped, "rank 1 not found:\n" + "".join(output)
+    os.kill(stopped, signal.SIGSTOP)
+    stopped_at = time.time()
+    output.append(proc.stdout.read())
+    status = proc.wait(timeout=timeout_s + 120)
+    elapsed = time.time() - stopped_at
+    text = "".join(output)
+    print("exit status %d after %.1f s; %s" % (
+        status, elapsed, [l for l in text.splitlines() if "error:" in l]))
+    assert status != 0
+    assert elapsed < timeout_s + 40
+    assert "run_pretraining: error: rank 1 stalled: no sign of life for %d s" % timeout_s in text
+  finally:
+    if stopped:
+      try:
+        os.kill(stopped, signal.SIGKILL)
+      except OSError:
+        pass
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
