@@ -347,10 +347,17 @@ def session_config(ranks, device):
   return config
 
 
-def enable_cpu_xla():
+def enable_cpu_xla(argv):
   """Lets --use_xla auto-cluster on a CPU too: TensorFlow applies global_jit_level to
-  GPUs only unless TF_XLA_FLAGS holds --tf_xla_cpu_global_jit, which it reads when the
-  first session is made."""
+  GPUs only unless TF_XLA_FLAGS holds --tf_xla_cpu_global_jit. TensorFlow reads it once,
+  and within absl's app.run too early for main to set it, so this runs before app.run
+  on the command line `argv` (where a GPU build might find a GPU, it is left alone)."""
+  try:
+    FLAGS(argv)
+  except flags.Error:
+    return  # app.run reports it.
+  if not FLAGS.use_xla or (FLAGS.device != "cpu" and tf.test.is_built_with_cuda()):
+    return
   flags_now = os.environ.get("TF_XLA_FLAGS", "")
   if "--tf_xla_cpu_global_jit" not in flags_now:
     os.environ["TF_XLA_FLAGS"] = (flags_now + " --tf_xla_cpu_global_jit").strip()
@@ -782,8 +789,6 @@ def main(argv):
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
     return 2
-  if FLAGS.use_xla and device.kind == "CPU":
-    enable_cpu_xla()
   try:
     return run(bert_config, train_files, eval_files, Ranks(FLAGS.horovod), device)
   except ValueError as e:
@@ -801,4 +806,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  enable_cpu_xla(sys.argv)
   app.run(lambda argv: sys.exit(main(argv)))
