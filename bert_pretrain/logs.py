@@ -87,15 +87,19 @@ class RunLogger(object):
                                   for k, v in values.items()])
       self._summary_writer.add_summary(summary, int(step))
 
+  def record(self, kind, values):
+    """Logs a dict of JSON values (strings too) as one record of type `kind` to the
+    JSON-lines log, e.g. the run's device."""
+    if self.is_chief and self._dllog is not None:
+      record = {"timestamp": time.time(), "type": kind}
+      record.update(values)
+      self._dllog.write(json.dumps(record) + "\n")
+      self._dllog.flush()
+
   def warning(self, step, message):
     """A run-health warning: a console line and a dllog.json record of type "warning"."""
-    if not self.is_chief:
-      return
     self.print("warning: " + message)
-    if self._dllog is not None:
-      self._dllog.write(json.dumps({"timestamp": time.time(), "type": "warning",
-                                    "step": int(step), "message": message}) + "\n")
-      self._dllog.flush()
+    self.record("warning", {"step": int(step), "message": message})
 
   def eval_results(self, step, results, output_dir):
     """Prints Google BERT's eval block and writes output_dir/eval_results.txt."""

@@ -10,7 +10,8 @@
   as one update of their mean, so k micro-batches of b give the update of one batch kb.
   The all-reduce across ranks (Horovod) happens once, after accumulation.
 - Dynamic loss scaling for float16: start 2^15, x2 after 1000 finite steps, a step
-  with a non-finite gradient is skipped and halves the scale.
+  with a non-finite gradient is skipped (weights, slots and global_step unchanged)
+  and halves the scale.
 """
 
 import re
@@ -46,8 +47,7 @@ def learning_rate_schedule(global_step, init_lr, num_train_steps, num_warmup_ste
 
 
 class _WeightDecayOptimizer(tf.train.Optimizer):
-  """Common part of LAMB and AdamWeightDecay: slots, weight-decay exclusions, and
-  updates that can be skipped as a whole (for a loss-scaled step that overflowed)."""
+  """Common part of LAMB and AdamWeightDecay: slots and weight-decay exclusions."""
 
   def __init__(self, learning_rate, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999,
                epsilon=1e-6, exclude_from_weight_decay=None, name="WeightDecayOptimizer"):
@@ -59,41 +59,46 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
     self.epsilon = epsilon
     self.exclude_from_weight_decay = exclude_from_weight_decay
 
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None, should_update=None):
+  def create_slots(self, variables):
+    """Creates the moment slots <variable>/adam_m and <variable>/adam_v (zeros).
+
+    apply_gradients creates them too; create_train_ops calls this first so that the
+    slots exist outside the tf.cond that skips an overflowing update (a variable made
+    inside a cond branch cannot be initialized).
+
+    Returns:
+      list of (m, v) float32 variables, one pair per variable.
+    """
+    slots = []
+    for param in variables:
+      with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
+        slots.append(tuple(
+            tf.get_variable(name=param.op.name + suffix, shape=param.shape.as_list(),
+                            dtype=tf.float32, trainable=False,
+                            initializer=tf.zeros_initializer())
+            for suffix in ("/adam_m", "/adam_v")))
+    return slots
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies the gradients; returns the group of assign ops.
 
     Args:
       grads_and_vars: list of (gradient, variable); None gradients are skipped.
-      global_step: int64 variable, the update count; it is not incremented here (the
-        caller does, once per update, also for skipped updates).
+      global_step: int64 variable, the number of updates applied so far (LAMB's bias
+        correction); it is not incremented here (create_train_ops does).
       name: unused, for the tf.train.Optimizer signature.
-      should_update: (optional) bool scalar Tensor; when False every variable and slot
-        keeps its value.
     """
     del name
     step = tf.cast(global_step, tf.float32) + 1.0
+    pairs = [(g, p) for (g, p) in grads_and_vars if g is not None and p is not None]
     assignments = []
-    for (grad, param) in grads_and_vars:
-      if grad is None or param is None:
-        continue
-      param_name = param.op.name
-      with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
-        m = tf.get_variable(name=param_name + "/adam_m", shape=param.shape.as_list(),
-                            dtype=tf.float32, trainable=False,
-                            initializer=tf.zeros_initializer())
-        v = tf.get_variable(name=param_name + "/adam_v", shape=param.shape.as_list(),
-                            dtype=tf.float32, trainable=False,
-                            initializer=tf.zeros_initializer())
+    for (grad, param), (m, v) in zip(pairs, self.create_slots([p for _, p in pairs])):
       next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
       next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
       update = self._update_direction(next_m, next_v, step)
-      if self._do_use_weight_decay(param_name):
+      if self._do_use_weight_decay(param.op.name):
         update += self.weight_decay_rate * param
       next_param = param - self._step_size(param, update) * update
-      if should_update is not None:
-        next_param = tf.where(should_update, next_param, param)
-        next_m = tf.where(should_update, next_m, m)
-        next_v = tf.where(should_update, next_v, v)
       assignments.extend([param.assign(next_param), m.assign(next_m), v.assign(next_v)])
     return tf.group(*assignments)
 
@@ -201,7 +206,9 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   Args:
     loss: float32 scalar Tensor, the loss of one micro-batch.
     optimizer: an optimizer from create_optimizer.
-    global_step: int64 variable, incremented once per update.
+    global_step: int64 variable, incremented once per update applied. An update that
+      loss scaling skips (a non-finite gradient) does not count: global_step and with
+      it the learning-rate schedule stay where they were, as in NVIDIA's recipe.
     num_accumulation_steps: micro-batches per update (k).
     allreduce_fn: (optional) function list of gradients -> list of gradients averaged
       over the ranks (Horovod); applied once per update, after accumulation.
@@ -216,7 +223,8 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
     (accumulate_op, update_op): run accumulate_op k-1 times, then update_op once.
     accumulate_op is None when k == 1. Each consumes one micro-batch. update_op
     averages the k gradients, all-reduces, clips, applies them and increments
-    global_step.
+    global_step (with loss scaling: only if they are finite; the scale is updated
+    either way). Read global_step after it to know whether the update was applied.
   """
   tvars = tf.trainable_variables()
   scaled_loss = loss * loss_scale.scale if loss_scale is not None else loss
@@ -240,20 +248,31 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
 
   if allreduce_fn is not None:
     grads = allreduce_fn(grads)
-  if loss_scale is not None:
-    grads = [g / loss_scale.scale for g in grads]
-    all_finite = tf.reduce_all([tf.reduce_all(tf.is_finite(g)) for g in grads])
-    # Zeroed gradients keep clipping finite; the optimizer then leaves everything as is.
-    grads = [tf.where(all_finite, g, tf.zeros_like(g)) for g in grads]
-  else:
-    all_finite = None
+
+  def apply_update(grads):
+    apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step)
+    with tf.control_dependencies([apply_op]):
+      return tf.identity(global_step.assign_add(1))
 
   with tf.name_scope("optimizer"), tf.xla.experimental.jit_scope(compile_ops=compile_optimizer):
-    (grads, _) = tf.clip_by_global_norm(grads, clip_norm=clip_norm)
-    apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step,
-                                         should_update=all_finite)
-  with tf.control_dependencies([apply_op]):
-    after_update = [global_step.assign_add(1)]
+    if loss_scale is None:
+      (grads, _) = tf.clip_by_global_norm(grads, clip_norm=clip_norm)
+      new_step = apply_update(grads)
+    else:
+      # One pass over the scaled gradients gives their norm, which is finite only if
+      # every gradient is; unscaling is folded into the clipping factor. A step that
+      # overflowed runs no update at all (tf.cond), so it costs no pass over the weights.
+      optimizer.create_slots(tvars)
+      scaled_norm = tf.global_norm(grads)
+      all_finite = tf.is_finite(scaled_norm)
+      norm = scaled_norm / loss_scale.scale
+      factor = clip_norm / tf.maximum(norm, clip_norm) / loss_scale.scale
+      new_step = tf.cond(all_finite, lambda: apply_update([g * factor for g in grads]),
+                         lambda: tf.identity(global_step))
+  # After the update has read them: the loss scale and the accumulators move on, also
+  # when the update was skipped.
+  with tf.control_dependencies([new_step]):
+    after_update = [tf.no_op()]
     if loss_scale is not None:
       after_update.append(loss_scale.update(all_finite))
     if num_accumulation_steps > 1:

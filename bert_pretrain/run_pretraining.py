@@ -15,6 +15,7 @@ python3 -m bert_pretrain.run_pretraining --input_files_dir=... --eval_files_dir=
 
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -77,10 +78,19 @@ flags.DEFINE_integer("samples_start_eval", 3000000, "No periodic evaluation befo
 flags.DEFINE_float("stop_threshold", 0.72, "Stop when masked-LM accuracy reaches this (0: never).")
 flags.DEFINE_bool("horovod", False, "One process per card, gradients all-reduced by Horovod.")
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 compute with loss scaling on GPUs, "
-                  "bfloat16 on CPUs; master weights stay float32.")
+                  "bfloat16 on CPUs (see --amp_dtype); master weights stay float32.")
 flags.DEFINE_bool("use_fp16", False, "Alias of --amp.")
-flags.DEFINE_bool("use_xla", False, "XLA JIT: auto-clustering of the graph, and the optimizer "
-                  "update compiled as one XLA cluster.")
+flags.DEFINE_enum("amp_dtype", "auto", ["auto", "float16", "bfloat16"],
+                  "Compute type of --amp (auto: float16 on GPUs, bfloat16 on CPUs). float16 "
+                  "always uses dynamic loss scaling, also on a CPU. Setting it implies --amp.")
+flags.DEFINE_float("init_loss_scale", 2.0 ** 15, "Initial dynamic loss scale of float16 "
+                   "compute (x2 after 1000 good steps, halved by an overflowing one).")
+flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"],
+                  "auto: a GPU if TensorFlow sees one, else the CPU, but an error when "
+                  "CUDA_VISIBLE_DEVICES lists cards TensorFlow cannot see; gpu: a GPU or an "
+                  "error; cpu: the CPU on purpose, even where GPUs are visible.")
+flags.DEFINE_bool("use_xla", False, "XLA JIT: auto-clustering of the graph (on a CPU too), and "
+                  "the optimizer update compiled as one XLA cluster.")
 flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
 flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
 flags.DEFINE_integer("shuffle_buffer", 10000, "Training records held for shuffling.")
@@ -232,7 +242,7 @@ def check_flags():
   Raises:
     ValueError: with the one-line message the user sees.
   """
-  if FLAGS.use_fp16:
+  if FLAGS.use_fp16 or FLAGS.amp_dtype != "auto":
     FLAGS.amp = True
   if not FLAGS.bert_config_file:
     raise ValueError("--bert_config_file is required; pass --bert_config_file=PATH/bert_config.json")
@@ -246,6 +256,8 @@ def check_flags():
                "keep_checkpoint_max", "max_eval_steps", "samples_start_eval"):
     if getattr(FLAGS, name) < 0:
       raise ValueError("--%s=%d must not be negative" % (name, getattr(FLAGS, name)))
+  if FLAGS.init_loss_scale < 1:
+    raise ValueError("--init_loss_scale=%g must be at least 1" % FLAGS.init_loss_scale)
   if FLAGS.do_train and FLAGS.num_train_steps < 1:
     raise ValueError("--num_train_steps=%d must be at least 1 (or pass --nodo_train)"
                      % FLAGS.num_train_steps)
@@ -321,30 +333,154 @@ def _check_output_dir(output_dir):
                      % (output_dir, getattr(e, "message", e)))
 
 
-def session_config(ranks):
+class Device(object):
+  """Where this process computes: kind "GPU" or "CPU", the GPUs TensorFlow lists
+  (tf.config PhysicalDevice objects; empty for "CPU") and the compute type."""
+
+  def __init__(self, kind, gpus, dtype):
+    self.kind = kind
+    self.gpus = gpus
+    self.dtype = dtype
+
+
+def cards_listed(cuda_visible_devices):
+  """Whether a CUDA_VISIBLE_DEVICES value asks for cards: set, not empty, and not a list
+  that CUDA reads as none (it stops at the first negative entry, e.g. -1)."""
+  entries = [e.strip() for e in (cuda_visible_devices or "").split(",") if e.strip()]
+  return bool(entries) and not entries[0].startswith("-")
+
+
+def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp, amp_dtype):
+  """Decides the device and the compute type, before any graph is built.
+
+  Args:
+    device_flag: --device: "auto", "gpu" or "cpu".
+    gpus: the GPUs TensorFlow lists (tf.config.experimental.list_physical_devices).
+    cuda_visible_devices: the CUDA_VISIBLE_DEVICES value (None: unset).
+    built_with_cuda: whether this TensorFlow is a GPU build.
+    amp: --amp.
+    amp_dtype: --amp_dtype: "auto", "float16" or "bfloat16".
+
+  Returns:
+    Device.
+
+  Raises:
+    ValueError: a GPU is asked for (--device=gpu, or cards in CUDA_VISIBLE_DEVICES) but
+      TensorFlow sees none.
+  """
+  if gpus or device_flag == "cpu":
+    kind = "CPU" if device_flag == "cpu" else "GPU"
+  else:
+    cause = ("this TensorFlow %s is a CPU build" % tf.VERSION if not built_with_cuda else
+             "TensorFlow %s finds no usable GPU (check the driver with nvidia-smi and the "
+             "CUDA libraries)" % tf.VERSION)
+    fix = ("install a GPU build (bash init_tf.sh on the GPU host), or pass --device=cpu to "
+           "train on the CPU on purpose")
+    if device_flag == "gpu":
+      raise ValueError("--device=gpu but %s; %s" % (cause, fix))
+    if cards_listed(cuda_visible_devices):
+      raise ValueError("CUDA_VISIBLE_DEVICES=%s lists cards but %s; %s"
+                       % (cuda_visible_devices, cause, fix))
+    kind = "CPU"
+  if not amp:
+    dtype = tf.float32
+  elif amp_dtype == "auto":
+    dtype = tf.float16 if kind == "GPU" else tf.bfloat16
+  else:
+    dtype = tf.as_dtype(amp_dtype)
+  return Device(kind, gpus if kind == "GPU" else [], dtype)
+
+
+def detect_device():
+  """choose_device with the flags, the environment and what TensorFlow lists."""
+  # list_physical_devices starts no GPU, so it does not fight the session's
+  # visible_device_list (one card per Horovod rank).
+  return choose_device(FLAGS.device, tf.config.experimental.list_physical_devices("GPU"),
+                       os.environ.get("CUDA_VISIBLE_DEVICES"), tf.test.is_built_with_cuda(),
+                       FLAGS.amp or FLAGS.use_fp16 or FLAGS.amp_dtype != "auto",
+                       FLAGS.amp_dtype)
+
+
+def gpu_index(ranks, num_gpus):
+  """The index, among the GPUs this process sees, of the one this rank uses: its local
+  rank, or 0 when the launcher gave each rank a single card.
+
+  Raises:
+    ValueError: more ranks on this host than GPUs.
+  """
+  if ranks.local_rank < num_gpus:
+    return ranks.local_rank
+  if num_gpus == 1:
+    return 0
+  raise ValueError("%d ranks on this host but TensorFlow sees %d GPUs; launch one rank per "
+                   "GPU (IX_NUM_CUDA_VISIBLE_DEVICES) or pass --device=cpu"
+                   % (ranks.local_size, num_gpus))
+
+
+def gpu_name(gpu, config):
+  """The product name of a GPU (a tf.config PhysicalDevice), "" if unknown.
+
+  TensorFlow >= 2.3 reads it without starting the GPU. TensorFlow 1.15 only names it
+  once the device is created: with the session's own config (this rank's
+  visible_device_list), as the session would.
+  """
+  details = getattr(tf.config.experimental, "get_device_details", None)
+  if details is not None:
+    return details(gpu).get("device_name", "")
+  from tensorflow.python.client import device_lib  # pylint: disable=g-import-not-at-top
+  for device in device_lib.list_local_devices(config):
+    match = re.search(r"name: ([^,]+)", device.physical_device_desc or "")
+    if device.device_type == "GPU" and match:
+      return match.group(1)
+  return ""
+
+
+def device_line(device, ranks, name="", cores=None):
+  """The run's device, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB, compute float16" (this
+  rank's card among the job's) or "CPU, 2 cores, compute bfloat16"."""
+  if device.kind == "GPU":
+    where = "GPU %d of %d" % (gpu_index(ranks, len(device.gpus)), ranks.size)
+    if name:
+      where += ", " + name
+  else:
+    where = "CPU, %d cores" % (cores or os.cpu_count() or 1)
+    if ranks.local_size > 1:
+      where += ", %d ranks on this host" % ranks.local_size
+  return "%s, compute %s" % (where, device.dtype.name)
+
+
+def session_config(ranks, device):
   """Threads, GPU placement and XLA for this rank's session."""
   cores = os.cpu_count() or 1
   intra = FLAGS.intra_op_threads or max(1, cores // ranks.local_size)
   config = tf.ConfigProto(intra_op_parallelism_threads=intra,
                           inter_op_parallelism_threads=FLAGS.inter_op_threads or 2,
                           allow_soft_placement=True)
-  config.gpu_options.allow_growth = True
-  if ranks.hvd is not None:
+  if device.kind == "GPU":
+    config.gpu_options.allow_growth = True
     # One card per rank: the local rank picks it.
-    config.gpu_options.visible_device_list = str(ranks.local_rank)
+    config.gpu_options.visible_device_list = str(gpu_index(ranks, len(device.gpus)))
+  else:
+    config.device_count["GPU"] = 0
   if FLAGS.use_xla:
     config.graph_options.optimizer_options.global_jit_level = tf.OptimizerOptions.ON_1
   return config
 
 
-def compute_type():
-  """float32, or with --amp float16 on a GPU and bfloat16 on a CPU."""
-  if not FLAGS.amp:
-    return tf.float32
-  # list_physical_devices starts no GPU, so it does not fight the session's
-  # visible_device_list (one card per Horovod rank).
-  gpus = tf.config.experimental.list_physical_devices("GPU")
-  return tf.float16 if gpus else tf.bfloat16
+def enable_cpu_xla(argv):
+  """Lets --use_xla auto-cluster on a CPU too: TensorFlow applies global_jit_level to
+  GPUs only unless TF_XLA_FLAGS holds --tf_xla_cpu_global_jit. TensorFlow reads it once,
+  and within absl's app.run too early for main to set it, so this runs before app.run
+  on the command line `argv` (where a GPU build might find a GPU, it is left alone)."""
+  try:
+    FLAGS(argv)
+  except flags.Error:
+    return  # app.run reports it.
+  if not FLAGS.use_xla or (FLAGS.device != "cpu" and tf.test.is_built_with_cuda()):
+    return
+  flags_now = os.environ.get("TF_XLA_FLAGS", "")
+  if "--tf_xla_cpu_global_jit" not in flags_now:
+    os.environ["TF_XLA_FLAGS"] = (flags_now + " --tf_xla_cpu_global_jit").strip()
 
 
 def build_model(bert_config, features, is_training, dtype):
@@ -476,21 +612,30 @@ def log_hyperparameters(logger, ranks, global_batch_size, learning_rate):
   logger.mlperf("num_ranks", ranks.size)
 
 
-def run(bert_config, train_files, eval_files, ranks, skipped_records=None):
+def run(bert_config, train_files, eval_files, ranks, device, skipped_records=None):
   """Builds the graph, then trains and evaluates. Returns the process exit status.
 
-  skipped_records: (optional) input_pipeline.SkippedRecords, the training records left
-  out (--skip_corrupt_records)."""
+  device: Device (detect_device). skipped_records: (optional)
+  input_pipeline.SkippedRecords, the training records left out (--skip_corrupt_records)."""
   run_start = time.time()
   is_chief = ranks.is_chief
+  config = session_config(ranks, device)
+  name = ""
+  if device.kind == "GPU" and is_chief:
+    name = gpu_name(device.gpus[gpu_index(ranks, len(device.gpus))], config)
+  where = device_line(device, ranks, name)
   logger = logs.RunLogger(
       output_dir=FLAGS.output_dir, is_chief=is_chief,
       dllog_path=FLAGS.dllog_path or os.path.join(FLAGS.output_dir, "dllog.json"),
       mllog_path=FLAGS.mllog_path or logs.new_log_path(FLAGS.output_dir, "mlperf", ".log"))
   logger.mlperf(logs.mllog.constants.INIT_START, kind="start")
+  logger.print("device: " + where)
+  logger.mlperf("device", where)
+  logger.record("device", {"device": where, "kind": device.kind,
+                           "compute_type": device.dtype.name})
   if FLAGS.seed is not None:
     tf.set_random_seed(FLAGS.seed)
-  dtype = compute_type()
+  dtype = device.dtype
   global_batch_size = FLAGS.train_batch_size * FLAGS.num_accumulation_steps * ranks.size
   learning_rate_value = FLAGS.learning_rate * (ranks.size if FLAGS.scale_lr_by_ranks else 1)
   logger.print("bert_pretrain: %d rank(s), batch %d x %d accumulation x %d ranks = %d "
@@ -526,7 +671,7 @@ def run(bert_config, train_files, eval_files, ranks, skipped_records=None):
                                               FLAGS.weight_decay_rate, FLAGS.beta_1,
                                               FLAGS.beta_2, FLAGS.epsilon)
     if dtype == tf.float16:
-      loss_scale = optimization.DynamicLossScale()
+      loss_scale = optimization.DynamicLossScale(initial_scale=FLAGS.init_loss_scale)
     allreduce_fn = None
     if ranks.hvd is not None:
       hvd = ranks.hvd
@@ -541,10 +686,14 @@ def run(bert_config, train_files, eval_files, ranks, skipped_records=None):
     losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
     if ranks.hvd is not None:
       losses = ranks.hvd.allreduce(losses, op=ranks.hvd.Average, name="display_losses")
-    display_fetches = {"update": update_op, "losses": losses, "learning_rate": learning_rate}
-    if loss_scale is not None:
-      display_fetches.update(loss_scale=loss_scale.scale,
-                             skipped_steps=loss_scale.skipped_steps)
+    with tf.control_dependencies([update_op]):
+      # global_step after the update: one more, or the same when loss scaling skipped
+      # an update whose gradients overflowed.
+      step_fetches = {"step": global_step.read_value()}
+      if loss_scale is not None:
+        step_fetches.update(loss_scale=loss_scale.scale.read_value(),
+                            skipped_steps=loss_scale.skipped_steps.read_value())
+    display_fetches = dict(step_fetches, losses=losses, learning_rate=learning_rate)
   evaluator = None
   if FLAGS.do_eval:
     evaluator = Evaluator(bert_config, eval_files, ranks, dtype, FLAGS.eval_batch_size,
@@ -561,7 +710,7 @@ def run(bert_config, train_files, eval_files, ranks, skipped_records=None):
   all_finite = checkpoints.all_finite(tf.global_variables())
   broadcast_op = ranks.hvd.broadcast_global_variables(0) if ranks.hvd is not None else None
 
-  sess = tf.Session(config=session_config(ranks))
+  sess = tf.Session(config=config)
   sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
   # check_flags read its values already.
   resume_prefix = checkpoints.find_resume_checkpoint(FLAGS.output_dir,
@@ -632,7 +781,8 @@ def run(bert_config, train_files, eval_files, ranks, skipped_records=None):
   checkpoint_time = 0.0
   loop_start = time.time()
   window_start, window_steps = time.time(), 0
-  first_step = step
+  iterations = 0  # updates run in this process, skipped ones included
+  last_scale = sess.run(loss_scale.scale) if loss_scale is not None else None
   next_eval_samples = max(FLAGS.samples_start_eval, step * global_batch_size +
                           FLAGS.samples_between_eval)
   last_saved = step
@@ -673,14 +823,28 @@ def run(bert_config, train_files, eval_files, ranks, skipped_records=None):
       sess.run(accumulate_op)
     display = step + 1 == FLAGS.num_train_steps or (step + 1) % FLAGS.display_loss_steps == 0
     # Losses are fetched (and averaged over ranks) on display steps only.
-    values = sess.run(display_fetches if display else update_op)
-    step += 1
+    values = sess.run(display_fetches if display else step_fetches)
     step_time = time.time() - step_start
+    iterations += 1
     trained_sentences += global_batch_size
-    if step - first_step > FLAGS.fps_warmup_steps:
+    if iterations > FLAGS.fps_warmup_steps:
       steady_sentences += global_batch_size
       steady_time += step_time
     window_steps += 1
+    if values["step"] == step:
+      # Skipped by loss scaling (the scale is halved): this update is run again with
+      # new data, and only applied updates count towards --num_train_steps.
+      if last_scale <= 1.0:
+        loss_is_finite = False
+        logger.print("Gradients are not finite at step %d even with loss scale 1: stopping "
+                     "without saving. Lower --learning_rate or raise --num_warmup_steps"
+                     % (step + 1))
+        break
+      last_scale = values["loss_scale"]
+      continue
+    step = int(values["step"])
+    if loss_scale is not None:
+      last_scale = values["loss_scale"]
 
     if step % FLAGS.display_loss_steps == 0 or step == FLAGS.num_train_steps:
       window_fps = window_steps * global_batch_size / max(time.time() - window_start, 1e-9)
@@ -775,6 +939,7 @@ def main(argv):
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   try:
+    device = detect_device()
     bert_config, train_files, eval_files, skipped_records = check_flags()
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
@@ -790,7 +955,7 @@ def main(argv):
       if removed:
         print("Removed what an interrupted save left in %s: %s"
               % (FLAGS.output_dir, ", ".join(removed)))
-    status = run(bert_config, train_files, eval_files, ranks, skipped_records)
+    status = run(bert_config, train_files, eval_files, ranks, device, skipped_records)
     ranks.stop()
     return status
   except ValueError as e:
@@ -874,4 +1039,5 @@ def _is_horovod_error(message):
 
 
 if __name__ == "__main__":
+  enable_cpu_xla(sys.argv)
   app.run(lambda argv: sys.exit(main(argv)))

@@ -175,9 +175,14 @@ def test_assignment_map_from_checkpoint(tmp_path):
       modeling.get_assignment_map_from_checkpoint(tf.global_variables(), prefix)
 
 
-def test_bfloat16_compute_keeps_float32_variables():
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16], ids=["bfloat16", "float16"])
+def test_reduced_precision_compute_keeps_float32_variables(dtype):
   with tf.Graph().as_default():
-    outputs = run_pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.bfloat16)
+    outputs = run_pretraining.build_model(CONFIG, features(2, 16, 3), True, dtype)
+    # The encoder's matmuls compute in dtype (the embedding lookups stay float32).
+    matmuls = [op for op in tf.get_default_graph().get_operations()
+               if op.type in ("MatMul", "BatchMatMulV2") and op.name.startswith("bert/encoder/")]
+    assert len(matmuls) > 10 and all(op.outputs[0].dtype == dtype for op in matmuls)
     assert all(v.dtype.base_dtype == tf.float32 for v in tf.global_variables())
     assert outputs["total_loss"].dtype == tf.float32
     with tf.Session() as sess:

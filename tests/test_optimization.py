@@ -143,4 +143,73 @@ def test_loss_scale_skips_overflow_and_halves():
       assert not np.allclose(sess.run(w), [1.0, 2.0])
       sess.run(update, {scale_in: 1.0})
       assert sess.run(loss_scale.scale) == 8.0  # two good steps: grown
-      assert sess.run(step) == 3
+      assert sess.run(step) == 2  # the skipped update is not counted
+
+
+def _state(sess):
+  """Every global variable but the loss scale's own: weights, slots, global_step."""
+  return {v.op.name: sess.run(v) for v in tf.global_variables()
+          if not v.op.name.startswith("loss_scale/")}
+
+
+def test_a_float16_overflow_skips_the_update_and_the_scale_grows_after_the_interval():
+  """Float16 BERT with a loss scale of 2^40: its float16 gradients overflow for real. The
+  update is skipped (weights, moment slots, global_step and so the learning rate stay
+  exactly as they were) and the scale halves; at a scale that fits, updates apply and
+  the scale doubles after growth_interval good steps."""
+  with tf.Graph().as_default():
+    tf.set_random_seed(7)
+    outputs = run_pretraining.build_model(CONFIG, _batches(4), True, tf.float16)
+    step = tf.train.get_or_create_global_step()
+    lr = optimization.learning_rate_schedule(step, 1e-2, num_train_steps=10,
+                                             num_warmup_steps=0)
+    loss_scale = optimization.DynamicLossScale(initial_scale=2.0 ** 40, growth_interval=2)
+    _, update = optimization.create_train_ops(outputs["total_loss"],
+                                              optimization.create_optimizer("lamb", lr),
+                                              step, loss_scale=loss_scale)
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      before, lr_before = _state(sess), sess.run(lr)
+      assert any(name.endswith("/adam_m") for name in before)
+      sess.run(update)
+      after = _state(sess)
+      assert sorted(after) == sorted(before)
+      for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+      assert sess.run([step, lr]) == [0, lr_before]
+      assert sess.run([loss_scale.scale, loss_scale.skipped_steps]) == [2.0 ** 39, 1]
+
+      sess.run(loss_scale.scale.assign(2.0 ** 8))
+      sess.run(update)
+      assert sess.run([step, loss_scale.scale, loss_scale.good_steps]) == [1, 2.0 ** 8, 1]
+      moved = _state(sess)
+      assert np.abs(moved["bert/embeddings/word_embeddings"]
+                    - before["bert/embeddings/word_embeddings"]).max() > 1e-4
+      assert np.abs(moved["bert/embeddings/word_embeddings/adam_m"]).max() > 0
+      assert sess.run(lr) < lr_before  # the decay moved on
+      sess.run(update)
+      assert sess.run([step, loss_scale.scale, loss_scale.good_steps]) == [2, 2.0 ** 9, 0]
+      assert sess.run(loss_scale.skipped_steps) == 1
+
+
+def test_loss_scaled_updates_equal_unscaled_ones():
+  """With finite gradients, loss scaling (unscaling folded into the clipping factor)
+  gives the float32 update."""
+  def weights(loss_scale):
+    with tf.Graph().as_default():
+      w = tf.get_variable("w", initializer=np.array([[0.5, -1.0], [2.0, 0.25]], np.float32))
+      loss = tf.reduce_sum(tf.square(w * np.array([[3.0, 1.0], [-2.0, 5.0]], np.float32)))
+      step = tf.train.get_or_create_global_step()
+      scale = (optimization.DynamicLossScale(initial_scale=loss_scale)
+               if loss_scale else None)
+      _, update = optimization.create_train_ops(
+          loss, optimization.create_optimizer("lamb", 0.1), step, loss_scale=scale)
+      with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(3):
+          sess.run(update)
+        return sess.run(w), sess.run(step)
+  (plain, plain_step), (scaled, scaled_step) = weights(None), weights(2.0 ** 15)
+  assert plain_step == scaled_step == 3
+  np.testing.assert_allclose(scaled, plain, rtol=1e-6)
+  assert np.abs(plain - np.array([[0.5, -1.0], [2.0, 0.25]])).max() > 1e-2

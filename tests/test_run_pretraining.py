@@ -1,6 +1,7 @@
 """The training loop end to end, evaluation numbers, logs, and every bad input."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -267,21 +268,201 @@ def _final_eval(stdout):
   return {k: float(v) for k, v in re.findall(r"^  (\w+) = ([\d.e+-]+)$", last, re.M)}
 
 
-def test_amp_matches_float32_and_xla_runs(pretraining_data, tmp_path):
-  """bfloat16 compute (the CPU's --amp) trains like float32: same data order, same seed,
-  the final eval within a small tolerance; --use_xla runs too."""
-  common = dict(num_train_steps=30, learning_rate=5e-3, shuffle_buffer=1, seed=5,
+def test_mixed_precision_trains_like_float32(pretraining_data, tmp_path, monkeypatch):
+  """Same data order and seed: bfloat16 (the CPU's --amp) and float16 with loss scaling
+  (forced on the CPU by --amp_dtype) end within a small tolerance of float32. The
+  float16 run also has CUDA_VISIBLE_DEVICES=0 and no GPU: --device=cpu trains anyway."""
+  common = dict(num_train_steps=30, learning_rate=5e-2, shuffle_buffer=1, seed=5,
                 display_loss_steps=10)
   fp32 = run_pretraining(*base_flags(pretraining_data, tmp_path / "fp32", **common))
   amp = run_pretraining(*base_flags(pretraining_data, tmp_path / "amp", amp=None, **common))
-  xla = run_pretraining(*base_flags(pretraining_data, tmp_path / "xla", use_xla=None,
-                                    **dict(common, num_train_steps=2)))
-  for result in (fp32, amp, xla):
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+  fp16 = run_pretraining(*base_flags(pretraining_data, tmp_path / "fp16", device="cpu",
+                                     amp_dtype="float16", **common))
+  for result in (fp32, amp, fp16):
     assert result.returncode == 0, result.stderr
-  assert "float32 compute" in fp32.stdout and "bfloat16 compute" in amp.stdout
-  first_loss = float(re.search(r"Step 10, total_loss: ([\d.]+)", fp32.stdout).group(1))
-  got, want = _final_eval(amp.stdout), _final_eval(fp32.stdout)
-  assert want["masked_lm_loss"] < first_loss - 0.5  # float32 did learn something
-  assert got["masked_lm_loss"] == pytest.approx(want["masked_lm_loss"], rel=0.03)
-  assert got["masked_lm_accuracy"] == pytest.approx(want["masked_lm_accuracy"], abs=0.03)
-  assert "Step 2," in xla.stdout
+  assert re.search(r"^device: CPU, \d+ cores, compute float32$", fp32.stdout, re.M)
+  assert re.search(r"^device: CPU, \d+ cores, compute bfloat16$", amp.stdout, re.M)
+  assert re.search(r"^device: CPU, \d+ cores, compute float16$", fp16.stdout, re.M)
+  assert "float16 compute" in fp16.stdout
+  assert re.search(r"^Step 30, .*, loss_scale: 32768, skipped_steps: 0$", fp16.stdout, re.M)
+  want = _final_eval(fp32.stdout)
+  # float32 learned: below the loss of a uniform guess over the vocab (6.40).
+  assert want["masked_lm_loss"] < math.log(TINY_CONFIG["vocab_size"]) - 0.3
+  step_loss = lambda out: float(re.search(r"Step 30, total_loss: ([\d.]+)", out).group(1))
+  for result in (amp, fp16):
+    got = _final_eval(result.stdout)
+    assert got["masked_lm_loss"] == pytest.approx(want["masked_lm_loss"], rel=0.01)
+    assert got["masked_lm_accuracy"] == pytest.approx(want["masked_lm_accuracy"], abs=0.01)
+    assert step_loss(result.stdout) == pytest.approx(step_loss(fp32.stdout), rel=0.01)
+
+
+def test_skipped_updates_are_not_counted_as_steps(pretraining_data, tmp_path):
+  """float16 from a loss scale of 2^40: the first updates overflow and are skipped, the
+  scale halves each time; the run still makes --num_train_steps applied updates, saves
+  at global steps 2 and 4, and counts the skipped batches as trained sentences."""
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(pretraining_data, out, amp_dtype="float16",
+                                       init_loss_scale=2 ** 40, save_checkpoints_steps=2,
+                                       nodo_eval=None, dllog_path=str(tmp_path / "log.json")))
+  assert result.returncode == 0, result.stderr
+  lines = re.findall(r"^Step (\d+), .*, loss_scale: (\d+), skipped_steps: (\d+)$",
+                     result.stdout, re.M)
+  assert [int(step) for step, _, _ in lines] == [2, 4]
+  scale, skipped = int(lines[-1][1]), int(lines[-1][2])
+  assert skipped >= 1 and scale == 2 ** 40 / 2 ** skipped
+  assert os.path.exists(str(out / "model.ckpt-2.index"))
+  final = tf.train.latest_checkpoint(str(out))
+  assert final.endswith("model.ckpt-4")
+  reader = tf.train.load_checkpoint(final)
+  assert reader.get_tensor("global_step") == 4
+  assert reader.get_tensor("loss_scale/skipped_steps") == skipped
+  assert "training sentences: %d" % (8 * (4 + skipped)) in result.stdout
+  records = [json.loads(line) for line in open(str(tmp_path / "log.json"))]
+  assert [r["step"] for r in records if r["type"] == "train"] == [2, 4]
+  assert [r["device"] for r in records if r["type"] == "device"] == [
+      "CPU, %d cores, compute float16" % os.cpu_count()]
+
+
+def _xla_clusters(dump_dir):
+  """For each module XLA compiled (its HLO dump before optimizations): the TensorFlow op
+  names it holds."""
+  modules = {}
+  for name in os.listdir(dump_dir):
+    if name.endswith(".before_optimizations.txt"):
+      with open(os.path.join(dump_dir, name)) as f:
+        modules[name] = re.findall(r'op_name="([^"]+)"', f.read())
+  return modules
+
+
+@pytest.mark.parametrize("amp_dtype", ["auto", "float16"])
+def test_xla_compiles_the_optimizer_update_and_the_model(pretraining_data, tmp_path,
+                                                         monkeypatch, amp_dtype):
+  """XLA's own dump of what it compiled: the optimizer update as one cluster (in float16
+  the branch that applies a finite update), and parts of the model's forward and
+  backward passes from auto-clustering (on the CPU, TensorFlow clusters only with
+  --tf_xla_cpu_global_jit, which --use_xla sets)."""
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=%s" % (tmp_path / "dump"))
+  monkeypatch.delenv("TF_XLA_FLAGS", raising=False)
+  result = run_pretraining(*base_flags(pretraining_data, tmp_path / "out", use_xla=None,
+                                       amp_dtype=amp_dtype, num_train_steps=2,
+                                       nodo_eval=None))
+  assert result.returncode == 0, result.stderr
+  assert "Step 2," in result.stdout
+  modules = _xla_clusters(str(tmp_path / "dump"))
+  in_scope = lambda names, scope: sum(n.startswith(scope) for n in names)
+  # The update of every variable in one module: LAMB takes one square root (of its
+  # second moment) per variable.
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "out")))
+  num_variables = sum(n.endswith("/adam_m") for n in reader.get_variable_to_shape_map())
+  update = max(modules.values(), key=lambda names: in_scope(names, "optimizer/"))
+  roots = {n for n in update if re.match(r"optimizer/(cond/)?Sqrt(_\d+)?$", n)}
+  assert num_variables > 30 and len(roots) == num_variables
+  model = [names for names in modules.values() if in_scope(names, "bert/encoder/") > 20]
+  assert model, sorted((k[:30], len(v)) for k, v in modules.items())
+  assert any(in_scope(names, "gradients/") for names in modules.values())
+
+
+@pytest.mark.parametrize("cuda_visible_devices,flags,message", [
+    ("0", {}, r"CUDA_VISIBLE_DEVICES=0 lists cards but this TensorFlow \S+ is a CPU build; "
+              r"install a GPU build .* or pass --device=cpu to train on the CPU on purpose"),
+    ("-1", {"device": "gpu"}, r"--device=gpu but this TensorFlow \S+ is a CPU build"),
+])
+def test_cards_tensorflow_cannot_see_stop_the_run(pretraining_data, tmp_path, monkeypatch,
+                                                   cuda_visible_devices, flags, message):
+  """This machine has no GPU and a CPU build of TensorFlow: the real case of a GPU server
+  where init_tf.sh installed tensorflow-cpu."""
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cuda_visible_devices)
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(pretraining_data, out, **flags))
+  assert result.returncode == 2
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, result.stderr
+  assert re.search("run_pretraining: error: " + message, errors[0]), errors[0]
+  assert "Step " not in result.stdout and not out.exists()
+
+
+class FakeGpu(object):
+  """Stands for a tf.config PhysicalDevice."""
+  device_type = "GPU"
+
+  def __init__(self, index):
+    self.name = "/physical_device:GPU:%d" % index
+
+
+class FakeRanks(object):
+  def __init__(self, local_rank=0, size=1, local_size=1):
+    self.local_rank, self.size, self.local_size = local_rank, size, local_size
+
+
+@pytest.mark.parametrize("device_flag,gpus,visible,cuda,amp,amp_dtype,want", [
+    ("auto", 8, "0,1,2,3,4,5,6,7", True, True, "auto", ("GPU", tf.float16)),
+    ("auto", 1, None, True, False, "auto", ("GPU", tf.float32)),
+    ("auto", 1, None, True, True, "bfloat16", ("GPU", tf.bfloat16)),
+    ("auto", 0, None, False, True, "auto", ("CPU", tf.bfloat16)),
+    ("auto", 0, None, False, True, "float16", ("CPU", tf.float16)),
+    ("auto", 0, "", True, False, "auto", ("CPU", tf.float32)),
+    ("auto", 0, "-1", True, False, "auto", ("CPU", tf.float32)),
+    ("cpu", 8, "0,1,2,3,4,5,6,7", True, True, "auto", ("CPU", tf.bfloat16)),
+    ("cpu", 0, "0", False, False, "auto", ("CPU", tf.float32)),
+    ("auto", 0, "0,1", True, False, "auto",
+     r"CUDA_VISIBLE_DEVICES=0,1 lists cards but TensorFlow \S+ finds no usable GPU \(check "
+     r"the driver with nvidia-smi"),
+    ("gpu", 0, None, True, False, "auto", r"--device=gpu but TensorFlow \S+ finds no usable"),
+])
+def test_device_and_compute_type_decisions(device_flag, gpus, visible, cuda, amp, amp_dtype,
+                                           want):
+  gpus = [FakeGpu(i) for i in range(gpus)]
+  if isinstance(want, str):
+    with pytest.raises(ValueError, match=want):
+      rp.choose_device(device_flag, gpus, visible, cuda, amp, amp_dtype)
+    return
+  device = rp.choose_device(device_flag, gpus, visible, cuda, amp, amp_dtype)
+  assert (device.kind, device.dtype) == want
+  assert len(device.gpus) == (len(gpus) if want[0] == "GPU" else 0)
+
+
+def test_device_line_names_this_ranks_card_among_the_jobs(monkeypatch):
+  gpu = rp.Device("GPU", [FakeGpu(i) for i in range(8)], tf.float16)
+  assert (rp.device_line(gpu, FakeRanks(3, size=16, local_size=8), "NVIDIA A100-SXM4-40GB")
+          == "GPU 3 of 16, NVIDIA A100-SXM4-40GB, compute float16")
+  assert rp.device_line(gpu, FakeRanks()) == "GPU 0 of 1, compute float16"
+  cpu = rp.Device("CPU", [], tf.bfloat16)
+  assert rp.device_line(cpu, FakeRanks(), cores=2) == "CPU, 2 cores, compute bfloat16"
+  assert (rp.device_line(cpu, FakeRanks(1, size=4, local_size=2), cores=2)
+          == "CPU, 2 cores, 2 ranks on this host, compute bfloat16")
+  # A launcher that gives every rank its own single card: each uses its card 0.
+  assert rp.gpu_index(FakeRanks(5, size=8, local_size=8), 1) == 0
+  with pytest.raises(ValueError, match="3 ranks on this host but TensorFlow sees 2 GPUs"):
+    rp.gpu_index(FakeRanks(2, size=3, local_size=3), 2)
+
+
+def test_gpu_name_without_starting_the_gpu_and_on_tf115(monkeypatch):
+  """TensorFlow >= 2.3 names the card from its details; 1.15, which lacks them, from the
+  description of the device the session config makes."""
+  from tensorflow.python.client import device_lib
+  seen = {}
+
+  def details(gpu):
+    seen["gpu"] = gpu.name
+    return {"device_name": "NVIDIA A100-SXM4-40GB", "compute_capability": (8, 0)}
+
+  monkeypatch.setattr(tf.config.experimental, "get_device_details", details, raising=False)
+  assert rp.gpu_name(FakeGpu(2), tf.ConfigProto()) == "NVIDIA A100-SXM4-40GB"
+  assert seen["gpu"] == "/physical_device:GPU:2"
+
+  class Local(object):
+    def __init__(self, device_type, desc):
+      self.device_type, self.physical_device_desc = device_type, desc
+
+  def list_local_devices(config):
+    seen["visible"] = config.gpu_options.visible_device_list
+    return [Local("CPU", ""), Local("GPU", "device: 0, name: Tesla V100-SXM2-16GB, pci bus "
+                                           "id: 0000:3b:00.0, compute capability: 7.0")]
+
+  monkeypatch.delattr(tf.config.experimental, "get_device_details")
+  monkeypatch.setattr(device_lib, "list_local_devices", list_local_devices)
+  config = tf.ConfigProto()
+  config.gpu_options.visible_device_list = "3"
+  assert rp.gpu_name(FakeGpu(3), config) == "Tesla V100-SXM2-16GB"
+  assert seen["visible"] == "3"
