@@ -101,8 +101,9 @@ class RunLogger(object):
     self.print("warning: " + message)
     self.record("warning", {"step": int(step), "message": message})
 
-  def eval_results(self, step, results, output_dir):
-    """Prints Google BERT's eval block and writes output_dir/eval_results.txt."""
+  def eval_results(self, step, results, output_dir, samples=None):
+    """Prints Google BERT's eval block and writes output_dir/eval_results.txt; `samples`
+    (training samples so far) goes to the JSON-lines log beside the results."""
     if not self.is_chief:
       return
     lines = ["  %s = %s" % (key, results[key]) for key in sorted(results)]
@@ -113,7 +114,8 @@ class RunLogger(object):
       with tf.gfile.GFile(os.path.join(output_dir, "eval_results.txt"), "w") as writer:
         writer.write("global_step = %d\n" % step)
         writer.write("\n".join(line.strip() for line in lines) + "\n")
-    self.metrics(step, results, prefix="eval")
+    self.metrics(step, dict(results, samples=samples) if samples is not None else results,
+                 prefix="eval")
 
   def close(self):
     if self._dllog is not None:

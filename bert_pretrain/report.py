@@ -22,8 +22,6 @@ import sys
 from absl import app
 from absl import flags
 
-flags.DEFINE_string("dllog_path", None, "dllog.json to read (default: OUTPUT_DIR/dllog.json).")
-flags.DEFINE_string("png_path", None, "Picture to write (default: OUTPUT_DIR/report.png).")
 FLAGS = flags.FLAGS
 
 
@@ -208,4 +206,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Defined here, not on import: run_pretraining imports this module and has a
+  # --dllog_path of its own.
+  flags.DEFINE_string("dllog_path", None, "dllog.json to read (default: "
+                      "OUTPUT_DIR/dllog.json).")
+  flags.DEFINE_string("png_path", None, "Picture to write (default: OUTPUT_DIR/report.png).")
   app.run(lambda argv: sys.exit(main(argv)))

@@ -26,10 +26,12 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import checkpoints
+from bert_pretrain import health
 from bert_pretrain import input_pipeline
 from bert_pretrain import logs
 from bert_pretrain import modeling
 from bert_pretrain import optimization
+from bert_pretrain import report
 
 flags.DEFINE_string("input_files_dir", None, "Folder (or glob) of the training TFRecords.")
 flags.DEFINE_string("eval_files_dir", None, "Folder (or glob) of the evaluation TFRecords.")
@@ -693,7 +695,17 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
       if loss_scale is not None:
         step_fetches.update(loss_scale=loss_scale.scale.read_value(),
                             skipped_steps=loss_scale.skipped_steps.read_value())
-    display_fetches = dict(step_fetches, losses=losses, learning_rate=learning_rate)
+    # When this rank's forward pass ended (seconds since the epoch): what the step took
+    # here before waiting for the other ranks in the all-reduce.
+    with tf.control_dependencies([outputs["total_loss"]]):
+      forward_done = tf.timestamp()
+    display_fetches = dict(step_fetches, losses=losses, learning_rate=learning_rate,
+                           forward_done=forward_done)
+    rank_times = None
+    if ranks.hvd is not None:
+      # Gathered on display steps only: each rank's input + forward time of that step.
+      rank_time = tf.placeholder(tf.float64, [1])
+      rank_times = ranks.hvd.allgather(rank_time, name="rank_step_times")
   evaluator = None
   if FLAGS.do_eval:
     evaluator = Evaluator(bert_config, eval_files, ranks, dtype, FLAGS.eval_batch_size,
@@ -747,6 +759,8 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
   status = "aborted"
   eval_time = 0.0
 
+  monitor = health.HealthMonitor()
+
   def evaluate(at_step):
     nonlocal eval_time, last_eval_step
     start = time.time()
@@ -761,7 +775,10 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
     last_eval_step = at_step
     logger.mlperf(logs.mllog.constants.EVAL_ACCURACY, res["masked_lm_accuracy"],
                   metadata=samples)
-    logger.eval_results(at_step, res, FLAGS.output_dir if is_chief else None)
+    logger.eval_results(at_step, res, FLAGS.output_dir if is_chief else None,
+                        samples=at_step * global_batch_size)
+    for warning in monitor.evaluation(at_step, res["masked_lm_accuracy"]):
+      logger.warning(at_step, warning)
     return res
 
   def reached_target(res):
@@ -856,9 +873,21 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
         line += ", loss_scale: %g, skipped_steps: %d" % (values["loss_scale"],
                                                          values["skipped_steps"])
       logger.print(line)
-      logger.metrics(step, {"total_loss": total_loss, "mlm_loss": mlm_loss,
-                            "nsp_loss": nsp_loss, "learning_rate": values["learning_rate"],
-                            "throughput_train": window_fps}, prefix="train")
+      logged = {"total_loss": total_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
+                "learning_rate": values["learning_rate"], "throughput_train": window_fps,
+                "samples": step * global_batch_size}
+      scale = skipped = None
+      if loss_scale is not None:
+        scale, skipped = values["loss_scale"], values["skipped_steps"]
+        logged.update(loss_scale=scale, skipped_steps=skipped)
+      logger.metrics(step, logged, prefix="train")
+      warnings = monitor.window(step, window_fps, window_steps, scale, skipped)
+      if rank_times is not None:
+        own_time = values["forward_done"] - step_start
+        warnings += monitor.rank_step_times(
+            step, list(sess.run(rank_times, {rank_time: [own_time]})))
+      for warning in warnings:
+        logger.warning(step, warning)
       # All ranks see the same averaged loss, so they stop together. With loss
       # scaling a non-finite step is skipped, not fatal.
       loss_is_finite = bool(np.isfinite(total_loss)) or loss_scale is not None
@@ -929,6 +958,12 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
   logger.metrics(step, summary, prefix="summary")
   logger.close()
   sess.close()
+  if is_chief:
+    dllog_path = FLAGS.dllog_path or os.path.join(FLAGS.output_dir, "dllog.json")
+    try:
+      report.write_report(FLAGS.output_dir, dllog_path)
+    except (ValueError, EnvironmentError, RuntimeError) as e:
+      print("report: not drawn (%s); the run itself is complete" % e)
   return 0 if loss_is_finite else 1
 
 

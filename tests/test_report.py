@@ -137,3 +137,19 @@ def test_a_missing_or_foreign_log_is_a_one_line_error(tmp_path):
   (tmp_path / "dllog.json").write_text(json.dumps([1, 2]) + "\nnot json\n")
   result = run_report(str(tmp_path))
   assert result.returncode == 2 and "holds no log records" in result.stderr
+
+
+def test_every_run_ends_with_its_report(pretraining_data, tmp_path):
+  pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
+  from conftest import base_flags, run_pretraining
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
+                                       display_loss_steps=2, eval_at_start=None))
+  assert result.returncode == 0, result.stderr
+  assert "report: updates: 6, training samples: 48, runs logged: 1" in result.stdout
+  assert "report: %s" % (out / "report.png") in result.stdout
+  assert _png_size(str(out / "report.png")) == (960, 640)
+  records = report.read_records(str(out / "dllog.json"))
+  train = [r for r in records if r["type"] == "train"]
+  assert [(r["step"], r["samples"]) for r in train] == [(2, 16), (4, 32), (6, 48)]
+  assert [r["samples"] for r in records if r["type"] == "eval"] == [0, 48]
