@@ -244,8 +244,6 @@ def check_flags():
   Raises:
     ValueError: with the one-line message the user sees.
   """
-  if FLAGS.use_fp16 or FLAGS.amp_dtype != "auto":
-    FLAGS.amp = True
   if not FLAGS.bert_config_file:
     raise ValueError("--bert_config_file is required; pass --bert_config_file=PATH/bert_config.json")
   bert_config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
@@ -399,6 +397,7 @@ def detect_device():
   # visible_device_list (one card per Horovod rank).
   return choose_device(FLAGS.device, tf.config.experimental.list_physical_devices("GPU"),
                        os.environ.get("CUDA_VISIBLE_DEVICES"), tf.test.is_built_with_cuda(),
+                       # --use_fp16 is an alias of --amp; --amp_dtype implies it.
                        FLAGS.amp or FLAGS.use_fp16 or FLAGS.amp_dtype != "auto",
                        FLAGS.amp_dtype)
 

@@ -466,3 +466,19 @@ def test_gpu_name_without_starting_the_gpu_and_on_tf115(monkeypatch):
   config.gpu_options.visible_device_list = "3"
   assert rp.gpu_name(FakeGpu(3), config) == "Tesla V100-SXM2-16GB"
   assert seen["visible"] == "3"
+
+
+def test_float16_gradients_that_overflow_at_scale_1_stop_the_run(pretraining_data, tmp_path):
+  """A learning rate of 10^4 blows the float16 activations up after one update: every
+  later update overflows whatever the scale, so the run stops instead of skipping
+  forever, without saving, and exits non-zero."""
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(pretraining_data, out, amp_dtype="float16",
+                                       init_loss_scale=1, learning_rate=1e4,
+                                       num_train_steps=50, display_loss_steps=1,
+                                       nodo_eval=None))
+  assert result.returncode == 1
+  assert re.search(r"^Gradients are not finite at step \d+ even with loss scale 1: stopping "
+                   r"without saving", result.stdout, re.M)
+  assert "Step 50," not in result.stdout
+  assert tf.train.latest_checkpoint(str(out)) is None
