@@ -789,7 +789,7 @@ def main(argv):
     stalled = ranks.stalled_ranks(3 * getattr(ranks, "_interval", 1))
     print("run_pretraining: error: Horovod stopped the job (%s)%s; checkpoints in %s are "
           "kept: rerun the same command to resume"
-          % (_error_line(e.message),
+          % (_error_line(e.message).split(". ")[0],
              "; rank %s stopped answering" % ", ".join(str(r) for r in stalled) if stalled
              else "; a rank stalled or failed: its number is in the lines above "
              "('Missing ranks', or its own error)", FLAGS.output_dir), file=sys.stderr)
