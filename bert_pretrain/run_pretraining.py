@@ -124,7 +124,8 @@ class Ranks(object):
   - Horovod's stall check (HOROVOD_STALL_CHECK_TIME_SECONDS, then
     HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; set here unless the user set them) lists the
     ranks that did not submit an all-reduce ("Missing ranks"), e.g. a rank stuck in I/O,
-    and shuts Horovod down; the training loop then fails with a Horovod error.
+    and shuts Horovod down; the training loop then fails with a Horovod error. It runs
+    under MPI; Horovod 0.28.1's Gloo controller did not run it in our tests.
   - A whole process stopped or frozen cannot answer Horovod's negotiation, so the stall
     check never runs (MPI waits forever, Gloo times out without a rank). Each rank
     therefore rewrites a small file output_dir/.ranks/rank-N every few seconds from a
@@ -143,6 +144,8 @@ class Ranks(object):
     self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
     self.stall_timeout_s = stall_timeout_s
     self._folder = None
+    self._interval = 1.0
+    self._thread = None
     self._stop = threading.Event()
     self._seen = {}  # rank -> (file content, time it last changed)
     if use_horovod:
@@ -166,7 +169,8 @@ class Ranks(object):
     if self.size > 1 and stall_timeout_s > 0 and output_dir:
       self._folder = os.path.join(output_dir, ".ranks")
       self._interval = max(1.0, min(10.0, stall_timeout_s / 10.0))
-      threading.Thread(target=self._watch, name="stall_watchdog", daemon=True).start()
+      self._thread = threading.Thread(target=self._watch, name="stall_watchdog", daemon=True)
+      self._thread.start()
 
   @property
   def is_chief(self):
@@ -197,9 +201,12 @@ class Ranks(object):
         sys.stderr.flush()
         os._exit(3)  # pylint: disable=protected-access
 
-  def stalled_ranks(self, min_age_s):
+  def stalled_ranks(self, min_age_s=None):
     """Other ranks whose heartbeat changed since this rank started watching, then not
-    for min_age_s seconds (a file left by an earlier run never counts)."""
+    for min_age_s seconds (default: three heartbeats; a file left by an earlier run never
+    counts)."""
+    if min_age_s is None:
+      min_age_s = 3 * self._interval
     if self._folder is None:
       return []
     now = time.time()
@@ -226,6 +233,8 @@ class Ranks(object):
   def stop(self):
     """Ends the heartbeat thread; the others no longer wait for this rank."""
     self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=10)
     if self._folder is not None:
       try:
         with open(os.path.join(self._folder, "rank-%d" % self.rank), "w") as f:
@@ -1025,10 +1034,10 @@ def main(argv):
   except tf.errors.OpError as e:
     if ranks is None or ranks.hvd is None or not _is_horovod_error(e.message):
       raise
-    stalled = ranks.stalled_ranks(3 * getattr(ranks, "_interval", 1))
+    stalled = ranks.stalled_ranks()
     print("run_pretraining: error: Horovod stopped the job (%s)%s; checkpoints in %s are "
           "kept: rerun the same command to resume"
-          % (_error_line(e.message),
+          % (_error_line(e.message).split(". ")[0],
              "; rank %s stopped answering" % ", ".join(str(r) for r in stalled) if stalled
              else "; a rank stalled or failed: its number is in the lines above "
              "('Missing ranks', or its own error)", FLAGS.output_dir), file=sys.stderr)
