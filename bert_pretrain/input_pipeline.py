@@ -192,7 +192,7 @@ def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vo
 
 def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_training,
                  num_shards=1, shard_index=0, shuffle_buffer=10000, seed=None,
-                 num_parallel_reads=4):
+                 num_parallel_reads=4, skip_batches=0):
   """A tf.data.Dataset of parsed pretraining batches.
 
   Training: files are shuffled and interleaved, records shuffled in a buffer, the set
@@ -201,6 +201,11 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
 
   With several ranks (num_shards > 1) each rank reads distinct records: whole files
   when there are at least as many files as ranks, otherwise every num_shards-th record.
+
+  The order is deterministic for a given seed (the parallel interleave and map keep
+  their input order), so a resumed run continues the data order of the run it resumes
+  by skipping the batches that run consumed (skip_batches): the skip happens after the
+  shuffle and before parsing, so it costs a read of the skipped records only.
 
   Args:
     files: list of TFRecord paths (list_record_files).
@@ -211,6 +216,8 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
     shuffle_buffer: records held for shuffling (training).
     seed: (optional) shuffle seed.
     num_parallel_reads: files read at once.
+    skip_batches: (training) batches of this rank to skip first: an int or an int64
+      scalar Tensor (e.g. a placeholder fed when the iterator is initialized).
 
   Returns:
     A Dataset of dicts name -> Tensor: int32 [batch_size, max_seq_length] for input_ids,
@@ -240,6 +247,7 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
       dataset = dataset.repeat()
   if is_training:
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    dataset = dataset.skip(tf.cast(skip_batches, tf.int64) * batch_size)
 
   def parse(serialized):
     # Parsing a whole batch at once is much cheaper than one example at a time.
