@@ -429,7 +429,7 @@ def rank_files(files, num_shards, shard_index):
 
 def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_training,
                  num_shards=1, shard_index=0, shuffle_buffer=10000, seed=None,
-                 num_parallel_reads=4, vocab_size=None, skip_records=()):
+                 num_parallel_reads=4, vocab_size=None, skip_records=(), skip_batches=0):
   """A tf.data.Dataset of parsed pretraining batches.
 
   Training: files are shuffled and interleaved, records shuffled in a buffer, the set
@@ -443,6 +443,11 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
   on past a corrupt record); their good records are cut out of the file's bytes and
   mixed into the stream in proportion to their size.
 
+  The order is deterministic for a given seed (the parallel interleave and map keep
+  their input order), so a resumed run continues the data order of the run it resumes
+  by skipping the batches that run consumed (skip_batches): the skip happens after the
+  shuffle and before parsing, so it costs a read of the skipped records only.
+
   Args:
     files: list of TFRecord paths (list_record_files).
     batch_size: examples per batch on this rank.
@@ -455,6 +460,8 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
     vocab_size: (optional) every batch is checked in the graph for token ids outside
       [0, vocab_size); the error starts with TOKEN_ID_ERROR.
     skip_records: BadRecords to leave out (check_training_files).
+    skip_batches: (training) batches of this rank to skip first: an int or an int64
+      scalar Tensor (e.g. a placeholder fed when the iterator is initialized).
 
   Returns:
     A Dataset of dicts name -> Tensor: int32 [batch_size, max_seq_length] for input_ids,
@@ -505,6 +512,7 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
       dataset = dataset.concatenate(kept)
   if is_training:
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    dataset = dataset.skip(tf.cast(skip_batches, tf.int64) * batch_size)
 
   def parse(serialized):
     # Parsing a whole batch at once is much cheaper than one example at a time.

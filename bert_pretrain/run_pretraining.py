@@ -32,6 +32,7 @@ from bert_pretrain import logs
 from bert_pretrain import modeling
 from bert_pretrain import optimization
 from bert_pretrain import report
+from bert_pretrain import signals
 
 flags.DEFINE_string("input_files_dir", None, "Folder (or glob) of the training TFRecords.")
 flags.DEFINE_string("eval_files_dir", None, "Folder (or glob) of the evaluation TFRecords.")
@@ -622,11 +623,15 @@ def log_hyperparameters(logger, ranks, global_batch_size, learning_rate):
   logger.mlperf("num_ranks", ranks.size)
 
 
-def run(bert_config, train_files, eval_files, ranks, device, skipped_records=None):
+def run(bert_config, train_files, eval_files, ranks, device, skipped_records=None, stop=None):
   """Builds the graph, then trains and evaluates. Returns the process exit status.
 
   device: Device (detect_device). skipped_records: (optional)
-  input_pipeline.SkippedRecords, the training records left out (--skip_corrupt_records)."""
+  input_pipeline.SkippedRecords, the training records left out (--skip_corrupt_records).
+  stop: (optional) the installed signals.StopRequest: SIGTERM or SIGINT then stop the
+  training after the current update, on every rank, with a checkpoint.
+  """
+  stop = stop or signals.StopRequest()
   run_start = time.time()
   is_chief = ranks.is_chief
   config = session_config(ranks, device)
@@ -666,13 +671,16 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
   global_step = tf.train.get_or_create_global_step()
   outputs = update_op = accumulate_op = learning_rate = loss_scale = None
   if FLAGS.do_train:
+    skip_batches = tf.placeholder_with_default(tf.constant(0, tf.int64), [])
     dataset = input_pipeline.make_dataset(
         train_files, FLAGS.train_batch_size, FLAGS.max_seq_length,
         FLAGS.max_predictions_per_seq, is_training=True, num_shards=ranks.size,
         shard_index=ranks.rank, shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed,
         vocab_size=bert_config.vocab_size,
-        skip_records=skipped_records.bad if skipped_records is not None else ())
-    features = tf.data.make_one_shot_iterator(dataset).get_next()
+        skip_records=skipped_records.bad if skipped_records is not None else (),
+        skip_batches=skip_batches)
+    train_iterator = tf.data.make_initializable_iterator(dataset)
+    features = train_iterator.get_next()
     outputs = build_model(bert_config, features, True, dtype)
     learning_rate = optimization.learning_rate_schedule(
         global_step, learning_rate_value, FLAGS.num_train_steps, FLAGS.num_warmup_steps,
@@ -696,6 +704,7 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
     losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
     if ranks.hvd is not None:
       losses = ranks.hvd.allreduce(losses, op=ranks.hvd.Average, name="display_losses")
+    stop_feed, stop_agreed = signals.agreed_signal(ranks.hvd)
     with tf.control_dependencies([update_op]):
       # global_step after the update: one more, or the same when loss scaling skipped
       # an update whose gradients overflowed.
@@ -703,6 +712,8 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
       if loss_scale is not None:
         step_fetches.update(loss_scale=loss_scale.scale.read_value(),
                             skipped_steps=loss_scale.skipped_steps.read_value())
+    # The stop request agreed by all ranks, in the same session run as the update.
+    step_fetches["stop_signal"] = stop_agreed
     # When this rank's forward pass ended (seconds since the epoch): what the step took
     # here before waiting for the other ranks in the all-reduce.
     with tf.control_dependencies([outputs["total_loss"]]):
@@ -755,6 +766,9 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
     logger.print("No --init_checkpoint: the model starts from random weights")
   if broadcast_op is not None:
     sess.run(broadcast_op)
+  if FLAGS.do_train:
+    sess.run(train_iterator.initializer,
+             {skip_batches: data_position(int(sess.run(global_step)), logger.print)})
   if is_chief and FLAGS.do_train:
     checkpoints.write_run_marker(FLAGS.output_dir, resume_settings(bert_config))
   sess.graph.finalize()  # Nothing may add ops inside the loop.
@@ -817,6 +831,8 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
     logger.print("global_step %d already reached --num_train_steps=%d; nothing to train"
                  % (step, FLAGS.num_train_steps))
   block_first_step = None  # MLPerf "blocks": the training between two evaluations.
+  stopped_by = 0  # The signal that stopped the training (all ranks agree), 0: none.
+  stop.arm()
 
   def weights_are_finite():
     """Runs the all-finite check before a save; says so when it fails."""
@@ -848,7 +864,7 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
       sess.run(accumulate_op)
     display = step + 1 == FLAGS.num_train_steps or (step + 1) % FLAGS.display_loss_steps == 0
     # Losses are fetched (and averaged over ranks) on display steps only.
-    values = sess.run(display_fetches if display else step_fetches)
+    values = sess.run(display_fetches if display else step_fetches, {stop_feed: stop.signum})
     step_time = time.time() - step_start
     iterations += 1
     trained_sentences += global_batch_size
@@ -916,6 +932,12 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
       last_saved = step
       window_start += time.time() - start
 
+    stopped_by = int(values["stop_signal"])
+    if stopped_by:
+      # Every rank says where it stopped: the ranks agree on the step.
+      print("%s: rank %d stops after step %d; run the same command again to resume"
+            % (signals.name(stopped_by), ranks.rank, step), flush=True)
+      break
     if evaluator is not None and step * global_batch_size >= next_eval_samples \
         and step < FLAGS.num_train_steps:
       while next_eval_samples <= step * global_batch_size:
@@ -936,7 +958,7 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
     loss_is_finite = weights_are_finite()
     if loss_is_finite and is_chief:
       checkpoints.save_checkpoint(saver, sess, FLAGS.output_dir, step)
-  if evaluator is not None and last_eval_step != step and loss_is_finite:
+  if evaluator is not None and last_eval_step != step and loss_is_finite and not stopped_by:
     results = evaluate(step)
   if results and reached_target(results):
     status = "success"
@@ -965,6 +987,10 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
                   status if FLAGS.stop_threshold > 0 else "no target"))
   logger.metrics(step, summary, prefix="summary")
   logger.close()
+  if stopped_by and ranks.hvd is not None:
+    # A barrier: no rank exits (which makes the launcher end the others) before rank 0
+    # has saved and written its logs.
+    sess.run(stop_agreed)
   sess.close()
   if is_chief:
     dllog_path = FLAGS.dllog_path or os.path.join(FLAGS.output_dir, "dllog.json")
@@ -972,7 +998,29 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
       report.write_report(FLAGS.output_dir, dllog_path)
     except (ValueError, EnvironmentError, RuntimeError) as e:
       print("report: not drawn (%s); the run itself is complete" % e)
+  if stopped_by:
+    return signals.exit_status(stopped_by)
   return 0 if loss_is_finite else 1
+
+
+def data_position(step, log):
+  """Micro-batches of this rank's training data to skip when resuming at `step`.
+
+  With --seed the data order is the same in every run, so a resumed run skips what the
+  run it resumes consumed (step x num_accumulation_steps micro-batches per rank) and
+  continues that order. Without --seed a resumed run starts a new shuffled pass.
+  """
+  if step == 0:
+    return 0
+  if FLAGS.seed is None:
+    log("Data: no --seed, so the resumed run starts a new shuffled pass over the data "
+        "(with --seed it continues the data order where the run stopped)")
+    return 0
+  skip = step * FLAGS.num_accumulation_steps
+  log("Data: skipping the %d micro-batches (%d records) of each rank that the run consumed "
+      "up to step %d; the data order continues where it stopped"
+      % (skip, skip * FLAGS.train_batch_size, step))
+  return skip
 
 
 def main(argv):
@@ -981,6 +1029,8 @@ def main(argv):
                          % " ".join(argv[1:]))
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
+  stop = signals.StopRequest()
+  stop.install()
   try:
     device = detect_device()
     bert_config, train_files, eval_files, skipped_records = check_flags()
@@ -998,7 +1048,7 @@ def main(argv):
       if removed:
         print("Removed what an interrupted save left in %s: %s"
               % (FLAGS.output_dir, ", ".join(removed)))
-    status = run(bert_config, train_files, eval_files, ranks, device, skipped_records)
+    status = run(bert_config, train_files, eval_files, ranks, device, skipped_records, stop)
     ranks.stop()
     return status
   except ValueError as e:

@@ -1,0 +1,282 @@
+"""Surviving what clusters do to a run: SIGTERM and SIGINT stop it after the current
+update with a checkpoint, and a run killed at any step and started again with the same
+command (and --seed) continues the loss curve of an uninterrupted run, bit for bit."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import signals
+from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining
+
+MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
+GLOO = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
+STEPS = 40
+SAVE_STEPS = 4
+
+
+def _env():
+  return dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+@pytest.fixture(scope="module")
+def dropout_free(pretraining_data, tmp_path_factory):
+  """The fixture data with a config without dropout: dropout masks come from stateful
+  random ops, which a restarted run draws anew, so only a dropout-free model can repeat
+  an uninterrupted run's losses exactly."""
+  root = tmp_path_factory.mktemp("dropout_free")
+  config = dict(TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  (root / "bert_config.json").write_text(json.dumps(config))
+  return dict(pretraining_data, config=str(root / "bert_config.json"))
+
+
+def _flags(data, out, without=(), **overrides):
+  """The flags of the runs below; `without`: names of flags to leave out."""
+  values = dict(bert_config_file=data["config"], num_train_steps=STEPS, display_loss_steps=1,
+                save_checkpoints_steps=SAVE_STEPS, nodo_eval=None, seed=7,
+                dllog_path=str(out / "dllog.json"))
+  values.update(overrides)
+  return [f for f in base_flags(data, out, **values)
+          if f.split("=")[0][2:] not in without]
+
+
+def _losses(dllog_path):
+  """step -> (total_loss, mlm_loss, nsp_loss) of the train records of a dllog.json; the
+  records of several runs appended to one file must agree where they overlap."""
+  curve = {}
+  for line in open(str(dllog_path)):
+    record = json.loads(line)
+    if record["type"] == "train" and "total_loss" in record:
+      losses = (record["total_loss"], record["mlm_loss"], record["nsp_loss"])
+      assert curve.setdefault(record["step"], losses) == losses, record["step"]
+  return curve
+
+
+def _run_and_signal(command, out, at_step, target=None, sig=signal.SIGTERM):
+  """Starts `command`, and once it has logged step `at_step` sends `sig` to the process
+  `target(proc)` returns (default: the command's own process). Returns (exit status,
+  stdout, stderr, the last step logged)."""
+  out.mkdir(parents=True, exist_ok=True)
+  with open(str(out.parent / (out.name + ".stderr")), "w+") as err:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err,
+                            universal_newlines=True, env=_env())
+    try:
+      lines = []
+      for line in proc.stdout:
+        lines.append(line)
+        if re.search(r"Step %d," % at_step, line):
+          break
+      assert proc.poll() is None, "".join(lines)
+      os.kill(target(proc) if target else proc.pid, sig)
+      lines.extend(proc.stdout)
+      status = proc.wait(timeout=120)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+    err.seek(0)
+    stdout = "".join(lines)
+    steps = [int(s) for s in re.findall(r"Step (\d+),", stdout)]
+    return status, stdout, err.read(), max(steps)
+
+
+def _resumed_step(stdout):
+  return int(re.search(r"Resuming from \S+ at step (\d+)", stdout).group(1))
+
+
+def _mlperf_log(out, name="mlperf.log"):
+  return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(str(out / name))]
+
+
+@pytest.fixture(scope="module")
+def reference_curves(dropout_free, tmp_path_factory):
+  """Uninterrupted runs' loss curves, by (launcher, accumulation), made when first used."""
+  curves = {}
+
+  def get(launcher, accumulation):
+    if (launcher, accumulation) not in curves:
+      out = tmp_path_factory.mktemp("reference")
+      flags = _flags(dropout_free, out, num_accumulation_steps=accumulation)
+      if launcher == "gloo":
+        result = subprocess.run(GLOO + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, universal_newlines=True,
+                                env=_env(), timeout=400)
+        assert result.returncode == 0, result.stdout[-3000:]
+      else:
+        result = run_pretraining(*flags)
+        assert result.returncode == 0, result.stderr[-3000:]
+      curves[launcher, accumulation] = _losses(out / "dllog.json")
+      assert sorted(curves[launcher, accumulation]) == list(range(1, STEPS + 1))
+    return curves[launcher, accumulation]
+  return get
+
+
+def _assert_same_curve(curve, reference, first_step):
+  steps = [s for s in sorted(curve) if s >= first_step]
+  assert steps == list(range(first_step, STEPS + 1))
+  for step in steps:
+    # Bit-identical: the same data in the same order on the same weights.
+    assert curve[step] == reference[step], step
+
+
+def test_sigterm_stops_at_the_step_reached_with_a_checkpoint_and_the_rerun_continues(
+    dropout_free, reference_curves, tmp_path):
+  out = tmp_path / "out"
+  command = MODULE + _flags(dropout_free, out)
+  status, stdout, stderr, last_step = _run_and_signal(command, out, at_step=3)
+  assert status == 143, stderr[-3000:]
+  assert "SIGTERM received: finishing the current update" in stderr
+  stop_step = int(re.search(r"SIGTERM: rank 0 stops after step (\d+)", stdout).group(1))
+  assert 3 <= stop_step == last_step < STEPS
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % stop_step)
+  mllog = _mlperf_log(out)
+  assert mllog[-1]["key"] == "run_stop" and mllog[-1]["metadata"]["status"] == "aborted"
+  assert re.search(r"^\| 1 card \| acc n/a \| fps [\d.]+ \| status aborted \|$", stdout, re.M)
+  assert "Throughput Average (sentences/sec) = " in stdout
+
+  rerun = run_pretraining(*command[3:])
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert _resumed_step(rerun.stdout) == stop_step
+  assert ("Data: skipping the %d micro-batches (%d records) of each rank"
+          % (stop_step, stop_step * 8)) in rerun.stdout
+  assert re.search(r"^Step %d," % (stop_step + 1), rerun.stdout, re.M)
+  assert not re.search(r"^Step %d," % stop_step, rerun.stdout, re.M)  # nothing redone
+  _assert_same_curve(_losses(out / "dllog.json"), reference_curves("local", 1), 1)
+
+
+def test_sigint_stops_like_sigterm_without_a_traceback(dropout_free, tmp_path):
+  # Without --seed: the rerun says it starts a new pass over the data.
+  out = tmp_path / "out"
+  command = MODULE + _flags(dropout_free, out, without=("seed",))
+  status, stdout, stderr, last_step = _run_and_signal(command, out, at_step=2,
+                                                      sig=signal.SIGINT)
+  assert status == 130, stderr[-3000:]
+  assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+  stop_step = int(re.search(r"SIGINT: rank 0 stops after step (\d+)", stdout).group(1))
+  assert stop_step == last_step
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % stop_step)
+  assert _mlperf_log(out)[-1]["metadata"]["status"] == "aborted"
+  rerun = run_pretraining(*command[3:])
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert _resumed_step(rerun.stdout) == stop_step
+  assert "Data: no --seed, so the resumed run starts a new shuffled pass" in rerun.stdout
+
+
+def test_sigkilled_run_with_accumulation_resumes_the_loss_curve_bit_identically(
+    dropout_free, reference_curves, tmp_path):
+  out = tmp_path / "out"
+  command = MODULE + _flags(dropout_free, out, num_accumulation_steps=2)
+  status, _, _, last_step = _run_and_signal(command, out, at_step=10, sig=signal.SIGKILL)
+  assert status == -signal.SIGKILL
+  rerun = run_pretraining(*command[3:])
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  resumed = _resumed_step(rerun.stdout)
+  assert resumed % SAVE_STEPS == 0 and last_step - resumed <= SAVE_STEPS
+  assert "Data: skipping the %d micro-batches" % (2 * resumed) in rerun.stdout
+  # The rerun's dllog records (steps resumed+1..) were appended to the first run's.
+  reference = reference_curves("local", 2)
+  _assert_same_curve(_losses(out / "dllog.json"), reference, 1)
+  rerun_steps = [int(s) for s in re.findall(r"^Step (\d+),", rerun.stdout, re.M)]
+  assert rerun_steps == list(range(resumed + 1, STEPS + 1))
+
+
+def _rank_1(proc):
+  """The process of rank 1 among the descendants of horovodrun `proc`."""
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
+  for child in psutil.Process(proc.pid).children(recursive=True):
+    cmdline = child.cmdline()
+    if "bert_pretrain.run_pretraining" in cmdline and \
+        child.environ().get("HOROVOD_RANK") == "1":
+      return child.pid
+  raise AssertionError("rank 1 not found")
+
+
+@pytest.mark.parametrize("target", ["one_rank", "horovodrun"])
+def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, reference_curves,
+                                                              tmp_path, target):
+  out = tmp_path / "out"
+  flags = _flags(dropout_free, out)
+  # One rank only (as when a scheduler's signal reaches the ranks at different
+  # moments), or horovodrun, which forwards SIGTERM to every rank.
+  pick = _rank_1 if target == "one_rank" else None
+  status, stdout, stderr, _ = _run_and_signal(GLOO + MODULE + ["--horovod"] + flags, out,
+                                              at_step=3, target=pick)
+  assert status != 0
+  assert "exit with status code 143" in stdout + stderr, stdout[-3000:]
+  stops = re.findall(r"SIGTERM: rank (\d) stops after step (\d+)", stdout)
+  assert sorted(rank for rank, _ in stops) == ["0", "1"], stdout[-3000:]
+  assert len(set(step for _, step in stops)) == 1
+  stop_step = int(stops[0][1])
+  checkpoints = sorted(n for n in os.listdir(str(out)) if n.endswith(".index"))
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % stop_step)
+  assert len(checkpoints) == len(set(checkpoints))
+  assert _mlperf_log(out)[-1]["metadata"]["status"] == "aborted"
+
+  rerun = subprocess.run(GLOO + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, universal_newlines=True, env=_env(),
+                         timeout=400)
+  assert rerun.returncode == 0, rerun.stdout[-3000:]
+  assert _resumed_step(rerun.stdout) == stop_step
+  _assert_same_curve(_losses(out / "dllog.json"), reference_curves("gloo", 1), 1)
+
+
+STOP_SCRIPT = """
+import sys, time
+from bert_pretrain import signals
+stop = signals.StopRequest()
+stop.install()
+if sys.argv[1] == "armed":
+  stop.arm()
+print("ready", flush=True)
+while True:
+  time.sleep(0.05)
+  if stop.requested:
+    print("requested", stop.signum, flush=True)
+    break
+while True:
+  time.sleep(0.05)
+"""
+
+
+def _stop_script(mode):
+  proc = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, mode], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, env=_env())
+  assert proc.stdout.readline() == "ready\n"
+  return proc
+
+
+def test_a_second_signal_exits_at_once_and_a_quick_repeat_is_the_same_request():
+  proc = _stop_script("armed")
+  try:
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)  # Within a second: the same request.
+    assert proc.stdout.readline() == "requested 2\n"
+    time.sleep(signals.REPEAT_WINDOW_S + 0.2)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    stderr = proc.stderr.read()
+    assert "SIGINT received: finishing the current update" in stderr
+    assert "second SIGINT: exiting at once" in stderr
+    assert "Traceback" not in stderr
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+
+
+def test_a_signal_before_training_starts_exits_at_once():
+  proc = _stop_script("not-armed")
+  try:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    assert "SIGTERM before training started: exiting (nothing to save)" in proc.stderr.read()
+  finally:
+    if proc.poll() is None:
+      proc.kill()
