@@ -223,45 +223,63 @@ def _rank_process(launcher_pid, rank):
   return None
 
 
-def test_a_stalled_rank_is_named_and_the_job_ends(pretraining_data, tmp_path):
-  timeout_s = 20
-  flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
-                     display_loss_steps=5, nodo_eval=None, stall_timeout_s=timeout_s)
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-  proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
+STALL_TIMEOUT_S = 20
+
+
+def _start_two_ranks(data, tmp_path, transport):
+  """Starts a long 2-rank run with --stall_timeout_s=STALL_TIMEOUT_S under horovodrun
+  --gloo or --mpi and reads its output until update 10.
+
+  Returns:
+    (the horovodrun process, output lines so far, pid of rank 1's training process).
+  """
+  flags = base_flags(data, tmp_path / "out", num_train_steps=10 ** 6, display_loss_steps=5,
+                     nodo_eval=None, stall_timeout_s=STALL_TIMEOUT_S)
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+  proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", transport,
                            sys.executable, "-m", "bert_pretrain.run_pretraining", "--horovod"]
                           + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, env=env)
-  stopped = None
+  deadline = time.time() + 180
+  output = []
+  for line in proc.stdout:
+    output.append(line)
+    if "Step 10," in line or time.time() > deadline:
+      break
+  return proc, output, _rank_process(proc.pid, 1)
+
+
+def _end(proc, rank_pid):
+  """SIGKILLs the stopped rank and the launcher if they are still there."""
+  if rank_pid:
+    try:
+      os.kill(rank_pid, signal.SIGKILL)
+    except OSError:
+      pass
+  if proc.poll() is None:
+    proc.kill()
+    proc.wait()
+
+
+def test_a_stalled_rank_is_named_and_the_job_ends(pretraining_data, tmp_path):
+  proc, output, stopped = _start_two_ranks(pretraining_data, tmp_path, "--gloo")
   try:
-    deadline = time.time() + 180
-    output = []
-    for line in proc.stdout:
-      output.append(line)
-      if "Step 10," in line or time.time() > deadline:
-        break
-    stopped = _rank_process(proc.pid, 1)
     assert stopped, "rank 1 not found:\n" + "".join(output)
     os.kill(stopped, signal.SIGSTOP)
     stopped_at = time.time()
     output.append(proc.stdout.read())
-    status = proc.wait(timeout=timeout_s + 120)
+    status = proc.wait(timeout=STALL_TIMEOUT_S + 120)
     elapsed = time.time() - stopped_at
     text = "".join(output)
     print("exit status %d after %.1f s; %s" % (
         status, elapsed, [l for l in text.splitlines() if "error:" in l]))
     assert status != 0
-    assert elapsed < timeout_s + 40
-    assert "run_pretraining: error: rank 1 stalled: no sign of life for %d s" % timeout_s in text
+    assert elapsed < STALL_TIMEOUT_S + 40
+    assert ("run_pretraining: error: rank 1 stalled: no sign of life for %d s"
+            % STALL_TIMEOUT_S) in text
   finally:
-    if stopped:
-      try:
-        os.kill(stopped, signal.SIGKILL)
-      except OSError:
-        pass
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+    _end(proc, stopped)
 
 
 def _ptrace(request, tid):
@@ -273,7 +291,7 @@ def _ptrace(request, tid):
     raise OSError(ctypes.get_errno(), "ptrace(%d, %d) failed" % (request, tid))
 
 
-PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT = 17, 0x4206, 0x4207
+PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4206, 0x4207
 
 
 def test_a_rank_alive_but_stuck_is_named_by_horovods_stall_check(pretraining_data, tmp_path):
@@ -281,24 +299,8 @@ def test_a_rank_alive_but_stuck_is_named_by_horovods_stall_check(pretraining_dat
   # returns: its Horovod thread still negotiates, and Horovod's stall check sees rank 1
   # missing from the next all-reduce. That check works under MPI; under Gloo, Horovod
   # 0.28.1 printed nothing here (see the README).
-  timeout_s = 20
-  flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
-                     display_loss_steps=5, nodo_eval=None, stall_timeout_s=timeout_s)
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-  proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi",
-                           sys.executable, "-m", "bert_pretrain.run_pretraining", "--horovod"]
-                          + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, env=env)
-  stuck = None
+  proc, output, stuck = _start_two_ranks(pretraining_data, tmp_path, "--mpi")
   try:
-    deadline = time.time() + 180
-    output = []
-    for line in proc.stdout:
-      output.append(line)
-      if "Step 10," in line or time.time() > deadline:
-        break
-    stuck = _rank_process(proc.pid, 1)
     assert stuck, "rank 1 not found:\n" + "".join(output)
     _ptrace(PTRACE_SEIZE, stuck)
     _ptrace(PTRACE_INTERRUPT, stuck)
@@ -308,25 +310,20 @@ def test_a_rank_alive_but_stuck_is_named_by_horovods_stall_check(pretraining_dat
       output.append(line)
       if error_after is None and "run_pretraining: error:" in line:
         error_after = time.time() - stuck_at
-    status = proc.wait(timeout=timeout_s + 120)
+    status = proc.wait(timeout=STALL_TIMEOUT_S + 120)
     elapsed = time.time() - stuck_at
     text = "".join(output)
     print("exit status %d after %.1f s (error line after %s s); %s" % (
         status, elapsed, error_after, [l[:200] for l in text.splitlines() if "error:" in l
                                        or "Missing" in l or "<stderr>:1" in l]))
     assert status != 0
-    # The job gives up after the timeout; mpirun then takes a while to end the ranks.
-    assert error_after is not None and error_after < timeout_s + 40
-    assert elapsed < timeout_s + 120
+    # Horovod looks every HOROVOD_STALL_CHECK_TIME_SECONDS (half the timeout), so it
+    # shuts down up to that much after the timeout; mpirun then takes a while to end
+    # the ranks.
+    assert error_after is not None and error_after < STALL_TIMEOUT_S * 1.5 + 40
+    assert elapsed < STALL_TIMEOUT_S + 120
     assert "Missing ranks:" in text
     assert re.search(r"<stderr>:1!?: \[", text)
     assert "run_pretraining: error: Horovod stopped the job" in text
   finally:
-    if stuck:
-      try:
-        os.kill(stuck, signal.SIGKILL)
-      except OSError:
-        pass
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+    _end(proc, stuck)
