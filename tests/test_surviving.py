@@ -124,6 +124,9 @@ def _assert_same_curve(curve, reference, first_step):
   for step in steps:
     # Bit-identical: the same data in the same order on the same weights.
     assert curve[step] == reference[step], step
+  print("loss curve of steps %d..%d: largest difference to the uninterrupted run %g"
+        % (first_step, STEPS, max(abs(a - b) for s in steps
+                                  for a, b in zip(curve[s], reference[s]))))
 
 
 def test_sigterm_stops_at_the_step_reached_with_a_checkpoint_and_the_rerun_continues(
@@ -144,6 +147,8 @@ def test_sigterm_stops_at_the_step_reached_with_a_checkpoint_and_the_rerun_conti
   rerun = run_pretraining(*command[3:])
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert _resumed_step(rerun.stdout) == stop_step
+  print("SIGTERM after step 3 was logged: stopped after step %d, rerun resumed at step %d"
+        % (stop_step, _resumed_step(rerun.stdout)))
   assert ("Data: skipping the %d micro-batches (%d records) of each rank"
           % (stop_step, stop_step * 8)) in rerun.stdout
   assert re.search(r"^Step %d," % (stop_step + 1), rerun.stdout, re.M)
@@ -179,6 +184,7 @@ def test_sigkilled_run_with_accumulation_resumes_the_loss_curve_bit_identically(
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   resumed = _resumed_step(rerun.stdout)
   assert resumed % SAVE_STEPS == 0 and last_step - resumed <= SAVE_STEPS
+  print("SIGKILL after step %d was logged, rerun resumed at step %d" % (last_step, resumed))
   assert "Data: skipping the %d micro-batches" % (2 * resumed) in rerun.stdout
   # The rerun's dllog records (steps resumed+1..) were appended to the first run's.
   reference = reference_curves("local", 2)
@@ -214,6 +220,7 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
   assert sorted(rank for rank, _ in stops) == ["0", "1"], stdout[-3000:]
   assert len(set(step for _, step in stops)) == 1
   stop_step = int(stops[0][1])
+  print("%s signalled: both ranks stopped after step %d" % (target, stop_step))
   checkpoints = sorted(n for n in os.listdir(str(out)) if n.endswith(".index"))
   assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % stop_step)
   assert len(checkpoints) == len(set(checkpoints))
