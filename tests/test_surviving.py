@@ -268,15 +268,16 @@ def _stop_script(mode):
 def test_a_second_signal_exits_at_once_and_a_quick_repeat_is_the_same_request():
   proc = _stop_script("armed")
   try:
+    # Two signals within a second (in either order of arrival): one request.
     proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGTERM)  # Within a second: the same request.
-    assert proc.stdout.readline() == "requested 2\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline() in ("requested 2\n", "requested 15\n")
     time.sleep(signals.REPEAT_WINDOW_S + 0.2)
     assert proc.poll() is None
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     stderr = proc.stderr.read()
-    assert "SIGINT received: finishing the current update" in stderr
+    assert re.search(r"SIG(INT|TERM) received: finishing the current update", stderr)
     assert "second SIGINT: exiting at once" in stderr
     assert "Traceback" not in stderr
   finally:
