@@ -90,7 +90,9 @@ class StopRequest(object):
       if not data:
         return
       for signum in bytearray(data):
-        self._on_signal(signum)
+        # The wakeup socket gets every signal that has a Python handler.
+        if signum in SIGNALS:
+          self._on_signal(signum)
 
   def _on_signal(self, signum):
     signame = name(signum)
