@@ -935,8 +935,9 @@ def run(bert_config, train_files, eval_files, ranks, device, skipped_records=Non
     stopped_by = int(values["stop_signal"])
     if stopped_by:
       # Every rank says where it stopped: the ranks agree on the step.
-      print("%s: rank %d stops after step %d; run the same command again to resume"
-            % (signals.name(stopped_by), ranks.rank, step), flush=True)
+      print("%s: rank %d stops after step %d; to resume, run the same command with "
+            "--output_dir=%s" % (signals.name(stopped_by), ranks.rank, step, FLAGS.output_dir),
+            flush=True)
       break
     if evaluator is not None and step * global_batch_size >= next_eval_samples \
         and step < FLAGS.num_train_steps:

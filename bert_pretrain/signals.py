@@ -13,9 +13,11 @@ save, and a signal exits at once.
 
 With Horovod the ranks may get the signal at different moments, or only some of them.
 They agree through the update itself: every update's session run feeds this rank's
-signal number (0: none) into one hvd.allreduce with op Max (agreed_signal), which Horovod
-runs alongside the gradients' all-reduces, and every rank stops after the update whose
-result is above 0. So all ranks stop at the same step and exit with the same status.
+signal number (0: none) into one hvd.allreduce with op Max (agreed_signal), and every rank
+stops after the update whose result is above 0. So all ranks stop at the same step and
+exit with the same status. The scalar depends on nothing, so Horovod's background thread
+reduces it while the step computes (a Horovod timeline shows it done before the gradients
+are ready): it adds no wait to the update.
 
 Python runs signal handlers only between bytecodes, so not inside a long session run;
 the signals are therefore watched by a thread reading signal.set_wakeup_fd's socket,
@@ -88,7 +90,9 @@ class StopRequest(object):
       if not data:
         return
       for signum in bytearray(data):
-        self._on_signal(signum)
+        # The wakeup socket gets every signal that has a Python handler.
+        if signum in SIGNALS:
+          self._on_signal(signum)
 
   def _on_signal(self, signum):
     signame = name(signum)
