@@ -14,8 +14,9 @@ display steps only, so a healthy run pays nothing extra.
   FPS drop                   a window's sentences/s below `fps_drop` x the median of the
                              run's earlier windows (a slow disk, a throttled card, another
                              job on the host)
-  slow rank                  one rank's mean step time above `lag` x the median rank's
-                             (a card or host that lags holds every all-reduce back)
+  slow rank                  one rank's input + forward time above `lag` x the median
+                             rank's and at least `min_lag_s` more (a card or host that
+                             lags holds every all-reduce back)
 """
 
 import statistics
@@ -29,16 +30,18 @@ class HealthMonitor(object):
     fps_drop: a window slower than this fraction of the median earlier window warns.
     min_windows: windows seen before FPS drops are judged (start-up is slow).
     scale_windows: display windows in a row with a falling loss scale that warn.
-    lag: a rank slower than this multiple of the median rank warns.
+    lag: a rank slower than this multiple of the median rank warns...
+    min_lag_s: ...and slower by at least this many seconds (short steps are noisy).
   """
 
   def __init__(self, accuracy_drop=0.002, fps_drop=0.5, min_windows=3, scale_windows=3,
-               lag=1.3):
+               lag=1.3, min_lag_s=0.05):
     self.accuracy_drop = accuracy_drop
     self.fps_drop = fps_drop
     self.min_windows = min_windows
     self.scale_windows = scale_windows
     self.lag = lag
+    self.min_lag_s = min_lag_s
     self._last_accuracy = None
     self._window_fps = []
     self._last_scale = None
@@ -103,7 +106,8 @@ class HealthMonitor(object):
       return []
     median = statistics.median(seconds)
     slowest = max(range(len(seconds)), key=lambda r: seconds[r])
-    if median > 0 and seconds[slowest] > self.lag * median:
+    if seconds[slowest] > self.lag * median and \
+        seconds[slowest] - median >= self.min_lag_s:
       return ["rank %d is slow: %.3f s a step against the ranks' median %.3f s at step %d; "
               "every all-reduce waits for it" % (slowest, seconds[slowest], median, step)]
     return []

@@ -136,3 +136,19 @@ def assert_same_weights(one_dir, other_dir, init_checkpoint):
     moved = max(moved, np.abs(weights_one[name] - reader.get_tensor(name)).max())
   assert moved > 1e-3  # the steps did train
   return largest
+
+
+def rank_pid(launcher, rank):
+  """The pid of training rank `rank` among the descendants of the launcher process
+  (horovodrun or mpirun, a subprocess.Popen): never another job's process."""
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
+  for child in psutil.Process(launcher.pid).children(recursive=True):
+    try:
+      environ = child.environ()
+      cmdline = child.cmdline()
+    except psutil.Error:
+      continue
+    if "bert_pretrain.run_pretraining" in cmdline and str(rank) in (
+        environ.get("HOROVOD_RANK"), environ.get("OMPI_COMM_WORLD_RANK")):
+      return child.pid
+  raise AssertionError("rank %d not found among the launcher's processes" % rank)

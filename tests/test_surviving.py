@@ -14,7 +14,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import signals
-from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining
+from conftest import ROOT, TINY_CONFIG, base_flags, rank_pid, run_pretraining
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
 GLOO = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
@@ -196,13 +196,7 @@ def test_sigkilled_run_with_accumulation_resumes_the_loss_curve_bit_identically(
 
 def _rank_1(proc):
   """The process of rank 1 among the descendants of the launcher `proc`."""
-  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
-  for child in psutil.Process(proc.pid).children(recursive=True):
-    environ = child.environ()
-    if "bert_pretrain.run_pretraining" in child.cmdline() and "1" in (
-        environ.get("HOROVOD_RANK"), environ.get("OMPI_COMM_WORLD_RANK")):
-      return child.pid
-  raise AssertionError("rank 1 not found")
+  return rank_pid(proc, 1)
 
 
 @pytest.mark.parametrize("launcher,target", [(GLOO, "one_rank"), (GLOO, "horovodrun"),
