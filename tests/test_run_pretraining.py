@@ -460,7 +460,9 @@ def test_gpu_name_without_starting_the_gpu_and_on_tf115(monkeypatch):
     return [Local("CPU", ""), Local("GPU", "device: 0, name: Tesla V100-SXM2-16GB, pci bus "
                                            "id: 0000:3b:00.0, compute capability: 7.0")]
 
-  monkeypatch.delattr(tf.config.experimental, "get_device_details")
+  # None rather than delattr: TensorFlow 1.15 wraps its API modules, and a deleted
+  # attribute is still found in the wrapped module.
+  monkeypatch.setattr(tf.config.experimental, "get_device_details", None, raising=False)
   monkeypatch.setattr(device_lib, "list_local_devices", list_local_devices)
   config = tf.ConfigProto()
   config.gpu_options.visible_device_list = "3"
