@@ -3,15 +3,10 @@
 
 Input: UTF-8 text files, one sentence a line, a blank line between documents.
 Output: TFRecord files of tf.train.Example protos with the features of Google's BERT
-(google-research/bert create_pretraining_data.py), consumed by run_pretraining:
-
-  input_ids             int64   [max_seq_length]   [CLS] A [SEP] B [SEP], zero padded
-  input_mask            int64   [max_seq_length]   1 on real tokens, 0 on padding
-  segment_ids           int64   [max_seq_length]   0 for [CLS] A [SEP], 1 for B [SEP]
-  masked_lm_positions   int64   [max_predictions_per_seq]  ascending, zero padded
-  masked_lm_ids         int64   [max_predictions_per_seq]  original ids at those positions
-  masked_lm_weights     float32 [max_predictions_per_seq]  1.0 per prediction, 0.0 padding
-  next_sentence_labels  int64   [1]                1 if B is a random segment, else 0
+(google-research/bert create_pretraining_data.py), consumed by run_pretraining; the
+format is bert_pretrain/records.py's (input_ids, input_mask, segment_ids of
+max_seq_length values, masked_lm_positions, masked_lm_ids, masked_lm_weights of
+max_predictions_per_seq, next_sentence_labels).
 
 The rules are Google's: documents are shuffled; each pass (dupe_factor of them) cuts
 every document into chunks of sentences up to a target length (shorter, uniform in
@@ -58,40 +53,15 @@ from absl import logging
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import records
 from bert_pretrain import tokenization
 
-# Feature names in the order protobuf's deterministic serialization writes a map: sorted.
-FEATURE_NAMES = ("input_ids", "input_mask", "masked_lm_ids", "masked_lm_positions",
-                 "masked_lm_weights", "next_sentence_labels", "segment_ids")
 _REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
 # Lines tokenized per batch call: large enough to amortize the call, small enough that
 # the Encoding objects of one batch stay a few MB.
 _TOKENIZE_BATCH_LINES = 20000
 # Examples encoded per vectorized batch.
 _SERIALIZE_BATCH = 512
-
-
-def feature_spec(max_seq_length, max_predictions_per_seq):
-  """Returns the parsing spec of the records written here.
-
-  Args:
-    max_seq_length: int, the length the token features are padded to.
-    max_predictions_per_seq: int, the length the masked LM features are padded to.
-
-  Returns:
-    dict from feature name to tf.io.FixedLenFeature.
-  """
-  seq = [max_seq_length]
-  pred = [max_predictions_per_seq]
-  return {
-      "input_ids": tf.io.FixedLenFeature(seq, tf.int64),
-      "input_mask": tf.io.FixedLenFeature(seq, tf.int64),
-      "segment_ids": tf.io.FixedLenFeature(seq, tf.int64),
-      "masked_lm_positions": tf.io.FixedLenFeature(pred, tf.int64),
-      "masked_lm_ids": tf.io.FixedLenFeature(pred, tf.int64),
-      "masked_lm_weights": tf.io.FixedLenFeature(pred, tf.float32),
-      "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
-  }
 
 
 class Document(object):
@@ -593,9 +563,9 @@ class VarintTable(object):
 class ExampleEncoder(object):
   """Encodes batches as serialized tf.train.Example protos, straight to wire bytes.
 
-  The bytes equal tf.train.Example(...).SerializeToString(deterministic=True) of the
-  same features; building the protos field by field in Python costs several times more
-  than all the rest of the work.
+  The bytes equal records.serialize_example of the same features (protobuf's
+  deterministic serialization); building the protos field by field in Python costs
+  several times more than all the rest of the work.
   """
 
   def __init__(self, max_seq_length, max_predictions_per_seq, vocab_size):
@@ -629,7 +599,7 @@ class ExampleEncoder(object):
     if prefix is None:
       # Feature.float_list is field 2, Feature.int64_list field 3; the list's values are
       # field 1, packed. A map entry is a message of key (field 1) and value (field 2).
-      list_tag = b"\x12" if name == "masked_lm_weights" else b"\x1a"
+      list_tag = b"\x12" if name in records.FLOAT_FEATURES else b"\x1a"
       value_list = b"\x0a" + _varint(payload_length)
       feature = list_tag + _varint(len(value_list) + payload_length) + value_list
       name_bytes = name.encode("ascii")
@@ -689,7 +659,8 @@ class ExampleEncoder(object):
       positions_payload = positions_data[positions_offsets[row]:positions_offsets[row + 1]]
       seq_begin = row * seq_length
       weights_begin = row * weights_length
-      # Map entries in sorted key order, as deterministic serialization writes them.
+      # Map entries in sorted key order (sorted(records.FEATURE_NAMES)), as
+      # deterministic serialization writes them.
       features = b"".join((
           ids_prefixes[len(ids_payload)], ids_payload,
           mask_prefix, input_mask[seq_begin:seq_begin + seq_length],

@@ -17,6 +17,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import create_pretraining_data as cpd
+from bert_pretrain import records
 from bert_pretrain import tokenization
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,7 +112,7 @@ def test_feature_spec_and_shapes(data):
   _, outputs, examples = data
   names = {"input_ids", "input_mask", "segment_ids", "masked_lm_positions",
            "masked_lm_ids", "masked_lm_weights", "next_sentence_labels"}
-  assert set(cpd.FEATURE_NAMES) == set(cpd.feature_spec(SEQ, PRED)) == names
+  assert set(records.FEATURE_NAMES) == set(records.feature_spec(SEQ, PRED)) == names
   example = tf.train.Example.FromString(examples[0]["_record"])
   assert set(example.features.feature) == names
   for name in names - {"masked_lm_weights"}:
@@ -124,7 +125,7 @@ def test_feature_spec_and_shapes(data):
       assert e[name].shape == (PRED,)
     assert e["next_sentence_labels"].shape == (1,)
   # The parsing spec the trainer uses reads the records.
-  spec = cpd.feature_spec(SEQ, PRED)
+  spec = records.feature_spec(SEQ, PRED)
   with tf.Graph().as_default():
     parsed = tf.io.parse_single_example(examples[0]["_record"], spec)
     with tf.Session() as sess:

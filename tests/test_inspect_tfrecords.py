@@ -1,4 +1,4 @@
-"""Tests of tools/inspect_tfrecords.py on records made from tests/data/wiki_sample.xml."""
+"""Tests of bert_pretrain/inspect_records.py (tools/inspect_tfrecords.py) on records made from tests/data/wiki_sample.xml."""
 
 import io
 import json
@@ -10,11 +10,11 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-import inspect_tfrecords  # pylint: disable=g-import-not-at-top,wrong-import-position
-import prepare_wiki  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+from bert_pretrain import inspect_records as inspect_tfrecords
+from bert_pretrain import records
+from bert_pretrain import tokenization
+from bert_pretrain.wiki import pipeline
 
 SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")
 
@@ -26,9 +26,9 @@ def data(tmp_path_factory):
   vocab = str(root / "vocab.txt")
   tokenization.build_wordpiece_vocab([SAMPLE], 1500, vocab)
   output_dir = str(root / "out")
-  prepare_wiki.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, num_shards=4,
-                            num_eval_articles=4, num_eval_samples=20, max_seq_length=64,
-                            max_predictions_per_seq=10, dupe_factor=2, pages_per_chunk=10)
+  pipeline.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, num_shards=4,
+                        num_eval_articles=4, num_eval_samples=20, max_seq_length=64,
+                        max_predictions_per_seq=10, dupe_factor=2, pages_per_chunk=10)
   train_dir = os.path.join(output_dir, "train_data")
   files = sorted(os.path.join(train_dir, n) for n in os.listdir(train_dir))
   return {"root": root, "vocab": vocab, "train_dir": train_dir, "files": files,
@@ -51,7 +51,7 @@ def inspect(*args, **kwargs):
 
 def corrupt_copy(source, target, indices):
   """Copies a TFRecord file and flips a payload byte of the records at `indices`."""
-  offsets, _ = inspect_tfrecords.record_offsets(source)
+  offsets, _ = records.record_offsets(source)
   data = bytearray(open(source, "rb").read())
   for index in indices:
     offset, _ = offsets[index]
@@ -132,7 +132,7 @@ def test_corrupt_records_reported_with_file_and_offset(data, tmp_path):
 
 def test_file_cut_short_is_reported(data, tmp_path):
   cut = str(tmp_path / "cut.tfrecord")
-  offsets, _ = inspect_tfrecords.record_offsets(data["files"][1])
+  offsets, _ = records.record_offsets(data["files"][1])
   with open(data["files"][1], "rb") as f:
     data_bytes = f.read()
   with open(cut, "wb") as f:

@@ -1,4 +1,4 @@
-"""Tests of tools/prepare_wiki.py: wikitext to text, sentences, and the whole pipeline.
+"""Tests of bert_pretrain/wiki: wikitext to text, sentences, and the whole pipeline.
 
 The pipeline runs on tests/data/wiki_sample.xml, a small MediaWiki export (48 pages: 39
 articles with templates, infoboxes, links, tables, references and non-ASCII text, plus
@@ -12,17 +12,23 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import tensorflow.compat.v1 as tf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+from bert_pretrain import input_pipeline
+from bert_pretrain import records
+from bert_pretrain import tokenization
+from bert_pretrain.wiki import clean
+from bert_pretrain.wiki import extract
+from bert_pretrain.wiki import markup
+from bert_pretrain.wiki import pipeline
+from bert_pretrain.wiki import sentences
+from bert_pretrain.wiki import shard
+from bert_pretrain.wiki import tfrecords
+from bert_pretrain.wiki import workdir
 
-import prepare_wiki  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
-from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")
 SMALL = dict(num_shards=4, num_eval_articles=4, num_eval_samples=20, max_seq_length=64,
@@ -92,7 +98,7 @@ def run_a(tmp_path_factory, vocab):
 
 
 def test_nested_templates_are_removed_and_inline_ones_rendered():
-  text = prepare_wiki.wikitext_to_text(
+  text = markup.wikitext_to_text(
       "{{Infobox city|name={{lang|fr|Paris}}|area={{convert|105|km2|{{abbr|sq mi}}}}}}\n"
       "The summit is {{convert|8849|m|ft}} high, in {{lang|ne|सगरमाथा}} terms.{{Citation "
       "needed|date={{CURRENTYEAR}}}} Hillary climbed it on {{start date|1953|5|29}}.")
@@ -101,7 +107,7 @@ def test_nested_templates_are_removed_and_inline_ones_rendered():
 
 
 def test_links_files_categories_and_external_links():
-  text = prepare_wiki.wikitext_to_text(
+  text = markup.wikitext_to_text(
       "[[File:Draisine.jpg|thumb|The machine of [[Karl Drais]], about [[1817]]]]"
       "Riders of [[bicycle]]s in [[France|the country]] and [[Paris (band)|]] read "
       "[https://example.org/x the guide] and [http://example.org/bare].\n"
@@ -111,7 +117,7 @@ def test_links_files_categories_and_external_links():
 
 
 def test_tables_references_comments_tags_quotes_and_headings():
-  text = prepare_wiki.wikitext_to_text(
+  text = markup.wikitext_to_text(
       "'''Bread''' is ''baked''.<ref name=\"a\">{{cite book|title=X}}</ref> It keeps."
       "<ref name=\"a\"/><!-- hidden\nnote -->\n"
       "{| class=\"wikitable\"\n! A !! B\n|-\n| 1 ||\n{|\n| inner\n|}\n|}\n"
@@ -124,11 +130,11 @@ def test_tables_references_comments_tags_quotes_and_headings():
 
 
 def test_unclosed_template_does_not_swallow_the_article():
-  text = prepare_wiki.wikitext_to_text("{{Infobox broken\n| name = X\n\nFirst line.\n"
+  text = markup.wikitext_to_text("{{Infobox broken\n| name = X\n\nFirst line.\n"
                                        "Second {{nowrap|line}} here.")
   lines = text.split("\n")
   assert lines[-1] == "Second line here."
-  cleaned = prepare_wiki.clean_text(text)
+  cleaned = clean.clean_text(text)
   assert "{{" not in cleaned and "Second line here." in cleaned
 
 
@@ -140,7 +146,7 @@ def test_clean_text_drops_remnants_and_fixes_spacing():
           "Too short.\n"
           "{{unclosed template and some words\n"
           "東京は日本の首都です。")
-  assert prepare_wiki.clean_text(text).split("\n") == [
+  assert clean.clean_text(text).split("\n") == [
       "Paris is the capital of France.", "See for the rest of the story today.",
       "東京は日本の首都です。"]
 
@@ -166,7 +172,7 @@ def test_clean_text_drops_remnants_and_fixes_spacing():
      ["The year was c. 1500 in Europe.", "The end."]),
 ])
 def test_sentence_segmentation(paragraph, expected):
-  assert prepare_wiki.split_sentences(paragraph) == expected
+  assert sentences.split_sentences(paragraph) == expected
 
 
 # ---------------------------------------------------------------------------------------
@@ -436,10 +442,10 @@ def test_multistream_bz2_is_cut_between_streams(monkeypatch, tmp_path):
   xml = open(SAMPLE, "rb").read()
   path = tmp_path / "multi.xml.bz2"
   path.write_bytes(multistream_bz2(xml))
-  monkeypatch.setattr(prepare_wiki, "_BZ2_SEGMENT", 700)
+  monkeypatch.setattr(extract, "_BZ2_SEGMENT", 700)
   with open(str(path), "rb") as raw:
-    assert prepare_wiki._is_multistream_bz2(raw)
-    segments = list(prepare_wiki._bz2_segments(prepare_wiki._CountingReader(raw)))
+    assert extract._is_multistream_bz2(raw)
+    segments = list(extract._bz2_segments(extract._CountingReader(raw)))
   assert len(segments) > 3
   assert b"".join(bz2.decompress(segment) for segment in segments) == xml
 
@@ -471,40 +477,40 @@ def test_missing_vocab(tmp_path):
 
 
 def test_second_run_on_the_same_folder_is_refused(run_a, vocab):
-  with prepare_wiki.locked(prepare_wiki.Layout(run_a)):
+  with workdir.locked(workdir.Layout(run_a)):
     line = error_line(run_cli(run_a, vocab))
   assert "another prepare_wiki run is using" in line
 
 
 def test_full_disk_is_reported_and_finished_work_kept(run_a, vocab, tmp_path, monkeypatch):
   output_dir = str(tmp_path / "full")
-  real_atomic_output = prepare_wiki.atomic_output
+  real_atomic_output = shard.atomic_output
 
   def full_disk(path, binary=False):
     if "part-00002" in path:
       raise OSError(errno.ENOSPC, "No space left on device", path)
     return real_atomic_output(path, binary)
 
-  monkeypatch.setattr(prepare_wiki, "atomic_output", full_disk)
+  monkeypatch.setattr(shard, "atomic_output", full_disk)
   with pytest.raises(OSError) as raised:
-    prepare_wiki.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, **SMALL)
-  message = prepare_wiki.describe_os_error(raised.value)
+    pipeline.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, **SMALL)
+  message = pipeline.describe_os_error(raised.value)
   assert message.startswith("the disk is full writing ")
   assert "run the same command again: finished work is kept" in message
   assert sorted(os.listdir(os.path.join(output_dir, "work", "done"))) == [
       "clean", "clean.json", "extract", "extract.json", "segment", "segment.json"]
   assert not [n for n in os.listdir(os.path.join(output_dir, "text", "train"))]
-  monkeypatch.setattr(prepare_wiki, "atomic_output", real_atomic_output)
-  prepare_wiki.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, **SMALL)
+  monkeypatch.setattr(shard, "atomic_output", real_atomic_output)
+  pipeline.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, **SMALL)
   assert files_under(output_dir) == files_under(run_a)
 
 
 def test_tensorflow_write_errors_read_as_os_errors():
   full = tf.errors.ResourceExhaustedError(None, None, "/x/part-1; No space left on device")
-  error = prepare_wiki.os_error_from_tf(full, "/x/part-1")
+  error = records.os_error_from_tf(full, "/x/part-1")
   assert error.errno == errno.ENOSPC and error.filename == "/x/part-1"
-  assert prepare_wiki.describe_os_error(error).startswith(
+  assert pipeline.describe_os_error(error).startswith(
       "the disk is full writing /x/part-1 (No space left on device)")
-  other = prepare_wiki.os_error_from_tf(tf.errors.UnknownError(None, None, "bad"), "/y")
-  assert prepare_wiki.describe_os_error(other) == (
+  other = records.os_error_from_tf(tf.errors.UnknownError(None, None, "bad"), "/y")
+  assert pipeline.describe_os_error(other) == (
       "TensorFlow could not write it: bad writing /y")

@@ -2,8 +2,9 @@
 # Prepares the MLPerf BERT dataset from a Wikipedia dump (see README.md ("Preparing the dataset")):
 #   bash tools/prepare_wiki.sh --dump=enwiki-20200101-pages-articles-multistream.xml.bz2 \
 #       --vocab=vocab.txt --output_dir=/data/bert_wiki [--num_shards=500] [--jobs=N]
-# Everything is done by tools/prepare_wiki.py; this only picks the interpreter.
+# Everything is done by the package bert_pretrain/wiki; this only picks the interpreter.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-exec "${PYTHON:-python3}" "$here/prepare_wiki.py" "$@"
+exec "${PYTHON:-python3}" -m bert_pretrain.wiki "$@"

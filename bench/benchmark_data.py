@@ -1,17 +1,18 @@
 # coding=utf-8
 """Measures the data preparation, stage by stage, against a plain Google-rules baseline.
 
-  python3 tools/benchmark_data.py --dump=enwiki-...-pages-articles.xml.bz2 \\
+  python3 bench/benchmark_data.py --dump=enwiki-...-pages-articles.xml.bz2 \\
       --vocab=vocab.txt --jobs=1,2
 
-Runs every step of tools/prepare_wiki.py on the dump once per --jobs value and prints,
-for each step, its input size, seconds, MB/s, articles/s and instances/s. Then it runs,
-in this process and on the same first --baseline_mb of training text:
+Runs every step of the Wikipedia pipeline (bert_pretrain/wiki, which tools/prepare_wiki.sh
+runs) on the dump once per --jobs value and prints, for each step, its input size,
+seconds, MB/s, articles/s and instances/s. Then it runs, in this process and on the same
+first --baseline_mb of training text:
 
   - the baseline: a straightforward single-process implementation of Google's
     create_pretraining_data rules (pure-Python tokenizer, per-token truncation and
     masking loops, tf.train.Example protos), written out below;
-  - bert_pretrain.create_pretraining_data, which prepare_wiki runs per shard;
+  - bert_pretrain.create_pretraining_data, which the pipeline runs per shard;
 
 and prints both side by side with their statistics (instances, masked fraction,
 random-next fraction), which must agree. TensorFlow is imported before any timing.
@@ -31,24 +32,24 @@ import os
 import random
 import resource
 import shutil
-import sys
 import tempfile
 import time
 from xml.sax import saxutils
 
 from absl import app
 from absl import flags
+from absl import logging
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-if TOOLS not in sys.path:
-  sys.path.insert(0, TOOLS)
-
-import prepare_wiki  # pylint: disable=g-import-not-at-top
-import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+# Before TensorFlow: importing the pipeline sets TF_CPP_MIN_LOG_LEVEL=2 (unless set).
+from bert_pretrain.wiki import extract
+from bert_pretrain.wiki import pipeline
+from bert_pretrain.wiki import workdir
+import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 
 from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
 from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
 
 
@@ -250,7 +251,7 @@ def synthesize_dump(source, target_bytes, output, pages_per_stream=100):
   Returns:
     the uncompressed size written.
   """
-  pages = list(prepare_wiki.iter_pages(source))
+  pages = list(extract.iter_pages(source))
   compress = output.endswith(".bz2")
   written = 0
   with open(output, "wb") as writer:
@@ -300,23 +301,23 @@ def _folder_bytes(folder, suffix=""):
 
 
 def benchmark_pipeline(dump, vocab, output_dir, jobs, settings, xml_bytes):
-  """Runs each prepare_wiki step once.
+  """Runs each step of the pipeline once.
 
   Returns:
     rows of (step, input bytes, wall seconds, CPU seconds, articles, instances).
   """
   if os.path.exists(output_dir):
     shutil.rmtree(output_dir)
-  layout = prepare_wiki.Layout(output_dir)
+  layout = workdir.Layout(output_dir)
   rows = []
-  for step in prepare_wiki.STEPS:
+  for step in pipeline.STEPS:
     start = time.time()
     cpu_start = _cpu_seconds()
-    prepare_wiki.run_pipeline(output_dir, dump=dump, vocab=vocab, steps=step, jobs=jobs,
-                              **settings)
+    pipeline.run_pipeline(output_dir, dump=dump, vocab=vocab, steps=step, jobs=jobs,
+                          **settings)
     seconds = time.time() - start
     cpu = _cpu_seconds() - cpu_start
-    marker = prepare_wiki.read_json(layout.marker(step)) or {}
+    marker = workdir.read_json(layout.marker(step)) or {}
     stats = marker.get("stats", {})
     articles = instances = 0
     if step == "extract":
@@ -333,10 +334,10 @@ def benchmark_pipeline(dump, vocab, output_dir, jobs, settings, xml_bytes):
       articles = stats.get("train_articles", 0) + stats.get("eval_articles", 0)
     elif step == "tfrecords":
       input_bytes = _folder_bytes(layout.text_train) + os.path.getsize(layout.eval_text)
-      shard_stats = prepare_wiki.read_json(layout.marker("shard"))["stats"]
+      shard_stats = workdir.read_json(layout.marker("shard"))["stats"]
       articles = shard_stats["train_articles"] + shard_stats["eval_articles"]
       for name in os.listdir(os.path.join(layout.done, "tfrecords")):
-        instances += prepare_wiki.read_json(
+        instances += workdir.read_json(
             os.path.join(layout.done, "tfrecords", name))["stats"]["num_instances"]
     elif step == "eval":
       input_bytes = os.path.getsize(layout.eval_all)
@@ -375,7 +376,7 @@ def _rate(amount, seconds):
 def main(argv):
   del argv
   tf.logging.set_verbosity(tf.logging.ERROR)
-  prepare_wiki.logging.set_verbosity(prepare_wiki.logging.WARNING)
+  logging.set_verbosity(logging.WARNING)
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="benchmark_data-")
   os.makedirs(work, exist_ok=True)
   dump = FLAGS.dump
@@ -394,8 +395,8 @@ def main(argv):
     # No vocab given: train one of BERT's size on the dump's own extracted text.
     vocab = os.path.join(work, "vocab.txt")
     probe = os.path.join(work, "probe")
-    prepare_wiki.run_pipeline(probe, dump=dump, steps="extract,clean", jobs=1,
-                              pages_per_chunk=FLAGS.pages_per_chunk)
+    pipeline.run_pipeline(probe, dump=dump, steps="extract,clean", jobs=1,
+                          pages_per_chunk=FLAGS.pages_per_chunk)
     text_file = os.path.join(work, "vocab_text.txt")
     with open(text_file, "w", encoding="utf-8") as writer:
       for name in sorted(os.listdir(os.path.join(probe, "work", "cleaned"))):
@@ -436,12 +437,12 @@ def main(argv):
       # Linux reports kilobytes; the steps ran in this process.
       print("peak memory of this process so far: %.0f MB (shards of %.1f MB)"
             % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
-               rows[prepare_wiki.STEPS.index("tfrecords")][1] / 1e6 /
+               rows[pipeline.STEPS.index("tfrecords")][1] / 1e6 /
                (FLAGS.num_shards + 1)))
     print("load average: %.2f %.2f %.2f" % os.getloadavg())
 
   # Baseline and ours on the same text, one process each.
-  layout = prepare_wiki.Layout(os.path.join(work, "jobs%s" % FLAGS.jobs.split(",")[0]))
+  layout = workdir.Layout(os.path.join(work, "jobs%s" % FLAGS.jobs.split(",")[0]))
   shards = sorted(os.path.join(layout.text_train, n) for n in os.listdir(layout.text_train)
                   if ".tmp" not in n)
   sample = os.path.join(work, "baseline_input.txt")
@@ -485,8 +486,7 @@ if __name__ == "__main__":
                      "Instead of --dump: build a dump of this many MB of XML from "
                      "--synthesize_from.")
   flags.DEFINE_string("synthesize_from",
-                      os.path.join(os.path.dirname(TOOLS), "tests", "data",
-                                   "wiki_sample.xml"),
+                      os.path.join(ROOT, "tests", "data", "wiki_sample.xml"),
                       "Small export whose pages --synthesize_mb repeats.")
   flags.DEFINE_string("vocab", None,
                       "vocab.txt; default: a 30522-token WordPiece vocab trained on the "

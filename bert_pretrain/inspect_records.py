@@ -1,0 +1,332 @@
+# coding=utf-8
+"""Inspects BERT pretraining TFRecords: counts, feature spec, corruption, masking.
+
+Answers "is this the data I think it is?" before hours of training are spent on it:
+
+  python3 tools/inspect_tfrecords.py --input=/data/bert_wiki/train_data \\
+      --vocab=vocab.txt --num_examples=2
+
+(or python3 -m bert_pretrain.inspect_records with the same flags)
+
+  - counts the records and bytes of every file (from the TFRecord framing, fast);
+  - checks every record's CRCs and reports each corrupt one with its file, byte offset
+    and index (--check_crc, on by default), and a file cut short with where it ends;
+  - checks the feature spec and lengths of the records it reads for statistics:
+    the seven features, int64/float lists of max_seq_length / max_predictions_per_seq
+    values (taken from the first record unless given), input_mask a run of ones then
+    zeros, masked positions ascending inside the sequence, ids inside the vocab;
+  - prints masking statistics: the fraction of real tokens predicted, how the
+    predicted tokens were changed ([MASK] / kept / random, Google's 80/10/10), the
+    fraction of random next sentences (about 0.5) and the sequence lengths;
+  - decodes a few records back to text with the vocab, each masked position shown as
+    [MASK]{true token}, kept{=true}, or random{~true}.
+
+It exits with status 1 when a record is corrupt or breaks the spec, 2 on bad input.
+"""
+
+from __future__ import absolute_import
+from __future__ import division
+from __future__ import print_function
+
+import collections
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+
+from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
+from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+
+# At most this many problems of one kind are listed; the rest are only counted.
+_MAX_LISTED = 10
+
+
+class InspectError(Exception):
+  """Bad input (no files, an unreadable vocab); the message says how to fix it."""
+
+
+def decode_example(values, inv_vocab, mask_id):
+  """Renders one record as text: [CLS] a b [MASK]{c} ... [SEP] ... [SEP].
+
+  Args:
+    values: dict from records.parse_example.
+    inv_vocab: dict id -> token.
+    mask_id: the [MASK] id.
+
+  Returns:
+    str.
+  """
+  length = int(values["input_mask"].sum())
+  weights = values["masked_lm_weights"]
+  num_predictions = int((weights > 0).sum())
+  truth = dict(zip(values["masked_lm_positions"][:num_predictions].tolist(),
+                   values["masked_lm_ids"][:num_predictions].tolist()))
+  words = []
+  for position, token_id in enumerate(values["input_ids"][:length].tolist()):
+    token = inv_vocab.get(token_id, "<%d>" % token_id)
+    if position in truth:
+      true_token = inv_vocab.get(truth[position], "<%d>" % truth[position])
+      if token_id == mask_id:
+        token = "[MASK]{%s}" % true_token
+      elif token_id == truth[position]:
+        token = "%s{=%s}" % (token, true_token)
+      else:
+        token = "%s{~%s}" % (token, true_token)
+    words.append(token)
+  return " ".join(words)
+
+
+def inspect_files(files, vocab_file=None, max_seq_length=None,
+                  max_predictions_per_seq=None, num_examples=2, stats_records=100000,
+                  check_crc=True):
+  """Inspects TFRecord files; returns a report dict (see format_report).
+
+  Args:
+    files: list of TFRecord paths.
+    vocab_file: (optional) vocab.txt, to decode examples and check ids.
+    max_seq_length: expected length, or None to take it from the first record.
+    max_predictions_per_seq: expected length, or None to take it from the first record.
+    num_examples: records decoded into the report.
+    stats_records: records parsed for the spec check and statistics (0: all).
+    check_crc: read every record through TensorFlow's CRC check.
+
+  Returns:
+    dict with files, records, bytes, problems (list of str), corrupt (list of dicts),
+    lengths, statistics and examples.
+  """
+  inv_vocab = None
+  mask_id = None
+  vocab_size = None
+  if vocab_file:
+    if not os.path.isfile(vocab_file):
+      raise InspectError("vocab file %s does not exist; pass the vocab.txt the records "
+                         "were made with, or leave --vocab out" % vocab_file)
+    vocab = tokenization.load_vocab(vocab_file)
+    inv_vocab = {v: k for k, v in vocab.items()}
+    mask_id = vocab.get("[MASK]")
+    vocab_size = max(vocab.values()) + 1
+  report = {"files": [], "records": 0, "bytes": 0, "problems": [], "corrupt": [],
+            "spec_errors": 0, "examples": []}
+  counts = collections.Counter()
+  masked_ids = collections.Counter()
+  lengths = []
+  parsed = 0
+  for path in files:
+    offsets, framing_error = records.record_offsets(path)
+    size = os.path.getsize(path)
+    report["files"].append({"path": path, "records": len(offsets), "bytes": size})
+    report["records"] += len(offsets)
+    report["bytes"] += size
+    if framing_error:
+      report["corrupt"].append({"path": path, "offset": None, "index": len(offsets),
+                                "message": framing_error})
+    if check_crc and offsets:
+      for index, offset, message in records.corrupt_records(path, offsets):
+        report["corrupt"].append({"path": path, "offset": offset, "index": index,
+                                  "message": "corrupt record: %s" % message})
+    if stats_records and parsed >= stats_records:
+      continue
+    bad_indices = set(c["index"] for c in report["corrupt"] if c["path"] == path)
+    for index, offset, serialized in records.read_records(path, offsets):
+      if stats_records and parsed >= stats_records:
+        break
+      if index in bad_indices:
+        continue
+      try:
+        values = records.parse_example(serialized)
+      except records.RecordError as e:
+        _add_problem(report, "%s record %d at byte %d: %s" % (path, index, offset, e))
+        continue
+      if max_seq_length is None:
+        max_seq_length = len(values["input_ids"])
+      if max_predictions_per_seq is None:
+        max_predictions_per_seq = len(values["masked_lm_ids"])
+      problem = records.example_problem(values, max_seq_length, max_predictions_per_seq,
+                                        vocab_size)
+      if problem:
+        _add_problem(report, "%s record %d at byte %d: %s" % (path, index, offset, problem))
+        continue
+      parsed += 1
+      _accumulate(values, counts, masked_ids, lengths)
+      if len(report["examples"]) < num_examples:
+        report["examples"].append({"path": path, "index": index, "values": values})
+  if mask_id is None and masked_ids:
+    # Without a vocab, [MASK] is the id that most predicted positions hold (80%).
+    mask_id = masked_ids.most_common(1)[0][0]
+    report["mask_id_inferred"] = True
+  report["mask_id"] = mask_id
+  report["max_seq_length"] = max_seq_length
+  report["max_predictions_per_seq"] = max_predictions_per_seq
+  report["parsed"] = parsed
+  report["statistics"] = _statistics(counts, masked_ids, mask_id, lengths,
+                                     max_seq_length)
+  for example in report["examples"]:
+    if inv_vocab is not None:
+      example["text"] = decode_example(example["values"], inv_vocab, mask_id)
+    else:
+      example["text"] = decode_example(example["values"], {}, mask_id)
+  return report
+
+
+def _add_problem(report, message):
+  report["spec_errors"] += 1
+  if len(report["problems"]) < _MAX_LISTED:
+    report["problems"].append(message)
+
+
+def _accumulate(values, counts, masked_ids, lengths):
+  """Adds one valid record to the running statistics."""
+  length = int(values["input_mask"].sum())
+  num_predictions = int((values["masked_lm_weights"] > 0).sum())
+  positions = values["masked_lm_positions"][:num_predictions]
+  input_at = values["input_ids"][positions]
+  truth = values["masked_lm_ids"][:num_predictions]
+  counts["tokens"] += length
+  counts["predictions"] += num_predictions
+  counts["kept"] += int((input_at == truth).sum())
+  counts["records"] += 1
+  counts["random_next"] += int(values["next_sentence_labels"][0])
+  masked_ids.update(input_at[input_at != truth].tolist())
+  lengths.append(length)
+
+
+def _statistics(counts, masked_ids, mask_id, lengths, max_seq_length):
+  """The masking, next-sentence and length statistics of the parsed records."""
+  predictions = counts["predictions"]
+  if not counts["records"]:
+    return {}
+  masked = masked_ids.get(mask_id, 0)
+  changed = sum(masked_ids.values())
+  lengths = np.array(lengths)
+  return {
+      "records": counts["records"],
+      "tokens": counts["tokens"],
+      "predictions": predictions,
+      "masked_fraction": predictions / max(counts["tokens"], 1),
+      "predictions_per_record": predictions / counts["records"],
+      "mask_fraction": masked / max(predictions, 1),
+      "kept_fraction": counts["kept"] / max(predictions, 1),
+      "random_fraction": (changed - masked) / max(predictions, 1),
+      "random_next_fraction": counts["random_next"] / counts["records"],
+      "mean_length": float(lengths.mean()),
+      "full_fraction": float((lengths == max_seq_length).mean()),
+  }
+
+
+def format_report(report):
+  """The report as the lines printed by the command."""
+  lines = []
+  lines.append("%d files, %d records, %.1f MB" % (len(report["files"]), report["records"],
+                                                   report["bytes"] / 1e6))
+  for entry in report["files"][:_MAX_LISTED]:
+    lines.append("  %s: %d records, %d bytes" % (entry["path"], entry["records"],
+                                                 entry["bytes"]))
+  if len(report["files"]) > _MAX_LISTED:
+    lines.append("  ... and %d more files" % (len(report["files"]) - _MAX_LISTED))
+  if report["corrupt"]:
+    lines.append("CORRUPT: %d problems" % len(report["corrupt"]))
+    for entry in report["corrupt"][:_MAX_LISTED]:
+      where = "byte %d" % entry["offset"] if entry["offset"] is not None else "end"
+      lines.append("  %s: record %d at %s: %s" % (entry["path"], entry["index"], where,
+                                                 entry["message"]))
+  else:
+    lines.append("corrupt records: none")
+  if report["spec_errors"]:
+    lines.append("SPEC: %d records break the feature spec" % report["spec_errors"])
+    lines.extend("  " + p for p in report["problems"])
+  else:
+    lines.append("feature spec: ok in %d records read (max_seq_length %s, "
+                 "max_predictions_per_seq %s)" % (report["parsed"],
+                                                  report["max_seq_length"],
+                                                  report["max_predictions_per_seq"]))
+  stats = report["statistics"]
+  if stats:
+    lines.append("masking: %.2f%% of real tokens predicted (%d of %d), %.1f predictions a "
+                 "record" % (100 * stats["masked_fraction"], stats["predictions"],
+                             stats["tokens"], stats["predictions_per_record"]))
+    lines.append("  predicted tokens: [MASK] %.1f%%, kept %.1f%%, random %.1f%% "
+                 "(Google: 80/10/10)%s" % (
+                     100 * stats["mask_fraction"], 100 * stats["kept_fraction"],
+                     100 * stats["random_fraction"],
+                     "; [MASK] id %d inferred" % report["mask_id"]
+                     if report.get("mask_id_inferred") else ""))
+    lines.append("next sentence: %.1f%% random (label 1)" %
+                 (100 * stats["random_next_fraction"]))
+    lines.append("lengths: mean %.1f tokens, %.1f%% of records full" %
+                 (stats["mean_length"], 100 * stats["full_fraction"]))
+  for example in report["examples"]:
+    lines.append("example: %s record %d" % (example["path"], example["index"]))
+    lines.append("  " + example["text"])
+  return lines
+
+
+def define_flags():
+  """Defines the command-line flags; only when run as a script."""
+  flags.DEFINE_string("input", None, "TFRecord file, folder or glob (comma-separated).")
+  flags.DEFINE_string("vocab", None, "vocab.txt to decode examples and check ids.")
+  flags.DEFINE_integer("max_seq_length", None,
+                       "Expected max_seq_length (default: that of the first record).")
+  flags.DEFINE_integer("max_predictions_per_seq", None,
+                       "Expected max_predictions_per_seq (default: the first record's).")
+  flags.DEFINE_integer("num_examples", 2, "Records decoded to text.")
+  flags.DEFINE_integer("stats_records", 100000,
+                       "Records parsed for the spec check and statistics (0: all).")
+  flags.DEFINE_bool("check_crc", True, "Check the CRCs of every record.")
+  flags.mark_flag_as_required("input")
+
+
+def run_inspect(inputs, vocab=None, max_seq_length=None, max_predictions_per_seq=None,
+                num_examples=2, stats_records=100000, check_crc=True, out=None,
+                err=None):
+  """Inspects the files and prints the report, as the command does.
+
+  Args:
+    inputs: comma-separated TFRecord files, folders or globs.
+    vocab, max_seq_length, max_predictions_per_seq, num_examples, stats_records,
+      check_crc: as inspect_files.
+    out: stream for the report (default stdout).
+    err: stream for the error line (default stderr).
+
+  Returns:
+    the exit status: 0 all good, 1 corrupt or malformed records, 2 bad input.
+  """
+  out = out or sys.stdout
+  err = err or sys.stderr
+  try:
+    files = []
+    for pattern in inputs.split(","):
+      if pattern.strip():
+        files.extend(input_pipeline.list_record_files(pattern.strip(), "--input"))
+    report = inspect_files(files, vocab, max_seq_length, max_predictions_per_seq,
+                           num_examples, stats_records, check_crc)
+  except (InspectError, ValueError) as e:
+    err.write("inspect_tfrecords: error: %s\n" % e)
+    return 2
+  for line in format_report(report):
+    out.write(line + "\n")
+  return 1 if report["corrupt"] or report["spec_errors"] else 0
+
+
+def main(argv):
+  """Prints the report; exits 1 on corrupt or malformed records, 2 on bad input."""
+  if len(argv) > 1:
+    sys.stderr.write("inspect_tfrecords: error: unexpected arguments %s; pass --input=...\n"
+                     % " ".join(argv[1:]))
+    sys.exit(2)
+  tf.logging.set_verbosity(tf.logging.ERROR)
+  flag_values = flags.FLAGS
+  sys.exit(run_inspect(flag_values.input, flag_values.vocab, flag_values.max_seq_length,
+                       flag_values.max_predictions_per_seq, flag_values.num_examples,
+                       flag_values.stats_records, flag_values.check_crc))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

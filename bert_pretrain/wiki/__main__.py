@@ -1,0 +1,120 @@
+"""Prepares the MLPerf BERT dataset from a Wikipedia dump, resumably and in parallel.
+
+One command does what MLCommons' cleanup scripts do by hand (WikiExtractor, cleanup,
+sentence segmentation, a held-out test set, 500 shards, create_pretraining_data on each
+shard, pick_eval_samples):
+
+  bash tools/prepare_wiki.sh --dump=enwiki-20200101-pages-articles-multistream.xml.bz2 \\
+      --vocab=vocab.txt --output_dir=/data/bert_wiki --jobs=16
+
+The steps, in order (--steps runs a subset; each step reads what the one before wrote):
+
+  extract    MediaWiki XML (.xml or .xml.bz2; a -multistream .bz2 is decompressed on
+             --jobs cores), streamed through an incremental XML parser -> plain-text
+             pages, work/extracted/chunk-NNNNN.jsonl, --pages_per_chunk pages a chunk.
+  clean      drops redirects, disambiguation pages, other namespaces, markup remnants and
+             near-empty articles -> work/cleaned/chunk-NNNNN.jsonl.
+  segment    one sentence a line (rule-based, no download) -> work/sentences/*.jsonl.
+  shard      holds out the --num_eval_articles articles with the smallest sha256 of their
+             title, and deals the others to --num_shards text shards balanced by bytes ->
+             text/train/part-00000-of-00500 ..., text/eval/eval.txt.
+  tfrecords  bert_pretrain.create_pretraining_data on every shard (one task per shard,
+             --jobs at once) -> train_data/part-00000-of-00500 ..., and on the held-out
+             text -> eval_intermediate/eval_all.
+  eval       exactly --num_eval_samples records, record int(i * n / k) for i < k as
+             MLCommons' pick_eval_samples.py -> eval_data/eval_<k>.
+  manifest   manifest.json: settings, counts (pages, articles, sentences, tokens,
+             instances, bytes) and the size and sha256 of every output file.
+
+Every file is written under a temporary name and renamed when complete, and every
+finished unit of work (a chunk, the shards, a TFRecord shard) leaves a done-marker in
+work/done/ with its settings, inputs and outputs. A run started again after a kill
+skips every unit whose marker matches and whose outputs are there, and redoes the rest.
+Each long step prints a progress line with its rate and ETA to stderr every 15 s.
+output_dir/settings.json records the settings; a folder made with other settings is
+refused. The same dump, vocab and settings give byte-identical files, whatever --jobs.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from bert_pretrain.wiki.pipeline import (DEFAULTS, STEPS, describe_os_error, parse_steps,
+                                         run_pipeline)
+from bert_pretrain.wiki.workdir import Layout, PrepareError
+
+
+def define_flags():
+  """Defines the command-line flags; only when run as a script."""
+  flags.DEFINE_string("dump", None,
+                      "MediaWiki export: enwiki-YYYYMMDD-pages-articles.xml or .xml.bz2.")
+  flags.DEFINE_string("vocab", None, "The model's WordPiece vocab.txt.")
+  flags.DEFINE_string("output_dir", None, "Folder for the dataset (created if missing).")
+  flags.DEFINE_string("steps", "all", "Steps to run: 'all' or a comma-separated subset of "
+                      + ",".join(STEPS) + ".")
+  flags.DEFINE_integer("jobs", os.cpu_count() or 1,
+                       "Processes for the parallel steps (extract, clean, segment, "
+                       "tfrecords); about 2 GB of memory each at the MLPerf settings.")
+  flags.DEFINE_bool("verify", False, "Manifest: re-hash every output file.")
+  flags.DEFINE_integer("pages_per_chunk", DEFAULTS["pages_per_chunk"],
+                       "Pages per extraction chunk (the unit of resuming extract).")
+  flags.DEFINE_integer("min_article_chars", DEFAULTS["min_article_chars"],
+                       "Articles with less cleaned text than this are dropped.")
+  flags.DEFINE_integer("num_shards", DEFAULTS["num_shards"], "Training text shards.")
+  flags.DEFINE_integer("num_eval_articles", DEFAULTS["num_eval_articles"],
+                       "Articles held out for the eval set (MLCommons: 10000).")
+  flags.DEFINE_integer("num_eval_samples", DEFAULTS["num_eval_samples"],
+                       "Records in the eval set (MLPerf: 10000).")
+  flags.DEFINE_bool("do_lower_case", DEFAULTS["do_lower_case"],
+                    "Lower-case and strip accents (True for uncased models).")
+  flags.DEFINE_integer("max_seq_length", DEFAULTS["max_seq_length"],
+                       "Maximum sequence length.")
+  flags.DEFINE_integer("max_predictions_per_seq", DEFAULTS["max_predictions_per_seq"],
+                       "Maximum masked LM predictions per sequence.")
+  flags.DEFINE_float("masked_lm_prob", DEFAULTS["masked_lm_prob"], "Masked LM probability.")
+  flags.DEFINE_float("short_seq_prob", DEFAULTS["short_seq_prob"],
+                     "Probability of a shorter target length for a document.")
+  flags.DEFINE_integer("dupe_factor", DEFAULTS["dupe_factor"],
+                       "Passes over the data, each with other cuts and masks.")
+  flags.DEFINE_integer("random_seed", DEFAULTS["random_seed"],
+                       "Seed of create_pretraining_data (the same for every shard, as "
+                       "MLCommons).")
+  flags.DEFINE_bool("do_whole_word_mask", DEFAULTS["do_whole_word_mask"],
+                    "Mask whole words (MLPerf: False).")
+
+
+def main(argv):
+  """Runs the pipeline from the flags; exits 1 with one line on bad input."""
+  if len(argv) > 1:
+    sys.exit("prepare_wiki: error: unexpected arguments %s; pass everything as --flags"
+             % " ".join(argv[1:]))
+  flag_values = flags.FLAGS
+  if not flag_values["verbosity"].present:
+    # create_pretraining_data logs two INFO lines per shard; the progress line suffices.
+    logging.set_verbosity(logging.WARNING)
+  try:
+    run_pipeline(flag_values.output_dir, dump=flag_values.dump, vocab=flag_values.vocab,
+                 steps=flag_values.steps, jobs=flag_values.jobs, verify=flag_values.verify,
+                 **{key: flag_values[key].value for key in DEFAULTS})
+  except PrepareError as e:
+    sys.exit("prepare_wiki: error: %s" % e)
+  except KeyboardInterrupt:
+    sys.exit("prepare_wiki: interrupted; run the same command again to go on where it "
+             "stopped")
+  except ValueError as e:
+    # create_pretraining_data's own one-line errors (an unusable vocab, say).
+    sys.exit("prepare_wiki: error: %s" % e)
+  except OSError as e:
+    sys.exit("prepare_wiki: error: %s" % describe_os_error(e))
+  layout = Layout(flag_values.output_dir)
+  if os.path.exists(layout.manifest) and "manifest" in parse_steps(flag_values.steps):
+    print("prepare_wiki: done. Train with --input_files_dir=%s --eval_files_dir=%s"
+          % (layout.train_data, layout.eval_data))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

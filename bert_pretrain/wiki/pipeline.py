@@ -1,0 +1,260 @@
+"""The run: checks the inputs and settings against the output folder, then runs the steps.
+
+output_dir/settings.json records the settings of the steps run so far; a folder made
+with other settings is refused. The same dump, vocab and settings give byte-identical
+files, whatever --jobs.
+"""
+
+import collections
+import errno
+import json
+import os
+
+from bert_pretrain import tokenization
+from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
+from bert_pretrain.wiki.evalset import run_eval
+from bert_pretrain.wiki.extract import run_extract
+from bert_pretrain.wiki.manifest import run_manifest
+from bert_pretrain.wiki.shard import run_shard
+from bert_pretrain.wiki.tfrecords import run_tfrecords
+from bert_pretrain.wiki.workdir import (FORMAT_VERSION, STEP_SETTINGS, Layout,
+                                        PrepareError, atomic_output, file_digest,
+                                        locked, read_json, remove_quietly, write_json)
+
+STEPS = ("extract", "clean", "segment", "shard", "tfrecords", "eval", "manifest")
+
+# Every setting that changes an output, with its default. --jobs is not one: it only
+# changes how fast the same files are made.
+DEFAULTS = collections.OrderedDict([
+    ("pages_per_chunk", 20000),
+    ("min_article_chars", 200),
+    ("num_shards", 500),
+    ("num_eval_articles", 10000),
+    ("num_eval_samples", 10000),
+    ("do_lower_case", True),
+    ("max_seq_length", 512),
+    ("max_predictions_per_seq", 76),
+    ("masked_lm_prob", 0.15),
+    ("short_seq_prob", 0.1),
+    ("dupe_factor", 10),
+    ("random_seed", 12345),
+    ("do_whole_word_mask", False),
+])
+_REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
+
+
+def check_vocab(vocab):
+  """Returns the vocab's sha256; raises PrepareError when it is missing or unusable."""
+  if not os.path.isfile(vocab):
+    raise PrepareError("vocab file %s does not exist; pass --vocab=<the model's vocab.txt, "
+                       "for MLPerf the one in the checkpoint folder>" % vocab)
+  try:
+    tokens = tokenization.load_vocab(vocab)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise PrepareError("vocab file %s cannot be read (%s); pass a BERT vocab.txt, one token "
+                       "a line" % (vocab, e))
+  missing = [t for t in _REQUIRED_TOKENS if t not in tokens]
+  if missing:
+    raise PrepareError("vocab file %s lacks %s; pass a BERT vocab.txt (with [CLS] [SEP] "
+                       "[MASK] [UNK])" % (vocab, " ".join(missing)))
+  return file_digest(vocab)["sha256"]
+
+
+def reconcile_settings(layout, settings, step_list):
+  """Checks the run's settings against output_dir/settings.json and records them.
+
+  The file holds the settings of the steps run so far in the folder (and the dump's
+  and vocab's identity); every one of them must match. Settings this run does not
+  know (no --dump, no --vocab) are taken from the file.
+
+  Args:
+    layout: Layout.
+    settings: dict; None values mean "not given in this run".
+    step_list: the steps this run will run.
+
+  Returns:
+    the settings to run with.
+
+  Raises:
+    PrepareError: the folder was made with other settings, or holds other files.
+  """
+  stored = read_json(layout.settings)
+  if stored is None:
+    # work/ with its done/ markers is what a refused first run leaves (its settings.json
+    # is taken back); its markers name their settings, so it does not block a rerun.
+    own = [".lock"] + (["work"] if os.path.isdir(layout.done) else [])
+    leftovers = [n for n in os.listdir(layout.root) if n not in own]
+    if leftovers:
+      raise PrepareError("output folder %s is not empty and holds no settings.json of "
+                         "prepare_wiki (it has %s); pass an empty or new --output_dir"
+                         % (layout.root, ", ".join(sorted(leftovers)[:3])))
+    stored = {}
+  else:
+    stored = stored.get("settings", {})
+  differences = []
+  for key, value in settings.items():
+    if value is not None and stored.get(key) is not None and stored[key] != value:
+      differences.append("%s=%s there, %s now" % (key, json.dumps(stored[key]),
+                                                   json.dumps(value)))
+  if differences:
+    raise PrepareError("output folder %s holds a run made with other settings (%s); pass "
+                       "the same settings to resume it, or a new --output_dir"
+                       % (layout.root, "; ".join(differences)))
+  # Only the settings of steps that ran bind the folder: an extract-only first run
+  # leaves the TFRecord settings free.
+  relevant = set(["format_version", "dump_name", "dump_bytes", "vocab_sha256"])
+  for step in step_list:
+    relevant.update(STEP_SETTINGS.get(step, ()))
+  recorded = dict(stored)
+  recorded.update({k: v for k, v in settings.items() if k in relevant and v is not None})
+  if recorded != stored:
+    write_json(layout.settings, {"tool": "tools/prepare_wiki.py", "settings": recorded})
+  effective = dict(settings)
+  for key, value in stored.items():
+    if effective.get(key) is None:
+      effective[key] = value
+  return effective
+
+
+def parse_steps(steps):
+  """'extract,clean' or 'all' -> list of step names in pipeline order."""
+  if steps in (None, "", "all"):
+    return list(STEPS)
+  names = [s.strip() for s in steps.split(",") if s.strip()]
+  unknown = [s for s in names if s not in STEPS]
+  if unknown:
+    raise PrepareError("unknown step %s in --steps; use a comma-separated subset of %s"
+                       % (unknown[0], ",".join(STEPS)))
+  return [s for s in STEPS if s in names]
+
+
+def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=False,
+                 **overrides):
+  """Runs the requested steps; what is already complete is skipped.
+
+  Args:
+    output_dir: the output folder (created if missing).
+    dump: path of the MediaWiki dump; needed by step extract.
+    vocab: path of vocab.txt; needed by step tfrecords.
+    steps: "all" or a comma-separated list of STEPS.
+    jobs: processes for the parallel steps.
+    verify: manifest re-hashes every output.
+    **overrides: settings from DEFAULTS.
+
+  Returns:
+    the manifest dict when step manifest ran, else None.
+
+  Raises:
+    PrepareError: on bad input, with the problem and the fix.
+  """
+  unknown = set(overrides) - set(DEFAULTS)
+  if unknown:
+    raise TypeError("unknown settings %s" % sorted(unknown))
+  step_list = parse_steps(steps)
+  settings = dict(DEFAULTS)
+  settings.update(overrides)
+  _check_settings(settings, jobs)
+  settings["format_version"] = FORMAT_VERSION
+  settings["dump_name"] = settings["dump_bytes"] = settings["vocab_sha256"] = None
+  if "extract" in step_list:
+    if not dump:
+      raise PrepareError("step extract needs --dump=<enwiki-...-pages-articles.xml[.bz2]>")
+  if dump:
+    if not os.path.isfile(dump):
+      raise PrepareError("dump %s does not exist; pass --dump=<enwiki-...-pages-articles"
+                         ".xml[.bz2]>" % dump)
+    settings["dump_name"] = os.path.basename(dump)
+    settings["dump_bytes"] = os.path.getsize(dump)
+  if "tfrecords" in step_list:
+    if not vocab:
+      raise PrepareError("step tfrecords needs --vocab=<the model's vocab.txt>")
+  if vocab:
+    settings["vocab_sha256"] = check_vocab(vocab)
+  if not output_dir:
+    raise PrepareError("pass --output_dir=<folder for the dataset>")
+  os.makedirs(output_dir, exist_ok=True)
+  layout = Layout(output_dir)
+  manifest = None
+  with locked(layout):
+    settings_before = _read_bytes(layout.settings)
+    settings = reconcile_settings(layout, settings, step_list)
+    finished = []
+    try:
+      for step in step_list:
+        if step == "extract":
+          run_extract(layout, settings, dump, jobs)
+        elif step == "clean":
+          run_clean(layout, settings, jobs)
+        elif step == "segment":
+          run_segment(layout, settings, jobs)
+        elif step == "shard":
+          run_shard(layout, settings)
+        elif step == "tfrecords":
+          run_tfrecords(layout, settings, vocab, jobs)
+        elif step == "eval":
+          run_eval(layout, settings)
+        elif step == "manifest":
+          manifest = run_manifest(layout, settings, verify)
+        finished.append(step)
+    except PrepareError:
+      # A refused input (an HTML page, a cut dump) must not bind the folder to it:
+      # settings.json goes back to what it was, so the corrected command is accepted.
+      # The unfinished step's markers hold their own settings and are redone.
+      if not finished:
+        _restore_file(layout.settings, settings_before)
+      raise
+  return manifest
+
+
+def _read_bytes(path):
+  """The bytes of the file at path, or None when there is none."""
+  try:
+    with open(path, "rb") as f:
+      return f.read()
+  except FileNotFoundError:
+    return None
+
+
+def _restore_file(path, content):
+  """Puts back the bytes _read_bytes returned (None: no file)."""
+  if content is None:
+    remove_quietly(path)
+  elif _read_bytes(path) != content:
+    with atomic_output(path, binary=True) as writer:
+      writer.write(content)
+
+
+def _check_settings(settings, jobs):
+  """Raises PrepareError naming the first setting out of range."""
+  if jobs < 1:
+    raise PrepareError("--jobs=%d must be >= 1" % jobs)
+  for key in ("pages_per_chunk", "num_shards", "num_eval_articles", "num_eval_samples",
+              "dupe_factor"):
+    if settings[key] < 1:
+      raise PrepareError("--%s=%d must be >= 1" % (key, settings[key]))
+  if settings["num_shards"] > 99999:
+    raise PrepareError("--num_shards=%d is too many; use at most 99999"
+                       % settings["num_shards"])
+  if settings["max_seq_length"] < 5:
+    raise PrepareError("--max_seq_length=%d must be >= 5" % settings["max_seq_length"])
+  if not 1 <= settings["max_predictions_per_seq"] <= settings["max_seq_length"]:
+    raise PrepareError("--max_predictions_per_seq=%d must be between 1 and "
+                       "--max_seq_length" % settings["max_predictions_per_seq"])
+  if not 0 < settings["masked_lm_prob"] <= 1:
+    raise PrepareError("--masked_lm_prob=%g must be in (0, 1]" % settings["masked_lm_prob"])
+  if not 0 <= settings["short_seq_prob"] <= 1:
+    raise PrepareError("--short_seq_prob=%g must be in [0, 1]" % settings["short_seq_prob"])
+
+
+def describe_os_error(error):
+  """One line for an OSError: a full disk says what to do."""
+  where = " writing %s" % error.filename if error.filename else ""
+  if error.errno == errno.ENOSPC:
+    return ("the disk is full%s (No space left on device); free space there (the full "
+            "MLPerf set needs about 450 GB, 365 GB of it TFRecords; work/ can go once "
+            "step shard is done) and run the same command again: finished work is kept"
+            % where)
+  if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    return ("cannot write%s (%s); pass an --output_dir you can write to"
+            % (where, error.strerror))
+  return "%s%s" % (error.strerror or error, where)
