@@ -1,18 +1,17 @@
-"""TFRecord input of BERT pretraining: the MLPerf feature spec, file checks and tf.data.
+"""TFRecord input of BERT pretraining: file checks, bad records and the tf.data pipeline.
 
-Every record holds input_ids, input_mask, segment_ids (int64, max_seq_length),
-masked_lm_positions, masked_lm_ids (int64, max_predictions_per_seq), masked_lm_weights
-(float32, max_predictions_per_seq) and next_sentence_labels (int64, 1), as written by
-Google's and MLCommons' create_pretraining_data.
+The records' format (the feature spec, the framing, what makes a record valid) is
+bert_pretrain/records.py's; this module finds the files of a run, checks them before
+training, locates a bad record met while training and builds the tf.data pipeline.
 """
 
 import collections
 import os
 import re
-import shutil
-import tempfile
 
 import tensorflow.compat.v1 as tf
+
+from bert_pretrain import records
 
 # Folders whose records together are smaller than this are read whole before training,
 # so a corrupt record is reported before any step runs; larger sets check the first
@@ -30,19 +29,6 @@ BadRecord = collections.namedtuple("BadRecord", ["path", "index", "offset", "pro
 # What --skip_corrupt_records leaves out: records, the records of the set (None when
 # not counted), bad, a list of BadRecord.
 SkippedRecords = collections.namedtuple("SkippedRecords", ["records", "bad"])
-
-
-def feature_spec(max_seq_length, max_predictions_per_seq):
-  """The tf.parse_example spec of one pretraining record."""
-  return {
-      "input_ids": tf.FixedLenFeature([max_seq_length], tf.int64),
-      "input_mask": tf.FixedLenFeature([max_seq_length], tf.int64),
-      "segment_ids": tf.FixedLenFeature([max_seq_length], tf.int64),
-      "masked_lm_positions": tf.FixedLenFeature([max_predictions_per_seq], tf.int64),
-      "masked_lm_ids": tf.FixedLenFeature([max_predictions_per_seq], tf.int64),
-      "masked_lm_weights": tf.FixedLenFeature([max_predictions_per_seq], tf.float32),
-      "next_sentence_labels": tf.FixedLenFeature([1], tf.int64),
-  }
 
 
 def constant_features(batch_size, max_seq_length, max_predictions_per_seq):
@@ -81,7 +67,7 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
                        % (flag_name, files_dir))
   skipped_suffixes = (".txt", ".json", ".md", ".index", ".tsv", ".log")
   # ".tmp" anywhere in the name: a half-written output of create_pretraining_data or
-  # tools/prepare_wiki.py (part-00001.tmp-1234) is never training data.
+  # bert_pretrain/wiki (part-00001.tmp-1234) is never training data.
   files = sorted(n for n in names
                  if not os.path.basename(n).startswith(".") and ".tmp" not in os.path.basename(n)
                  and not n.endswith(skipped_suffixes) and not tf.gfile.IsDirectory(n))
@@ -91,85 +77,6 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
                      "(make them with python3 -m bert_pretrain.create_pretraining_data)"
                      % (flag_name, files_dir))
   return files
-
-
-def record_offsets(path):
-  """Returns the (offset, length) of each record of a TFRecord file from its framing alone.
-
-  Reads the 12-byte headers only (a seek per record), so it is fast on large files.
-
-  Args:
-    path: a TFRecord file.
-
-  Returns:
-    (offsets, error): list of (byte offset, payload length), and None or a message
-    saying where the file ends inside a record.
-  """
-  size = tf.gfile.Stat(path).length
-  offsets = []
-  with tf.gfile.GFile(path, "rb") as reader:
-    offset = 0
-    while offset < size:
-      header = reader.read(12)
-      if len(header) < 12:
-        return offsets, ("cut short: it ends inside the header of record %d at byte %d"
-                         % (len(offsets), offset))
-      length = int.from_bytes(header[:8], "little")
-      end = offset + 16 + length
-      if end > size:
-        return offsets, ("cut short or corrupt: record %d at byte %d claims %d bytes but "
-                         "the file ends at byte %d" % (len(offsets), offset, length, size))
-      offsets.append((offset, length))
-      reader.seek(end)
-      offset = end
-  return offsets, None
-
-
-def corrupt_records(path, offsets):
-  """Finds the records whose CRCs do not match, going on past each one.
-
-  TensorFlow's reader checks the CRCs but stops at the first bad record; after one,
-  the rest of the file is copied to a temporary file and read from there.
-
-  Args:
-    path: a TFRecord file whose framing is intact up to len(offsets) records.
-    offsets: its record_offsets.
-
-  Returns:
-    list of (record index, byte offset, message).
-  """
-  found = []
-  start = 0
-  source = path
-  temporary = None
-  try:
-    while start < len(offsets):
-      index = start
-      try:
-        for _ in tf.io.tf_record_iterator(source):
-          index += 1
-          if index >= len(offsets):
-            break
-        break
-      except tf.errors.DataLossError:
-        # TensorFlow's message gives offsets in the copy; the framing gives ours.
-        if index >= len(offsets):
-          break
-        found.append((index, offsets[index][0], "the CRC does not match the data"))
-        start = index + 1
-        if start >= len(offsets):
-          break
-        if temporary is None:
-          handle, temporary = tempfile.mkstemp(suffix=".tfrecord")
-          os.close(handle)
-        with tf.gfile.GFile(path, "rb") as reader, open(temporary, "wb") as writer:
-          reader.seek(offsets[start][0])
-          shutil.copyfileobj(reader, writer)
-        source = temporary
-  finally:
-    if temporary:
-      os.remove(temporary)
-  return found
 
 
 def find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size=None):
@@ -187,45 +94,38 @@ def find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size=N
     (num_records, bad): the records the framing holds (a cut record not counted), and
     a list of BadRecord.
   """
-  offsets, framing_error = record_offsets(path)
+  offsets, framing_error = records.record_offsets(path)
   bad = [BadRecord(path, index, offset, message)
-         for index, offset, message in corrupt_records(path, offsets)]
+         for index, offset, message in records.corrupt_records(path, offsets)]
   skipped = set(r.index for r in bad)
-  expected = {"input_ids": max_seq_length, "masked_lm_ids": max_predictions_per_seq}
-  with tf.gfile.GFile(path, "rb") as reader:
-    for index, (offset, length) in enumerate(offsets):
-      if index in skipped:
-        continue
-      reader.seek(offset + 12)
-      problem = _record_problem(reader.read(length), expected, vocab_size)
-      if problem:
-        bad.append(BadRecord(path, index, offset, problem))
+  for index, offset, serialized in records.read_records(path, offsets):
+    if index in skipped:
+      continue
+    problem = _record_problem(serialized, max_seq_length, max_predictions_per_seq,
+                              vocab_size)
+    if problem:
+      bad.append(BadRecord(path, index, offset, problem))
   bad.sort(key=lambda r: r.index)
   if framing_error:
-    end = offsets[-1][0] + 16 + offsets[-1][1] if offsets else 0
-    bad.append(BadRecord(path, len(offsets), end, "the file is " + framing_error))
+    bad.append(BadRecord(path, len(offsets), records.framed_end(offsets),
+                         "the file is " + framing_error))
   return len(offsets), bad
 
 
-def _record_problem(serialized, expected_lengths, vocab_size):
-  """What makes one serialized record unusable, or None."""
-  example = tf.train.Example()
+def _record_problem(serialized, max_seq_length, max_predictions_per_seq, vocab_size):
+  """What makes one serialized record unusable for training (records.py's checks), or
+  None: not an example of the spec, other lengths, a token id outside the vocab."""
   try:
-    example.ParseFromString(serialized)
-  except Exception:  # pylint: disable=broad-except
-    return "not a tf.train.Example"
-  features = example.features.feature
-  for name, length in expected_lengths.items():
-    if name not in features:
-      return "it lacks the feature %s" % name
-    if len(features[name].int64_list.value) != length:
-      return "%s has %d values, not %d" % (name, len(features[name].int64_list.value),
-                                           length)
+    values = records.parse_example(serialized, as_numpy=False)
+  except records.RecordError as e:
+    return "it %s" % e if e.missing else str(e)
+  wrong = records.wrong_length(values, max_seq_length, max_predictions_per_seq,
+                               records.SET_LENGTH_FEATURES + records.FEATURE_NAMES)
+  if wrong:
+    return "%s has %d values, not %d" % wrong
   if vocab_size:
-    ids = list(features["input_ids"].int64_list.value) + list(
-        features["masked_lm_ids"].int64_list.value)
-    outside = [i for i in ids if i < 0 or i >= vocab_size]
-    if outside:
+    outside = records.token_ids_outside(values, vocab_size)
+    if outside.size:
       return "token id %d is outside the vocab (vocab_size %d)" % (outside[0], vocab_size)
   return None
 
@@ -249,7 +149,7 @@ def locate_bad_record(files, max_seq_length, max_predictions_per_seq, vocab_size
   if hint:
     at = int(hint.group(1))
     def near_hint(path):
-      offsets, framing_error = record_offsets(path)
+      offsets, framing_error = records.record_offsets(path)
       starts = set(o for o, _ in offsets)
       return not (at in starts or at - 12 in starts or framing_error)
     files = sorted(files, key=near_hint)
@@ -313,27 +213,27 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
   for path in files:
     if full_check:
       # The framing names the offset of a truncation; the iterator checks CRCs.
-      offsets, framing_error = record_offsets(path)
+      offsets, framing_error = records.record_offsets(path)
       if framing_error:
         raise ValueError("corrupt TFRecord file %s: %s; re-create or remove the file, or "
                          "pass --skip_corrupt_records" % (path, framing_error))
       try:
-        records = list(tf.io.tf_record_iterator(path))
+        serialized = list(tf.io.tf_record_iterator(path))
       except tf.errors.DataLossError:
-        index, offset, message = corrupt_records(path, offsets)[0]
+        index, offset, message = records.corrupt_records(path, offsets)[0]
         raise ValueError("corrupt TFRecord file %s record %d (byte %d): %s; re-create or "
                          "remove the file, or pass --skip_corrupt_records"
                          % (path, index, offset, message))
-      total += len(records)
+      total += len(serialized)
     else:
       try:
-        records = [next(tf.io.tf_record_iterator(path))]
+        serialized = [next(tf.io.tf_record_iterator(path))]
       except (tf.errors.DataLossError, StopIteration) as e:
         raise ValueError("corrupt TFRecord file %s (%s); re-create or remove the file"
                          % (path, e))
-    if not records:
+    if not serialized:
       raise ValueError("TFRecord file %s holds no records; re-create or remove it" % path)
-    _check_example(path, records[0], max_seq_length, max_predictions_per_seq, vocab_size)
+    _check_example(path, serialized[0], max_seq_length, max_predictions_per_seq, vocab_size)
   return total if full_check else None
 
 
@@ -379,43 +279,38 @@ def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_s
 
 
 def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vocab_size):
-  """Raises ValueError unless `serialized` is a pretraining example of the given lengths."""
-  example = tf.train.Example()
+  """Raises ValueError unless `serialized` is a pretraining example of the given lengths
+  whose token ids are below vocab_size; the message names the file and the fix."""
   try:
-    example.ParseFromString(serialized)
-  except Exception:  # pylint: disable=broad-except
-    raise ValueError("%s is not a TFRecord file of tf.train.Example records; point the flag "
-                     "at the pretraining TFRecords" % path)
-  features = example.features.feature
-  expected = feature_spec(max_seq_length, max_predictions_per_seq)
-  missing = sorted(set(expected) - set(features))
-  if missing:
-    raise ValueError("%s lacks the features %s; it is not BERT pretraining data (make it with "
-                     "python3 -m bert_pretrain.create_pretraining_data)" % (path, missing))
-  lengths = {}
-  for name in expected:
-    feature = features[name]
-    lengths[name] = max(len(feature.int64_list.value), len(feature.float_list.value))
-  seq_length = lengths["input_ids"]
-  predictions = lengths["masked_lm_ids"]
+    values = records.parse_example(serialized)
+  except records.RecordError as e:
+    if e.not_an_example:
+      raise ValueError("%s is not a TFRecord file of tf.train.Example records; point the "
+                       "flag at the pretraining TFRecords" % path)
+    if e.missing:
+      raise ValueError("%s lacks the features %s; it is not BERT pretraining data (make it "
+                       "with python3 -m bert_pretrain.create_pretraining_data)"
+                       % (path, sorted(e.missing)))
+    raise ValueError("%s: %s; the file is not valid pretraining data" % (path, e))
+  seq_length, predictions = [len(values[name]) for name in records.SET_LENGTH_FEATURES]
   if seq_length != max_seq_length or predictions != max_predictions_per_seq:
     raise ValueError("%s holds records of max_seq_length %d and max_predictions_per_seq %d, "
                      "but the run uses %d and %d; pass --max_seq_length=%d "
                      "--max_predictions_per_seq=%d"
                      % (path, seq_length, predictions, max_seq_length,
                         max_predictions_per_seq, seq_length, predictions))
-  for name, length in lengths.items():
-    want = expected[name].shape[0]
-    if length != want:
-      raise ValueError("%s: feature %s has %d values, expected %d; the file is not valid "
-                       "pretraining data" % (path, name, length, want))
+  wrong = records.wrong_length(values, max_seq_length, max_predictions_per_seq)
+  if wrong:
+    raise ValueError("%s: feature %s has %d values, expected %d; the file is not valid "
+                     "pretraining data" % ((path,) + wrong))
   if vocab_size:
-    largest_id = max(list(features["input_ids"].int64_list.value) +
-                     list(features["masked_lm_ids"].int64_list.value))
-    if largest_id >= vocab_size:
+    # Only ids above the vocab: a negative id is left to the in-graph check, which
+    # names its record.
+    outside = records.token_ids_outside(values, vocab_size)
+    if outside.size and outside.max() >= vocab_size:
       raise ValueError("%s holds token id %d but vocab_size is %d: the data was made with a "
                        "larger vocab; use the bert_config.json that matches its vocab"
-                       % (path, largest_id, vocab_size))
+                       % (path, outside.max(), vocab_size))
 
 
 def rank_files(files, num_shards, shard_index):
@@ -469,7 +364,7 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
     masked_lm_positions and masked_lm_ids; float32 [batch_size, max_predictions_per_seq]
     for masked_lm_weights; int32 [batch_size, 1] for next_sentence_labels.
   """
-  spec = feature_spec(max_seq_length, max_predictions_per_seq)
+  spec = records.feature_spec(max_seq_length, max_predictions_per_seq)
   shard_files = num_shards > 1 and len(files) >= num_shards
   files = rank_files(files, num_shards, shard_index)
   skipped = collections.defaultdict(set)
@@ -518,8 +413,8 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
     # Parsing a whole batch at once is much cheaper than one example at a time.
     features = tf.parse_example(serialized, spec)
     if vocab_size:
-      ids = tf.concat([tf.reshape(features["input_ids"], [-1]),
-                       tf.reshape(features["masked_lm_ids"], [-1])], 0)
+      ids = tf.concat([tf.reshape(features[name], [-1])
+                       for name in records.TOKEN_ID_FEATURES], 0)
       check = tf.Assert(tf.logical_and(tf.reduce_min(ids) >= 0,
                                        tf.reduce_max(ids) < vocab_size),
                         [TOKEN_ID_ERROR, tf.reduce_max(ids), "vocab_size", vocab_size])
@@ -530,7 +425,25 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
 
   dataset = dataset.batch(batch_size, drop_remainder=is_training)
   dataset = dataset.map(parse, num_parallel_calls=tf.data.experimental.AUTOTUNE)
-  return dataset.prefetch(tf.data.experimental.AUTOTUNE)
+  dataset = dataset.prefetch(tf.data.experimental.AUTOTUNE)
+  return dataset.with_options(without_autotune_thread())
+
+
+def without_autotune_thread():
+  """tf.data.Options that turn off tf.data's autotuning thread.
+
+  That thread sleeps between its rounds for up to a minute, and destroying an iterator
+  waits for it to wake: re-initializing the eval iterator took 0.1 s or 53 s (TF 2.15,
+  measured in the demo), closing the session up to 14 s. Without it AUTOTUNE still
+  means something: parallel calls default to the threads of the runner (at most 16)
+  and prefetch buffers still grow when the consumer waits.
+  """
+  options = tf.data.Options()
+  if hasattr(options, "autotune"):  # TensorFlow 2.5 and later
+    options.autotune.enabled = False
+  else:
+    options.experimental_optimization.autotune = False
+  return options
 
 
 def _good_records(paths, skipped):
@@ -545,9 +458,9 @@ def _good_records(paths, skipped):
   """
   datasets = []
   for path in paths:
-    offsets, _ = record_offsets(path)
-    keep = [(offset + 12, length) for index, (offset, length) in enumerate(offsets)
-            if index not in skipped[path]]
+    offsets, _ = records.record_offsets(path)
+    keep = [(offset + records.HEADER_BYTES, length)
+            for index, (offset, length) in enumerate(offsets) if index not in skipped[path]]
     if not keep:
       continue
     starts = tf.constant([k[0] for k in keep], tf.int64)

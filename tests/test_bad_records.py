@@ -20,6 +20,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import input_pipeline
+from bert_pretrain import records
 from conftest import (PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG, base_flags, rank_pid,
                       run_pretraining)
 
@@ -41,16 +42,16 @@ def damaged_copy(data, tmp_path, kind):
   folder = str(tmp_path / ("train_" + kind))
   shutil.copytree(data["train"], folder)
   path = os.path.join(folder, "part-1")
-  offsets, error = input_pipeline.record_offsets(path)
+  offsets, error = records.record_offsets(path)
   assert error is None and len(offsets) > BAD_INDEX + 5
   offset = offsets[BAD_INDEX][0]
   if kind == "id":
-    records = list(tf.io.tf_record_iterator(path))
-    example = tf.train.Example.FromString(records[BAD_INDEX])
+    serialized = list(tf.io.tf_record_iterator(path))
+    example = tf.train.Example.FromString(serialized[BAD_INDEX])
     example.features.feature["input_ids"].int64_list.value[3] = TINY_CONFIG["vocab_size"] + 7
-    records[BAD_INDEX] = example.SerializeToString()
+    serialized[BAD_INDEX] = example.SerializeToString()
     with tf.io.TFRecordWriter(path) as writer:
-      for record in records:
+      for record in serialized:
         writer.write(record)
   else:
     content = bytearray(open(path, "rb").read())
@@ -160,7 +161,7 @@ def test_skipped_records_are_left_out_and_every_other_record_is_read(pretraining
                                                                      tmp_path):
   folder, path, _ = damaged_copy(pretraining_data, tmp_path, "crc")
   files = input_pipeline.list_record_files(folder)
-  records, bad = input_pipeline.check_training_files(
+  num_records, bad = input_pipeline.check_training_files(
       files, SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"], skip_corrupt=True,
       max_corrupt_share=0.1)
   assert [(r.path, r.index) for r in bad] == [(path, BAD_INDEX)]
@@ -171,7 +172,7 @@ def test_skipped_records_are_left_out_and_every_other_record_is_read(pretraining
       if not (name == "part-1" and i == BAD_INDEX):
         expected.append(tuple(tf.train.Example.FromString(record).features.feature[
             "input_ids"].int64_list.value))
-  assert records == len(expected) + 1
+  assert num_records == len(expected) + 1
   with tf.Graph().as_default():
     dataset = input_pipeline.make_dataset(files, 16, SEQ_LENGTH, PREDICTIONS,
                                           is_training=False, skip_records=bad,
@@ -261,11 +262,13 @@ def _ptrace(request, tid):
 PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4206, 0x4207
 
 
-def test_a_rank_alive_but_stuck_is_named_by_horovods_stall_check(pretraining_data, tmp_path):
+def test_a_rank_alive_but_stuck_is_named_and_the_job_ends(pretraining_data, tmp_path):
   # Only rank 1's main thread is stopped (ptrace), as when it waits on a read that never
   # returns: its Horovod thread still negotiates, and Horovod's stall check sees rank 1
   # missing from the next all-reduce. That check works under MPI; under Gloo, Horovod
-  # 0.28.1 printed nothing here (see the README).
+  # 0.28.1 printed nothing here (see the README). If the main thread stopped while
+  # holding Python's lock, rank 1's heartbeat thread stops too, and the other rank's
+  # watch may name it first: either way rank 1 is named and the job ends.
   proc, output, stuck = _start_two_ranks(pretraining_data, tmp_path, "--mpi")
   try:
     assert stuck, "rank 1 not found:\n" + "".join(output)
@@ -289,8 +292,10 @@ def test_a_rank_alive_but_stuck_is_named_by_horovods_stall_check(pretraining_dat
     # the ranks.
     assert error_after is not None and error_after < STALL_TIMEOUT_S * 1.5 + 40
     assert elapsed < STALL_TIMEOUT_S + 120
-    assert "Missing ranks:" in text
-    assert re.search(r"<stderr>:1!?: \[", text)
-    assert "run_pretraining: error: Horovod stopped the job" in text
+    by_horovod = "Missing ranks:" in text and re.search(r"<stderr>:1!?: \[", text)
+    by_watch = "run_pretraining: error: rank 1 stalled: no sign of life" in text
+    assert by_horovod or by_watch, text[-3000:]
+    if not by_watch:
+      assert "run_pretraining: error: Horovod stopped the job" in text
   finally:
     _end(proc, stuck)
