@@ -13,6 +13,7 @@
 #   CUDA_HOME        CUDA for Horovod's GPU operations (default /usr/local/cuda)
 #   NCCL_HOME        NCCL for them (default: the nvidia-nccl-cu12 package, then /usr)
 #   INIT_TF_DRY_RUN  1: print the decisions and the commands, run nothing
+# Last, it installs this checkout as the package bert_pretrain in editable mode (pip -e).
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # quiet TensorFlow imports
 
@@ -43,14 +44,17 @@ if [ "${TF_VERSION%%.*}" = 1 ] && [ -z "${PYTHON:-}" ]; then
   fi
 fi
 PYTHON="${PYTHON:-python3}"
+case "$PYTHON" in /*|"") ;; */*) PYTHON="$PWD/$PYTHON" ;; esac  # it is also run from /
 
 # 1. OpenMPI (Debian packages) for Horovod's MPI path and mpi4py.
 if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
   say "OpenMPI: keeping the installed one ($(command -v mpirun))"
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   say "OpenMPI: installing libopenmpi-dev openmpi-bin (mpicc or mpirun is missing)"
-  run apt-get update -qq
-  run env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin
+  # Another apt (an image's first-boot update, a second init_tf) may hold dpkg's lock: wait.
+  run apt-get -o DPkg::Lock::Timeout=600 update -qq
+  run env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    libopenmpi-dev openmpi-bin
 else
   die "OpenMPI is missing; run: sudo apt-get install -y libopenmpi-dev openmpi-bin"
 fi
@@ -150,9 +154,34 @@ else
     --no-build-isolation "horovod==$HOROVOD_VERSION"
 fi
 
+# 6. This checkout as the package bert_pretrain, in editable mode, so that tools/, bench/ and
+#    tests/ import it from here without path edits. Kept when it already imports from this
+#    checkout (asked from /, without PYTHONPATH); installed again when it imports from
+#    another one (a deleted clone leaves its editable finder behind). --no-deps: its
+#    dependencies are the packages above, in the versions this TensorFlow needs;
+#    --no-build-isolation: built with the installed setuptools, nothing fetched (an
+#    editable install of a pyproject.toml project needs pip >= 21.3 and setuptools >= 64).
+checkout="$(cd "$ROOT" && pwd -P)"
+found=$(cd / && env -u PYTHONPATH "$PYTHON" -c 'import os, bert_pretrain
+print(os.path.dirname(os.path.dirname(os.path.realpath(bert_pretrain.__file__))))' 2>/dev/null || true)
+if [ "$found" = "$checkout" ]; then
+  say "bert_pretrain: keeping the editable install of this checkout ($checkout)"
+else
+  why="it does not import"
+  if [ -n "$found" ]; then why="it imports from $found"; fi
+  say "bert_pretrain: installing this checkout ($checkout) in editable mode ($why)"
+  builds=$("$PYTHON" -c 'import setuptools, pip, wheel  # setuptools first: it replaces distutils
+def version(m): return tuple(int(x) for x in m.__version__.split(".")[:2])
+print(version(pip) >= (21, 3) and version(setuptools) >= (64, 0))' 2>/dev/null || true)
+  if [ "$builds" != True ]; then
+    pip_install -U "pip>=21.3" "setuptools>=64" wheel
+  fi
+  pip_install --no-deps --no-build-isolation -e "$checkout"
+fi
+
 if [ "$DRY_RUN" = 1 ]; then exit 0; fi
 "$PYTHON" - <<'PY'
-import tensorflow as tf, absl, numpy, tokenizers, horovod, mpi4py
+import tensorflow as tf, absl, numpy, tokenizers, horovod, mpi4py, bert_pretrain
 print("init_tf: tensorflow %s, numpy %s, tokenizers %s, horovod %s, mpi4py %s"
       % (tf.__version__, numpy.__version__, tokenizers.__version__, horovod.__version__, mpi4py.__version__))
 PY

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# BERT pretraining on one card with the MLPerf defaults (seq 512, 76 predictions, LAMB).
-# Flags given here are passed on and win over the defaults, e.g.
+# BERT pretraining on one card with the MLPerf settings (seq 512, 76 predictions, LAMB: the
+# defaults of bert_pretrain/run_pretraining.py's flags) and mixed precision (--amp).
+# Flags given here are passed on and win, e.g.
 #   bash run_1card_FPS.sh --input_files_dir=... --init_checkpoint=... --eval_files_dir=... \
 #       --train_batch_size=6 --bert_config_file=...
+#   bash run_1card_FPS.sh ... --noamp          # float32 instead of mixed precision
 # Without --input_files_dir it runs the embedded demo: a tiny BERT on the shipped corpus.
 # Results and checkpoints are never deleted.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/scripts/common.sh"
 
-args=("${MLPERF_DEFAULTS[@]}")
+# Mixed precision, as the anchor's scripts run (--amp): float16 with loss scaling on GPUs,
+# bfloat16 on CPUs. --noamp turns it off.
+args=(--amp)
 if ! has_flag input_files_dir "$@"; then
   demo_args
-  args+=("${DEMO_ARGS[@]}")
+  drop_given args "${DEMO_ARGS[@]}"
+  args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
 fi
+drop_given args "$@"  # the user's flags win
 exec python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# BERT pretraining on several cards: one Horovod rank per card, MLPerf defaults.
+# BERT pretraining on several cards: one Horovod rank per card, the MLPerf settings (the
+# flag defaults of bert_pretrain/run_pretraining.py), mixed precision (--amp; --noamp: off).
 #   export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
 #   export IX_NUM_CUDA_VISIBLE_DEVICES=8
 #   bash run_multi_card_FPS.sh --input_files_dir=... --init_checkpoint=... --eval_files_dir=... \
@@ -20,11 +21,20 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
-args=("${MLPERF_DEFAULTS[@]}" --horovod --num_accumulation_steps=4 --num_train_steps=1000)
+# What differs from the flag defaults (the MLPerf settings of run_pretraining.py):
+args=(
+  --horovod                   # one rank per card
+  --amp                       # mixed precision, as the anchor's scripts run: float16 with
+                              # loss scaling on GPUs, bfloat16 on CPUs; --noamp turns it off
+  --num_accumulation_steps=4  # as the anchor's run_multi_card_FPS.sh: a global batch of
+  --num_train_steps=1000      # 4 x ranks x --train_batch_size, 1000 updates
+)
 if ! has_flag input_files_dir "$@"; then
   demo_args
-  args+=("${DEMO_ARGS[@]}")
+  drop_given args "${DEMO_ARGS[@]}"
+  args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
 fi
+drop_given args "$@"  # the user's flags win
 command=(horovodrun "${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@")
 echo "${launcher[0]}: $(shell_words "${command[@]}")"
 if [ -n "${DRY_RUN:-}" ]; then

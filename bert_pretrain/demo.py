@@ -28,6 +28,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import create_pretraining_data
 from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
+from bert_pretrain import pretraining
 from bert_pretrain import tokenization
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "corpus.txt")
@@ -51,13 +52,14 @@ MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS_PER_SEQ = 20
 EVAL_DOCUMENT_FRACTION = 0.1
 NUM_TRAIN_FILES = 4
-# The training run: 500 LAMB updates of 32 sequences, evaluated every 125 updates.
+# The training run: 500 LAMB updates of 32 sequences, evaluated every 125 updates. Only
+# what differs from run_pretraining's flag defaults (LAMB, the whole eval set) or from
+# what the scripts pass (run_multi_card_FPS.sh accumulates 4 micro-batches otherwise).
 RUN_FLAGS = {
     "max_seq_length": MAX_SEQ_LENGTH,
     "max_predictions_per_seq": MAX_PREDICTIONS_PER_SEQ,
     "train_batch_size": 32,
     "num_accumulation_steps": 1,
-    "optimizer": "lamb",
     "learning_rate": 5e-3,
     "num_warmup_steps": 50,
     "num_train_steps": 500,
@@ -68,7 +70,6 @@ RUN_FLAGS = {
     "samples_start_eval": 0,
     "samples_between_eval": 4000,
     "eval_batch_size": 64,
-    "max_eval_steps": 0,
 }
 
 flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts.")
@@ -159,11 +160,10 @@ def prepare(cache_dir, log=print):
 
 def write_fresh_checkpoint(bert_config, prefix, seed=12345):
   """Saves a randomly initialized BERT with its pretraining heads at `prefix`."""
-  from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top
   with tf.Graph().as_default():
     tf.set_random_seed(seed)
     features = input_pipeline.constant_features(1, MAX_SEQ_LENGTH, MAX_PREDICTIONS_PER_SEQ)
-    run_pretraining.build_model(bert_config, features, False, tf.float32)
+    pretraining.build_model(bert_config, features, False, tf.float32)
     saver = tf.train.Saver(tf.trainable_variables())
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())

@@ -1,15 +1,10 @@
-# Shared by run_1card_FPS.sh and run_multi_card_FPS.sh: environment, defaults, the demo.
+# Shared by run_1card_FPS.sh and run_multi_card_FPS.sh: environment, flags, the demo.
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
-# The MLPerf BERT settings of the anchor recipe (stop at masked-LM accuracy 0.72).
-MLPERF_DEFAULTS=(
-  --output_dir=./results --max_seq_length=512 --max_predictions_per_seq=76
-  --optimizer=lamb --learning_rate=5e-5 --num_train_steps=13206
-  --save_checkpoints_steps=1000 --stop_threshold=0.72
-  --samples_between_eval=150000 --samples_start_eval=3000000
-  --eval_batch_size=24 --max_eval_steps=0
-)
+# The defaults are the flag definitions' (bert_pretrain/run_pretraining.py: the MLPerf
+# settings). A script passes only what differs from them, and where the user (or the
+# demo) sets a flag too, theirs alone reaches the command line: each flag shows once.
 
 # has_flag NAME ARGS...: whether --NAME=... is among ARGS.
 has_flag() {
@@ -19,6 +14,45 @@ has_flag() {
     case "$arg" in --"$name"=*|--"$name") return 0 ;; esac
   done
   return 1
+}
+
+# flag_names ARG: sets FLAG_NAMES to the flags ARG sets: "--lr=1" -> lr, "--amp" -> amp,
+# a bare "--noamp" -> noamp and amp; none for a value. --use_fp16 and --manual_fp16 count
+# as --amp (the anchors' names of mixed precision).
+flag_names() {
+  local name
+  FLAG_NAMES=()
+  case "$1" in -*) ;; *) return 0 ;; esac
+  name="${1#-}"
+  name="${name#-}"
+  name="${name%%=*}"
+  FLAG_NAMES=("$name")
+  if [[ "$1" != *=* && "$name" == no* ]]; then
+    name="${name#no}"
+    FLAG_NAMES+=("$name")
+  fi
+  case "$name" in use_fp16|manual_fp16) FLAG_NAMES+=(amp) ;; esac
+}
+
+# drop_given ARRAY ARGS...: removes from the array named ARRAY each flag that ARGS set.
+drop_given() {
+  local -n drop_from="$1"
+  shift
+  local -A given=()
+  local arg name kept=() keep
+  for arg in "$@"; do
+    flag_names "$arg"
+    for name in "${FLAG_NAMES[@]}"; do given[$name]=1; done
+  done
+  for arg in "${drop_from[@]}"; do
+    flag_names "$arg"
+    keep=1
+    for name in "${FLAG_NAMES[@]}"; do
+      if [ -n "${given[$name]:-}" ]; then keep=""; fi
+    done
+    if [ -n "$keep" ]; then kept+=("$arg"); fi
+  done
+  drop_from=("${kept[@]}")
 }
 
 # demo_args: prepares the embedded demo (cached in $DEMO_CACHE) and sets DEMO_ARGS to

@@ -21,12 +21,12 @@ from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining
 def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
   """A checkpoint as Google's or MLPerf's recipes write it: the model, Adam slots,
   global_step and an unrelated variable. Returns (prefix, values by name)."""
-  from bert_pretrain import run_pretraining as rp
+  from bert_pretrain import pretraining
   config = modeling.BertConfig.from_dict(config_dict)
   with tf.Graph().as_default():
     tf.set_random_seed(seed)
     features = input_pipeline.constant_features(1, 8, 2)
-    rp.build_model(config, features, False, tf.float32)
+    pretraining.build_model(config, features, False, tf.float32)
     model_vars = tf.trainable_variables()
     extras = [tf.get_variable(v.op.name + "/adam_m", initializer=tf.ones_like(v.initialized_value()))
               for v in model_vars[:3]]
@@ -396,13 +396,13 @@ def test_a_skipped_float16_step_passes_the_check_before_saving():
   skipped, the variables stay finite and the check before a save passes. Without loss
   scaling the same overflow makes them NaN and the check fails."""
   from bert_pretrain import optimization
-  from bert_pretrain import run_pretraining as rp
+  from bert_pretrain import pretraining
   config = modeling.BertConfig.from_dict(TINY_CONFIG)
   for scaled in (True, False):
     with tf.Graph().as_default():
       tf.set_random_seed(1)
       features = input_pipeline.constant_features(2, 16, 3)
-      loss = rp.build_model(config, features, True, tf.float16)["total_loss"]
+      loss = pretraining.build_model(config, features, True, tf.float16)["total_loss"]
       loss_scale = optimization.DynamicLossScale(initial_scale=2.0 ** 60) if scaled else None
       if not scaled:
         loss = loss * 1e38 * 1e38  # inf, as an overflow makes it

@@ -39,7 +39,8 @@ def _fake_toolkit(folder, headers, nvcc=False):
 
 
 def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=False,
-            cuda=False, nccl=None, openmpi=True, **settings):
+            cuda=False, nccl=None, openmpi=True, bert_pretrain=None, setuptools=None,
+            **settings):
   """Runs `INIT_TF_DRY_RUN=1 bash init_tf.sh` on a faked machine.
 
   PATH holds only the fakes and the few plain tools the script uses, so this machine's
@@ -55,6 +56,8 @@ def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=Fals
     nccl: None leaves NCCL_HOME unset; True / False sets it to a folder with / without
       include/nccl.h.
     openmpi: whether mpicc and mpirun are on PATH (the fake user is root either way).
+    bert_pretrain: the checkout folder `import bert_pretrain` reports, or None: it fails.
+    setuptools: the version of a fake setuptools, or None: the real one.
     **settings: more environment variables (None removes one).
 
   Returns:
@@ -65,7 +68,7 @@ def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=Fals
   calls = tmp_path / "calls"
   for folder in (bin_dir, modules / "tensorflow", modules / "horovod" / "tensorflow"):
     folder.mkdir(parents=True)
-  for tool in ("dirname", "grep", "wc", "head", "cut", "paste", "cat"):
+  for tool in ("dirname", "grep", "wc", "head", "cut", "paste", "cat", "env"):
     os.symlink(shutil.which(tool), str(bin_dir / tool))
   for name, output in (("nvidia-smi", nvidia_smi), ("ixsmi", ixsmi)):
     if output is not None:
@@ -79,6 +82,12 @@ def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=Fals
   (modules / "horovod" / "__init__.py").write_text(
       "__version__ = '0.28.1'\n" if horovod else "raise ImportError('no Horovod')\n")
   (modules / "horovod" / "tensorflow" / "__init__.py").write_text("")
+  (modules / "bert_pretrain").mkdir()
+  (modules / "bert_pretrain" / "__init__.py").write_text(
+      "__file__ = %r\n" % os.path.join(bert_pretrain, "bert_pretrain", "__init__.py")
+      if bert_pretrain else "raise ImportError('no bert_pretrain')\n")
+  if setuptools:
+    (modules / "setuptools.py").write_text("__version__ = %r\n" % setuptools)
   python = _executable(tmp_path / "python",
                        "#!/bin/sh\necho python \"$@\" >> %s\nPYTHONPATH=%s exec %s \"$@\"\n"
                        % (calls, modules, sys.executable))
@@ -197,9 +206,52 @@ def test_tensorflow_1_15_gets_a_python_37_environment_with_its_pins(tmp_path):
   assert any("tokenizers\\<0.14" in c and "matplotlib" in c for c in commands), commands
 
 
-def test_missing_openmpi_is_installed_from_debian(tmp_path):
+def test_missing_openmpi_is_installed_from_debian_waiting_for_a_held_dpkg_lock(tmp_path):
   decisions, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES, openmpi=False)
   assert _decision(decisions, "OpenMPI").startswith("installing libopenmpi-dev openmpi-bin")
+  # Two init_tf runs at once failed with "Could not get lock /var/lib/dpkg/lock-frontend".
   assert commands[:2] == [
-      "apt-get update -qq",
-      "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin"]
+      "apt-get -o DPkg::Lock::Timeout=600 update -qq",
+      "env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "
+      "libopenmpi-dev openmpi-bin"]
+
+
+def _editable_installs(commands):
+  return [c for c in commands if " -e " in c]
+
+
+def test_the_checkout_is_installed_in_editable_mode_without_dependencies(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES)
+  checkout = os.path.realpath(ROOT)
+  assert _decision(decisions, "bert_pretrain") == (
+      "installing this checkout (%s) in editable mode (it does not import)" % checkout)
+  # Nothing fetched and no dependency pulled: TensorFlow and numpy stay as init_tf chose.
+  assert _editable_installs(commands) == [
+      "%s -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e %s"
+      % (tmp_path / "python", checkout)]
+  assert commands[-1] == _editable_installs(commands)[0]
+
+
+def test_an_install_of_this_checkout_is_kept(tmp_path):
+  decisions, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES, bert_pretrain=ROOT)
+  assert _decision(decisions, "bert_pretrain") == (
+      "keeping the editable install of this checkout (%s)" % os.path.realpath(ROOT))
+  assert _editable_installs(commands) == []
+
+
+def test_an_install_of_another_checkout_is_replaced(tmp_path):
+  other = tmp_path / "deleted-ci-clone"
+  decisions, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES, bert_pretrain=str(other))
+  assert _decision(decisions, "bert_pretrain") == (
+      "installing this checkout (%s) in editable mode (it imports from %s)"
+      % (os.path.realpath(ROOT), other))
+  assert len(_editable_installs(commands)) == 1
+
+
+def test_an_old_setuptools_is_upgraded_before_the_editable_install(tmp_path):
+  # Python 3.7's venv comes with setuptools 47, which cannot install pyproject.toml
+  # projects in editable mode (PEP 660 needs >= 64).
+  _, commands = dry_run(tmp_path, nvidia_smi=NO_DEVICES, horovod=True, setuptools="47.1.0")
+  upgrade = [c for c in commands if "setuptools\\>=64" in c]
+  assert len(upgrade) == 1 and " -U " in upgrade[0], commands
+  assert commands.index(upgrade[0]) < commands.index(_editable_installs(commands)[0])

@@ -7,7 +7,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import modeling
-from bert_pretrain import run_pretraining
+from bert_pretrain import pretraining
+from bert_pretrain import ranks as ranks_lib
 
 CONFIG = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
                              num_attention_heads=4, intermediate_size=37,
@@ -67,7 +68,7 @@ def features(batch, seq, predictions):
 
 def test_variables_have_google_bert_names_and_shapes():
   with tf.Graph().as_default():
-    run_pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.float32)
+    pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.float32)
     got = {v.op.name: v.shape.as_list() for v in tf.global_variables()}
   assert got == google_bert_variables(CONFIG)
 
@@ -83,10 +84,10 @@ def test_training_and_evaluation_models_share_variables(tmp_path):
         "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * 3)),
         "next_sentence_labels": ints([0])})).SerializeToString())
   with tf.Graph().as_default():
-    run_pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.float32)
+    pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.float32)
     before = [v.op.name for v in tf.global_variables()]
-    run_pretraining.Evaluator(CONFIG, [str(path)], run_pretraining.Ranks(False), tf.float32,
-                              batch_size=1, max_seq_length=16, max_predictions_per_seq=3)
+    pretraining.Evaluator(CONFIG, [str(path)], ranks_lib.Ranks(False), tf.float32,
+                          batch_size=1, max_seq_length=16, max_predictions_per_seq=3)
     assert [v.op.name for v in tf.global_variables()] == before
 
 
@@ -178,7 +179,7 @@ def test_assignment_map_from_checkpoint(tmp_path):
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16], ids=["bfloat16", "float16"])
 def test_reduced_precision_compute_keeps_float32_variables(dtype):
   with tf.Graph().as_default():
-    outputs = run_pretraining.build_model(CONFIG, features(2, 16, 3), True, dtype)
+    outputs = pretraining.build_model(CONFIG, features(2, 16, 3), True, dtype)
     # The encoder's matmuls compute in dtype (the embedding lookups stay float32).
     matmuls = [op for op in tf.get_default_graph().get_operations()
                if op.type in ("MatMul", "BatchMatMulV2") and op.name.startswith("bert/encoder/")]

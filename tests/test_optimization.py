@@ -6,7 +6,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import modeling
 from bert_pretrain import optimization
-from bert_pretrain import run_pretraining
+from bert_pretrain import pretraining
 
 
 def schedule_values(steps, **kwargs):
@@ -94,7 +94,7 @@ def _batches(batch_size):
 def train_weights(batch_size, accumulation, updates=3, optimizer="lamb"):
   with tf.Graph().as_default():
     tf.set_random_seed(7)
-    outputs = run_pretraining.build_model(CONFIG, _batches(batch_size), True, tf.float32)
+    outputs = pretraining.build_model(CONFIG, _batches(batch_size), True, tf.float32)
     step = tf.train.get_or_create_global_step()
     opt = optimization.create_optimizer(optimizer, 1e-2)
     accumulate, update = optimization.create_train_ops(outputs["total_loss"], opt, step,
@@ -159,7 +159,7 @@ def test_a_float16_overflow_skips_the_update_and_the_scale_grows_after_the_inter
   the scale doubles after growth_interval good steps."""
   with tf.Graph().as_default():
     tf.set_random_seed(7)
-    outputs = run_pretraining.build_model(CONFIG, _batches(4), True, tf.float16)
+    outputs = pretraining.build_model(CONFIG, _batches(4), True, tf.float16)
     step = tf.train.get_or_create_global_step()
     lr = optimization.learning_rate_schedule(step, 1e-2, num_train_steps=10,
                                              num_warmup_steps=0)

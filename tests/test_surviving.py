@@ -144,6 +144,10 @@ def test_sigterm_stops_at_the_step_reached_with_a_checkpoint_and_the_rerun_conti
   assert mllog[-1]["key"] == "run_stop" and mllog[-1]["metadata"]["status"] == "aborted"
   assert re.search(r"^\| 1 card \| acc n/a \| fps [\d.]+ \| status aborted \|$", stdout, re.M)
   assert "Throughput Average (sentences/sec) = " in stdout
+  # The picture is left for later: a launcher may end the job seconds after a signal.
+  assert ("report: not drawn after SIGTERM; python3 -m bert_pretrain.report %s draws it"
+          % out) in stdout
+  assert not (out / "report.png").exists()
 
   rerun = run_pretraining(*command[3:])
   assert rerun.returncode == 0, rerun.stderr[-3000:]

@@ -1,0 +1,129 @@
+"""Where a run computes: a GPU or the CPU, and in which type (float32, bfloat16, float16).
+
+choose_device decides before any graph is built, from --device, --amp and what
+TensorFlow lists; a GPU asked for but not usable is a one-line error. device_line names
+the choice in the run's first log line, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB,
+compute float16" or "CPU, 2 cores, compute bfloat16".
+"""
+
+import os
+import re
+
+import tensorflow.compat.v1 as tf
+
+
+class Device(object):
+  """Where this process computes: kind "GPU" or "CPU", the GPUs TensorFlow lists
+  (tf.config PhysicalDevice objects; empty for "CPU") and the compute type."""
+
+  def __init__(self, kind, gpus, dtype):
+    self.kind = kind
+    self.gpus = gpus
+    self.dtype = dtype
+
+
+def cards_listed(cuda_visible_devices):
+  """Whether a CUDA_VISIBLE_DEVICES value asks for cards: set, not empty, and not a list
+  that CUDA reads as none (it stops at the first negative entry, e.g. -1)."""
+  entries = [e.strip() for e in (cuda_visible_devices or "").split(",") if e.strip()]
+  return bool(entries) and not entries[0].startswith("-")
+
+
+def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp, amp_dtype):
+  """Decides the device and the compute type, before any graph is built.
+
+  Args:
+    device_flag: --device: "auto", "gpu" or "cpu".
+    gpus: the GPUs TensorFlow lists (tf.config.experimental.list_physical_devices).
+    cuda_visible_devices: the CUDA_VISIBLE_DEVICES value (None: unset).
+    built_with_cuda: whether this TensorFlow is a GPU build.
+    amp: --amp.
+    amp_dtype: --amp_dtype: "auto", "float16" or "bfloat16".
+
+  Returns:
+    Device.
+
+  Raises:
+    ValueError: a GPU is asked for (--device=gpu, or cards in CUDA_VISIBLE_DEVICES) but
+      TensorFlow sees none.
+  """
+  if gpus or device_flag == "cpu":
+    kind = "CPU" if device_flag == "cpu" else "GPU"
+  else:
+    cause = ("this TensorFlow %s is a CPU build" % tf.VERSION if not built_with_cuda else
+             "TensorFlow %s finds no usable GPU (check the driver with nvidia-smi and the "
+             "CUDA libraries)" % tf.VERSION)
+    fix = ("install a GPU build (bash init_tf.sh on the GPU host), or pass --device=cpu to "
+           "train on the CPU on purpose")
+    if device_flag == "gpu":
+      raise ValueError("--device=gpu but %s; %s" % (cause, fix))
+    if cards_listed(cuda_visible_devices):
+      raise ValueError("CUDA_VISIBLE_DEVICES=%s lists cards but %s; %s"
+                       % (cuda_visible_devices, cause, fix))
+    kind = "CPU"
+  if not amp:
+    dtype = tf.float32
+  elif amp_dtype == "auto":
+    dtype = tf.float16 if kind == "GPU" else tf.bfloat16
+  else:
+    dtype = tf.as_dtype(amp_dtype)
+  return Device(kind, gpus if kind == "GPU" else [], dtype)
+
+
+def detect_device(device_flag, amp, amp_dtype):
+  """choose_device with the environment and what TensorFlow lists (arguments: --device,
+  whether mixed precision is on, --amp_dtype)."""
+  # list_physical_devices starts no GPU, so it does not fight the session's
+  # visible_device_list (one card per Horovod rank).
+  return choose_device(device_flag, tf.config.experimental.list_physical_devices("GPU"),
+                       os.environ.get("CUDA_VISIBLE_DEVICES"), tf.test.is_built_with_cuda(),
+                       amp, amp_dtype)
+
+
+def gpu_index(ranks, num_gpus):
+  """The index, among the GPUs this process sees, of the one this rank uses: its local
+  rank, or 0 when the launcher gave each rank a single card.
+
+  Raises:
+    ValueError: more ranks on this host than GPUs.
+  """
+  if ranks.local_rank < num_gpus:
+    return ranks.local_rank
+  if num_gpus == 1:
+    return 0
+  raise ValueError("%d ranks on this host but TensorFlow sees %d GPUs; launch one rank per "
+                   "GPU (IX_NUM_CUDA_VISIBLE_DEVICES) or pass --device=cpu"
+                   % (ranks.local_size, num_gpus))
+
+
+def gpu_name(gpu, config):
+  """The product name of a GPU (a tf.config PhysicalDevice), "" if unknown.
+
+  TensorFlow >= 2.3 reads it without starting the GPU. TensorFlow 1.15 only names it
+  once the device is created: with the session's own config (this rank's
+  visible_device_list), as the session would.
+  """
+  details = getattr(tf.config.experimental, "get_device_details", None)
+  if details is not None:
+    return details(gpu).get("device_name", "")
+  from tensorflow.python.client import device_lib  # pylint: disable=g-import-not-at-top
+  for device in device_lib.list_local_devices(config):
+    match = re.search(r"name: ([^,]+)", device.physical_device_desc or "")
+    if device.device_type == "GPU" and match:
+      return match.group(1)
+  return ""
+
+
+def device_line(device, ranks, name="", cores=None):
+  """The run's device, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB, compute float16" (this
+  rank's card among the job's) or "CPU, 2 cores, compute bfloat16"."""
+  if device.kind == "GPU":
+    where = "GPU %d of %d" % (gpu_index(ranks, len(device.gpus)), ranks.size)
+    if name:
+      where += ", " + name
+  else:
+    where = "CPU, %d cores" % (cores or os.cpu_count() or 1)
+    if ranks.local_size > 1:
+      where += ", %d ranks on this host" % ranks.local_size
+  return "%s, compute %s" % (where, device.dtype.name)
+

@@ -1,0 +1,152 @@
+"""What the training loop keeps count of: its throughput (Throughput) and MLPerf's
+schedule of blocks and evaluations (EvalSchedule).
+
+The throughput is measured as MLPerf and NVIDIA's recipes measure it: sentences per
+second over the training updates, without the first warm-up updates and without the
+time of checkpoints and evaluations; the average "with overhead" keeps warm-up and
+checkpoint time in.
+"""
+
+import time
+
+from mlperf_logging import mllog
+
+
+class Throughput(object):
+  """Sentences per second of the training loop.
+
+  Args:
+    batch_size: sentences per update (all ranks, all micro-batches).
+    warmup_steps: updates left out of the steady-state average.
+  """
+
+  def __init__(self, batch_size, warmup_steps):
+    self.batch_size = batch_size
+    self.warmup_steps = warmup_steps
+    self.updates = 0  # updates run in this process, skipped ones included
+    self.sentences = 0
+    self.steady_sentences = 0
+    self.steady_time = 0.0
+    self.checkpoint_time = 0.0
+    self.eval_time = 0.0  # evaluations between updates
+    self.start = time.time()
+    self.train_time = None
+    self.window_start, self.window_steps = time.time(), 0
+
+  def update(self, seconds):
+    """Counts an update (skipped or not) that took `seconds`."""
+    self.updates += 1
+    self.sentences += self.batch_size
+    if self.updates > self.warmup_steps:
+      self.steady_sentences += self.batch_size
+      self.steady_time += seconds
+    self.window_steps += 1
+
+  def window_fps(self):
+    """Sentences per second since the window started (without pauses)."""
+    return self.window_steps * self.batch_size / max(time.time() - self.window_start, 1e-9)
+
+  def new_window(self):
+    self.window_start, self.window_steps = time.time(), 0
+
+  def pause(self, seconds, checkpoint=False):
+    """Leaves `seconds` of a checkpoint (checkpoint=True) or an evaluation out of the
+    window; the average with overhead keeps checkpoint time in."""
+    self.window_start += seconds
+    if checkpoint:
+      self.checkpoint_time += seconds
+    else:
+      self.eval_time += seconds
+
+  def stop(self):
+    """The training loop ends: what follows (final save and evaluation) is not counted."""
+    self.train_time = time.time() - self.start
+
+  def averages(self):
+    """Returns (with overhead, steady state): sentences per second over the whole loop
+    without evaluations, and over the updates after warm-up alone."""
+    with_overhead = self.sentences / max(self.train_time - self.eval_time, 1e-9)
+    steady = self.steady_sentences / self.steady_time if self.steady_time > 0 else with_overhead
+    return with_overhead, steady
+
+
+class EvalSchedule(object):
+  """When the run evaluates, and MLPerf's records of it.
+
+  MLPerf's log splits the training in blocks, the training between two evaluations
+  (block_start / block_stop, counted in samples), and logs each evaluation (eval_start,
+  eval_stop, eval_accuracy; eval_samples once). Evaluations come every
+  samples_between_eval training samples, from samples_start_eval on.
+
+  Args:
+    logger: logs.RunLogger.
+    evaluator: pretraining.Evaluator (None: the run does not evaluate).
+    monitor: health.HealthMonitor (warns when the accuracy drops).
+    batch_size: training sentences per update (all ranks).
+    samples_between_eval, samples_start_eval: the schedule.
+    step: the global step the run starts at.
+    output_dir: where eval_results.txt goes (None: not written, e.g. other ranks).
+  """
+
+  def __init__(self, logger, evaluator, monitor, batch_size, samples_between_eval,
+               samples_start_eval, step, output_dir):
+    self.logger = logger
+    self.evaluator = evaluator
+    self.monitor = monitor
+    self.batch_size = batch_size
+    self.samples_between_eval = samples_between_eval
+    self.next_samples = max(samples_start_eval, step * batch_size + samples_between_eval)
+    self.output_dir = output_dir
+    self.block_first_step = None  # None: no block open
+    self.last_eval_step = None
+    self.eval_time = 0.0
+
+  def start_block(self, step):
+    """Opens a block at `step` unless one is open."""
+    if self.block_first_step is None:
+      self.block_first_step = step
+      self._log_block(mllog.constants.BLOCK_START, "start")
+
+  def end_block(self):
+    """Closes the open block, if any."""
+    if self.block_first_step is not None:
+      self._log_block(mllog.constants.BLOCK_STOP, "end")
+      self.block_first_step = None
+
+  def _log_block(self, key, kind):
+    self.logger.mlperf(key, kind=kind,
+                       metadata={"first_epoch_num": self.block_first_step * self.batch_size,
+                                 "epoch_count": self.samples_between_eval})
+
+  def due(self, step):
+    """Whether an evaluation is due after `step`; if so the next one is scheduled."""
+    if self.evaluator is None:
+      return False
+    if step * self.batch_size < self.next_samples:
+      return False
+    while self.next_samples <= step * self.batch_size:
+      self.next_samples += self.samples_between_eval
+    return True
+
+  def evaluate(self, sess, step):
+    """Evaluates the weights of `step` and logs the results.
+
+    Returns:
+      dict: the Evaluator's results and eval_time_s, the seconds it took.
+    """
+    start = time.time()
+    samples = {"epoch_num": step * self.batch_size}
+    self.logger.mlperf(mllog.constants.EVAL_START, metadata=samples, kind="start")
+    results = self.evaluator.evaluate(sess)
+    self.logger.mlperf(mllog.constants.EVAL_STOP, metadata=samples, kind="end")
+    self.eval_time += time.time() - start
+    results["eval_time_s"] = round(time.time() - start, 3)
+    if self.last_eval_step is None:
+      self.logger.mlperf(mllog.constants.EVAL_SAMPLES, results["eval_samples"])
+    self.last_eval_step = step
+    self.logger.mlperf(mllog.constants.EVAL_ACCURACY, results["masked_lm_accuracy"],
+                       metadata=samples)
+    self.logger.eval_results(step, results, self.output_dir, samples=step * self.batch_size)
+    for warning in self.monitor.evaluation(step, results["masked_lm_accuracy"]):
+      self.logger.warning(step, warning)
+    return results

@@ -1,0 +1,257 @@
+"""The BERT pretraining graph: the model with its two heads, the training step, the
+evaluator and the session config.
+
+Used alike by run_pretraining.py (the training loop), bench/ and the demo. It reads no
+flags: everything it needs is an argument.
+
+  features = tf.data.make_initializable_iterator(dataset).get_next()
+  train = build_train_graph(bert_config, features, tf.float32, learning_rate=1e-4,
+                            num_train_steps=1000)
+  evaluator = Evaluator(bert_config, eval_files, ranks, tf.float32, 64, 128, 20)
+  sess = tf.Session(config=session_config(intra_op_threads=2, inter_op_threads=2))
+  ... sess.run(train.accumulate_op) x (k - 1), then sess.run(train.step_fetches) ...
+"""
+
+import collections
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import input_pipeline
+from bert_pretrain import modeling
+from bert_pretrain import optimization
+from bert_pretrain import signals
+
+
+def build_model(bert_config, features, is_training, dtype):
+  """BERT with its two pretraining heads on a batch of features.
+
+  Args:
+    bert_config: modeling.BertConfig.
+    features: dict of int32 Tensors, as input_pipeline.make_dataset gives them:
+      input_ids, input_mask, segment_ids of shape [batch_size, seq_length];
+      masked_lm_positions, masked_lm_ids of shape [batch_size, max_predictions_per_seq];
+      masked_lm_weights (float32) of that shape; next_sentence_labels of shape
+      [batch_size, 1].
+    is_training: dropout on.
+    dtype: compute type (tf.float32, tf.bfloat16 or tf.float16); weights stay float32.
+
+  Returns:
+    dict of tensors: total_loss, mlm_loss, nsp_loss (float32 scalars) and the sums that
+    evaluation adds up over batches: mlm_correct, mlm_weight, mlm_loss_sum, nsp_correct,
+    nsp_count, nsp_loss_sum.
+  """
+  model = modeling.BertModel(config=bert_config, is_training=is_training,
+                             input_ids=features["input_ids"],
+                             input_mask=features["input_mask"],
+                             token_type_ids=features["segment_ids"],
+                             compute_type=dtype)
+  with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
+    (mlm_loss, mlm_example_loss, mlm_log_probs) = modeling.get_masked_lm_output(
+        bert_config, model.get_sequence_output(), model.get_embedding_table(),
+        features["masked_lm_positions"], features["masked_lm_ids"],
+        features["masked_lm_weights"])
+    (nsp_loss, nsp_example_loss, nsp_log_probs) = modeling.get_next_sentence_output(
+        bert_config, model.get_pooled_output(), features["next_sentence_labels"])
+
+  mlm_ids = tf.reshape(features["masked_lm_ids"], [-1])
+  mlm_weights = tf.reshape(features["masked_lm_weights"], [-1])
+  mlm_hits = tf.cast(tf.equal(tf.argmax(mlm_log_probs, axis=-1, output_type=tf.int32), mlm_ids),
+                     tf.float32)
+  nsp_labels = tf.reshape(features["next_sentence_labels"], [-1])
+  nsp_hits = tf.cast(tf.equal(tf.argmax(nsp_log_probs, axis=-1, output_type=tf.int32),
+                              nsp_labels), tf.float32)
+  return {
+      "total_loss": mlm_loss + nsp_loss,
+      "mlm_loss": mlm_loss,
+      "nsp_loss": nsp_loss,
+      "mlm_correct": tf.reduce_sum(mlm_hits * mlm_weights),
+      "mlm_weight": tf.reduce_sum(mlm_weights),
+      "mlm_loss_sum": tf.reduce_sum(mlm_example_loss * mlm_weights),
+      "nsp_correct": tf.reduce_sum(nsp_hits),
+      "nsp_count": tf.cast(tf.size(nsp_hits), tf.float32),
+      "nsp_loss_sum": tf.reduce_sum(nsp_example_loss),
+  }
+
+
+TrainGraph = collections.namedtuple("TrainGraph", [
+    "outputs", "global_step", "loss_scale", "accumulate_op", "update_op", "step_fetches",
+    "display_fetches", "stop_feed", "stop_agreed", "rank_time", "rank_times"])
+
+
+def build_train_graph(bert_config, features, dtype, learning_rate, num_train_steps,
+                      num_warmup_steps=0, poly_power=1.0, start_warmup_step=0,
+                      optimizer_name="lamb", weight_decay_rate=0.01, beta_1=0.9,
+                      beta_2=0.999, epsilon=1e-6, num_accumulation_steps=1,
+                      init_loss_scale=2.0 ** 15, hvd=None, allreduce_post_accumulation=True,
+                      compile_optimizer=False):
+  """The ops of one training update: features -> model -> gradients -> (accumulation)
+  -> all-reduce -> optimizer, and what the loop fetches with them.
+
+  Args:
+    bert_config: modeling.BertConfig.
+    features: dict of int32 Tensors of one micro-batch of batch_size sequences (see
+      build_model), e.g. an iterator's get_next() of input_pipeline.make_dataset.
+    dtype: compute type; tf.float16 brings dynamic loss scaling.
+    learning_rate, num_train_steps, num_warmup_steps, poly_power, start_warmup_step:
+      the schedule (optimization.learning_rate_schedule): linear warm-up to
+      learning_rate, then polynomial decay to 0 at num_train_steps.
+    optimizer_name, weight_decay_rate, beta_1, beta_2, epsilon: the optimizer
+      (optimization.create_optimizer: "lamb" or "adam").
+    num_accumulation_steps: micro-batches summed into one update.
+    init_loss_scale: float16's first loss scale.
+    hvd: (optional) the horovod.tensorflow module: gradients, display losses and the
+      stop signal are all-reduced over the ranks.
+    allreduce_post_accumulation: all-reduce once per update, after accumulation
+      (otherwise every micro-batch's gradients).
+    compile_optimizer: compile the optimizer update with XLA.
+
+  Returns:
+    TrainGraph with
+      outputs: build_model's dict of the micro-batch.
+      global_step: int64 variable, the updates applied.
+      loss_scale: optimization.DynamicLossScale, None unless dtype is float16.
+      accumulate_op, update_op: run accumulate_op k-1 times (None when k == 1), then
+        update_op (optimization.create_train_ops).
+      step_fetches: dict to fetch with feed {stop_feed: signal number}; it runs the
+        update and gives "step" (global_step after it: the same when loss scaling
+        skipped the update), "stop_signal" (the largest signal number of all ranks, 0:
+        none) and with loss scaling "loss_scale" and "skipped_steps".
+      display_fetches: step_fetches plus "losses" (float32 [3]: total, masked-LM and
+        next-sentence loss, averaged over the ranks), "learning_rate" and
+        "forward_done" (when this rank's forward pass ended, seconds since the epoch).
+      stop_feed, stop_agreed: signals.agreed_signal's placeholder and its agreed value.
+      rank_time, rank_times: with hvd, a float64 [1] placeholder (this rank's step
+        time) and its allgather (float64 [ranks]); None without hvd.
+  """
+  global_step = tf.train.get_or_create_global_step()
+  outputs = build_model(bert_config, features, True, dtype)
+  learning_rate = optimization.learning_rate_schedule(
+      global_step, learning_rate, num_train_steps, num_warmup_steps, poly_power,
+      start_warmup_step)
+  optimizer = optimization.create_optimizer(optimizer_name, learning_rate, weight_decay_rate,
+                                            beta_1, beta_2, epsilon)
+  loss_scale = None
+  if dtype == tf.float16:
+    loss_scale = optimization.DynamicLossScale(initial_scale=init_loss_scale)
+  allreduce_fn = None
+  if hvd is not None:
+    allreduce_fn = lambda grads: [hvd.allreduce(g, op=hvd.Average) for g in grads]
+  (accumulate_op, update_op) = optimization.create_train_ops(
+      outputs["total_loss"], optimizer, global_step, num_accumulation_steps,
+      allreduce_fn=allreduce_fn if allreduce_post_accumulation else None,
+      loss_scale=loss_scale,
+      pre_accumulation_fn=None if allreduce_post_accumulation else allreduce_fn,
+      compile_optimizer=compile_optimizer)
+
+  losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
+  if hvd is not None:
+    losses = hvd.allreduce(losses, op=hvd.Average, name="display_losses")
+  stop_feed, stop_agreed = signals.agreed_signal(hvd)
+  with tf.control_dependencies([update_op]):
+    # global_step after the update: one more, or the same when loss scaling skipped
+    # an update whose gradients overflowed.
+    step_fetches = {"step": global_step.read_value()}
+    if loss_scale is not None:
+      step_fetches.update(loss_scale=loss_scale.scale.read_value(),
+                          skipped_steps=loss_scale.skipped_steps.read_value())
+  # The stop request agreed by all ranks, in the same session run as the update.
+  step_fetches["stop_signal"] = stop_agreed
+  # When this rank's forward pass ended (seconds since the epoch): what the step took
+  # here before waiting for the other ranks in the all-reduce.
+  with tf.control_dependencies([outputs["total_loss"]]):
+    forward_done = tf.timestamp()
+  display_fetches = dict(step_fetches, losses=losses, learning_rate=learning_rate,
+                         forward_done=forward_done)
+  rank_time = rank_times = None
+  if hvd is not None:
+    # Gathered on display steps only: each rank's input + forward time of that step.
+    rank_time = tf.placeholder(tf.float64, [1])
+    rank_times = hvd.allgather(rank_time, name="rank_step_times")
+  return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op, step_fetches,
+                    display_fetches, stop_feed, stop_agreed, rank_time, rank_times)
+
+
+EVAL_SUMS = ("mlm_correct", "mlm_weight", "mlm_loss_sum", "nsp_correct", "nsp_count",
+             "nsp_loss_sum")
+
+
+class Evaluator(object):
+  """Evaluates the current weights on the eval set; each rank reads its part of it and
+  the sums are all-reduced, so N ranks report what one card would on the whole set.
+
+  Args:
+    bert_config: BertConfig.
+    eval_files: list of TFRecord paths.
+    ranks: ranks.Ranks.
+    dtype: compute type of the model.
+    batch_size, max_seq_length, max_predictions_per_seq: of the eval records.
+    max_eval_steps: batches per rank (0: the whole set).
+  """
+
+  def __init__(self, bert_config, eval_files, ranks, dtype, batch_size, max_seq_length,
+               max_predictions_per_seq, max_eval_steps=0):
+    dataset = input_pipeline.make_dataset(
+        eval_files, batch_size, max_seq_length, max_predictions_per_seq,
+        is_training=False, num_shards=ranks.size, shard_index=ranks.rank,
+        vocab_size=bert_config.vocab_size)
+    if max_eval_steps > 0:
+      dataset = dataset.take(max_eval_steps)
+    self.iterator = tf.data.make_initializable_iterator(dataset)
+    # AUTO_REUSE: the eval model shares the training model's variables, or makes them
+    # when there is no training.
+    with tf.variable_scope("", reuse=tf.AUTO_REUSE):
+      outputs = build_model(bert_config, self.iterator.get_next(), False, dtype)
+    self.batch_sums = tf.stack([outputs[k] for k in EVAL_SUMS])
+    self.ranks = ranks
+    if ranks.hvd is not None:
+      self.rank_sums = tf.placeholder(tf.float64, [len(EVAL_SUMS)])
+      self.all_sums = ranks.hvd.allreduce(self.rank_sums, op=ranks.hvd.Sum,
+                                          name="eval_sums")
+
+  def evaluate(self, sess):
+    """Returns dict: masked_lm_accuracy, masked_lm_loss, next_sentence_accuracy,
+    next_sentence_loss, eval_samples."""
+    sess.run(self.iterator.initializer)
+    sums = np.zeros(len(EVAL_SUMS), np.float64)
+    while True:
+      try:
+        sums += sess.run(self.batch_sums)
+      except tf.errors.OutOfRangeError:
+        break
+    if self.ranks.hvd is not None:
+      sums = sess.run(self.all_sums, {self.rank_sums: sums})
+    s = dict(zip(EVAL_SUMS, sums))
+    return {
+        "masked_lm_accuracy": s["mlm_correct"] / max(s["mlm_weight"], 1e-12),
+        "masked_lm_loss": s["mlm_loss_sum"] / max(s["mlm_weight"], 1e-12),
+        "next_sentence_accuracy": s["nsp_correct"] / max(s["nsp_count"], 1.0),
+        "next_sentence_loss": s["nsp_loss_sum"] / max(s["nsp_count"], 1.0),
+        "eval_samples": int(s["nsp_count"]),
+    }
+
+
+def session_config(intra_op_threads, inter_op_threads, gpu=None, use_xla=False):
+  """Threads, GPU placement and XLA of a training session.
+
+  Args:
+    intra_op_threads: threads per op.
+    inter_op_threads: ops run at once.
+    gpu: (optional) index, among the GPUs this process sees, of the one it computes on
+      (one card per rank); None: the CPU, no GPU.
+    use_xla: XLA auto-clustering of the graph.
+
+  Returns:
+    tf.ConfigProto.
+  """
+  config = tf.ConfigProto(intra_op_parallelism_threads=intra_op_threads,
+                          inter_op_parallelism_threads=inter_op_threads,
+                          allow_soft_placement=True)
+  if gpu is not None:
+    config.gpu_options.allow_growth = True
+    config.gpu_options.visible_device_list = str(gpu)
+  else:
+    config.device_count["GPU"] = 0
+  if use_xla:
+    config.graph_options.optimizer_options.global_jit_level = tf.OptimizerOptions.ON_1
+  return config

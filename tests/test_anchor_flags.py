@@ -1,0 +1,92 @@
+"""The anchors' run_pretraining.py flags (NVIDIA's, Habana's, Iluvatar's) are accepted: with
+their meaning, or with a one-line note saying what this recipe does instead."""
+
+import json
+import os
+
+import pytest
+
+from bert_pretrain import checkpoints
+from bert_pretrain import run_pretraining as rp
+from conftest import base_flags, run_pretraining
+
+
+def anchor(*argv):
+  """Parses argv, applies anchor_flags; returns (FLAGS values, notes). Unparses after."""
+  notes = []
+  try:
+    rp.FLAGS(["run_pretraining"] + list(argv))
+    rp.anchor_flags(log=notes.append)
+    values = {name: getattr(rp.FLAGS, name) for name in (
+        "optimizer", "poly_power", "max_eval_steps", "init_checkpoint")}
+    return values, notes
+  finally:
+    rp.FLAGS.unparse_flags()
+
+
+def test_the_anchors_names_of_our_flags_set_them():
+  values, notes = anchor("--optimizer_type=adam", "--power=0.5", "--num_eval_iterations=7",
+                         "--nodo_train", "--eval_checkpoint_path=/ckpt/model.ckpt-28252")
+  assert values == {"optimizer": "adam", "poly_power": 0.5, "max_eval_steps": 7,
+                    "init_checkpoint": "/ckpt/model.ckpt-28252"}
+  assert notes == []
+
+
+@pytest.mark.parametrize("argv,note", [
+    (["--enable_device_warmup=True"], "--enable_device_warmup: the FPS always leaves out the "
+     "first --fps_warmup_steps=10 updates"),
+    (["--noenable_device_warmup", "--fps_warmup_steps=3"], "--noenable_device_warmup: the FPS "
+     "leaves out the first --fps_warmup_steps=3 updates anyway; pass --fps_warmup_steps=0"),
+    (["--is_dist_eval_enabled"], "--is_dist_eval_enabled: evaluation is always distributed "
+     "over the ranks"),
+    (["--is_dist_eval_enabled=false"], "--nois_dist_eval_enabled: cannot be honoured: "
+     "evaluation is always distributed over the ranks"),
+    (["--iterations_per_loop=1000"], "--iterations_per_loop=1000: one update per session call"),
+    (["--noreport_loss"], "--noreport_loss: cannot be honoured: losses are logged every "
+     "--display_loss_steps=10 updates"),
+    (["--eval_checkpoint_path=/c/model.ckpt-1"], "--eval_checkpoint_path is read with "
+     "--nodo_train only"),
+    (["--enable_packed_data_mode"], "--enable_packed_data_mode: cannot be honoured: packed "
+     "records are not supported"),
+])
+def test_an_anchor_flag_that_changes_nothing_here_gets_one_note(argv, note):
+  _, notes = anchor(*argv)
+  assert len(notes) == 1 and notes[0].startswith("run_pretraining: note: " + note), notes
+
+
+@pytest.mark.parametrize("flags,message", [
+    ({"optimizer_type": "adam", "optimizer": "lamb"},
+     "--optimizer_type=adam and --optimizer=lamb disagree"),
+    ({"manual_fp16": None, "noamp": None}, "--manual_fp16 asks for float16 compute and --noamp"),
+    ({"nodo_train": None, "eval_checkpoint_path": "/a/model.ckpt-1",
+      "init_checkpoint": "/b/model.ckpt-2"}, "--eval_checkpoint_path=/a/model.ckpt-1 and "
+     "--init_checkpoint=/b/model.ckpt-2 disagree"),
+])
+def test_an_anchor_flag_contradicting_ours_is_a_one_line_error(pretraining_data, tmp_path,
+                                                               flags, message):
+  result = run_pretraining(*base_flags(pretraining_data, tmp_path / "out", **flags))
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1].startswith("run_pretraining: error: " + message)
+  assert not (tmp_path / "out").exists()
+
+
+def test_the_iluvatar_command_line_runs_with_its_flags(pretraining_data, tmp_path):
+  """The flags of the anchor's run_1card_FPS.sh / run_multi_card_FPS.sh and their
+  run_pretraining.py, carried over as they are."""
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(
+      pretraining_data, out, num_train_steps=2, do_train="True", do_eval="True", amp=None,
+      nouse_xla=None, enable_device_warmup="True", is_dist_eval_enabled="True",
+      optimizer_type="adam", iterations_per_loop=1000, report_loss="True",
+      manual_fp16="False", verbose_logging=None, dllog_path=str(tmp_path / "dllog.json"),
+      max_eval_steps=1))
+  assert result.returncode == 0, result.stderr
+  assert "Unknown command line flag" not in result.stderr
+  notes = [l for l in result.stdout.splitlines() if l.startswith("run_pretraining: note: ")]
+  assert [n.split(":")[2].strip() for n in notes] == [
+      "--enable_device_warmup", "--is_dist_eval_enabled", "--iterations_per_loop=1000",
+      "--report_loss", "--verbose_logging"]
+  assert "compute bfloat16" in result.stdout  # --amp on a CPU
+  with open(str(out / checkpoints.RUN_MARKER)) as f:
+    assert json.load(f)["optimizer"] == "adam"
+  assert os.path.exists(str(tmp_path / "dllog.json"))

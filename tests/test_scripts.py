@@ -1,0 +1,119 @@
+"""run_1card_FPS.sh and run_multi_card_FPS.sh: the command line they start.
+
+A fake python3 on PATH prints the arguments run_pretraining would get (the demo's flags
+come from the real bert_pretrain.demo.run_flags, the launch plan from the real
+bert_pretrain.launch); the multi-card script's DRY_RUN=1 prints its command. Each flag
+must appear once, the user's value winning over the demo's and the script's, and --noamp
+must turn off the scripts' mixed precision.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from bert_pretrain import run_pretraining
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_PATHS = ("{'input_files_dir': 'cache/train', 'eval_files_dir': 'cache/eval', "
+              "'vocab_file': 'cache/vocab.txt', 'bert_config_file': 'cache/bert_config.json', "
+              "'init_checkpoint': 'cache/init/model.ckpt-0'}")
+
+
+def script_args(tmp_path, script, *flags, **env):
+  """The arguments `bash SCRIPT FLAGS` gives bert_pretrain.run_pretraining, as a list."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir(exist_ok=True)
+  fake = bin_dir / "python3"
+  fake.write_text(
+      "#!/bin/sh\n"
+      "case \"$2\" in\n"
+      "  bert_pretrain.demo) exec %s -c \"from bert_pretrain import demo; "
+      "print(chr(10).join(demo.run_flags(%s, 'results/demo-test')))\" ;;\n"
+      "  bert_pretrain.run_pretraining) shift 2; printf '%%s\\n' \"$@\" ;;\n"
+      "  *) exec %s \"$@\" ;;\n"
+      "esac\n" % (sys.executable, DEMO_PATHS, sys.executable))
+  fake.chmod(0o755)
+  env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]),
+             DEMO_CACHE=str(tmp_path / "cache"), IX_NUM_CUDA_VISIBLE_DEVICES="2", **env)
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  result = subprocess.run(["bash", os.path.join(ROOT, script)] + list(flags), cwd=str(tmp_path),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=env, timeout=120)
+  assert result.returncode == 0, result.stderr
+  lines = [l for l in result.stdout.splitlines() if not l.startswith("No --input_files_dir")]
+  if script == "run_1card_FPS.sh":
+    return lines
+  assert len(lines) == 1 and "python3 -m bert_pretrain.run_pretraining " in lines[0], lines
+  return shlex.split(lines[0].split(" python3 -m bert_pretrain.run_pretraining ", 1)[1])
+
+
+def names(args):
+  return [a.lstrip("-").split("=")[0] for a in args]
+
+
+def assert_each_flag_once(args):
+  seen = names(args)
+  assert len(seen) == len(set(seen)), args
+  # --noamp and --amp, or --amp and its aliases, would contradict each other.
+  amp = [n for n in seen if n in ("amp", "noamp", "use_fp16", "nouse_fp16")]
+  assert len(amp) <= 1, args
+
+
+SCRIPTS = ["run_1card_FPS.sh", "run_multi_card_FPS.sh"]
+DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
+        "--bert_config_file=/data/bert_config.json"]
+
+
+def test_the_one_card_script_passes_only_amp_and_the_users_flags(tmp_path):
+  args = script_args(tmp_path, "run_1card_FPS.sh", *DATA)
+  assert args == ["--amp"] + DATA
+
+
+def test_the_multi_card_script_adds_horovod_and_the_anchors_accumulation_and_steps(tmp_path):
+  args = script_args(tmp_path, "run_multi_card_FPS.sh", *DATA, DRY_RUN="1")
+  assert args == ["--horovod", "--amp", "--num_accumulation_steps=4",
+                  "--num_train_steps=1000"] + DATA
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_demo_shows_each_flag_once_with_the_users_value(tmp_path, script):
+  args = script_args(tmp_path, script, "--num_train_steps=2000", "--learning_rate=1e-3",
+                     DRY_RUN="1")
+  assert_each_flag_once(args)
+  assert "--amp" in args
+  assert args[-2:] == ["--num_train_steps=2000", "--learning_rate=1e-3"]
+  assert "--input_files_dir=cache/train" in args and "--max_seq_length=128" in args
+  if script == "run_multi_card_FPS.sh":
+    # The demo's settings win over the script's: one micro-batch per update.
+    assert "--num_accumulation_steps=1" in args and "--horovod" in args
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("off", ["--noamp", "--amp=false", "--nouse_fp16"])
+def test_the_user_turns_mixed_precision_off(tmp_path, script, off):
+  for flags in (DATA, []):  # with data, and the demo
+    args = script_args(tmp_path, script, *(flags + [off]), DRY_RUN="1")
+    assert_each_flag_once(args)
+    assert "--amp" not in args and args[-1] == off
+
+
+def test_a_value_given_after_its_flag_replaces_the_scripts(tmp_path):
+  args = script_args(tmp_path, "run_multi_card_FPS.sh", *DATA + ["--num_train_steps", "20"],
+                     DRY_RUN="1")
+  assert args[-2:] == ["--num_train_steps", "20"]
+  assert "--num_train_steps=1000" not in args
+
+
+def test_the_flag_defaults_hold_the_mlperf_settings():
+  """The scripts pass none of these: the flag definitions are their one home."""
+  flags = run_pretraining.FLAGS
+  mlperf = {"output_dir": "./results", "max_seq_length": 512, "max_predictions_per_seq": 76,
+            "optimizer": "lamb", "learning_rate": 5e-5, "num_train_steps": 13206,
+            "save_checkpoints_steps": 1000, "stop_threshold": 0.72,
+            "samples_between_eval": 150000, "samples_start_eval": 3000000,
+            "eval_batch_size": 24, "max_eval_steps": 0}
+  assert {name: flags[name].default for name in mlperf} == mlperf
+  assert flags["amp"].default is False  # the scripts pass --amp, as the anchor's do
