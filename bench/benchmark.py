@@ -1,20 +1,27 @@
-"""Training-step benchmark of this recipe's BERT on the CPU, side by side with the peer.
+"""Training-step benchmark of this recipe's BERT on the CPU, side by side with two peers.
 
-  python3 bench/benchmark.py                       # the full table (20-30 minutes)
-  python3 bench/benchmark.py --configs=tiny,base --seq_lengths=128 --skip_peer
+  python3 -m bench.benchmark                       # the full table (about an hour)
+  python3 -m bench.benchmark --configs=tiny,base --seq_lengths=128 --skip_peer
+
+(from the repository root; after init_tf.sh, python3 bench/benchmark.py works too)
 
 For each BERT size (tiny .. base), sequence length (128, 512) and precision (fp32, amp =
 bfloat16 compute with float32 weights, as run_pretraining --amp does on a CPU) it
-measures, each row in its own subprocess (so the memory and threads are the row's):
+measures, each side in its own subprocess (so the memory and threads are its own), the
+sides taking turns for --rounds rounds within the row:
 
-  - our training step, built as bert_pretrain.run_pretraining builds it (build_model,
-    LAMB, create_train_ops), fed by input_pipeline.make_dataset from real TFRecords, and
+  - our training step, built by bert_pretrain.pretraining.build_train_graph as
+    run_pretraining builds it (the model, LAMB, the learning-rate schedule, the update
+    op), fed by input_pipeline.make_dataset from real TFRecords, and
     the same step fed one batch held in memory, their timing windows interleaved;
-  - the peer: Hugging Face transformers' BertForPreTraining with AdamW in PyTorch, same
-    config, batch, sequence length, bf16 autocast for amp;
-  - sentences/s (median of timing windows after warm-up), model TFLOP/s from an analytic
-    count of the forward + backward FLOPs, MFU against the matmul peak this run measures
-    for that precision, the input pipeline's cost, the peak RSS of each side;
+  - our step with --optimizer=adam (AdamWeightDecay instead of LAMB), from TFRecords;
+  - Google's: google-research/bert's code (PyPI bert-tensorflow), see google_peer.py;
+  - Hugging Face transformers' BertForPreTraining with AdamW in PyTorch, same config,
+    batch, sequence length, bf16 autocast for amp;
+  - sentences/s (median and range of the timing windows of all rounds, after warm-up),
+    model TFLOP/s from an analytic count of the forward + backward FLOPs, MFU against
+    the matmul peak this run measures for that precision, the input pipeline's cost, the
+    peak RSS of each side, the load average at the start and end of the row;
 
 and whether BERT-Large at sequence 512, batch 1 can take a training step here. The table
 is printed and written to --out_dir (benchmark.md, benchmark.json, benchmark.png).
@@ -39,8 +46,11 @@ from absl import app
 from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
+try:
+  from bench import google_peer  # python3 -m bench.benchmark, from the repository root
+except ImportError:
+  import google_peer  # python3 bench/benchmark.py: bench/ is the script's own folder
+
 CORPUS = os.path.join(ROOT, "bert_pretrain", "demo_data", "corpus.txt")
 
 VOCAB_SIZE = 30522
@@ -67,8 +77,10 @@ BATCH_SIZES = {
     ("large", 512): 1,
 }
 LEARNING_RATE = 1e-4
-PEER_HINT = ("peer (Hugging Face BertForPreTraining in PyTorch) skipped: install it with "
-             "`pip install torch==2.13.0 transformers`")
+# The learning-rate schedule decays to 0 at this step; a row runs far fewer.
+TRAIN_STEPS = 100000
+PEER_HINT = ("HF's peer (Hugging Face BertForPreTraining in PyTorch) skipped: install it "
+             "with `pip install torch==2.13.0 transformers`")
 RESULT_PREFIX = "BENCH_RESULT "
 
 flags.DEFINE_list("configs", ["tiny", "mini", "small", "medium", "base"],
@@ -81,7 +93,12 @@ flags.DEFINE_integer("windows", 3, "Timing windows per measurement; the median i
 flags.DEFINE_float("window_seconds", 1.0, "Length of a timing window when --steps=0.")
 flags.DEFINE_integer("warmup_steps", 1, "Steps before timing starts, after the first.")
 flags.DEFINE_integer("batch_size", 0, "Sentences per step in every row (0: per-row defaults).")
-flags.DEFINE_bool("skip_peer", False, "Leave out the PyTorch / transformers peer.")
+flags.DEFINE_integer("rounds", 2, "Rounds per row: in each, every side runs once, in its own "
+                     "process, the sides taking turns.")
+flags.DEFINE_list("optimizers", ["lamb", "adam"], "Optimizers of our step, each a side of "
+                  "its own: lamb and/or adam (run_pretraining --optimizer).")
+flags.DEFINE_bool("skip_peer", False, "Leave out HF's peer (PyTorch / transformers).")
+flags.DEFINE_bool("skip_google", False, "Leave out Google's peer (bert-tensorflow).")
 flags.DEFINE_bool("skip_large", False, "Leave out the BERT-Large seq 512 batch 1 check.")
 flags.DEFINE_integer("intra_threads", 2, "intra_op_parallelism_threads (and torch threads).")
 flags.DEFINE_integer("inter_threads", 2, "inter_op_parallelism_threads (run_pretraining's "
@@ -91,7 +108,8 @@ flags.DEFINE_string("out_dir", os.path.join(ROOT, "bench_results"),
                     "Where the table, its JSON, the chart, the logs and the data go.")
 flags.DEFINE_integer("row_timeout", 900, "Seconds one row's subprocess may take.")
 # Internal: the subprocess of one row.
-flags.DEFINE_enum("worker", None, ["ours", "peer", "peak"], "(internal) run one measurement.")
+flags.DEFINE_enum("worker", None, ["ours", "google", "peer", "peak"],
+                  "(internal) run one measurement.")
 flags.DEFINE_string("row", None, "(internal) JSON of the row a --worker measures.")
 FLAGS = flags.FLAGS
 
@@ -183,14 +201,10 @@ def _import_tf():
   return tf
 
 
-def session_config(tf, row):
-  """As run_pretraining.session_config on one CPU rank, with the row's thread counts."""
-  config = tf.ConfigProto(intra_op_parallelism_threads=row["intra"],
-                          inter_op_parallelism_threads=row["inter"],
-                          allow_soft_placement=True)
-  if row["xla"]:
-    config.graph_options.optimizer_options.global_jit_level = tf.OptimizerOptions.ON_1
-  return config
+def session_config(row):
+  """The session config of one CPU rank, with the row's thread counts."""
+  from bert_pretrain import pretraining  # pylint: disable=g-import-not-at-top
+  return pretraining.session_config(row["intra"], row["inter"], use_xla=row["xla"])
 
 
 def record_files(data_dir, seq_length):
@@ -199,8 +213,8 @@ def record_files(data_dir, seq_length):
 
 
 class TrainStep(object):
-  """One graph and session of our training step: build_model, LAMB, create_train_ops,
-  as run_pretraining builds them, fed by input_pipeline.make_dataset from TFRecords.
+  """One graph and session of our training step (pretraining.build_train_graph, LAMB),
+  fed by input_pipeline.make_dataset from TFRecords.
 
   Calling it runs one step. With `feed` (a batch of numpy arrays, name -> array) the
   step takes that batch from memory instead: it is fed in place of the iterator's
@@ -212,8 +226,7 @@ class TrainStep(object):
     tf = _import_tf()
     from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
     from bert_pretrain import modeling  # pylint: disable=g-import-not-at-top
-    from bert_pretrain import optimization  # pylint: disable=g-import-not-at-top
-    from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top
+    from bert_pretrain import pretraining  # pylint: disable=g-import-not-at-top
     self.graph = tf.Graph()
     with self.graph.as_default():
       dataset = input_pipeline.make_dataset(
@@ -222,14 +235,13 @@ class TrainStep(object):
       self.features = tf.data.make_one_shot_iterator(dataset).get_next()
       bert_config = modeling.BertConfig.from_dict(bert_config_dict(row["config"]))
       dtype = tf.bfloat16 if row["precision"] == "amp" else tf.float32
-      outputs = run_pretraining.build_model(bert_config, self.features, True, dtype)
-      optimizer = optimization.create_optimizer("lamb", LEARNING_RATE)
-      _, update_op = optimization.create_train_ops(
-          outputs["total_loss"], optimizer, tf.train.get_or_create_global_step())
-      self.fetches = [update_op, outputs["total_loss"]]
+      train = pretraining.build_train_graph(bert_config, self.features, dtype, LEARNING_RATE,
+                                            TRAIN_STEPS,
+                                            optimizer_name=row.get("optimizer", "lamb"))
+      self.fetches = [train.update_op, train.outputs["total_loss"]]
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
       self.graph.finalize()
-    self.session = tf.Session(graph=self.graph, config=session_config(tf, row))
+    self.session = tf.Session(graph=self.graph, config=session_config(row))
     self.session.run(init)
     self.loss = None
     self.feed_dict = None
@@ -293,7 +305,7 @@ def peak_worker(row):
       a = tf.Variable(tf.cast(tf.random.uniform([n, n]), dtype))
       b = tf.Variable(tf.cast(tf.random.uniform([n, n]), dtype))
       product = tf.matmul(a, b)
-      with tf.Session(graph=graph, config=session_config(tf, row)) as session:
+      with tf.Session(graph=graph, config=session_config(row)) as session:
         session.run(tf.global_variables_initializer())
         step = lambda: session.run(product.op)  # pylint: disable=cell-var-from-loop
         for _ in range(2):
@@ -305,7 +317,36 @@ def peak_worker(row):
 
 
 # ---------------------------------------------------------------------------------------
-# Worker: the peer (PyTorch + transformers)
+# Worker: Google's peer (bert-tensorflow, see google_peer.py)
+
+def google_worker(row):
+  """Training steps of Google's BERT code, one batch held in memory. Its first step
+  returns the graph the session ran, and the count of its ops that compute in bfloat16
+  shows whether amp's rewrite took place."""
+  tf = _import_tf()
+  start = time.perf_counter()
+  try:
+    step = google_peer.GoogleStep(
+        bert_config_dict(row["config"]), row["batch"], row["seq"], row["preds"],
+        LEARNING_RATE, row["intra"], row["inter"], amp=row["precision"] == "amp")
+  except ValueError as error:  # amp on a TensorFlow without the bfloat16 rewrite
+    emit({"error": str(error)})
+    return
+  result = {"build_s": time.perf_counter() - start, "contrib_shim": step.shim,
+            "rewrite": step.rewrite, "tensorflow": tf.__version__}
+  result["bf16_ops"] = step.bfloat16_ops()
+  result["first_loss"] = step.loss
+  for _ in range(row["warmup"]):
+    step()
+  steps = steps_per_window(step, row)
+  fps = interleaved_fps({"google": step}, row["batch"], row["windows"], steps)["google"]
+  result.update(fps=statistics.median(fps), windows=fps, rss_gib=peak_rss_gib(),
+                loss=step.loss, steps_per_window=steps)
+  emit(result)
+
+
+# ---------------------------------------------------------------------------------------
+# Worker: HF's peer (PyTorch + transformers)
 
 def peer_available():
   return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
@@ -418,25 +459,79 @@ def base_row(config, seq, precision):
           "warmup": FLAGS.warmup_steps, "windows": FLAGS.windows, "steps": FLAGS.steps,
           "window_seconds": FLAGS.window_seconds, "intra": FLAGS.intra_threads,
           "inter": FLAGS.inter_threads, "xla": FLAGS.xla,
-          "data_dir": os.path.join(FLAGS.out_dir, "data"), "records_only": False}
+          "data_dir": os.path.join(FLAGS.out_dir, "data"), "records_only": False,
+          "optimizer": "lamb"}
 
 
-def measure_row(config, seq, precision, peak, with_peer):
-  """Our step and the peer's for one row, with the derived columns."""
+# The sides of a row: name -> what it is called in the table. Ours with LAMB, ours with
+# Adam, Google's, HF's; in each round every side that runs takes its turn.
+SIDES = (("ours", "ours LAMB"), ("ours_adam", "ours Adam"), ("google", "Google"),
+         ("hf", "HF"))
+
+
+def row_sides(with_google, with_peer):
+  """The sides to run in each row: list of (side, worker kind, changes to the row)."""
+  sides = []
+  if "lamb" in FLAGS.optimizers:
+    sides.append(("ours", "ours", {"optimizer": "lamb"}))
+  if "adam" in FLAGS.optimizers:
+    sides.append(("ours_adam", "ours", {"optimizer": "adam", "records_only": True}))
+  if with_google:
+    sides.append(("google", "google", {}))
+  if with_peer:
+    sides.append(("hf", "peer", {}))
+  return sides
+
+
+def summarize(runs):
+  """One side's runs of a row (one a round) -> its summary: the timing windows of all
+  rounds pooled, their median ("fps") and range ("fps_min", "fps_max"), the largest peak
+  RSS, the last run's other fields; {"error": ...} when no run succeeded."""
+  good = [r for r in runs if "error" not in r]
+  if not good:
+    return {"error": runs[0]["error"], "runs": runs}
+  key = "windows_records" if "windows_records" in good[0] else "windows"
+  windows = [w for r in good for w in r[key]]
+  summary = dict(good[-1], fps=statistics.median(windows), fps_min=min(windows),
+                 fps_max=max(windows), windows=windows, rounds=len(good),
+                 rss_gib=max(r["rss_gib"] for r in good), runs=runs)
+  if key == "windows_records":
+    summary["fps_records"] = summary["fps"]
+    memory = [w for r in good for w in r.get("windows_memory", [])]
+    summary["fps_memory"] = statistics.median(memory) if memory else None
+  return summary
+
+
+def measure_row(config, seq, precision, peak, sides):
+  """Every side of one row, --rounds rounds of turns, with the derived columns."""
   row = base_row(config, seq, precision)
   name = "%s-seq%d-%s" % (config, seq, precision)
-  log("row %s: batch %d" % (name, row["batch"]))
-  ours = run_worker("ours", row, name + "-ours")
-  peer = run_worker("peer", row, name + "-peer") if with_peer else None
+  load_start = os.getloadavg()[0]
+  log("row %s: batch %d, load average %.2f at its start" % (name, row["batch"], load_start))
+  runs = {side: [] for side, _, _ in sides}
+  changes_by_side = {side: changes for side, _, changes in sides}
+  for round_index in range(FLAGS.rounds):
+    # Each round starts with the next side, so that none always runs first.
+    first = round_index % len(sides)
+    for side, kind, changes in sides[first:] + sides[:first]:
+      runs[side].append(run_worker(kind, dict(row, **changes),
+                                   "%s-%s-r%d" % (name, side, round_index + 1)))
+  load_end = os.getloadavg()[0]
   flops = train_flops_per_sequence(config, seq, row["preds"])
-  result = dict(row, ours=ours, peer=peer, flops_per_sequence=flops)
-  if "error" not in ours:
-    result["tflops"] = ours["fps_records"] * flops["total"] / 1e12
+  result = dict(row, load_average=[load_start, load_end], flops_per_sequence=flops)
+  for side, _ in SIDES:
+    result[side] = dict(summarize(runs[side]), **changes_by_side[side]) if side in runs \
+        else None
+  ours = result["ours"]
+  if ours and "error" not in ours:
+    result["tflops"] = ours["fps"] * flops["total"] / 1e12
     set_mfu(result, peak)
-    result["pipeline_cost"] = 1.0 - ours["fps_records"] / ours["fps_memory"]
-    if peer and "error" not in peer:
-      result["ours_over_peer"] = ours["fps_records"] / peer["fps"]
-  log("row %s done: %s" % (name, format_row(result)))
+    if ours["fps_memory"]:
+      result["pipeline_cost"] = 1.0 - ours["fps"] / ours["fps_memory"]
+  for mine, theirs in (("ours", "google"), ("ours_adam", "google"), ("ours", "hf")):
+    if all(result[side] and "error" not in result[side] for side in (mine, theirs)):
+      result["%s_over_%s" % (mine, theirs)] = result[mine]["fps"] / result[theirs]["fps"]
+  log("row %s done, load average %.2f at its end: %s" % (name, load_end, format_row(result)))
   return result
 
 
@@ -476,28 +571,38 @@ def measure_large(precision):
 # ---------------------------------------------------------------------------------------
 # Output
 
-COLUMNS = ("config", "seq", "batch", "prec", "ours sent/s", "in-memory sent/s",
-           "pipeline cost", "TFLOP/s", "MFU", "peer sent/s", "ours/peer", "ours RSS GiB",
-           "peer RSS GiB")
+COLUMNS = ("config", "seq", "batch", "prec", "load start-end") + tuple(
+    "%s sent/s" % label for _, label in SIDES) + (
+        "ours/Google LAMB", "ours/Google Adam", "ours/HF", "in-memory sent/s",
+        "pipeline cost", "TFLOP/s", "MFU", "RSS GiB ours / Google / HF")
 
 
 def _num(value, fmt):
   return fmt % value if value is not None else "-"
 
 
+def _fps_cell(side):
+  """median (min-max) of a side's windows, "-" when it did not run."""
+  if side is None:
+    return "-"
+  if "error" in side:
+    return "failed: " + side["error"]
+  return "%.2f (%.2f-%.2f)" % (side["fps"], side["fps_min"], side["fps_max"])
+
+
 def format_row(r):
-  ours, peer = r["ours"], r["peer"] or {}
-  if "error" in ours:
-    cells = ["failed: " + ours["error"]] + [""] * 5
-  else:
-    cells = [_num(ours["fps_records"], "%.2f"), _num(ours["fps_memory"], "%.2f"),
-             _num(100 * r["pipeline_cost"], "%.1f%%"), _num(r["tflops"], "%.3f"),
-             _num(r["mfu"] and 100 * r["mfu"], "%.0f%%")]
-  peer_fps = peer.get("fps") if r["peer"] is not None else None
-  peer_cell = "failed: " + peer["error"] if "error" in peer else _num(peer_fps, "%.2f")
-  return " | ".join([r["config"], str(r["seq"]), str(r["batch"]), r["precision"]] + cells +
-                    [peer_cell, _num(r.get("ours_over_peer"), "%.2fx"),
-                     _num(ours.get("rss_gib"), "%.2f"), _num(peer.get("rss_gib"), "%.2f")])
+  ours = r["ours"] if r["ours"] and "error" not in r["ours"] else {}
+  rss = [(r[side] or {}).get("rss_gib") for side in ("ours", "google", "hf")]
+  cells = [r["config"], str(r["seq"]), str(r["batch"]), r["precision"],
+           "%.1f-%.1f" % tuple(r["load_average"])]
+  cells += [_fps_cell(r[side]) for side, _ in SIDES]
+  cells += [_num(r.get(key), "%.2fx") for key in
+            ("ours_over_google", "ours_adam_over_google", "ours_over_hf")]
+  cells += [_num(ours.get("fps_memory"), "%.2f"),
+            _num(r.get("pipeline_cost") and 100 * r["pipeline_cost"], "%.1f%%"),
+            _num(r.get("tflops"), "%.3f"), _num(r.get("mfu") and 100 * r["mfu"], "%.0f%%"),
+            " / ".join(_num(value, "%.2f") for value in rss)]
+  return " | ".join(cells)
 
 
 def markdown(results):
@@ -515,8 +620,21 @@ def markdown(results):
       _num(peak.get("fp32"), "%.3f"), _num(peak.get("bf16"), "%.3f")))
   lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
   lines += ["| " + format_row(r) + " |" for r in results["rows"]]
-  if results["peer_note"]:
-    lines += ["", results["peer_note"]]
+  lines += ["", "Sent/s: the median of the timing windows of %d round(s), the range in "
+            "brackets; the load average is the row's at its start and end." % FLAGS.rounds]
+  for note in results["peer_notes"]:
+    lines += ["", note]
+  google = [r for r in results["rows"] if r["google"] and "error" not in r["google"]]
+  if google:
+    note = "Google's step: bert-tensorflow's code%s." % (
+        " with the benchmark's tensorflow.contrib.layers.layer_norm (TensorFlow 2 has no "
+        "contrib)" if google[0]["google"]["contrib_shim"] else "")
+    amp = [r for r in google if r["precision"] == "amp"]
+    if amp:
+      note += " Ops computing in bfloat16 after grappler's %s rewrite: %s (fp32 rows: %s)." % (
+          amp[0]["google"]["rewrite"], ", ".join(str(r["google"]["bf16_ops"]) for r in amp),
+          ", ".join(str(r["google"]["bf16_ops"]) for r in google if r not in amp) or "-")
+    lines += ["", note]
   lines += ["", "FLOPs per training sequence (forward + backward) and their shares:", "",
             "| config | seq | GFLOP | encoder dense | attention | MLM head |",
             "|---|---|---|---|---|---|"]
@@ -543,26 +661,29 @@ def markdown(results):
 
 
 def draw_chart(results, path):
-  """Sentences/s of both sides (log scale) and our MFU, per row; False without matplotlib."""
+  """Sentences/s of every side (log scale) and our MFU, per row; False without matplotlib."""
   if importlib.util.find_spec("matplotlib") is None:
     print("No chart: install matplotlib (`pip install matplotlib`) to draw %s" % path)
     return False
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  rows = [r for r in results["rows"] if "error" not in r["ours"]]
+  rows = [r for r in results["rows"] if r["ours"] and "error" not in r["ours"]]
   if not rows:
     return False
   labels = ["%s/%d/%s" % (r["config"], r["seq"], r["precision"]) for r in rows]
   x = list(range(len(rows)))
   figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(6, 0.7 * len(rows)), 6),
                                        sharex=True)
-  top.bar([i - 0.2 for i in x], [r["ours"]["fps_records"] for r in rows], 0.4, label="ours")
-  peer = [r["peer"]["fps"] if r["peer"] and "fps" in r["peer"] else 0 for r in rows]
-  top.bar([i + 0.2 for i in x], peer, 0.4, label="peer (HF PyTorch)")
+  drawn = [(side, label) for side, label in SIDES
+           if any(r[side] and "fps" in r[side] for r in rows)]
+  width = 0.8 / len(drawn)
+  for k, (side, label) in enumerate(drawn):
+    fps = [r[side]["fps"] if r[side] and "fps" in r[side] else 0 for r in rows]
+    top.bar([i + width * (k - (len(drawn) - 1) / 2.0) for i in x], fps, width, label=label)
   top.set_yscale("log")
   top.set_ylabel("sentences/s")
-  top.legend(fontsize=8, loc="lower left")
+  top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
   bottom.bar(x, [100 * (r["mfu"] or 0) for r in rows], 0.6, color="tab:green")
   bottom.set_ylabel("MFU % (ours)")
   bottom.set_xticks(x)
@@ -576,9 +697,11 @@ def draw_chart(results, path):
 def environment(peak, rows, load_at_start):
   versions = {"python": platform.python_version(), "tensorflow": peak.get("tensorflow")}
   for r in rows:
-    if r["peer"] and "torch" in r["peer"]:
-      versions.update(torch=r["peer"]["torch"], transformers=r["peer"]["transformers"])
+    if r["hf"] and "torch" in r["hf"]:
+      versions.update(torch=r["hf"]["torch"], transformers=r["hf"]["transformers"])
       break
+  if any(r["google"] and "error" not in r["google"] for r in rows):
+    versions["bert-tensorflow"] = google_peer.PACKAGE.split("==")[1]
   return {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
           "versions": versions, "load_average": [load_at_start, os.getloadavg()[0]]}
 
@@ -595,19 +718,30 @@ def run_benchmark():
   for precision in FLAGS.precisions:
     if precision not in ("fp32", "amp"):
       raise app.UsageError("--precisions: %r is not fp32 or amp" % precision)
+  if not FLAGS.optimizers or not set(FLAGS.optimizers) <= {"lamb", "adam"}:
+    raise app.UsageError("--optimizers: %r; use lamb and/or adam, e.g. --optimizers=lamb,adam"
+                         % ",".join(FLAGS.optimizers))
+  if FLAGS.rounds < 1:
+    raise app.UsageError("--rounds: %d; use 1 or more" % FLAGS.rounds)
   for sub in ("logs", "data"):
     if not os.path.isdir(os.path.join(FLAGS.out_dir, sub)):
       os.makedirs(os.path.join(FLAGS.out_dir, sub))
 
   load_at_start = os.getloadavg()[0]
+  with_google = not FLAGS.skip_google and google_peer.available()
   with_peer = not FLAGS.skip_peer and peer_available()
-  peer_note = None if with_peer or FLAGS.skip_peer else PEER_HINT
-  if peer_note:
-    print(peer_note, flush=True)
+  peer_notes = []
+  if not (with_google or FLAGS.skip_google):
+    peer_notes.append(google_peer.HINT)
+  if not (with_peer or FLAGS.skip_peer):
+    peer_notes.append(PEER_HINT)
+  for note in peer_notes:
+    print(note, flush=True)
+  sides = row_sides(with_google, with_peer)
   prepare_data(os.path.join(FLAGS.out_dir, "data"),
                sorted(set(seq_lengths + ([] if FLAGS.skip_large else [512]))))
   peak_start = measure_peak("peak-start")
-  rows = [measure_row(config, seq, precision, peak_start, with_peer)
+  rows = [measure_row(config, seq, precision, peak_start, sides)
           for config in FLAGS.configs for seq in seq_lengths for precision in FLAGS.precisions]
   large = [] if FLAGS.skip_large else [
       measure_large("fp32" if "fp32" in FLAGS.precisions else "amp")]
@@ -616,7 +750,7 @@ def run_benchmark():
   for row in rows:
     set_mfu(row, peak)
   results = {"environment": environment(peak, rows, load_at_start), "peak": peak, "rows": rows,
-             "large": large, "peer_note": peer_note}
+             "large": large, "peer_notes": peer_notes}
   table = markdown(results)
   print(table)
   with open(os.path.join(FLAGS.out_dir, "benchmark.md"), "w") as f:
@@ -633,7 +767,8 @@ def main(argv):
     raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
   if FLAGS.worker:
     row = json.loads(FLAGS.row)
-    {"ours": ours_worker, "peer": peer_worker, "peak": peak_worker}[FLAGS.worker](row)
+    {"ours": ours_worker, "google": google_worker, "peer": peer_worker,
+     "peak": peak_worker}[FLAGS.worker](row)
     return
   run_benchmark()
 

@@ -1,13 +1,12 @@
 """Where the time of one training step goes: a per-op trace of our step, summed by part
 of the model and by op type.
 
-  python3 bench/profile_step.py --config=base --seq=128 --batch=8 --precision=fp32
+  python3 -m bench.profile_step --config=base --seq=128 --batch=8 --precision=fp32
 
-Builds the step as bench/benchmark.py does (run_pretraining.build_model, LAMB,
-create_train_ops, TFRecords from bench_results/data; run bench/benchmark.py once
-first to make them), warms it up, traces --traced_steps steps with
-RunOptions(trace_level=FULL_TRACE) and prints the share of the summed op time of each
-part (embeddings, Q/K/V, attention scores and context, attention output, feed-forward,
+Builds the step as bench/benchmark.py does (pretraining.build_train_graph, LAMB,
+TFRecords from bench_results/data; run bench/benchmark.py once first to make them),
+warms it up, traces --traced_steps steps with RunOptions(trace_level=FULL_TRACE) and
+prints the share of the summed op time of each part (embeddings, Q/K/V, attention scores and context, attention output, feed-forward,
 masked-LM head, next sentence, optimizer, input), forward and backward, and of the op
 types that take the most. Op times overlap when inter-op threads run ops at once, so
 the shares are of the summed op time, not of the wall time (which is printed too).
@@ -20,14 +19,15 @@ from __future__ import print_function
 import collections
 import os
 import re
-import sys
 import time
 
 from absl import app
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+try:
+  from bench import benchmark  # python3 -m bench.profile_step, from the repository root
+except ImportError:
+  import benchmark  # python3 bench/profile_step.py: bench/ is the script's own folder
 
 flags.DEFINE_string("config", "base", "BERT size: tiny, mini, small, medium, base, large.")
 flags.DEFINE_integer("seq", 128, "Sequence length (128 or 512).")

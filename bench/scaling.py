@@ -9,7 +9,10 @@ once with 2, on the demo's data (`python3 -m bert_pretrain.demo`, sequence 128, 
 predictions), with the same batch per rank: 2 ranks train twice the sentences per
 step. It reads "Throughput Average (sentences/sec) = X" (all ranks, after the warm-up
 steps) from the output and prints each model's FPS and the scaling efficiency
-FPS(2 ranks) / (2 x FPS(1 rank)). The table also goes to --out_dir/scaling.md (+ .json).
+FPS(2 ranks) / (2 x FPS(1 rank)). Each run ends with one evaluation of the demo's eval
+set (each rank reads its part, the sums are all-reduced), and the table gives its time
+("eval time: X s"): with 2 ranks it should not take longer than with one. The table
+also goes to --out_dir/scaling.md (+ .json).
 
 Models: "tiny" is the demo's BERT (2 layers, hidden 128) from its init checkpoint;
 "medium" (8 layers, hidden 512, 8 heads, 2048) has the demo's vocab (4096) and starts
@@ -47,6 +50,7 @@ MEDIUM_CONFIG = {
 # model -> (batch per rank, training steps, warm-up steps left out of the FPS)
 DEFAULTS = {"tiny": (32, 60, 10), "medium": (8, 24, 6)}
 THROUGHPUT = re.compile(r"Throughput Average \(sentences/sec\) = ([0-9.]+)")
+EVAL_TIME = re.compile(r"eval time: ([0-9.]+) s")
 
 flags.DEFINE_list("models", ["tiny", "medium"], "Models to run: tiny (the demo's), medium.")
 flags.DEFINE_bool("independent", True, "Also run 2 single-rank jobs at once (no all-reduce "
@@ -94,7 +98,10 @@ def training_command(ranks, cache_dir, config_file, init_checkpoint, output_dir,
   command += [sys.executable, "-m", "bert_pretrain.run_pretraining", "--horovod",
               "--input_files_dir=" + os.path.join(cache_dir, "train"),
               "--bert_config_file=" + config_file, "--output_dir=" + output_dir,
-              "--do_eval=false", "--max_seq_length=128", "--max_predictions_per_seq=20",
+              # One evaluation, at the end, of the demo's eval set shared by the ranks.
+              "--eval_files_dir=" + os.path.join(cache_dir, "eval"),
+              "--samples_start_eval=%d" % 10 ** 15, "--eval_batch_size=64",
+              "--max_seq_length=128", "--max_predictions_per_seq=20",
               "--train_batch_size=%d" % batch, "--num_train_steps=%d" % steps,
               "--fps_warmup_steps=%d" % warmup, "--display_loss_steps=%d" % steps,
               "--save_checkpoints_steps=100000", "--stop_threshold=0",
@@ -119,14 +126,16 @@ def start_training(model, ranks, cache_dir, config_file, init_checkpoint, settin
 
 
 def finish_training(process, log_path, output_dir):
-  """Waits for a run; returns its FPS (all ranks) or an error."""
+  """Waits for a run; returns its FPS (all ranks) and the time of its evaluation, or an
+  error."""
   status = process.wait()
   shutil.rmtree(output_dir, ignore_errors=True)
   with open(log_path) as f:
-    found = THROUGHPUT.findall(f.read())
-  if status != 0 or not found:
+    text = f.read()
+  found, eval_time = THROUGHPUT.findall(text), EVAL_TIME.findall(text)
+  if status != 0 or not found or not eval_time:
     return {"error": "exit status %d, see %s" % (status, log_path)}
-  return {"fps": float(found[-1])}
+  return {"fps": float(found[-1]), "eval_s": float(eval_time[-1])}
 
 
 def run_training(model, ranks, *args):
@@ -141,7 +150,10 @@ def run_independent(model, copies, *args):
              for i in range(copies)]
   results = [finish_training(*s) for s in started]
   errors = [r["error"] for r in results if "error" in r]
-  return {"error": errors[0]} if errors else {"fps": sum(r["fps"] for r in results)}
+  if errors:
+    return {"error": errors[0]}
+  return {"fps": sum(r["fps"] for r in results),
+          "eval_s": max(r["eval_s"] for r in results)}
 
 
 def model_settings(model):
@@ -157,12 +169,14 @@ def efficiency(fps_n, fps_1, n=2):
 def markdown(rows, load_average):
   lines = ["# Horovod scaling on this machine", "",
            "%d cores, %d intra / %d inter-op threads a rank, horovodrun %s, load average "
-           "%.1f at the start. Efficiency = FPS(2 ranks) / (2 x FPS(1 rank))." % (
+           "%.1f at the start. Efficiency = FPS(2 ranks) / (2 x FPS(1 rank)). Eval: "
+           "seconds of the final evaluation of the demo's eval set." % (
                os.cpu_count(), FLAGS.intra_op_threads, FLAGS.inter_op_threads,
                FLAGS.horovod_args, load_average), "",
            "| model | batch/rank | 1 rank sent/s | 2 ranks sent/s | efficiency | "
-           "2 x 1 rank at once sent/s | efficiency without all-reduce |",
-           "|---|---|---|---|---|---|---|"]
+           "2 x 1 rank at once sent/s | efficiency without all-reduce | eval s 1 rank | "
+           "eval s 2 ranks |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for row in rows:
     cells = [row["model"], str(row["batch"])]
     fps = {}
@@ -178,6 +192,9 @@ def markdown(rows, load_average):
       if name != "1":
         value = efficiency(fps[name], fps["1"])
         cells.append("%.0f%%" % (100 * value) if value else "-")
+    for name in ("1", "2"):
+      seconds = row["runs"].get(name, {}).get("eval_s")
+      cells.append("%.2f" % seconds if seconds is not None else "-")
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 

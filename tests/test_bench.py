@@ -1,16 +1,27 @@
-"""bench/benchmark.py: the FLOP count matches the model's matmuls; a one-row run writes
-its table and JSON."""
+"""bench/benchmark.py: the FLOP count matches the model's matmuls; a one-row run of every
+side writes its table and JSON; Google's peer (bench/google_peer.py, bert-tensorflow)
+builds and trains, its amp is a real bfloat16 rewrite, and its layer_norm stand-in is
+contrib's.
+
+CI installs bert-tensorflow (.ci/run); without it the tests of Google's step skip and say
+how to install it."""
 
 import importlib.util
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from bench import google_peer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "bench", "benchmark.py")
+
+needs_google = pytest.mark.skipif(not google_peer.available(), reason=google_peer.HINT)
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +36,12 @@ def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):
   import tensorflow.compat.v1 as tf
   from bert_pretrain import input_pipeline
   from bert_pretrain import modeling
-  from bert_pretrain import run_pretraining
+  from bert_pretrain import pretraining
   seq, preds, batch = 16, 3, 2
   config = modeling.BertConfig.from_dict(bench_module.bert_config_dict("tiny", vocab_size=50))
   with tf.Graph().as_default():
     features = input_pipeline.constant_features(batch, seq, preds)
-    run_pretraining.build_model(config, features, True, tf.float32)
+    pretraining.build_model(config, features, True, tf.float32)
     kernels = {v.op.name: v.shape.num_elements() for v in tf.trainable_variables()
                if v.op.name.endswith("kernel")}
   encoder = sum(n for name, n in kernels.items() if "/encoder/" in name)
@@ -42,21 +53,109 @@ def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):
   assert flops["total"] == sum(v for k, v in flops.items() if k != "total")
 
 
-def test_one_row_run_writes_table_and_json(tmp_path):
+def test_one_row_run_of_every_side_writes_table_and_json(tmp_path):
   out_dir = str(tmp_path)
   result = subprocess.run(
-      [sys.executable, BENCHMARK, "--configs=tiny", "--seq_lengths=128",
-       "--precisions=fp32", "--skip_peer", "--skip_large", "--windows=1", "--steps=1",
-       "--warmup_steps=1", "--window_seconds=0.2", "--out_dir=" + out_dir],
+      [sys.executable, "-m", "bench.benchmark", "--configs=tiny", "--seq_lengths=128",
+       "--precisions=fp32", "--skip_peer", "--skip_large", "--rounds=1", "--windows=1",
+       "--steps=1", "--warmup_steps=1", "--window_seconds=0.2", "--out_dir=" + out_dir],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-      timeout=600)
+      cwd=ROOT, timeout=900)
   assert result.returncode == 0, result.stdout[-3000:]
   assert "| tiny | 128 | 16 | fp32 |" in result.stdout
+  assert re.search(r"row tiny-seq128-fp32: batch 16, load average [0-9.]+ at its start",
+                   result.stdout)
+  assert re.search(r"row tiny-seq128-fp32 done, load average [0-9.]+ at its end",
+                   result.stdout)
   with open(os.path.join(out_dir, "benchmark.json")) as f:
     results = json.load(f)
   (row,) = results["rows"]
+  assert len(row["load_average"]) == 2
+  for side in ("ours", "ours_adam"):
+    assert row[side]["fps_min"] <= row[side]["fps"] <= row[side]["fps_max"]
+    assert row[side]["rounds"] == 1
+  assert row["ours"]["optimizer"] == "lamb" and row["ours_adam"]["optimizer"] == "adam"
   assert row["ours"]["fps_records"] > 0 and row["ours"]["fps_memory"] > 0
   assert row["ours"]["rss_gib"] > 0.1
+  assert row["hf"] is None and "ours_over_hf" not in row
   assert results["peak"]["fp32"] > 0 and results["peak"]["bf16"] > 0
   assert 0 < row["mfu"] < 1.5
   assert os.path.exists(os.path.join(out_dir, "benchmark.md"))
+  if google_peer.available():
+    google = row["google"]
+    assert "error" not in google, google
+    assert google["fps"] > 0 and google["bf16_ops"] == 0
+    assert math.isfinite(google["loss"]) and google["loss"] < google["first_loss"]
+    assert row["ours_over_google"] == row["ours"]["fps"] / google["fps"]
+    assert row["ours_adam_over_google"] == row["ours_adam"]["fps"] / google["fps"]
+  else:
+    assert google_peer.HINT in result.stdout and row["google"] is None
+
+
+def run_google_worker(precision):
+  row = {"config": "tiny", "seq": 128, "preds": 20, "batch": 4, "precision": precision,
+         "warmup": 1, "windows": 1, "steps": 1, "window_seconds": 0.2, "intra": 2,
+         "inter": 2}
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.benchmark", "--worker=google", "--row=" + json.dumps(row)],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      cwd=ROOT, timeout=600)
+  assert result.returncode == 0, result.stdout[-3000:]
+  (line,) = [l for l in result.stdout.splitlines() if l.startswith("BENCH_RESULT ")]
+  return json.loads(line[len("BENCH_RESULT "):])
+
+
+@needs_google
+def test_google_peer_amp_runs_its_math_in_bfloat16():
+  import tensorflow.compat.v1 as tf
+  result = run_google_worker("amp")
+  if google_peer.rewrite_options_field(tf) is None:  # TensorFlow 1.15: no such rewrite
+    assert result["error"].startswith("amp: this TensorFlow (%s) has no oneDNN bfloat16"
+                                      % tf.__version__)
+    return
+  assert result["rewrite"] == "auto_mixed_precision_onednn_bfloat16"
+  # Every encoder layer's dense layers and their gradients at least.
+  assert result["bf16_ops"] > 2 * 6 * 3
+  assert math.isfinite(result["loss"]) and result["fps"] > 0
+
+
+def test_layer_norm_stand_in_matches_numpy_with_contribs_variables():
+  import numpy as np
+  import tensorflow.compat.v1 as tf
+  x = np.random.RandomState(0).normal(3.0, 2.0, size=(2, 5, 8)).astype(np.float32)
+  with tf.Graph().as_default():
+    with tf.variable_scope("layer_1"):
+      output = google_peer.layer_norm(tf.constant(x), begin_norm_axis=-1,
+                                      begin_params_axis=-1)
+    names = sorted(v.op.name for v in tf.trainable_variables())
+    model_names = sorted(v.op.name for v in tf.model_variables())
+    gamma = [v for v in tf.global_variables() if v.op.name.endswith("gamma")][0]
+    shift = [v for v in tf.global_variables() if v.op.name.endswith("beta")][0]
+    try:
+      from tensorflow.contrib import layers as contrib_layers  # TensorFlow 1.x
+    except ImportError:
+      contrib_layers = None
+    if contrib_layers is not None:
+      with tf.variable_scope("contrib"):
+        reference = contrib_layers.layer_norm(tf.constant(x), begin_norm_axis=-1,
+                                              begin_params_axis=-1)
+      contrib_names = sorted(v.op.name for v in tf.trainable_variables()
+                             if v.op.name.startswith("contrib/"))
+      assert contrib_names == ["contrib/LayerNorm/beta", "contrib/LayerNorm/gamma"]
+    with tf.Session() as session:
+      session.run(tf.global_variables_initializer())
+      session.run([gamma.assign(np.linspace(0.5, 2.0, 8)), shift.assign(np.arange(8.0))])
+      if contrib_layers is not None:
+        contrib_vars = [v for v in tf.global_variables() if v.op.name.startswith("contrib/")]
+        session.run([c.assign(session.run(v)) for c, v in
+                     zip(sorted(contrib_vars, key=lambda v: v.op.name), [shift, gamma])])
+        got, want_tf = session.run([output, reference])
+        np.testing.assert_allclose(got, want_tf, rtol=1e-5, atol=1e-5)
+      else:
+        got = session.run(output)
+  assert names == ["layer_1/LayerNorm/beta", "layer_1/LayerNorm/gamma"]
+  assert model_names == names
+  mean = x.mean(axis=-1, keepdims=True)
+  variance = x.var(axis=-1, keepdims=True)
+  want = (x - mean) / np.sqrt(variance + 1e-12) * np.linspace(0.5, 2.0, 8) + np.arange(8.0)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
