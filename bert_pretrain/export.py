@@ -1,0 +1,212 @@
+"""Exports a BERT checkpoint to a folder that Hugging Face transformers loads.
+
+  python3 -m bert_pretrain.export --checkpoint=results/model.ckpt-28252 \\
+      --bert_config_file=bert_config.json --vocab_file=vocab.txt --output_dir=hf_bert
+
+writes, for `transformers.BertForPreTraining.from_pretrained(output_dir)` and
+`BertTokenizer.from_pretrained(output_dir)`:
+
+  config.json              the model's settings in transformers' names
+  model.safetensors        the weights, float32, in transformers' names
+  vocab.txt, tokenizer_config.json, special_tokens_map.json
+
+Any checkpoint with Google's variable names works: this recipe's or Google's own (the
+optimizer slots, global_step and loss scale are left out). The names map one to one
+(bert/encoder/layer_3/attention/self/query/kernel -> bert.encoder.layer.3.attention.
+self.query.weight); dense kernels are transposed, as torch.nn.Linear keeps [out, in]. The
+masked-LM output projection is the word embedding table in both (transformers ties them).
+Google BERT's GELU is the tanh approximation, transformers' "gelu_new".
+
+safetensors is written here (8 bytes of header length, a JSON header, the raw tensors),
+so the export needs neither torch nor the safetensors package.
+"""
+
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import checkpoints
+from bert_pretrain import modeling
+
+FLAGS = flags.FLAGS
+
+# transformers' names of Google's hidden_act values.
+ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu", "tanh": "tanh", "linear": "linear"}
+# Google name (a regular expression) -> transformers name, and whether to transpose.
+_RENAMES = [
+    (r"bert/embeddings/(word|position|token_type)_embeddings",
+     r"bert.embeddings.\1_embeddings.weight", False),
+    (r"bert/embeddings/LayerNorm/gamma", r"bert.embeddings.LayerNorm.weight", False),
+    (r"bert/embeddings/LayerNorm/beta", r"bert.embeddings.LayerNorm.bias", False),
+    (r"bert/encoder/layer_(\d+)/(.*)/kernel", r"bert.encoder.layer.\1.\2.weight", True),
+    (r"bert/encoder/layer_(\d+)/(.*)/bias", r"bert.encoder.layer.\1.\2.bias", False),
+    (r"bert/encoder/layer_(\d+)/(.*)/LayerNorm/gamma", r"bert.encoder.layer.\1.\2.LayerNorm.weight",
+     False),
+    (r"bert/encoder/layer_(\d+)/(.*)/LayerNorm/beta", r"bert.encoder.layer.\1.\2.LayerNorm.bias",
+     False),
+    (r"bert/pooler/dense/kernel", r"bert.pooler.dense.weight", True),
+    (r"bert/pooler/dense/bias", r"bert.pooler.dense.bias", False),
+    (r"cls/predictions/transform/dense/kernel", r"cls.predictions.transform.dense.weight", True),
+    (r"cls/predictions/transform/dense/bias", r"cls.predictions.transform.dense.bias", False),
+    (r"cls/predictions/transform/LayerNorm/gamma", r"cls.predictions.transform.LayerNorm.weight",
+     False),
+    (r"cls/predictions/transform/LayerNorm/beta", r"cls.predictions.transform.LayerNorm.bias",
+     False),
+    (r"cls/predictions/output_bias", r"cls.predictions.bias", False),
+    # Google keeps the next-sentence weights as [2, hidden], already torch's layout.
+    (r"cls/seq_relationship/output_weights", r"cls.seq_relationship.weight", False),
+    (r"cls/seq_relationship/output_bias", r"cls.seq_relationship.bias", False),
+]
+_SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^loss_scale/|^gradient_accumulation)")
+
+
+class ExportError(ValueError):
+  """Bad input; the message says how to fix it."""
+
+
+def hf_name(name):
+  """(transformers' name, transpose) of a Google BERT variable, or None to leave it out.
+
+  Raises:
+    ExportError: a model variable this mapping does not know.
+  """
+  if _SKIPPED.search(name):
+    return None
+  for pattern, replacement, transpose in _RENAMES:
+    if re.fullmatch(pattern, name):
+      return re.sub(pattern, lambda m: m.expand(replacement).replace("/", "."), name), transpose
+  raise ExportError("variable %s of the checkpoint has no transformers name; only BERT "
+                    "pretraining checkpoints with Google's names can be exported" % name)
+
+
+def hf_config(bert_config):
+  """config.json of transformers' BertForPreTraining for a modeling.BertConfig."""
+  if bert_config.hidden_act not in ACTIVATIONS:
+    raise ExportError("hidden_act %r has no transformers equivalent; use one of %s"
+                      % (bert_config.hidden_act, ", ".join(sorted(ACTIVATIONS))))
+  return {
+      "architectures": ["BertForPreTraining"], "model_type": "bert",
+      "vocab_size": bert_config.vocab_size, "hidden_size": bert_config.hidden_size,
+      "num_hidden_layers": bert_config.num_hidden_layers,
+      "num_attention_heads": bert_config.num_attention_heads,
+      "intermediate_size": bert_config.intermediate_size,
+      "hidden_act": ACTIVATIONS[bert_config.hidden_act],
+      "hidden_dropout_prob": bert_config.hidden_dropout_prob,
+      "attention_probs_dropout_prob": bert_config.attention_probs_dropout_prob,
+      "max_position_embeddings": bert_config.max_position_embeddings,
+      "type_vocab_size": bert_config.type_vocab_size,
+      "initializer_range": bert_config.initializer_range,
+      "layer_norm_eps": 1e-12, "pad_token_id": 0, "tie_word_embeddings": True,
+  }
+
+
+def checkpoint_tensors(prefix):
+  """The model weights of a checkpoint in transformers' names and layout.
+
+  Returns:
+    dict name -> float32 numpy array, in the checkpoint's name order.
+  """
+  reader = tf.train.load_checkpoint(prefix)
+  tensors = {}
+  for name in sorted(reader.get_variable_to_shape_map()):
+    mapped = hf_name(name)
+    if mapped is None:
+      continue
+    value = np.asarray(reader.get_tensor(name), dtype=np.float32)
+    tensors[mapped[0]] = np.ascontiguousarray(value.T if mapped[1] else value)
+  return tensors
+
+
+def write_safetensors(tensors, path):
+  """Writes float32 arrays in the safetensors format (little-endian, names sorted)."""
+  header, offset = {"__metadata__": {"format": "pt"}}, 0
+  for name in sorted(tensors):
+    size = tensors[name].size * 4
+    header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
+                    "data_offsets": [offset, offset + size]}
+    offset += size
+  text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+  text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+  temporary = path + ".tmp"
+  with open(temporary, "wb") as f:
+    f.write(struct.pack("<Q", len(text)))
+    f.write(text)
+    for name in sorted(tensors):
+      f.write(tensors[name].astype("<f4").tobytes())
+  os.replace(temporary, path)
+
+
+def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=True):
+  """Writes the transformers folder; returns the number of tensors written.
+
+  Raises:
+    ExportError / ValueError: a missing or mismatched input (one-line messages).
+  """
+  prefix = checkpoints.resolve_checkpoint(checkpoint, "--checkpoint")
+  bert_config = modeling.BertConfig.from_json_file(bert_config_file)
+  if not os.path.isfile(vocab_file):
+    raise ExportError("--vocab_file=%s does not exist; pass the vocab.txt the model was "
+                      "trained with" % vocab_file)
+  with open(vocab_file, encoding="utf-8") as f:
+    vocab_size = sum(1 for _ in f)
+  if vocab_size != bert_config.vocab_size:
+    raise ExportError("%s has %d tokens but vocab_size is %d in %s; pass the matching vocab "
+                      "and config" % (vocab_file, vocab_size, bert_config.vocab_size,
+                                      bert_config_file))
+  tensors = checkpoint_tensors(prefix)
+  table = tensors.get("bert.embeddings.word_embeddings.weight")
+  if table is None or table.shape != (bert_config.vocab_size, bert_config.hidden_size):
+    raise ExportError("%s does not hold the model %s describes (word embeddings %s, expected "
+                      "[%d, %d]); pass the config it was trained with"
+                      % (prefix, bert_config_file, None if table is None else list(table.shape),
+                         bert_config.vocab_size, bert_config.hidden_size))
+  os.makedirs(output_dir, exist_ok=True)
+  write_safetensors(tensors, os.path.join(output_dir, "model.safetensors"))
+  shutil.copyfile(vocab_file, os.path.join(output_dir, "vocab.txt"))
+  settings = {
+      "config.json": hf_config(bert_config),
+      "tokenizer_config.json": {"tokenizer_class": "BertTokenizer",
+                                "do_lower_case": do_lower_case,
+                                "model_max_length": bert_config.max_position_embeddings},
+      "special_tokens_map.json": {"unk_token": "[UNK]", "sep_token": "[SEP]",
+                                  "pad_token": "[PAD]", "cls_token": "[CLS]",
+                                  "mask_token": "[MASK]"},
+  }
+  for name, value in settings.items():
+    with open(os.path.join(output_dir, name), "w") as f:
+      json.dump(value, f, indent=2)
+      f.write("\n")
+  return len(tensors)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+  try:
+    count = export(FLAGS.checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file,
+                   FLAGS.output_dir, FLAGS.do_lower_case)
+  except ValueError as e:
+    print("export: error: %s" % e, file=sys.stderr)
+    return 2
+  print("export: %d tensors -> %s (transformers: BertForPreTraining.from_pretrained(%r))"
+        % (count, FLAGS.output_dir, FLAGS.output_dir))
+  return 0
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("checkpoint", None, "Checkpoint prefix (or a folder: its newest).")
+  flags.DEFINE_string("bert_config_file", None, "bert_config.json of the model.")
+  flags.DEFINE_string("vocab_file", None, "vocab.txt of the model.")
+  flags.DEFINE_string("output_dir", None, "Folder to write (made if missing).")
+  flags.DEFINE_bool("do_lower_case", True, "Whether the tokenizer lower-cases (uncased).")
+  for name in ("checkpoint", "bert_config_file", "vocab_file", "output_dir"):
+    flags.mark_flag_as_required(name)
+  app.run(main)

@@ -1,0 +1,153 @@
+"""bert_pretrain.export: a checkpoint with Google's names -> a transformers folder."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import export
+from bert_pretrain import modeling
+from conftest import ROOT, TINY_CONFIG
+
+SEQ = 16
+
+
+def _model_log_probs(config, input_ids, input_mask, segment_ids):
+  """Our model's masked-LM log-probabilities at every position and next-sentence
+  log-probabilities, in the graph being built: ([batch * SEQ, vocab], [batch, 2])."""
+  model = modeling.BertModel(config, False, input_ids, input_mask, segment_ids)
+  batch = input_ids.shape[0]
+  positions = tf.tile(tf.range(SEQ)[None, :], [batch, 1])
+  zeros = tf.zeros([batch, SEQ], tf.int32)
+  _, _, mlm = modeling.get_masked_lm_output(config, model.get_sequence_output(),
+                                            model.get_embedding_table(), positions, zeros,
+                                            tf.ones([batch, SEQ]))
+  _, _, nsp = modeling.get_next_sentence_output(config, model.get_pooled_output(),
+                                                tf.zeros([batch, 1], tf.int32))
+  return mlm, nsp
+
+
+@pytest.fixture(scope="module")
+def trained_like(tmp_path_factory):
+  """A checkpoint whose every variable (biases, LayerNorm, heads) holds random values, as
+  after training, with Adam slots and global_step beside the weights; the inputs and
+  our model's outputs on them."""
+  root = tmp_path_factory.mktemp("export")
+  config = modeling.BertConfig.from_dict(TINY_CONFIG)
+  (root / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
+  (root / "vocab.txt").write_text("".join("tok%d\n" % i for i in range(config.vocab_size)))
+  rng = np.random.RandomState(3)
+  inputs = {"input_ids": rng.randint(5, config.vocab_size, (2, SEQ)).astype(np.int32),
+            "input_mask": np.ones((2, SEQ), np.int32),
+            "segment_ids": np.repeat([[0] * 9 + [1] * 7], 2, 0).astype(np.int32)}
+  inputs["input_mask"][1, 12:] = 0
+  with tf.Graph().as_default():
+    mlm, nsp = _model_log_probs(config, *(tf.constant(inputs[k]) for k in
+                                          ("input_ids", "input_mask", "segment_ids")))
+    weights = tf.trainable_variables()
+    for v in weights:
+      tf.get_variable(v.op.name + "/adam_m", v.shape, initializer=tf.zeros_initializer())
+    tf.train.get_or_create_global_step()
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      for v in weights:
+        v.load(rng.normal(0, 0.2, v.shape.as_list()).astype(np.float32), sess)
+      outputs = sess.run({"mlm": mlm, "nsp": nsp})
+      prefix = tf.train.Saver().save(sess, str(root / "model.ckpt-7"), write_meta_graph=False)
+  return {"root": root, "prefix": prefix, "inputs": inputs, "outputs": outputs,
+          "config": config}
+
+
+def _export(case, name):
+  out = case["root"] / name
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_pretrain.export", "--checkpoint=" + case["prefix"],
+       "--bert_config_file=%s" % (case["root"] / "bert_config.json"),
+       "--vocab_file=%s" % (case["root"] / "vocab.txt"), "--output_dir=%s" % out],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+      env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return out
+
+
+def _read_safetensors(path):
+  with open(path, "rb") as f:
+    (length,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(length))
+    data = f.read()
+  assert (8 + length) % 8 == 0
+  header.pop("__metadata__")
+  return {name: np.frombuffer(data[start:end], "<f4").reshape(entry["shape"])
+          for name, entry in header.items()
+          for start, end in [entry["data_offsets"]]}
+
+
+def test_export_writes_every_weight_once_in_transformers_names_and_layout(trained_like):
+  out = _export(trained_like, "hf")
+  tensors = _read_safetensors(str(out / "model.safetensors"))
+  reader = tf.train.load_checkpoint(trained_like["prefix"])
+  query = reader.get_tensor("bert/encoder/layer_1/attention/self/query/kernel")
+  np.testing.assert_array_equal(tensors["bert.encoder.layer.1.attention.self.query.weight"],
+                                query.T)
+  np.testing.assert_array_equal(tensors["cls.seq_relationship.weight"],
+                                reader.get_tensor("cls/seq_relationship/output_weights"))
+  np.testing.assert_array_equal(tensors["bert.encoder.layer.0.output.LayerNorm.bias"],
+                                reader.get_tensor("bert/encoder/layer_0/output/LayerNorm/beta"))
+  # Every model weight, nothing of the optimizer: 16 per layer, 5 embeddings, 2 pooler,
+  # 5 masked-LM head, 2 next-sentence head.
+  assert len(tensors) == 16 * 2 + 5 + 2 + 5 + 2
+  assert not any("adam" in name or "global_step" in name for name in tensors)
+  config = json.loads((out / "config.json").read_text())
+  assert config["hidden_act"] == "gelu_new" and config["hidden_size"] == 32
+  assert (out / "vocab.txt").read_text() == (trained_like["root"] / "vocab.txt").read_text()
+
+
+def test_transformers_gives_our_models_logits_on_the_same_input(trained_like):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  out = _export(trained_like, "hf_logits")
+  model = transformers.BertForPreTraining.from_pretrained(str(out))
+  model.eval()
+  inputs = trained_like["inputs"]
+  with torch.no_grad():
+    result = model(input_ids=torch.tensor(inputs["input_ids"], dtype=torch.long),
+                   attention_mask=torch.tensor(inputs["input_mask"], dtype=torch.long),
+                   token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long))
+  theirs_mlm = torch.log_softmax(result.prediction_logits, -1).numpy().reshape(-1, 600)
+  theirs_nsp = torch.log_softmax(result.seq_relationship_logits, -1).numpy()
+  ours = trained_like["outputs"]
+  difference = max(np.abs(theirs_mlm - ours["mlm"]).max(), np.abs(theirs_nsp - ours["nsp"]).max())
+  print("largest log-probability difference, transformers vs ours: %.3g" % difference)
+  assert difference < 1e-4
+  # And the tokenizer files load.
+  tokenizer = transformers.BertTokenizer.from_pretrained(str(out))
+  assert tokenizer.convert_tokens_to_ids("tok42") == 42
+
+
+def test_a_vocab_of_another_size_is_a_one_line_error(trained_like, tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("[PAD]\n[UNK]\n")
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_pretrain.export", "--checkpoint=" + trained_like["prefix"],
+       "--bert_config_file=%s" % (trained_like["root"] / "bert_config.json"),
+       "--vocab_file=%s" % vocab, "--output_dir=%s" % (tmp_path / "out")],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+      env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
+  assert result.returncode == 2
+  assert result.stderr.strip() == (
+      "export: error: %s has 2 tokens but vocab_size is 600 in %s; pass the matching vocab "
+      "and config" % (vocab, trained_like["root"] / "bert_config.json"))
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_variable_without_a_transformers_name_is_refused():
+  assert export.hf_name("bert/encoder/layer_0/attention/self/key/kernel") == (
+      "bert.encoder.layer.0.attention.self.key.weight", True)
+  assert export.hf_name("bert/encoder/layer_0/output/adam_v") is None
+  with pytest.raises(export.ExportError, match="variable bert/foo/bar of the checkpoint has no transformers name"):
+    export.hf_name("bert/foo/bar")
