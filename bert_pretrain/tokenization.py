@@ -33,6 +33,8 @@ reference code and cached; other texts go to `tokenizers` in one batch.
 build_wordpiece_vocab trains a WordPiece vocab in Google's vocab.txt format.
 """
 
+import collections
+import heapq
 import itertools
 import os
 import re
@@ -573,8 +575,10 @@ class FullTokenizer(object):
 def build_wordpiece_vocab(text_files, vocab_size, output_file, do_lower_case=True):
   """Trains a WordPiece vocab on text files and writes it as a Google vocab.txt.
 
+  The same text always gives the same vocab (the `tokenizers` trainer breaks ties in
+  hash order, so it gave a different vocab, and different training data, on each run).
   The special tokens come first, [PAD] [UNK] [CLS] [SEP] [MASK] (ids 0..4), then the
-  learned pieces in id order, one token a line.
+  characters, then the learned pieces in the order they were learned; one token a line.
 
   Args:
     text_files: list of paths of UTF-8 text files.
@@ -586,11 +590,8 @@ def build_wordpiece_vocab(text_files, vocab_size, output_file, do_lower_case=Tru
     the number of tokens written.
 
   Raises:
-    ValueError: on a missing text file, too small a vocab_size, or no `tokenizers`.
+    ValueError: on a missing text file or too small a vocab_size.
   """
-  if tokenizers is None:
-    raise ValueError("build_wordpiece_vocab needs the `tokenizers` package; "
-                     "run: pip install tokenizers")
   if isinstance(text_files, str):
     text_files = [text_files]
   if not text_files:
@@ -602,24 +603,93 @@ def build_wordpiece_vocab(text_files, vocab_size, output_file, do_lower_case=Tru
   if vocab_size < len(SPECIAL_TOKENS) + 1:
     raise ValueError("vocab_size=%d is too small; it must exceed the %d special tokens"
                      % (vocab_size, len(SPECIAL_TOKENS)))
-  from tokenizers import trainers  # pylint: disable=g-import-not-at-top
-  model = tokenizers.Tokenizer(hf_models.WordPiece(unk_token=UNK_TOKEN))
-  model.normalizer = hf_normalizers.BertNormalizer(
-      clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case,
-      lowercase=do_lower_case)
-  model.pre_tokenizer = hf_pre_tokenizers.BertPreTokenizer()
-  trainer = trainers.WordPieceTrainer(
-      vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-      continuing_subword_prefix="##", show_progress=False)
-  model.train([str(p) for p in text_files], trainer)
-  tokens_by_id = sorted(model.get_vocab().items(), key=lambda item: item[1])
-  tokens = [token for token, _ in tokens_by_id]
-  if tuple(tokens[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
-    raise ValueError("the trainer did not put %s first; got %s"
-                     % (SPECIAL_TOKENS, tokens[:len(SPECIAL_TOKENS)]))
+  basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
+  word_counts = collections.Counter()
+  for path in text_files:
+    with open(path, encoding="utf-8") as reader:
+      for line in reader:
+        word_counts.update(basic_tokenizer.tokenize(line))
+  tokens = _learn_wordpieces(word_counts, vocab_size - len(SPECIAL_TOKENS))
+  tokens = list(SPECIAL_TOKENS) + [t for t in tokens if t not in SPECIAL_TOKENS]
   tmp_file = "%s.tmp-%d" % (output_file, os.getpid())
   with open(tmp_file, "w", encoding="utf-8") as writer:
     for token in tokens:
       writer.write(token + "\n")
   os.replace(tmp_file, output_file)
   return len(tokens)
+
+
+def _learn_wordpieces(word_counts, size):
+  """Learns up to `size` WordPiece tokens from word counts, deterministically.
+
+  Each word starts as its characters, continuation ones prefixed with "##" ("cat" ->
+  c ##a ##t). The characters come first, the most frequent first if they do not all
+  fit. Then, as BPE and the `tokenizers` WordPiece trainer do, the adjacent pair of
+  pieces seen most often over all words is merged into one piece, again and again;
+  ties go to the pair whose merged text sorts first.
+
+  Args:
+    word_counts: dict from word (str, after BasicTokenizer) to its count.
+    size: the largest number of tokens wanted.
+
+  Returns:
+    list of str tokens in id order.
+  """
+  words = sorted(w for w in word_counts if len(w) <= MAX_INPUT_CHARS_PER_WORD)
+  counts = [word_counts[w] for w in words]
+  pieces = [[w[0]] + ["##" + c for c in w[1:]] for w in words]
+  char_counts = collections.Counter()
+  for word_pieces, count in zip(pieces, counts):
+    for piece in word_pieces:
+      char_counts[piece] += count
+  by_frequency = sorted(char_counts, key=lambda piece: (-char_counts[piece], piece))
+  vocab = sorted(by_frequency[:size])
+  known = set(vocab)
+  # Words with a character left out cannot be covered; they take no part in merging.
+  kept = [i for i, word_pieces in enumerate(pieces) if known.issuperset(word_pieces)]
+
+  def merged(pair):
+    return pair[0] + pair[1][2:]
+
+  pair_counts = collections.Counter()
+  pair_words = collections.defaultdict(set)  # Pair -> indexes of words that may hold it.
+  for i in kept:
+    for pair in zip(pieces[i], pieces[i][1:]):
+      pair_counts[pair] += counts[i]
+      pair_words[pair].add(i)
+  heap = [(-count, merged(pair), pair) for pair, count in pair_counts.items()]
+  heapq.heapify(heap)
+  while len(vocab) < size and heap:
+    negative_count, token, pair = heapq.heappop(heap)
+    if pair_counts.get(pair, 0) != -negative_count:
+      continue  # A stale entry: the pair's count changed since it was pushed.
+    changed = set()
+    for i in sorted(pair_words.pop(pair)):
+      old = pieces[i]
+      new, j = [], 0
+      while j < len(old):
+        if j + 1 < len(old) and (old[j], old[j + 1]) == pair:
+          new.append(token)
+          j += 2
+        else:
+          new.append(old[j])
+          j += 1
+      if len(new) == len(old):
+        continue
+      for other in zip(old, old[1:]):
+        pair_counts[other] -= counts[i]
+        changed.add(other)
+      for other in zip(new, new[1:]):
+        pair_counts[other] += counts[i]
+        pair_words[other].add(i)
+        changed.add(other)
+      pieces[i] = new
+    for other in changed:
+      if pair_counts[other] > 0:
+        heapq.heappush(heap, (-pair_counts[other], merged(other), other))
+      else:
+        del pair_counts[other]
+    if token not in known:
+      known.add(token)
+      vocab.append(token)
+  return vocab
