@@ -336,6 +336,13 @@ def google_worker(row):
             "rewrite": step.rewrite, "tensorflow": tf.__version__}
   result["bf16_ops"] = step.bfloat16_ops()
   result["first_loss"] = step.loss
+  if step.rewrite and not result["bf16_ops"]:
+    # TensorFlow applies the rewrite only where oneDNN runs bfloat16 (AVX-512 CPUs):
+    # elsewhere "amp" would time float32.
+    emit({"error": "amp: grappler's %s rewrite changed no op to bfloat16 on this CPU "
+                   "(oneDNN's bfloat16 needs AVX-512); measure Google's peer in fp32 here"
+                   % step.rewrite})
+    return
   for _ in range(row["warmup"]):
     step()
   steps = steps_per_window(step, row)

@@ -113,6 +113,11 @@ def test_google_peer_amp_runs_its_math_in_bfloat16():
     assert result["error"].startswith("amp: this TensorFlow (%s) has no oneDNN bfloat16"
                                       % tf.__version__)
     return
+  if "avx512f" not in open("/proc/cpuinfo").read().split():
+    # Machines differ: oneDNN runs bfloat16 on AVX-512 CPUs only, and the rewrite is off.
+    assert result["error"].startswith("amp: grappler's auto_mixed_precision_onednn_bfloat16 "
+                                      "rewrite changed no op to bfloat16 on this CPU")
+    return
   assert result["rewrite"] == "auto_mixed_precision_onednn_bfloat16"
   # Every encoder layer's dense layers and their gradients at least.
   assert result["bf16_ops"] > 2 * 6 * 3
