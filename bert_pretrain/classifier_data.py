@@ -1,0 +1,179 @@
+"""Classification data for fine-tuning: GLUE's task files as published, or a plain TSV,
+turned into BERT's input features.
+
+  examples = read_examples("mrpc", data_dir, "train")       # [Example(text_a, text_b, label)]
+  labels = task_labels("mrpc", data_dir)                     # ["0", "1"]
+  features = convert_examples(examples, labels, tokenizer, 128)  # dict of numpy arrays
+
+Tasks and their files (in --data_dir; the columns are those of the GLUE download):
+
+  mrpc   train.tsv dev.tsv test.tsv           header; label, id, id, sentence 1, sentence 2
+  sst2   train.tsv dev.tsv test.tsv           header; sentence, label (test: index, sentence)
+  cola   train.tsv dev.tsv test.tsv           no header; source, label, mark, sentence
+                                              (test: header; index, sentence)
+  mnli   train.tsv dev_matched.tsv test_matched.tsv
+                                              header; premise in column 9, hypothesis in
+                                              10, label last
+  tsv    train.tsv dev.tsv test.tsv           no header; text_a[<TAB>text_b]<TAB>label; the
+                                              labels are those of train.tsv (else dev.tsv),
+                                              test.tsv's label column is not read
+
+Test files carry no labels: their examples get the first label, and only predictions
+are made from them.
+"""
+
+import collections
+import csv
+import os
+
+import numpy as np
+
+Example = collections.namedtuple("Example", ["text_a", "text_b", "label"])
+
+# Per task: file name per split, and per split kind ("labelled" for train/dev, "test"):
+# (header lines to skip, column of text_a, column of text_b or None, column of the label
+# or None).
+_GLUE_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
+TASKS = {
+    "mrpc": dict(files=_GLUE_FILES, labels=["0", "1"],
+                 labelled=(1, 3, 4, 0), test=(1, 3, 4, None)),
+    "sst2": dict(files=_GLUE_FILES, labels=["0", "1"],
+                 labelled=(1, 0, None, 1), test=(1, 1, None, None)),
+    "cola": dict(files=_GLUE_FILES, labels=["0", "1"],
+                 labelled=(0, 3, None, 1), test=(1, 1, None, None)),
+    "mnli": dict(files={"train": "train.tsv", "dev": "dev_matched.tsv",
+                        "test": "test_matched.tsv"},
+                 labels=["contradiction", "entailment", "neutral"],
+                 labelled=(1, 8, 9, -1), test=(1, 8, 9, None)),
+    "tsv": dict(files=_GLUE_FILES, labels=None, labelled=None, test=None),
+}
+
+
+def task_file(task_name, data_dir, split):
+  """The path of a task's split ("train", "dev" or "test") in data_dir."""
+  return os.path.join(data_dir, TASKS[task_name]["files"][split])
+
+
+def _read_rows(path, task_name):
+  if not os.path.isfile(path):
+    files = " ".join(sorted(set(TASKS[task_name]["files"].values())))
+    raise ValueError("%s does not exist; --data_dir must hold the %s files (%s)"
+                     % (path, task_name, files))
+  with open(path, encoding="utf-8", newline="") as reader:
+    return list(csv.reader(reader, delimiter="\t", quotechar=None))
+
+
+def read_examples(task_name, data_dir, split, labels=None):
+  """Reads one split of a task.
+
+  Args:
+    task_name: a key of TASKS.
+    data_dir: the task's folder.
+    split: "train", "dev" or "test".
+    labels: the task's labels (task_labels); test examples get the first one.
+
+  Returns:
+    list of Example (text_b None for single sentences).
+
+  Raises:
+    ValueError: a missing file or a line without the task's columns (names file and
+      line).
+  """
+  path = task_file(task_name, data_dir, split)
+  rows = _read_rows(path, task_name)
+  task = TASKS[task_name]
+  if labels is None:
+    labels = task_labels(task_name, data_dir)
+  examples = []
+  if task_name == "tsv":
+    for number, row in enumerate(rows, 1):
+      if not row:
+        continue
+      if len(row) not in (2, 3):
+        raise ValueError("%s line %d has %d columns; a plain TSV line is "
+                         "text_a[<TAB>text_b]<TAB>label" % (path, number, len(row)))
+      label = row[-1] if split != "test" else labels[0]
+      examples.append(Example(row[0], row[1] if len(row) == 3 else None, label))
+    return examples
+  (skip, a, b, label_column) = task["test" if split == "test" else "labelled"]
+  needed = max(a, b or 0, label_column if label_column is not None and label_column >= 0
+               else 0) + 1
+  for number, row in enumerate(rows[skip:], skip + 1):
+    if not row:
+      continue
+    if len(row) < needed:
+      raise ValueError("%s line %d has %d columns, %s needs %d; is --task_name=%s the "
+                       "task of --data_dir?" % (path, number, len(row), task_name, needed,
+                                                task_name))
+    label = labels[0] if label_column is None else row[label_column]
+    examples.append(Example(row[a], row[b] if b is not None else None, label))
+  return examples
+
+
+def task_labels(task_name, data_dir):
+  """The task's labels in id order: GLUE's, or for a plain TSV the sorted labels of
+  train.tsv (dev.tsv when there is no train.tsv)."""
+  labels = TASKS[task_name]["labels"]
+  if labels is not None:
+    return list(labels)
+  for split in ("train", "dev"):
+    path = task_file(task_name, data_dir, split)
+    if os.path.isfile(path):
+      return sorted({row[-1] for row in _read_rows(path, task_name) if row})
+  raise ValueError("%s has neither train.tsv nor dev.tsv; the labels of a plain TSV task "
+                   "come from them" % data_dir)
+
+
+def _truncate_pair(tokens_a, tokens_b, max_length):
+  """Shortens the longer of the two token lists, one token at a time, from the end (as
+  Google's run_classifier does), until together they fit max_length."""
+  while len(tokens_a) + len(tokens_b) > max_length:
+    longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    longer.pop()
+
+
+def convert_examples(examples, labels, tokenizer, max_seq_length):
+  """Tokenizes examples into BERT's classification inputs.
+
+  [CLS] text_a [SEP] (text_b [SEP]), segment 0 for the first part and 1 for text_b,
+  padded with 0 to max_seq_length.
+
+  Args:
+    examples: list of Example.
+    labels: the task's labels in id order.
+    tokenizer: tokenization.FullTokenizer.
+    max_seq_length: tokens per sequence.
+
+  Returns:
+    dict of numpy int32 arrays: input_ids, input_mask, segment_ids of shape
+    [num_examples, max_seq_length] and label_ids of shape [num_examples].
+
+  Raises:
+    ValueError: an example's label is not one of labels.
+  """
+  label_ids = {label: i for i, label in enumerate(labels)}
+  shape = (len(examples), max_seq_length)
+  features = {"input_ids": np.zeros(shape, np.int32), "input_mask": np.zeros(shape, np.int32),
+              "segment_ids": np.zeros(shape, np.int32),
+              "label_ids": np.zeros(len(examples), np.int32)}
+  for i, example in enumerate(examples):
+    if example.label not in label_ids:
+      raise ValueError("label %r of example %d (%r) is not one of the task's labels %s"
+                       % (example.label, i, example.text_a[:40], labels))
+    tokens_a = tokenizer.tokenize(example.text_a)
+    tokens_b = tokenizer.tokenize(example.text_b) if example.text_b is not None else []
+    if example.text_b is not None:
+      _truncate_pair(tokens_a, tokens_b, max_seq_length - 3)
+    else:
+      tokens_a = tokens_a[:max_seq_length - 2]
+    tokens = ["[CLS]"] + tokens_a + ["[SEP]"]
+    segments = [0] * len(tokens)
+    if tokens_b:
+      tokens += tokens_b + ["[SEP]"]
+      segments += [1] * (len(tokens_b) + 1)
+    ids = tokenizer.convert_tokens_to_ids(tokens)
+    features["input_ids"][i, :len(ids)] = ids
+    features["input_mask"][i, :len(ids)] = 1
+    features["segment_ids"][i, :len(ids)] = segments
+    features["label_ids"][i] = label_ids[example.label]
+  return features

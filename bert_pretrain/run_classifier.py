@@ -1,0 +1,336 @@
+"""Fine-tuning BERT for sentence and sentence-pair classification (GLUE tasks or a TSV).
+
+Starts from any BERT checkpoint this recipe or Google writes (the model's weights by
+name; the classifier head, output_weights and output_bias as in Google's
+run_classifier.py, starts fresh unless the checkpoint has it), then
+
+  train (--do_train) -> save model.ckpt-N -> evaluate on dev (--do_eval) -> predict test
+  (--do_predict: test_results.tsv, one line of class probabilities per example)
+
+on one card, or on several with --horovod (launched like run_pretraining: one process per
+card; gradients all-reduced, the global batch is --train_batch_size x ranks; rank 0
+evaluates and predicts on the whole sets, so the numbers are a single card's).
+
+python3 -m bert_pretrain.run_classifier --task_name=mrpc --data_dir=glue/MRPC \
+    --bert_config_file=bert_config.json --vocab_file=vocab.txt \
+    --init_checkpoint=model.ckpt-28252 --output_dir=./mrpc
+"""
+
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import checkpoints
+from bert_pretrain import classifier_data
+from bert_pretrain import device as device_lib
+from bert_pretrain import meters
+from bert_pretrain import modeling
+from bert_pretrain import optimization
+from bert_pretrain import pretraining
+from bert_pretrain import ranks as ranks_lib
+from bert_pretrain import tokenization
+
+flags.DEFINE_enum("task_name", None, sorted(classifier_data.TASKS),
+                  "GLUE task (its files as downloaded) or tsv: "
+                  "text_a[<TAB>text_b]<TAB>label lines.")
+flags.DEFINE_string("data_dir", None, "Folder of the task's train/dev/test files.")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json of the model.")
+flags.DEFINE_string("vocab_file", None, "vocab.txt of the model.")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case the text (uncased models).")
+flags.DEFINE_string("init_checkpoint", None, "Checkpoint to start from: a prefix, one of "
+                    "its files, or a folder (its latest). None: random weights.")
+flags.DEFINE_string("output_dir", None, "Fine-tuned checkpoint, eval_results.txt, "
+                    "test_results.tsv.")
+flags.DEFINE_bool("do_train", True, "Fine-tune on the train split.")
+flags.DEFINE_bool("do_eval", True, "Evaluate on the dev split.")
+flags.DEFINE_bool("do_predict", False, "Write class probabilities of the test split.")
+flags.DEFINE_integer("max_seq_length", 128, "Tokens per example; longer ones are cut.")
+flags.DEFINE_integer("train_batch_size", 32, "Examples per update on each card.")
+flags.DEFINE_integer("eval_batch_size", 32, "Examples per evaluation or prediction batch.")
+flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate.")
+flags.DEFINE_float("num_train_epochs", 3.0, "Passes over the train split.")
+flags.DEFINE_float("warmup_proportion", 0.1, "Share of the updates of linear warm-up.")
+flags.DEFINE_enum("optimizer", "adam", ["adam", "lamb"], "Adam with weight decay (Google's "
+                  "fine-tuning) or LAMB.")
+flags.DEFINE_integer("display_loss_steps", 50, "Log the loss every this many updates.")
+flags.DEFINE_bool("horovod", False, "One process per card, gradients all-reduced by Horovod.")
+flags.DEFINE_bool("amp", False, "Mixed precision: float16 with loss scaling on GPUs, "
+                  "bfloat16 on CPUs; weights stay float32.")
+flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"], "As run_pretraining's --device.")
+flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
+flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
+flags.DEFINE_integer("seed", None, "Random seed (head initialization, dropout, shuffling).")
+FLAGS = flags.FLAGS
+
+
+def build_classifier(bert_config, features, num_labels, is_training, dtype):
+  """BERT with a classification layer on the pooled [CLS] output.
+
+  Args:
+    bert_config: modeling.BertConfig.
+    features: dict of int32 Tensors: input_ids, input_mask, segment_ids of shape
+      [batch_size, seq_length], label_ids of shape [batch_size].
+    num_labels: classes.
+    is_training: dropout on.
+    dtype: compute type; weights stay float32.
+
+  Returns:
+    dict of float32 Tensors: loss (scalar), per_example_loss [batch_size],
+    probabilities [batch_size, num_labels]; and predictions (int32 [batch_size]).
+  """
+  model = modeling.BertModel(config=bert_config, is_training=is_training,
+                             input_ids=features["input_ids"],
+                             input_mask=features["input_mask"],
+                             token_type_ids=features["segment_ids"], compute_type=dtype)
+  pooled = model.get_pooled_output()
+  with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
+    output_weights = tf.get_variable(
+        "output_weights", [num_labels, bert_config.hidden_size], dtype=pooled.dtype,
+        initializer=modeling.create_initializer(bert_config.initializer_range))
+    output_bias = tf.get_variable("output_bias", [num_labels], dtype=pooled.dtype,
+                                  initializer=tf.zeros_initializer())
+  with tf.name_scope("loss"):
+    if is_training:
+      pooled = modeling.dropout(pooled, 0.1)
+    logits = tf.nn.bias_add(tf.matmul(pooled, output_weights, transpose_b=True), output_bias)
+    logits = tf.cast(logits, tf.float32)
+    per_example_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=features["label_ids"], logits=logits)
+    return {"loss": tf.reduce_mean(per_example_loss), "per_example_loss": per_example_loss,
+            "probabilities": tf.nn.softmax(logits, axis=-1),
+            "predictions": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+
+
+def classification_metrics(task_name, label_ids, predictions):
+  """accuracy, and for MRPC the F1 of class 1, for CoLA Matthews' correlation.
+
+  Args:
+    task_name: the task.
+    label_ids, predictions: int arrays of the same length.
+
+  Returns:
+    dict of floats.
+  """
+  label_ids, predictions = np.asarray(label_ids), np.asarray(predictions)
+  results = {"accuracy": float(np.mean(label_ids == predictions)) if len(label_ids) else 0.0}
+  tp = float(np.sum((predictions == 1) & (label_ids == 1)))
+  fp = float(np.sum((predictions == 1) & (label_ids != 1)))
+  fn = float(np.sum((predictions != 1) & (label_ids == 1)))
+  tn = float(np.sum((predictions != 1) & (label_ids != 1)))
+  if task_name == "mrpc":
+    results["f1"] = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+  if task_name == "cola":
+    denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    results["matthews_corr"] = float((tp * tn - fp * fn) / denominator) if denominator else 0.0
+  return results
+
+
+def read_task(tokenizer, splits):
+  """The task's labels and, per split asked for, (examples, features) (checked first)."""
+  labels = classifier_data.task_labels(FLAGS.task_name, FLAGS.data_dir)
+  data = {}
+  for split in splits:
+    examples = classifier_data.read_examples(FLAGS.task_name, FLAGS.data_dir, split, labels)
+    if not examples:
+      raise ValueError("%s has no examples" % classifier_data.task_file(
+          FLAGS.task_name, FLAGS.data_dir, split))
+    data[split] = (examples, classifier_data.convert_examples(
+        examples, labels, tokenizer, FLAGS.max_seq_length))
+  return labels, data
+
+
+def check_flags():
+  """Checks the flags and reads the data, before any graph; returns (bert_config,
+  init_checkpoint prefix or None, labels, data). Raises ValueError (one line)."""
+  for name in ("task_name", "data_dir", "bert_config_file", "vocab_file", "output_dir"):
+    if not getattr(FLAGS, name):
+      raise ValueError("--%s is required" % name)
+  if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
+    raise ValueError("--nodo_train, --nodo_eval and no --do_predict: nothing to do; pass "
+                     "one of them")
+  if not FLAGS.do_train and not FLAGS.init_checkpoint:
+    raise ValueError("--nodo_train needs --init_checkpoint, the fine-tuned checkpoint to "
+                     "evaluate")
+  for name in ("train_batch_size", "eval_batch_size", "max_seq_length"):
+    if getattr(FLAGS, name) < 1:
+      raise ValueError("--%s=%d must be positive" % (name, getattr(FLAGS, name)))
+  for name in ("bert_config_file", "vocab_file"):
+    if not os.path.isfile(getattr(FLAGS, name)):
+      raise ValueError("--%s=%s does not exist; pass the model's file"
+                       % (name, getattr(FLAGS, name)))
+  bert_config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
+  if FLAGS.max_seq_length > bert_config.max_position_embeddings:
+    raise ValueError("--max_seq_length=%d exceeds the model's max_position_embeddings=%d; "
+                     "lower --max_seq_length" % (FLAGS.max_seq_length,
+                                                 bert_config.max_position_embeddings))
+  tokenizer = tokenization.FullTokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
+  if len(tokenizer.vocab) > bert_config.vocab_size:
+    raise ValueError("--vocab_file has %d tokens but the model's vocab_size is %d; pass the "
+                     "vocab.txt of --bert_config_file's model"
+                     % (len(tokenizer.vocab), bert_config.vocab_size))
+  init_checkpoint = None
+  if FLAGS.init_checkpoint:
+    init_checkpoint = checkpoints.resolve_checkpoint(FLAGS.init_checkpoint)
+  splits = [s for s, wanted in (("train", FLAGS.do_train), ("dev", FLAGS.do_eval),
+                                ("test", FLAGS.do_predict)) if wanted]
+  labels, data = read_task(tokenizer, splits)
+  return bert_config, init_checkpoint, labels, data
+
+
+def make_iterator(features, batch_size, ranks=None, seed=None):
+  """An iterator over batches of the feature arrays: with ranks, this rank's share,
+  shuffled, repeated and in full batches (training); without, in order, once, the last
+  batch partial. The arrays are fed when it is initialized (as constants they would
+  bloat the graph past protobuf's 2 GB on MNLI).
+
+  Returns:
+    (iterator, feed dict for its initializer).
+  """
+  placeholders = {k: tf.placeholder(v.dtype, v.shape) for k, v in features.items()}
+  dataset = tf.data.Dataset.from_tensor_slices(placeholders)
+  if ranks is None:
+    dataset = dataset.batch(batch_size)
+  else:
+    dataset = dataset.shard(ranks.size, ranks.rank)
+    dataset = dataset.shuffle(len(features["label_ids"]), seed=seed).repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+  feed = {placeholders[k]: v for k, v in features.items()}
+  return tf.data.make_initializable_iterator(dataset), feed
+
+
+def run_in_order(sess, graph, fetches):
+  """Runs `fetches` (keys of graph) over a whole in-order split; returns a dict of their
+  arrays, concatenated over the batches."""
+  sess.run(graph["iterator"].initializer, graph["feed"])
+  parts = []
+  while True:
+    try:
+      parts.append(sess.run({k: graph[k] for k in fetches}))
+    except tf.errors.OutOfRangeError:
+      return {k: np.concatenate([p[k] for p in parts]) for k in fetches}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+  tf.logging.set_verbosity(tf.logging.ERROR)
+  tf.disable_v2_behavior()
+  try:
+    device = device_lib.detect_device(FLAGS.device, FLAGS.amp, "auto")
+    bert_config, init_checkpoint, labels, data = check_flags()
+    ranks = ranks_lib.Ranks(FLAGS.horovod)
+    return run(bert_config, init_checkpoint, labels, data, ranks, device)
+  except ValueError as e:
+    print("run_classifier: error: %s" % e, file=sys.stderr)
+    return 2
+
+
+def run(bert_config, init_checkpoint, labels, data, ranks, device):
+  log = print if ranks.is_chief else (lambda line: None)
+  if FLAGS.seed is not None:
+    tf.set_random_seed(FLAGS.seed)
+  global_batch = FLAGS.train_batch_size * ranks.size
+  num_train_steps = 0
+  if FLAGS.do_train:
+    num_train_steps = max(1, int(len(data["train"][0]) * FLAGS.num_train_epochs / global_batch))
+  log("run_classifier: task %s, labels %s, %s; %d rank(s), batch %d x %d ranks, %d updates, "
+      "%s compute" % (FLAGS.task_name, labels, ", ".join(
+          "%s %d examples" % (s, len(e)) for s, (e, _) in sorted(data.items())),
+          ranks.size, FLAGS.train_batch_size, ranks.size, num_train_steps, device.dtype.name))
+  graphs = {}
+  if FLAGS.do_train:
+    train_iterator, train_feed = make_iterator(data["train"][1], FLAGS.train_batch_size,
+                                               ranks, FLAGS.seed)
+    outputs = build_classifier(bert_config, train_iterator.get_next(), len(labels), True,
+                               device.dtype)
+    global_step = tf.train.get_or_create_global_step()
+    learning_rate = optimization.learning_rate_schedule(
+        global_step, FLAGS.learning_rate, num_train_steps,
+        int(num_train_steps * FLAGS.warmup_proportion))
+    loss_scale = optimization.DynamicLossScale() if device.dtype == tf.float16 else None
+    allreduce = None
+    if ranks.hvd is not None:
+      allreduce = lambda grads: [ranks.hvd.allreduce(g, op=ranks.hvd.Average) for g in grads]
+    _, update_op = optimization.create_train_ops(
+        outputs["loss"], optimization.create_optimizer(FLAGS.optimizer, learning_rate),
+        global_step, allreduce_fn=allreduce, loss_scale=loss_scale)
+    loss = outputs["loss"]
+    if ranks.hvd is not None:
+      loss = ranks.hvd.allreduce(loss, op=ranks.hvd.Average, name="display_loss")
+  for split in ("dev", "test"):
+    if split in data:
+      iterator, feed = make_iterator(data[split][1], FLAGS.eval_batch_size)
+      with tf.variable_scope("", reuse=tf.AUTO_REUSE):
+        graphs[split] = dict(build_classifier(bert_config, iterator.get_next(), len(labels),
+                                              False, device.dtype), iterator=iterator,
+                             feed=feed)
+  model_variables = tf.trainable_variables()
+  gpu = device_lib.gpu_index(ranks, len(device.gpus)) if device.kind == "GPU" else None
+  threads = FLAGS.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size)
+  sess = tf.Session(config=pretraining.session_config(threads, FLAGS.inter_op_threads or 2,
+                                                      gpu))
+  sess.run(tf.global_variables_initializer())
+  if init_checkpoint:
+    checkpoints.restore_model_weights(sess, init_checkpoint, model_variables, log=log)
+  else:
+    log("No --init_checkpoint: the model starts from random weights")
+  if ranks.hvd is not None:
+    sess.run(ranks.hvd.broadcast_global_variables(0))
+
+  if FLAGS.do_train:
+    sess.run(train_iterator.initializer, train_feed)
+    meter = meters.Throughput(global_batch, warmup_steps=min(10, num_train_steps // 2))
+    display = {"update": update_op, "loss": loss, "learning_rate": learning_rate}
+    for step in range(1, num_train_steps + 1):
+      shown = step % FLAGS.display_loss_steps == 0 or step == num_train_steps
+      start = time.time()
+      values = sess.run(display if shown else update_op)
+      meter.update(time.time() - start)
+      if shown:
+        log("Step %d, loss: %.4f, learning_rate: %.3e, sentences_per_second: %.2f"
+            % (step, values["loss"], values["learning_rate"], meter.window_fps()))
+        meter.new_window()
+    meter.stop()
+    log("Throughput Average (sentences/sec) = %.2f" % meter.averages()[1])
+    if ranks.is_chief:
+      saver = tf.train.Saver(model_variables, save_relative_paths=True)
+      log("Saved %s" % checkpoints.save_checkpoint(saver, sess, FLAGS.output_dir,
+                                                   num_train_steps))
+  if not ranks.is_chief:
+    return 0  # Rank 0 evaluates and predicts on the whole sets.
+  os.makedirs(FLAGS.output_dir, exist_ok=True)
+  if FLAGS.do_eval:
+    dev = run_in_order(sess, graphs["dev"], ["predictions", "per_example_loss"])
+    results = classification_metrics(FLAGS.task_name, data["dev"][1]["label_ids"],
+                                     dev["predictions"])
+    results["eval_loss"] = float(np.mean(dev["per_example_loss"]))
+    results["eval_examples"] = len(dev["predictions"])
+    write_lines(os.path.join(FLAGS.output_dir, "eval_results.txt"),
+                ["%s = %s" % item for item in sorted(results.items())])
+    log("***** Eval results *****")
+    for key, value in sorted(results.items()):
+      log("  %s = %s" % (key, value))
+  if FLAGS.do_predict:
+    probabilities = run_in_order(sess, graphs["test"], ["probabilities"])["probabilities"]
+    path = os.path.join(FLAGS.output_dir, "test_results.tsv")
+    write_lines(path, ["\t".join("%.6f" % p for p in row) for row in probabilities])
+    log("Wrote the class probabilities of %d test examples (columns: %s) to %s"
+        % (len(probabilities), " ".join(labels), path))
+  return 0
+
+
+def write_lines(path, lines):
+  """Writes text lines to path atomically (a temporary name, then a rename)."""
+  tmp = "%s.tmp-%d" % (path, os.getpid())
+  with open(tmp, "w", encoding="utf-8") as writer:
+    writer.write("".join(line + "\n" for line in lines))
+  os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))

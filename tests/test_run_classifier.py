@@ -1,0 +1,207 @@
+"""Fine-tuning (run_classifier, classifier_data): GLUE's files as published, the inputs,
+the metrics, a run from a pretraining checkpoint, and its one-line errors."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import classifier_data
+from bert_pretrain import demo
+from bert_pretrain import modeling
+from bert_pretrain import run_classifier
+from bert_pretrain import tokenization
+from conftest import ROOT, SAMPLE_TEXT, TINY_CONFIG
+
+
+def _write(path, lines):
+  path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+# The first lines of each GLUE file as downloaded (columns cut short where unread).
+GLUE = {
+    "mrpc": {
+        "train.tsv": ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
+                      "1\t702876\t702977\tAmrozi accused his brother .\tHe called him \" the "
+                      "witness \" ."],
+        "test.tsv": ["index\t#1 ID\t#2 ID\t#1 String\t#2 String",
+                     "0\t1089874\t1089925\tPCCW 's chief .\tCurrent Chief ."]},
+    "sst2": {
+        "train.tsv": ["sentence\tlabel", "hide new secretions from the parental units \t0"],
+        "test.tsv": ["index\tsentence", "0\tuneasy mishmash of styles and genres ."]},
+    "cola": {
+        "train.tsv": ["gj04\t1\t\tOur friends won't buy this analysis, let alone the next one.",
+                      "gj04\t0\t*\tOne more pseudo generalization and I'm giving up."],
+        "test.tsv": ["index\tsentence", "0\tBill whistled past the house."]},
+    "mnli": {
+        "train.tsv": ["index\tpromptID\tpairID\tgenre\ts1bp\ts2bp\ts1p\ts2p\tsentence1\t"
+                      "sentence2\tlabel1\tgold_label",
+                      "0\t31193\t31193n\tgovernment\t(\t(\t(\t(\tConceptually cream "
+                      "skimming .\tProduct and geography .\tneutral\tneutral"],
+        "test_matched.tsv": ["index\tpromptID\tpairID\tgenre\ts1bp\ts2bp\ts1p\ts2p\t"
+                             "sentence1\tsentence2",
+                             "0\t31493\t31493\ttravel\t(\t(\t(\t(\tHierbas .\tA name .\t"]},
+}
+WANT = {
+    ("mrpc", "train"): [("Amrozi accused his brother .", "He called him \" the witness \" .",
+                         "1")],
+    ("mrpc", "test"): [("PCCW 's chief .", "Current Chief .", "0")],
+    ("sst2", "train"): [("hide new secretions from the parental units ", None, "0")],
+    ("sst2", "test"): [("uneasy mishmash of styles and genres .", None, "0")],
+    ("cola", "train"): [("Our friends won't buy this analysis, let alone the next one.", None,
+                         "1"),
+                        ("One more pseudo generalization and I'm giving up.", None, "0")],
+    ("cola", "test"): [("Bill whistled past the house.", None, "0")],
+    ("mnli", "train"): [("Conceptually cream skimming .", "Product and geography .",
+                         "neutral")],
+    ("mnli", "test"): [("Hierbas .", "A name .", "contradiction")],
+}
+
+
+@pytest.mark.parametrize("task,split", sorted(WANT))
+def test_glue_files_read_as_published(tmp_path, task, split):
+  for name, lines in GLUE[task].items():
+    _write(tmp_path / name, lines)
+  examples = classifier_data.read_examples(task, str(tmp_path), split)
+  assert [tuple(e) for e in examples] == WANT[(task, split)]
+
+
+def test_a_plain_tsv_task_takes_its_labels_from_train_tsv(tmp_path):
+  _write(tmp_path / "train.tsv", ["a b\tpos", "c d\tneg", "e\tf\tpos"])
+  assert classifier_data.task_labels("tsv", str(tmp_path)) == ["neg", "pos"]
+  examples = classifier_data.read_examples("tsv", str(tmp_path), "train")
+  assert [tuple(e) for e in examples] == [("a b", None, "pos"), ("c d", None, "neg"),
+                                          ("e", "f", "pos")]
+
+
+def test_a_missing_file_or_a_short_line_is_named_with_the_fix(tmp_path):
+  with pytest.raises(ValueError, match=r"dev_matched.tsv does not exist; --data_dir must "
+                                       r"hold the mnli files"):
+    classifier_data.read_examples("mnli", str(tmp_path), "dev")
+  _write(tmp_path / "train.tsv", ["Quality\t#1 ID", "1\t2\t3"])
+  with pytest.raises(ValueError, match=r"train.tsv line 2 has 3 columns, mrpc needs 5; is "
+                                       r"--task_name=mrpc the task of --data_dir\?"):
+    classifier_data.read_examples("mrpc", str(tmp_path), "train")
+
+
+def test_a_pair_is_cls_a_sep_b_sep_with_the_longer_part_cut_first(tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  _write(vocab, list(tokenization.SPECIAL_TOKENS) + ["a", "b", "c", "d", "e"])
+  tokenizer = tokenization.FullTokenizer(str(vocab))
+  examples = [classifier_data.Example("a b c", "d e", "y"),
+              classifier_data.Example("e d", None, "x")]
+  features = classifier_data.convert_examples(examples, ["x", "y"], tokenizer, 7)
+  # 3 + 2 tokens do not fit 7 - 3: "c" goes. [CLS]=2 [SEP]=3 a=5 b=6 c=7 d=8 e=9.
+  np.testing.assert_array_equal(features["input_ids"], [[2, 5, 6, 3, 8, 9, 3],
+                                                        [2, 9, 8, 3, 0, 0, 0]])
+  np.testing.assert_array_equal(features["segment_ids"], [[0, 0, 0, 0, 1, 1, 1],
+                                                          [0, 0, 0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(features["input_mask"], [[1] * 7, [1, 1, 1, 1, 0, 0, 0]])
+  np.testing.assert_array_equal(features["label_ids"], [1, 0])
+  with pytest.raises(ValueError, match="label 'z' of example 0 .* is not one of"):
+    classifier_data.convert_examples([classifier_data.Example("a", None, "z")], ["x", "y"],
+                                     tokenizer, 7)
+
+
+def test_f1_and_matthews_correlation_match_hand_counts():
+  labels = [1, 1, 1, 0, 0, 0, 1, 0]
+  predictions = [1, 1, 0, 0, 1, 0, 1, 0]  # tp 3, fn 1, fp 1, tn 3
+  mrpc = run_classifier.classification_metrics("mrpc", labels, predictions)
+  assert mrpc == {"accuracy": 0.75, "f1": 0.75}
+  cola = run_classifier.classification_metrics("cola", labels, predictions)
+  assert cola["matthews_corr"] == pytest.approx((3 * 3 - 1 * 1) / 16.0)
+  assert run_classifier.classification_metrics("cola", [1, 1], [1, 1])["matthews_corr"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  """A plain TSV task on the sample text (is a sentence longer than the median?), a vocab,
+  the tiny config and a pretraining checkpoint of it (random weights, Google's names)."""
+  root = tmp_path_factory.mktemp("classifier")
+  vocab = str(root / "vocab.txt")
+  tokenization.build_wordpiece_vocab([SAMPLE_TEXT], TINY_CONFIG["vocab_size"], vocab)
+  config = modeling.BertConfig.from_dict(TINY_CONFIG)
+  config_file = root / "bert_config.json"
+  config_file.write_text(config.to_json_string())
+  sentences = [l.strip() for l in open(SAMPLE_TEXT, encoding="utf-8") if l.strip()][:48]
+  median = sorted(len(s.split()) for s in sentences)[len(sentences) // 2]
+  rows = ["%s\t%s" % (s, "long" if len(s.split()) >= median else "short") for s in sentences]
+  data = root / "task"
+  data.mkdir()
+  _write(data / "train.tsv", rows[:40])
+  _write(data / "dev.tsv", rows[:40])
+  _write(data / "test.tsv", rows[40:])
+  init = root / "pretrained" / "model.ckpt-0"
+  demo.write_fresh_checkpoint(config, str(init))
+  return {"data": str(data), "vocab": vocab, "config": str(config_file), "init": str(init),
+          "rows": rows}
+
+
+def classify(task, output_dir, *extra, **flags):
+  values = dict(task_name="tsv", data_dir=task["data"], vocab_file=task["vocab"],
+                bert_config_file=task["config"], output_dir=str(output_dir),
+                max_seq_length=64, train_batch_size=8, eval_batch_size=16,
+                learning_rate=1e-3, num_train_epochs=15, seed=1, intra_op_threads=1,
+                display_loss_steps=25)
+  values.update(flags)
+  command = [sys.executable, "-m", "bert_pretrain.run_classifier"] + [
+      "--%s=%s" % item for item in values.items()] + list(extra)
+  return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, env=dict(os.environ, PYTHONPATH=ROOT),
+                        timeout=300)
+
+
+def _results(output_dir):
+  with open(os.path.join(str(output_dir), "eval_results.txt")) as f:
+    return dict(line.strip().split(" = ") for line in f)
+
+
+def test_fine_tuning_from_a_pretraining_checkpoint_learns_the_task_and_predicts(task, tmp_path):
+  out = tmp_path / "out"
+  result = classify(task, out, "--do_predict", init_checkpoint=task["init"])
+  assert result.returncode == 0, result.stderr
+  # The encoder comes from the checkpoint by name; the head is new.
+  loaded = re.search(r"Loaded (\d+) of (\d+) model variables", result.stdout)
+  assert loaded and int(loaded.group(2)) == int(loaded.group(1)) + 2, result.stdout
+  assert "initialized fresh): output_weights, output_bias" in result.stdout
+  assert "labels ['long', 'short']" in result.stdout and "75 updates" in result.stdout
+  results = _results(out)
+  assert int(results["eval_examples"]) == 40
+  assert float(results["accuracy"]) >= 0.9  # chance: 0.5
+  probabilities = np.loadtxt(str(out / "test_results.tsv"), ndmin=2)
+  assert probabilities.shape == (8, 2)
+  np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+  # The fine-tuned checkpoint evaluates to the same numbers without training.
+  again = classify(task, tmp_path / "again", "--nodo_train", init_checkpoint=str(out))
+  assert again.returncode == 0, again.stderr
+  assert re.search(r"Loaded (\d+) of \1 model variables", again.stdout), again.stdout
+  assert _results(tmp_path / "again")["accuracy"] == results["accuracy"]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (dict(task_name="mrpc"), r"dev.tsv|train.tsv"),
+    (dict(vocab_file="/nonexistent/vocab.txt"), r"--vocab_file=/nonexistent/vocab.txt does "
+                                                r"not exist"),
+    (dict(max_seq_length=4096), r"--max_seq_length=4096 exceeds the model's "
+                                r"max_position_embeddings=128; lower --max_seq_length"),
+], ids=["wrong-task", "no-vocab", "too-long"])
+def test_bad_inputs_stop_with_one_line_before_training(task, tmp_path, flags, message):
+  result = classify(task, tmp_path / "out", **flags)
+  assert result.returncode == 2
+  (line,) = [l for l in result.stderr.splitlines() if l.startswith("run_classifier: error:")]
+  assert re.search(message, line), result.stderr
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_of_another_config_is_refused_by_name(task, tmp_path):
+  other = modeling.BertConfig.from_dict(dict(TINY_CONFIG, hidden_size=48))
+  init = tmp_path / "other" / "model.ckpt-0"
+  demo.write_fresh_checkpoint(other, str(init))
+  result = classify(task, tmp_path / "out", init_checkpoint=str(init))
+  assert result.returncode == 2
+  assert "has shape [600, 48] but the model needs [600, 32]" in result.stderr
+  assert "use the --bert_config_file the checkpoint was trained with" in result.stderr
