@@ -5,7 +5,8 @@
 #   bash run_1card_FPS.sh --input_files_dir=... --init_checkpoint=... --eval_files_dir=... \
 #       --train_batch_size=6 --bert_config_file=...
 #   bash run_1card_FPS.sh ... --noamp          # float32 instead of mixed precision
-# Without --input_files_dir it runs the embedded demo: a tiny BERT on the shipped corpus.
+# Without --input_files_dir it runs the embedded demo: a tiny BERT on the shipped corpus,
+# then fine-tuned to tell its books apart (bert_pretrain/demo.py).
 # Results and checkpoints are never deleted.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -14,10 +15,15 @@ source "$here/scripts/common.sh"
 # Mixed precision, as the anchor's scripts run (--amp): float16 with loss scaling on GPUs,
 # bfloat16 on CPUs. --noamp turns it off.
 args=(--amp)
-if ! has_flag input_files_dir "$@"; then
-  demo_args
-  drop_given args "${DEMO_ARGS[@]}"
-  args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
+if has_flag input_files_dir "$@"; then
+  drop_given args "$@"  # the user's flags win
+  exec python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@"
 fi
-drop_given args "$@"  # the user's flags win
-exec python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@"
+demo_args
+drop_given args "${DEMO_ARGS[@]}"
+args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
+drop_given args "$@"
+python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@"
+# The demo's downstream step: fine-tune the checkpoint just trained, and random weights.
+exec python3 -m bert_pretrain.demo --cache_dir="$DEMO_CACHE" \
+  --finetune_from="$(flag_value output_dir "${args[@]}" "$@")"

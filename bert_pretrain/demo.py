@@ -13,11 +13,17 @@ bert_pretrain/demo_data/corpus.txt (public-domain books, see SOURCE.md) it build
 
 Each artefact is written under a temporary name and renamed when complete, so an
 interrupted preparation is redone, never half-used.
+
+After the pretraining run, the script calls it again with --finetune_from=OUTPUT_DIR for
+the downstream step: which book a passage comes from (books/train.tsv, books/dev.tsv, the
+held-out documents), fine-tuned with run_classifier from the run's checkpoint and from
+random weights, both accuracies printed side by side.
 """
 
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -25,6 +31,7 @@ from absl import app
 from absl import flags
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import checkpoints
 from bert_pretrain import create_pretraining_data
 from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
@@ -72,7 +79,26 @@ RUN_FLAGS = {
     "eval_batch_size": 64,
 }
 
+# The downstream step: which book a passage (PASSAGE_SENTENCES sentences) comes from, the
+# books in corpus order with their number of documents (SOURCE.md); fine-tuned with these
+# run_classifier flags, once from the pretrained checkpoint and once from random weights.
+BOOKS = (("alice", 12), ("pride_and_prejudice", 25), ("aesop", 53))
+PASSAGE_SENTENCES = 2
+FINETUNE_FLAGS = {
+    "task_name": "tsv",
+    "max_seq_length": 64,
+    "train_batch_size": 32,
+    "eval_batch_size": 64,
+    "learning_rate": 1e-4,
+    "num_train_epochs": 2,
+    "display_loss_steps": 25,
+    "seed": 12345,
+}
+
 flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts.")
+flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
+                    "demo's pretraining run, whose checkpoint is fine-tuned to tell the "
+                    "books apart (and random weights beside it).")
 FLAGS = flags.FLAGS
 
 
@@ -174,6 +200,76 @@ def write_fresh_checkpoint(bert_config, prefix, seed=12345):
   os.rename(tmp_dir, os.path.dirname(prefix))
 
 
+def write_book_task(folder):
+  """Writes the downstream task as a plain TSV task in folder (train.tsv, dev.tsv):
+  passages of PASSAGE_SENTENCES consecutive sentences labelled with their book; dev.tsv
+  holds the passages of the held-out documents (those of the pretraining eval set).
+
+  Returns:
+    (train examples, dev examples).
+  """
+  documents = read_documents(CORPUS)
+  if len(documents) != sum(n for _, n in BOOKS):
+    raise ValueError("the demo corpus %s has %d documents, BOOKS counts %d; restore it with "
+                     "git checkout" % (CORPUS, len(documents), sum(n for _, n in BOOKS)))
+  labels = [book for book, count in BOOKS for _ in range(count)]
+  step = int(round(1 / EVAL_DOCUMENT_FRACTION))
+  splits = {"train": [], "dev": []}
+  for i, (document, label) in enumerate(zip(documents, labels)):
+    split = "dev" if i % step == step - 1 else "train"
+    for start in range(0, len(document) - PASSAGE_SENTENCES + 1, PASSAGE_SENTENCES):
+      passage = " ".join(document[start:start + PASSAGE_SENTENCES]).replace("\t", " ")
+      splits[split].append("%s\t%s" % (passage, label))
+  os.makedirs(folder, exist_ok=True)
+  for split, lines in splits.items():
+    with open(os.path.join(folder, split + ".tsv.tmp"), "w", encoding="utf-8") as f:
+      f.write("".join(line + "\n" for line in lines))
+    os.replace(os.path.join(folder, split + ".tsv.tmp"), os.path.join(folder, split + ".tsv"))
+  return len(splits["train"]), len(splits["dev"])
+
+
+def finetune(cache_dir, pretrained_dir, log=print):
+  """The downstream step: fine-tunes the latest checkpoint in pretrained_dir on the book
+  task, then the same model from random weights, and prints both dev accuracies.
+
+  Returns:
+    dict: "pretrained" and "random" -> dev accuracy.
+  """
+  paths = prepare(cache_dir, log=log)
+  checkpoint = checkpoints.resolve_checkpoint(pretrained_dir, "--finetune_from")
+  task_dir = os.path.join(cache_dir, "books")
+  num_train, num_dev = write_book_task(task_dir)
+  log("demo: downstream task: which of %d books a passage of %d sentences comes from; %d "
+      "training passages, %d from held-out documents" % (len(BOOKS), PASSAGE_SENTENCES,
+                                                         num_train, num_dev))
+  accuracy = {}
+  for start, init in (("pretrained", checkpoint), ("random", None)):
+    output_dir = os.path.join(pretrained_dir, "finetune-" + start)
+    values = dict(FINETUNE_FLAGS, data_dir=task_dir, output_dir=output_dir,
+                  bert_config_file=paths["bert_config_file"], vocab_file=paths["vocab_file"])
+    if init:
+      values["init_checkpoint"] = init
+    command = [sys.executable, "-m", "bert_pretrain.run_classifier"] + [
+        "--%s=%s" % item for item in sorted(values.items())]
+    log("demo: fine-tuning from %s: %s" % (init or "random weights", " ".join(command[1:])))
+    finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              universal_newlines=True)
+    for line in finished.stdout.splitlines():
+      if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
+        log("  " + line.strip())
+    if finished.returncode != 0:
+      raise ValueError("fine-tuning from %s failed (exit %d): %s" % (
+          init or "random weights", finished.returncode,
+          finished.stdout.strip().splitlines()[-1] if finished.stdout.strip() else ""))
+    with open(os.path.join(output_dir, "eval_results.txt"), encoding="utf-8") as f:
+      results = dict(line.strip().split(" = ") for line in f if " = " in line)
+    accuracy[start] = float(results["accuracy"])
+  log("demo: book accuracy on held-out documents: %.3f fine-tuned from the pretrained "
+      "checkpoint, %.3f from random weights (chance: %.3f)"
+      % (accuracy["pretrained"], accuracy["random"], 1.0 / len(BOOKS)))
+  return accuracy
+
+
 def run_flags(paths, output_dir):
   """The run_pretraining flags of the demo run, as a list of "--name=value"."""
   values = dict(paths, output_dir=output_dir, **RUN_FLAGS)
@@ -186,6 +282,9 @@ def main(argv):
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   try:
+    if FLAGS.finetune_from:
+      finetune(FLAGS.cache_dir, FLAGS.finetune_from)
+      return 0
     paths = prepare(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
   except ValueError as e:
     print("demo: error: %s" % e, file=sys.stderr)

@@ -58,10 +58,21 @@ drop_given() {
 # demo_args: prepares the embedded demo (cached in $DEMO_CACHE) and sets DEMO_ARGS to
 # the demo run's flags, which bert_pretrain/demo.py defines.
 demo_args() {
-  local cache="${DEMO_CACHE:-$here/demo_cache}" flags
-  echo "No --input_files_dir: running the embedded demo (artefacts in $cache)"
-  flags="$(python3 -m bert_pretrain.demo --cache_dir="$cache")"
+  local flags
+  DEMO_CACHE="${DEMO_CACHE:-$here/demo_cache}"
+  echo "No --input_files_dir: running the embedded demo (artefacts in $DEMO_CACHE)"
+  flags="$(python3 -m bert_pretrain.demo --cache_dir="$DEMO_CACHE")"
   mapfile -t DEMO_ARGS <<< "$flags"
+}
+
+# flag_value NAME ARGS...: the value of the last --NAME=VALUE among ARGS (the one that wins).
+flag_value() {
+  local name="$1" arg value=""
+  shift
+  for arg in "$@"; do
+    case "$arg" in --"$name"=*) value="${arg#*=}" ;; esac
+  done
+  echo "$value"
 }
 
 # count_ranks: ranks per host: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of

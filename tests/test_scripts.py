@@ -22,6 +22,9 @@ DEMO_PATHS = ("{'input_files_dir': 'cache/train', 'eval_files_dir': 'cache/eval'
               "'init_checkpoint': 'cache/init/model.ckpt-0'}")
 
 
+FINETUNE_CALLS = []  # script_args' last run: the demo's --finetune_from, if it ran
+
+
 def script_args(tmp_path, script, *flags, **env):
   """The arguments `bash SCRIPT FLAGS` gives bert_pretrain.run_pretraining, as a list."""
   bin_dir = tmp_path / "bin"
@@ -30,7 +33,8 @@ def script_args(tmp_path, script, *flags, **env):
   fake.write_text(
       "#!/bin/sh\n"
       "case \"$2\" in\n"
-      "  bert_pretrain.demo) exec %s -c \"from bert_pretrain import demo; "
+      "  bert_pretrain.demo) case \"$4\" in --finetune_from=*) echo \"$4\"; exit 0 ;; esac\n"
+      "    exec %s -c \"from bert_pretrain import demo; "
       "print(chr(10).join(demo.run_flags(%s, 'results/demo-test')))\" ;;\n"
       "  bert_pretrain.run_pretraining) shift 2; printf '%%s\\n' \"$@\" ;;\n"
       "  *) exec %s \"$@\" ;;\n"
@@ -45,7 +49,9 @@ def script_args(tmp_path, script, *flags, **env):
   assert result.returncode == 0, result.stderr
   lines = [l for l in result.stdout.splitlines() if not l.startswith("No --input_files_dir")]
   if script == "run_1card_FPS.sh":
-    return lines
+    # The demo's downstream step comes after: bert_pretrain.demo --finetune_from=DIR.
+    FINETUNE_CALLS[:] = [l for l in lines if l.startswith("--finetune_from=")]
+    return [l for l in lines if not l.startswith("--finetune_from=")]
   assert len(lines) == 1 and "python3 -m bert_pretrain.run_pretraining " in lines[0], lines
   return shlex.split(lines[0].split(" python3 -m bert_pretrain.run_pretraining ", 1)[1])
 
@@ -65,6 +71,17 @@ def assert_each_flag_once(args):
 SCRIPTS = ["run_1card_FPS.sh", "run_multi_card_FPS.sh"]
 DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
         "--bert_config_file=/data/bert_config.json"]
+
+
+def test_the_one_card_demo_fine_tunes_what_it_pretrained_in_the_output_dir_that_won(tmp_path):
+  args = script_args(tmp_path, "run_1card_FPS.sh")
+  assert FINETUNE_CALLS == ["--finetune_from=results/demo-test"]
+  assert "--output_dir=results/demo-test" in args
+  args = script_args(tmp_path, "run_1card_FPS.sh", "--output_dir=mine")
+  assert FINETUNE_CALLS == ["--finetune_from=mine"]
+  assert "--output_dir=results/demo-test" not in args
+  script_args(tmp_path, "run_1card_FPS.sh", *DATA)
+  assert FINETUNE_CALLS == []  # not after the user's own data
 
 
 def test_the_one_card_script_passes_only_amp_and_the_users_flags(tmp_path):
