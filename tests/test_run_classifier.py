@@ -205,3 +205,23 @@ def test_a_checkpoint_of_another_config_is_refused_by_name(task, tmp_path):
   assert result.returncode == 2
   assert "has shape [600, 48] but the model needs [600, 32]" in result.stderr
   assert "use the --bert_config_file the checkpoint was trained with" in result.stderr
+
+
+def test_two_horovod_ranks_fine_tune_with_the_global_batch_and_rank_0_evaluates(task,
+                                                                               tmp_path):
+  command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+             "bert_pretrain.run_classifier", "--horovod", "--task_name=tsv",
+             "--data_dir=" + task["data"], "--vocab_file=" + task["vocab"],
+             "--bert_config_file=" + task["config"], "--init_checkpoint=" + task["init"],
+             "--output_dir=" + str(tmp_path / "out"), "--max_seq_length=64",
+             "--train_batch_size=4", "--num_train_epochs=15", "--learning_rate=1e-3",
+             "--seed=1", "--intra_op_threads=1", "--do_predict"]
+  result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stdout[-3000:]
+  # 40 examples x 15 epochs / (4 x 2 ranks): the updates of one card with batch 8.
+  assert "2 rank(s), batch 4 x 2 ranks, 75 updates" in result.stdout
+  assert result.stdout.count("***** Eval results *****") == 1
+  assert float(_results(tmp_path / "out")["accuracy"]) >= 0.9
+  assert len(open(str(tmp_path / "out" / "test_results.tsv")).readlines()) == 8
