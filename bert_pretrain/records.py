@@ -1,8 +1,7 @@
 """The pretraining TFRecord format: its features, its framing, and checks of both.
 
 Every reader and writer of pretraining records goes through this module: the trainer's
-input pipeline, create_pretraining_data, tools/inspect_tfrecords.py and
-tools/prepare_wiki.py.
+input pipeline, create_pretraining_data, inspect_records and the wiki pipeline.
 
 A record is a tf.train.Example with seven features, as Google's and MLCommons'
 create_pretraining_data write them:

@@ -56,7 +56,7 @@ def run_manifest(layout, settings, verify=False):
   shard_stats = shard_marker["stats"]
   shard_sizes = [shard["bytes"] for shard in shard_marker["shards"]]
   manifest = {
-      "tool": "tools/prepare_wiki.py",
+      "tool": "python3 -m bert_pretrain.wiki",
       "settings": settings,
       "counts": {
           "pages": extract_stats.get("pages", 0),

@@ -108,7 +108,7 @@ def reconcile_settings(layout, settings, step_list):
   recorded = dict(stored)
   recorded.update({k: v for k, v in settings.items() if k in relevant and v is not None})
   if recorded != stored:
-    write_json(layout.settings, {"tool": "tools/prepare_wiki.py", "settings": recorded})
+    write_json(layout.settings, {"tool": "python3 -m bert_pretrain.wiki", "settings": recorded})
   effective = dict(settings)
   for key, value in stored.items():
     if effective.get(key) is None:
