@@ -12,8 +12,8 @@ Tasks and their files (in --data_dir; the columns are those of the GLUE download
   cola   train.tsv dev.tsv test.tsv           no header; source, label, mark, sentence
                                               (test: header; index, sentence)
   mnli   train.tsv dev_matched.tsv test_matched.tsv
-                                              header; premise in column 9, hypothesis in
-                                              10, label last
+                                              header; premise in the 9th column,
+                                              hypothesis in the 10th, label last
   tsv    train.tsv dev.tsv test.tsv           no header; text_a[<TAB>text_b]<TAB>label; the
                                               labels are those of train.tsv (else dev.tsv),
                                               test.tsv's label column is not read
@@ -59,8 +59,12 @@ def _read_rows(path, task_name):
     files = " ".join(sorted(set(TASKS[task_name]["files"].values())))
     raise ValueError("%s does not exist; --data_dir must hold the %s files (%s)"
                      % (path, task_name, files))
-  with open(path, encoding="utf-8", newline="") as reader:
-    return list(csv.reader(reader, delimiter="\t", quotechar=None))
+  try:
+    with open(path, encoding="utf-8", newline="") as reader:
+      return list(csv.reader(reader, delimiter="\t", quotechar=None))
+  except (UnicodeDecodeError, csv.Error) as e:
+    raise ValueError("%s cannot be read as tab-separated UTF-8 text (%s); save it as UTF-8 "
+                     "TSV" % (path, e))
 
 
 def read_examples(task_name, data_dir, split, labels=None):
@@ -93,6 +97,7 @@ def read_examples(task_name, data_dir, split, labels=None):
         raise ValueError("%s line %d has %d columns; a plain TSV line is "
                          "text_a[<TAB>text_b]<TAB>label" % (path, number, len(row)))
       label = row[-1] if split != "test" else labels[0]
+      _check_label(label, labels, path, number, "the labels of train.tsv")
       examples.append(Example(row[0], row[1] if len(row) == 3 else None, label))
     return examples
   (skip, a, b, label_column) = task["test" if split == "test" else "labelled"]
@@ -106,8 +111,15 @@ def read_examples(task_name, data_dir, split, labels=None):
                        "task of --data_dir?" % (path, number, len(row), task_name, needed,
                                                 task_name))
     label = labels[0] if label_column is None else row[label_column]
+    _check_label(label, labels, path, number, "GLUE's %s labels" % task_name)
     examples.append(Example(row[a], row[b] if b is not None else None, label))
   return examples
+
+
+def _check_label(label, labels, path, number, known):
+  if label not in labels:
+    raise ValueError("%s line %d has the label %r, which is not one of %s %s; correct the "
+                     "line or the task" % (path, number, label, known, labels))
 
 
 def task_labels(task_name, data_dir):

@@ -11,6 +11,9 @@ on one card, or on several with --horovod (launched like run_pretraining: one pr
 card; gradients all-reduced, the global batch is --train_batch_size x ranks; rank 0
 evaluates and predicts on the whole sets, so the numbers are a single card's).
 
+This file holds the flags, their checks and the loop; the graph and the metrics are in
+classifier.py, the data in classifier_data.py.
+
 python3 -m bert_pretrain.run_classifier --task_name=mrpc --data_dir=glue/MRPC \
     --bert_config_file=bert_config.json --vocab_file=vocab.txt \
     --init_checkpoint=model.ckpt-28252 --output_dir=./mrpc
@@ -26,6 +29,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import checkpoints
+from bert_pretrain import classifier
 from bert_pretrain import classifier_data
 from bert_pretrain import device as device_lib
 from bert_pretrain import meters
@@ -68,80 +72,48 @@ flags.DEFINE_integer("seed", None, "Random seed (head initialization, dropout, s
 FLAGS = flags.FLAGS
 
 
-def build_classifier(bert_config, features, num_labels, is_training, dtype):
-  """BERT with a classification layer on the pooled [CLS] output.
-
-  Args:
-    bert_config: modeling.BertConfig.
-    features: dict of int32 Tensors: input_ids, input_mask, segment_ids of shape
-      [batch_size, seq_length], label_ids of shape [batch_size].
-    num_labels: classes.
-    is_training: dropout on.
-    dtype: compute type; weights stay float32.
-
-  Returns:
-    dict of float32 Tensors: loss (scalar), per_example_loss [batch_size],
-    probabilities [batch_size, num_labels]; and predictions (int32 [batch_size]).
-  """
-  model = modeling.BertModel(config=bert_config, is_training=is_training,
-                             input_ids=features["input_ids"],
-                             input_mask=features["input_mask"],
-                             token_type_ids=features["segment_ids"], compute_type=dtype)
-  pooled = model.get_pooled_output()
-  with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
-    output_weights = tf.get_variable(
-        "output_weights", [num_labels, bert_config.hidden_size], dtype=pooled.dtype,
-        initializer=modeling.create_initializer(bert_config.initializer_range))
-    output_bias = tf.get_variable("output_bias", [num_labels], dtype=pooled.dtype,
-                                  initializer=tf.zeros_initializer())
-  with tf.name_scope("loss"):
-    if is_training:
-      pooled = modeling.dropout(pooled, 0.1)
-    logits = tf.nn.bias_add(tf.matmul(pooled, output_weights, transpose_b=True), output_bias)
-    logits = tf.cast(logits, tf.float32)
-    per_example_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=features["label_ids"], logits=logits)
-    return {"loss": tf.reduce_mean(per_example_loss), "per_example_loss": per_example_loss,
-            "probabilities": tf.nn.softmax(logits, axis=-1),
-            "predictions": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+LABELS_FILE = "labels.txt"  # Written beside a fine-tuned checkpoint: its labels in id order.
 
 
-def classification_metrics(task_name, label_ids, predictions):
-  """accuracy, and for MRPC the F1 of class 1, for CoLA Matthews' correlation.
-
-  Args:
-    task_name: the task.
-    label_ids, predictions: int arrays of the same length.
-
-  Returns:
-    dict of floats.
-  """
-  label_ids, predictions = np.asarray(label_ids), np.asarray(predictions)
-  results = {"accuracy": float(np.mean(label_ids == predictions)) if len(label_ids) else 0.0}
-  tp = float(np.sum((predictions == 1) & (label_ids == 1)))
-  fp = float(np.sum((predictions == 1) & (label_ids != 1)))
-  fn = float(np.sum((predictions != 1) & (label_ids == 1)))
-  tn = float(np.sum((predictions != 1) & (label_ids != 1)))
-  if task_name == "mrpc":
-    results["f1"] = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-  if task_name == "cola":
-    denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    results["matthews_corr"] = float((tp * tn - fp * fn) / denominator) if denominator else 0.0
-  return results
+def task_labels(init_checkpoint):
+  """The labels in id order: those a fine-tuned checkpoint was trained with (its
+  labels.txt) when it is evaluated without training, else the task's."""
+  if not FLAGS.do_train and init_checkpoint:
+    path = os.path.join(os.path.dirname(init_checkpoint), LABELS_FILE)
+    if os.path.isfile(path):
+      with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+  return classifier_data.task_labels(FLAGS.task_name, FLAGS.data_dir)
 
 
-def read_task(tokenizer, splits):
-  """The task's labels and, per split asked for, (examples, features) (checked first)."""
-  labels = classifier_data.task_labels(FLAGS.task_name, FLAGS.data_dir)
-  data = {}
+def read_task(tokenizer, splits, labels):
+  """Per split asked for, (examples, features): every file is read and checked first,
+  then tokenized."""
+  examples = {}
   for split in splits:
-    examples = classifier_data.read_examples(FLAGS.task_name, FLAGS.data_dir, split, labels)
-    if not examples:
-      raise ValueError("%s has no examples" % classifier_data.task_file(
-          FLAGS.task_name, FLAGS.data_dir, split))
-    data[split] = (examples, classifier_data.convert_examples(
-        examples, labels, tokenizer, FLAGS.max_seq_length))
-  return labels, data
+    examples[split] = classifier_data.read_examples(FLAGS.task_name, FLAGS.data_dir, split,
+                                                    labels)
+    if not examples[split]:
+      raise ValueError("%s has no examples; pass a --data_dir whose %s split has some"
+                       % (classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir, split),
+                          split))
+  return {split: (examples[split], classifier_data.convert_examples(
+      examples[split], labels, tokenizer, FLAGS.max_seq_length)) for split in splits}
+
+
+def check_head(init_checkpoint, num_labels, hidden_size):
+  """A checkpoint's classifier head must fit the task; without training it must exist."""
+  shapes = dict(tf.train.list_variables(init_checkpoint))
+  want = [num_labels, hidden_size]
+  if "output_weights" not in shapes:
+    if not FLAGS.do_train:
+      raise ValueError("--nodo_train but %s has no classifier head (output_weights); pass "
+                       "the checkpoint run_classifier wrote, or train" % init_checkpoint)
+  elif list(shapes["output_weights"]) != want:
+    raise ValueError("%s has a classifier head of %d labels, the task has %d; start from the "
+                     "pretraining checkpoint instead" % (init_checkpoint,
+                                                         shapes["output_weights"][0],
+                                                         num_labels))
 
 
 def check_flags():
@@ -156,9 +128,15 @@ def check_flags():
   if not FLAGS.do_train and not FLAGS.init_checkpoint:
     raise ValueError("--nodo_train needs --init_checkpoint, the fine-tuned checkpoint to "
                      "evaluate")
-  for name in ("train_batch_size", "eval_batch_size", "max_seq_length"):
+  for name in ("train_batch_size", "eval_batch_size", "display_loss_steps"):
     if getattr(FLAGS, name) < 1:
       raise ValueError("--%s=%d must be positive" % (name, getattr(FLAGS, name)))
+  if FLAGS.max_seq_length < 3:
+    raise ValueError("--max_seq_length=%d leaves no room for text beside [CLS] and [SEP]; "
+                     "pass 3 or more (128 is usual)" % FLAGS.max_seq_length)
+  if FLAGS.do_train and FLAGS.num_train_epochs <= 0:
+    raise ValueError("--num_train_epochs=%g must be positive (or pass --nodo_train)"
+                     % FLAGS.num_train_epochs)
   for name in ("bert_config_file", "vocab_file"):
     if not os.path.isfile(getattr(FLAGS, name)):
       raise ValueError("--%s=%s does not exist; pass the model's file"
@@ -176,27 +154,30 @@ def check_flags():
   init_checkpoint = None
   if FLAGS.init_checkpoint:
     init_checkpoint = checkpoints.resolve_checkpoint(FLAGS.init_checkpoint)
+  labels = task_labels(init_checkpoint)
+  if init_checkpoint:
+    check_head(init_checkpoint, len(labels), bert_config.hidden_size)
   splits = [s for s, wanted in (("train", FLAGS.do_train), ("dev", FLAGS.do_eval),
                                 ("test", FLAGS.do_predict)) if wanted]
-  labels, data = read_task(tokenizer, splits)
-  return bert_config, init_checkpoint, labels, data
+  return bert_config, init_checkpoint, labels, read_task(tokenizer, splits, labels)
 
 
 def make_iterator(features, batch_size, ranks=None, seed=None):
-  """An iterator over batches of the feature arrays: with ranks, this rank's share,
-  shuffled, repeated and in full batches (training); without, in order, once, the last
-  batch partial. The arrays are fed when it is initialized (as constants they would
-  bloat the graph past protobuf's 2 GB on MNLI).
+  """An iterator over batches of the feature arrays: with ranks, this rank's share
+  (every ranks.size-th example), shuffled, repeated and in full batches (training);
+  without, in order, once, the last batch partial. The arrays are fed when it is
+  initialized (as constants they would bloat the graph past protobuf's 2 GB on MNLI).
 
   Returns:
     (iterator, feed dict for its initializer).
   """
+  if ranks is not None:
+    features = {k: v[ranks.rank::ranks.size] for k, v in features.items()}
   placeholders = {k: tf.placeholder(v.dtype, v.shape) for k, v in features.items()}
   dataset = tf.data.Dataset.from_tensor_slices(placeholders)
   if ranks is None:
     dataset = dataset.batch(batch_size)
   else:
-    dataset = dataset.shard(ranks.size, ranks.rank)
     dataset = dataset.shuffle(len(features["label_ids"]), seed=seed).repeat()
     dataset = dataset.batch(batch_size, drop_remainder=True)
   feed = {placeholders[k]: v for k, v in features.items()}
@@ -221,9 +202,15 @@ def main(argv):
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   try:
-    device = device_lib.detect_device(FLAGS.device, FLAGS.amp, "auto")
     bert_config, init_checkpoint, labels, data = check_flags()
+    device = device_lib.detect_device(FLAGS.device, FLAGS.amp, "auto")
     ranks = ranks_lib.Ranks(FLAGS.horovod)
+    if FLAGS.do_train and len(data["train"][0]) < FLAGS.train_batch_size * ranks.size:
+      raise ValueError("%d training examples do not fill one global batch of %d x %d ranks; "
+                       "lower --train_batch_size" % (len(data["train"][0]),
+                                                     FLAGS.train_batch_size, ranks.size))
+    if ranks.is_chief:
+      os.makedirs(FLAGS.output_dir, exist_ok=True)  # Before training: a bad path fails now.
     return run(bert_config, init_checkpoint, labels, data, ranks, device)
   except ValueError as e:
     print("run_classifier: error: %s" % e, file=sys.stderr)
@@ -246,8 +233,8 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
   if FLAGS.do_train:
     train_iterator, train_feed = make_iterator(data["train"][1], FLAGS.train_batch_size,
                                                ranks, FLAGS.seed)
-    outputs = build_classifier(bert_config, train_iterator.get_next(), len(labels), True,
-                               device.dtype)
+    outputs = classifier.build_classifier(bert_config, train_iterator.get_next(),
+                                          len(labels), True, device.dtype)
     global_step = tf.train.get_or_create_global_step()
     learning_rate = optimization.learning_rate_schedule(
         global_step, FLAGS.learning_rate, num_train_steps,
@@ -259,16 +246,19 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
     _, update_op = optimization.create_train_ops(
         outputs["loss"], optimization.create_optimizer(FLAGS.optimizer, learning_rate),
         global_step, allreduce_fn=allreduce, loss_scale=loss_scale)
+    with tf.control_dependencies([update_op]):
+      # One more, or the same when float16 loss scaling skipped an overflowing update.
+      new_step = global_step.read_value()
     loss = outputs["loss"]
     if ranks.hvd is not None:
       loss = ranks.hvd.allreduce(loss, op=ranks.hvd.Average, name="display_loss")
   for split in ("dev", "test"):
-    if split in data:
+    if split in data and ranks.is_chief:  # Rank 0 evaluates and predicts alone.
       iterator, feed = make_iterator(data[split][1], FLAGS.eval_batch_size)
       with tf.variable_scope("", reuse=tf.AUTO_REUSE):
-        graphs[split] = dict(build_classifier(bert_config, iterator.get_next(), len(labels),
-                                              False, device.dtype), iterator=iterator,
-                             feed=feed)
+        graphs[split] = dict(classifier.build_classifier(
+            bert_config, iterator.get_next(), len(labels), False, device.dtype),
+                             iterator=iterator, feed=feed)
   model_variables = tf.trainable_variables()
   gpu = device_lib.gpu_index(ranks, len(device.gpus)) if device.kind == "GPU" else None
   threads = FLAGS.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size)
@@ -285,12 +275,15 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
   if FLAGS.do_train:
     sess.run(train_iterator.initializer, train_feed)
     meter = meters.Throughput(global_batch, warmup_steps=min(10, num_train_steps // 2))
-    display = {"update": update_op, "loss": loss, "learning_rate": learning_rate}
-    for step in range(1, num_train_steps + 1):
-      shown = step % FLAGS.display_loss_steps == 0 or step == num_train_steps
+    display = {"step": new_step, "loss": loss, "learning_rate": learning_rate}
+    step, runs = 0, 0
+    while step < num_train_steps:
+      runs += 1
+      shown = runs % FLAGS.display_loss_steps == 0 or step + 1 == num_train_steps
       start = time.time()
-      values = sess.run(display if shown else update_op)
+      values = sess.run(display if shown else {"step": new_step})
       meter.update(time.time() - start)
+      step = values["step"]
       if shown:
         log("Step %d, loss: %.4f, learning_rate: %.3e, sentences_per_second: %.2f"
             % (step, values["loss"], values["learning_rate"], meter.window_fps()))
@@ -301,13 +294,13 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
       saver = tf.train.Saver(model_variables, save_relative_paths=True)
       log("Saved %s" % checkpoints.save_checkpoint(saver, sess, FLAGS.output_dir,
                                                    num_train_steps))
+      write_lines(os.path.join(FLAGS.output_dir, LABELS_FILE), labels)
   if not ranks.is_chief:
     return 0  # Rank 0 evaluates and predicts on the whole sets.
-  os.makedirs(FLAGS.output_dir, exist_ok=True)
   if FLAGS.do_eval:
     dev = run_in_order(sess, graphs["dev"], ["predictions", "per_example_loss"])
-    results = classification_metrics(FLAGS.task_name, data["dev"][1]["label_ids"],
-                                     dev["predictions"])
+    results = classifier.classification_metrics(
+        FLAGS.task_name, data["dev"][1]["label_ids"], dev["predictions"])
     results["eval_loss"] = float(np.mean(dev["per_example_loss"]))
     results["eval_examples"] = len(dev["predictions"])
     write_lines(os.path.join(FLAGS.output_dir, "eval_results.txt"),
