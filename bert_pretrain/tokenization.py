@@ -661,10 +661,15 @@ def _learn_wordpieces(word_counts, size):
   heapq.heapify(heap)
   while len(vocab) < size and heap:
     negative_count, token, pair = heapq.heappop(heap)
-    if pair_counts.get(pair, 0) != -negative_count:
-      continue  # A stale entry: the pair's count changed since it was pushed.
-    changed = set()
-    for i in sorted(pair_words.pop(pair)):
+    count = pair_counts.get(pair, 0)
+    if count != -negative_count:
+      # Stale: the pair's count fell since this entry was pushed (a rise pushes a new
+      # entry, so entries are never below the count). Back in line at its count.
+      if count > 0:
+        heapq.heappush(heap, (-count, token, pair))
+      continue
+    before = {}  # Pair -> its count before this merge, for the pairs it changes.
+    for i in pair_words.pop(pair):
       old = pieces[i]
       new, j = [], 0
       while j < len(old):
@@ -677,18 +682,18 @@ def _learn_wordpieces(word_counts, size):
       if len(new) == len(old):
         continue
       for other in zip(old, old[1:]):
+        before.setdefault(other, pair_counts[other])
         pair_counts[other] -= counts[i]
-        changed.add(other)
       for other in zip(new, new[1:]):
+        before.setdefault(other, pair_counts[other])
         pair_counts[other] += counts[i]
         pair_words[other].add(i)
-        changed.add(other)
       pieces[i] = new
-    for other in changed:
-      if pair_counts[other] > 0:
-        heapq.heappush(heap, (-pair_counts[other], merged(other), other))
-      else:
+    for other, count in before.items():
+      if pair_counts[other] <= 0:
         del pair_counts[other]
+      elif pair_counts[other] > count:
+        heapq.heappush(heap, (-pair_counts[other], merged(other), other))
     if token not in known:
       known.add(token)
       vocab.append(token)

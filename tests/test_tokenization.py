@@ -267,3 +267,13 @@ def test_build_wordpiece_vocab_errors(tmp_path):
     tokenization.build_wordpiece_vocab([SAMPLE_TEXT], 5, str(tmp_path / "v.txt"))
   with pytest.raises(ValueError, match="no text files"):
     tokenization.build_wordpiece_vocab([], 100, str(tmp_path / "v.txt"))
+
+
+def test_learned_wordpieces_break_ties_by_text_and_merge_the_most_frequent_pair_first():
+  # Characters first (sorted), then merges. (a, ##b) and (c, ##d) are seen 3 times each:
+  # the merged text breaks the tie ("ab" < "cd"). Then (x, ##c) and (##c, ##d) twice
+  # each: "##cd" < "xc"; then "xcd" = x + ##cd.
+  counts = {"ab": 3, "cd": 3, "xcd": 2}
+  pieces = tokenization._learn_wordpieces(counts, 10)  # pylint: disable=protected-access
+  assert pieces == ["##b", "##c", "##d", "a", "c", "x", "ab", "cd", "##cd", "xcd"]
+  assert tokenization._learn_wordpieces(counts, 8) == pieces[:8]  # pylint: disable=protected-access
