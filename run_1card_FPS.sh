@@ -23,7 +23,9 @@ demo_args
 drop_given args "${DEMO_ARGS[@]}"
 args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
 drop_given args "$@"
-python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@"
+run_forwarding_signals python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@"
 # The demo's downstream step: fine-tune the checkpoint just trained, and random weights.
 exec python3 -m bert_pretrain.demo --cache_dir="$DEMO_CACHE" \
-  --finetune_from="$(flag_value output_dir "${args[@]}" "$@")"
+  --finetune_from="$(flag_value output_dir "${args[@]}" "$@")" \
+  --finetune_bert_config_file="$(flag_value bert_config_file "${args[@]}" "$@")" \
+  --finetune_vocab_file="$(flag_value vocab_file "${args[@]}" "$@")"

@@ -99,6 +99,10 @@ flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts."
 flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
                     "demo's pretraining run, whose checkpoint is fine-tuned to tell the "
                     "books apart (and random weights beside it).")
+flags.DEFINE_string("finetune_bert_config_file", None, "With --finetune_from: the run's "
+                    "--bert_config_file (default: the demo's).")
+flags.DEFINE_string("finetune_vocab_file", None, "With --finetune_from: the run's "
+                    "--vocab_file (default: the demo's).")
 FLAGS = flags.FLAGS
 
 
@@ -116,6 +120,12 @@ def read_documents(path):
   if current:
     documents.append(current)
   return documents
+
+
+def is_held_out(document_index):
+  """Held-out documents (every 10th) make the eval sets, the rest the training sets."""
+  step = int(round(1 / EVAL_DOCUMENT_FRACTION))
+  return document_index % step == step - 1
 
 
 def write_documents(documents, path):
@@ -136,11 +146,9 @@ def prepare(cache_dir, log=print):
       "init_checkpoint": os.path.join(cache_dir, "init", "model.ckpt-0"),
   }
 
-  # Held-out documents (every 10th) make the eval set, the rest the training set.
   documents = read_documents(CORPUS)
-  step = int(round(1 / EVAL_DOCUMENT_FRACTION))
-  eval_docs = [d for i, d in enumerate(documents) if i % step == step - 1]
-  train_docs = [d for i, d in enumerate(documents) if i % step != step - 1]
+  eval_docs = [d for i, d in enumerate(documents) if is_held_out(i)]
+  train_docs = [d for i, d in enumerate(documents) if not is_held_out(i)]
   text_dir = os.path.join(cache_dir, "text")
   os.makedirs(text_dir, exist_ok=True)
   train_text = os.path.join(text_dir, "train.txt")
@@ -206,17 +214,16 @@ def write_book_task(folder):
   holds the passages of the held-out documents (those of the pretraining eval set).
 
   Returns:
-    (train examples, dev examples).
+    (train examples, dev examples, the share of the dev set's most frequent book).
   """
   documents = read_documents(CORPUS)
   if len(documents) != sum(n for _, n in BOOKS):
     raise ValueError("the demo corpus %s has %d documents, BOOKS counts %d; restore it with "
                      "git checkout" % (CORPUS, len(documents), sum(n for _, n in BOOKS)))
   labels = [book for book, count in BOOKS for _ in range(count)]
-  step = int(round(1 / EVAL_DOCUMENT_FRACTION))
   splits = {"train": [], "dev": []}
   for i, (document, label) in enumerate(zip(documents, labels)):
-    split = "dev" if i % step == step - 1 else "train"
+    split = "dev" if is_held_out(i) else "train"
     for start in range(0, len(document) - PASSAGE_SENTENCES + 1, PASSAGE_SENTENCES):
       passage = " ".join(document[start:start + PASSAGE_SENTENCES]).replace("\t", " ")
       splits[split].append("%s\t%s" % (passage, label))
@@ -225,20 +232,35 @@ def write_book_task(folder):
     with open(os.path.join(folder, split + ".tsv.tmp"), "w", encoding="utf-8") as f:
       f.write("".join(line + "\n" for line in lines))
     os.replace(os.path.join(folder, split + ".tsv.tmp"), os.path.join(folder, split + ".tsv"))
-  return len(splits["train"]), len(splits["dev"])
+  dev_labels = [line.rsplit("\t", 1)[1] for line in splits["dev"]]
+  majority = max(dev_labels.count(book) for book, _ in BOOKS) / float(len(dev_labels))
+  return len(splits["train"]), len(splits["dev"]), majority
 
 
-def finetune(cache_dir, pretrained_dir, log=print):
+def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
   """The downstream step: fine-tunes the latest checkpoint in pretrained_dir on the book
   task, then the same model from random weights, and prints both dev accuracies.
 
+  Args:
+    cache_dir: the demo's artefacts.
+    pretrained_dir: the pretraining run's output_dir.
+    model_files: (optional) dict with the bert_config_file and vocab_file the run used
+      (default: the demo's).
+    log: function taking a line.
+
   Returns:
-    dict: "pretrained" and "random" -> dev accuracy.
+    dict: "pretrained" and "random" -> dev accuracy; None when pretrained_dir holds no
+    checkpoint (a run with --nodo_train).
   """
   paths = prepare(cache_dir, log=log)
+  paths.update(model_files or {})
+  if not tf.gfile.Glob(os.path.join(pretrained_dir, "*.index")):
+    log("demo: no checkpoint in %s (an evaluation-only run?): no downstream step"
+        % pretrained_dir)
+    return None
   checkpoint = checkpoints.resolve_checkpoint(pretrained_dir, "--finetune_from")
   task_dir = os.path.join(cache_dir, "books")
-  num_train, num_dev = write_book_task(task_dir)
+  num_train, num_dev, majority = write_book_task(task_dir)
   log("demo: downstream task: which of %d books a passage of %d sentences comes from; %d "
       "training passages, %d from held-out documents" % (len(BOOKS), PASSAGE_SENTENCES,
                                                          num_train, num_dev))
@@ -265,8 +287,8 @@ def finetune(cache_dir, pretrained_dir, log=print):
       results = dict(line.strip().split(" = ") for line in f if " = " in line)
     accuracy[start] = float(results["accuracy"])
   log("demo: book accuracy on held-out documents: %.3f fine-tuned from the pretrained "
-      "checkpoint, %.3f from random weights (chance: %.3f)"
-      % (accuracy["pretrained"], accuracy["random"], 1.0 / len(BOOKS)))
+      "checkpoint, %.3f from random weights (the most frequent book alone: %.3f)"
+      % (accuracy["pretrained"], accuracy["random"], majority))
   return accuracy
 
 
@@ -282,8 +304,12 @@ def main(argv):
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   try:
-    if FLAGS.finetune_from:
-      finetune(FLAGS.cache_dir, FLAGS.finetune_from)
+    if FLAGS["finetune_from"].present:
+      if not FLAGS.finetune_from:
+        raise ValueError("--finetune_from is empty; pass the pretraining run's output_dir")
+      finetune(FLAGS.cache_dir, FLAGS.finetune_from,
+               {k: getattr(FLAGS, "finetune_" + k) for k in ("bert_config_file", "vocab_file")
+                if getattr(FLAGS, "finetune_" + k)})
       return 0
     paths = prepare(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
   except ValueError as e:

@@ -65,14 +65,37 @@ demo_args() {
   mapfile -t DEMO_ARGS <<< "$flags"
 }
 
-# flag_value NAME ARGS...: the value of the last --NAME=VALUE among ARGS (the one that wins).
+# flag_value NAME ARGS...: the value of the last --NAME=VALUE or --NAME VALUE among ARGS
+# (the one that wins).
 flag_value() {
-  local name="$1" arg value=""
+  local name="$1" value=""
   shift
-  for arg in "$@"; do
-    case "$arg" in --"$name"=*) value="${arg#*=}" ;; esac
+  while [ "$#" -gt 0 ]; do
+    case "$1" in
+      --"$name"=*|-"$name"=*) value="${1#*=}" ;;
+      --"$name"|-"$name") if [ "$#" -gt 1 ]; then value="$2"; shift; fi ;;
+    esac
+    shift
   done
   echo "$value"
+}
+
+# run_forwarding_signals COMMAND...: runs COMMAND and returns its status, passing SIGTERM
+# and SIGINT on to it: a command that is not exec'd would not get a signal sent to the
+# script, and could not checkpoint and stop.
+run_forwarding_signals() {
+  local child status=0
+  "$@" &
+  child=$!
+  trap 'kill -TERM "$child" 2>/dev/null' TERM
+  trap 'kill -INT "$child" 2>/dev/null' INT
+  wait "$child" || status=$?
+  while kill -0 "$child" 2>/dev/null; do  # a signal ended the wait, not the command
+    status=0
+    wait "$child" || status=$?
+  done
+  trap - TERM INT
+  return "$status"
 }
 
 # count_ranks: ranks per host: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of

@@ -9,6 +9,7 @@ must turn off the scripts' mixed precision.
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -77,9 +78,10 @@ def test_the_one_card_demo_fine_tunes_what_it_pretrained_in_the_output_dir_that_
   args = script_args(tmp_path, "run_1card_FPS.sh")
   assert FINETUNE_CALLS == ["--finetune_from=results/demo-test"]
   assert "--output_dir=results/demo-test" in args
-  args = script_args(tmp_path, "run_1card_FPS.sh", "--output_dir=mine")
-  assert FINETUNE_CALLS == ["--finetune_from=mine"]
-  assert "--output_dir=results/demo-test" not in args
+  for given in (["--output_dir=mine"], ["--output_dir", "mine"]):
+    args = script_args(tmp_path, "run_1card_FPS.sh", *given)
+    assert FINETUNE_CALLS == ["--finetune_from=mine"]
+    assert "--output_dir=results/demo-test" not in args
   script_args(tmp_path, "run_1card_FPS.sh", *DATA)
   assert FINETUNE_CALLS == []  # not after the user's own data
 
@@ -134,3 +136,33 @@ def test_the_flag_defaults_hold_the_mlperf_settings():
             "eval_batch_size": 24, "max_eval_steps": 0}
   assert {name: flags[name].default for name in mlperf} == mlperf
   assert flags["amp"].default is False  # the scripts pass --amp, as the anchor's do
+
+
+def test_a_sigterm_to_the_demo_script_reaches_the_trainer_and_ends_the_script(tmp_path):
+  """The demo does not exec the trainer (the downstream step follows), so the script
+  passes SIGTERM on: the trainer checkpoints and exits 143, and so does the script."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  fake = bin_dir / "python3"
+  fake.write_text(
+      "#!/bin/bash\n"
+      "case \"$2\" in\n"
+      "  bert_pretrain.demo) case \"$4\" in --finetune_from=*) echo finetuned; exit 0 ;; esac\n"
+      "    echo --output_dir=out ;;\n"
+      "  bert_pretrain.run_pretraining) trap 'echo trainer got TERM; exit 143' TERM\n"
+      "    echo trainer started; for i in $(seq 600); do sleep 0.1; done; exit 0 ;;\n"
+      "  *) exec %s \"$@\" ;;\n"
+      "esac\n" % sys.executable)
+  fake.chmod(0o755)
+  env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]),
+             DEMO_CACHE=str(tmp_path / "cache"))
+  script = subprocess.Popen(["bash", os.path.join(ROOT, "run_1card_FPS.sh")],
+                            cwd=str(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, universal_newlines=True, env=env)
+  lines = []
+  for line in script.stdout:
+    lines.append(line)
+    if line.startswith("trainer started"):
+      script.send_signal(signal.SIGTERM)
+  assert script.wait(timeout=60) == 143, lines
+  assert "trainer got TERM\n" in lines and "finetuned\n" not in lines, lines
