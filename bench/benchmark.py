@@ -91,6 +91,8 @@ flags.DEFINE_integer("steps", 0, "Steps per timing window (0: as many as fill "
                      "--window_seconds).")
 flags.DEFINE_integer("windows", 3, "Timing windows per measurement; the median is reported.")
 flags.DEFINE_float("window_seconds", 1.0, "Length of a timing window when --steps=0.")
+flags.DEFINE_integer("matmul_size", 4096, "Side of the square matmul that measures the "
+                     "machine's peak (large enough to reach it; the tests use a small one).")
 flags.DEFINE_integer("warmup_steps", 1, "Steps before timing starts, after the first.")
 flags.DEFINE_integer("batch_size", 0, "Sentences per step in every row (0: per-row defaults).")
 flags.DEFINE_integer("rounds", 2, "Rounds per row: in each, every side runs once, in its own "
@@ -551,7 +553,7 @@ def set_mfu(row, peak):
 def measure_peak(name):
   log("matmul peak (%s)" % name)
   peak = run_worker("peak", dict(base_row(FLAGS.configs[0], int(FLAGS.seq_lengths[0]), "fp32"),
-                                 matmul_size=4096), name)
+                                 matmul_size=FLAGS.matmul_size), name)
   if "error" in peak:
     log("matmul peak failed: %s" % peak["error"])
   return peak

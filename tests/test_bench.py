@@ -58,7 +58,8 @@ def test_one_row_run_of_every_side_writes_table_and_json(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "bench.benchmark", "--configs=tiny", "--seq_lengths=128",
        "--precisions=fp32", "--skip_peer", "--skip_large", "--rounds=1", "--windows=1",
-       "--steps=1", "--warmup_steps=1", "--window_seconds=0.2", "--out_dir=" + out_dir],
+       "--steps=1", "--warmup_steps=1", "--window_seconds=0.2", "--matmul_size=256",
+       "--out_dir=" + out_dir],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
       cwd=ROOT, timeout=900)
   assert result.returncode == 0, result.stdout[-3000:]

@@ -135,15 +135,15 @@ def test_launcher_rejects_inconsistent_card_counts(values, message, tmp_path):
 
 def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
   result = subprocess.run(
-      ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh"), "--num_train_steps=20",
-       "--display_loss_steps=10", "--samples_between_eval=100000"],
+      ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh"), "--num_train_steps=4",
+       "--display_loss_steps=2", "--samples_between_eval=100000", "--max_eval_steps=2"],
       cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       universal_newlines=True, timeout=400,
       env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", DEMO_CACHE=str(tmp_path / "cache")))
   assert result.returncode == 0, result.stdout[-3000:]
   out = result.stdout
   assert "Launching 2 ranks on 1 host (2 per host): horovodrun -np 2 -H localhost:2 --gloo" in out
-  assert "2 rank(s)" in out and "Step 20," in out
+  assert "2 rank(s)" in out and "Step 4," in out
   assert out.count("***** Eval results *****") == 2  # before and after training
   assert re.search(r"\| 2 cards \| acc [\d.]+ \| fps [\d.]+ \|", out)
   demo_runs = os.listdir(str(tmp_path / "results"))
