@@ -104,7 +104,7 @@ else
 fi
 
 # 4. Python packages of the recipe, its tools and tests (pip skips what is there).
-pip_install "$numpy_pin" "$tokenizers" absl-py mlperf-logging pytest vermin psutil matplotlib
+pip_install "$numpy_pin" "$tokenizers" absl-py mlperf-logging pytest pytest-xdist vermin psutil matplotlib
 have_module mpi4py || pip_install mpi4py
 
 # 5. Horovod against this TensorFlow, with Gloo and MPI, and with NCCL on a GPU when CUDA

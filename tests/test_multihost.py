@@ -129,9 +129,9 @@ def hosts(tmp_path_factory):
   with contextlib.ExitStack() as cleanup:
     if not os.path.isdir("/etc/netns"):
       cleanup.callback(_remove_if_empty, "/etc/netns")
-    if not os.path.isdir("/run/sshd"):  # sshd's privilege-separation directory
-      os.makedirs("/run/sshd", mode=0o755)
-      cleanup.callback(shutil.rmtree, "/run/sshd", True)
+    # sshd's privilege-separation directory, which Debian's sshd service makes at boot. It
+    # stays: another sshd may need it (CI runs this file on two TensorFlows at once).
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     for name in namespaces:
       _run("ip", "netns", "add", name)
       cleanup.callback(_remove_namespace, name)
