@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -61,24 +62,51 @@ def _losses(dllog_path):
   return curve
 
 
-def _run_and_signal(command, out, at_step, target=None, sig=signal.SIGTERM):
+def _logged_step(dllog_path):
+  """The last training step in a dllog.json (0: none yet)."""
+  steps = [0]
+  try:
+    with open(str(dllog_path)) as f:
+      for line in f:
+        try:
+          record = json.loads(line)
+        except ValueError:
+          continue  # a line rank 0 is writing
+        if record.get("type") == "train":
+          steps.append(record.get("step", 0))
+  except OSError:
+    pass
+  return max(steps)
+
+
+def _run_and_signal(command, out, at_step, target=None, sig=signal.SIGTERM, dllog=None):
   """Starts `command`, and once it has logged step `at_step` sends `sig` to the process
   `target(proc)` returns (default: the command's own process). Returns (exit status,
-  stdout, stderr, the last step logged)."""
+  stdout, stderr, the last step logged).
+
+  With `dllog` (rank 0's dllog.json, which it writes and flushes itself), the step is
+  looked for there too: a launcher forwards the ranks' output late on a loaded machine,
+  once so late that the job had ended before the signal was sent."""
   out.mkdir(parents=True, exist_ok=True)
   with open(str(out.parent / (out.name + ".stderr")), "w+") as err:
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err,
                             universal_newlines=True, env=_env())
     try:
       lines = []
-      for line in proc.stdout:
-        lines.append(line)
-        if re.search(r"Step %d," % at_step, line):
-          break
+      def read():
+        for line in proc.stdout:
+          lines.append(line)
+      reader = threading.Thread(target=read, daemon=True)
+      reader.start()
+      step_line = re.compile(r"Step %d," % at_step)
+      while not (any(step_line.search(l) for l in list(lines)) or
+                 (dllog is not None and _logged_step(dllog) >= at_step)):
+        assert proc.poll() is None, "".join(lines)
+        time.sleep(0.01)
       assert proc.poll() is None, "".join(lines)
       os.kill(target(proc) if target else proc.pid, sig)
-      lines.extend(proc.stdout)
       status = proc.wait(timeout=120)
+      reader.join(timeout=60)
     finally:
       if proc.poll() is None:
         proc.kill()
@@ -214,7 +242,8 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
   # moments), or horovodrun, which forwards SIGTERM to every rank.
   pick = _rank_1 if target == "one_rank" else None
   status, stdout, stderr, _ = _run_and_signal(launcher + MODULE + ["--horovod"] + flags, out,
-                                              at_step=3, target=pick)
+                                              at_step=3, target=pick,
+                                              dllog=out / "dllog.json")
   assert status != 0
   if launcher == GLOO:
     assert "exit with status code 143" in stdout + stderr, stdout[-3000:]
