@@ -63,20 +63,11 @@ def _losses(dllog_path):
 
 
 def _logged_step(dllog_path):
-  """The last training step in a dllog.json (0: none yet)."""
-  steps = [0]
+  """The last training step in a dllog.json (0: none yet, or a line still being written)."""
   try:
-    with open(str(dllog_path)) as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except ValueError:
-          continue  # a line rank 0 is writing
-        if record.get("type") == "train":
-          steps.append(record.get("step", 0))
-  except OSError:
-    pass
-  return max(steps)
+    return max(_losses(dllog_path), default=0)
+  except (OSError, ValueError):
+    return 0
 
 
 def _run_and_signal(command, out, at_step, target=None, sig=signal.SIGTERM, dllog=None):
