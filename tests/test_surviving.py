@@ -237,7 +237,9 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
                                               dllog=out / "dllog.json")
   assert status != 0
   if launcher == GLOO:
-    assert "exit with status code 143" in stdout + stderr, stdout[-3000:]
+    # 143: the ranks' own exit; 137: horovodrun's kill 5 s after forwarding the signal,
+    # which a loaded machine's process exit can outlast (CI's did, after the checkpoint).
+    assert re.search(r"exit with status code 1(43|37)\.", stdout + stderr), stdout[-3000:]
   else:
     assert status == 143, stdout[-3000:]
   stops = re.findall(r"SIGTERM: rank (\d) stops after step (\d+)", stdout)
