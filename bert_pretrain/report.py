@@ -172,18 +172,26 @@ def draw(records, png_path, title=None):
   plt.close(figure)
 
 
-def write_report(output_dir, dllog_path=None, png_path=None, log=print):
+def write_report(output_dir, dllog_path=None, png_path=None, log=print, picture=True):
   """Prints the summary and draws report.png; what the end of every run calls.
 
+  Args:
+    picture: False prints the summary only (matplotlib's import and the drawing take
+      about 1.5 s).
+
   Returns:
-    The path of the picture, or None when matplotlib is missing (the log says how to get
-    it and how to draw the picture later).
+    The path of the picture, or None when not drawn: picture=False, or matplotlib is
+    missing (the log says how to get it and how to draw the picture later).
   """
   dllog_path = dllog_path or os.path.join(output_dir, "dllog.json")
   png_path = png_path or os.path.join(output_dir, "report.png")
   records = read_records(dllog_path)
   for line in format_summary(summarize(records)):
     log("report: " + line)
+  if not picture:
+    log("report: no picture (--nodraw_report); python3 -m bert_pretrain.report %s draws it"
+        % output_dir)
+    return None
   try:
     draw(records, png_path, title=os.path.basename(os.path.abspath(output_dir)))
   except ImportError:

@@ -70,7 +70,7 @@ def base_flags(data, output_dir, **overrides):
                 max_seq_length=SEQ_LENGTH, max_predictions_per_seq=PREDICTIONS,
                 train_batch_size=8, eval_batch_size=16, num_train_steps=4,
                 learning_rate=1e-3, display_loss_steps=2, save_checkpoints_steps=100,
-                samples_start_eval=10 ** 9, intra_op_threads=1)
+                samples_start_eval=10 ** 9, intra_op_threads=1, nodraw_report=None)
   values.update(overrides)
   return ["--%s" % k if v is None else "--%s=%s" % (k, v) for k, v in values.items()]
 

@@ -145,8 +145,9 @@ def test_every_run_ends_with_its_report(pretraining_data, tmp_path):
   pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
   from conftest import base_flags, run_pretraining
   out = tmp_path / "out"
-  result = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
-                                       display_loss_steps=2, eval_at_start=None))
+  flags = base_flags(pretraining_data, out, num_train_steps=6, display_loss_steps=2,
+                     eval_at_start=None)
+  result = run_pretraining(*[f for f in flags if f != "--nodraw_report"])
   assert result.returncode == 0, result.stderr
   assert "report: updates: 6, training samples: 48, runs logged: 1" in result.stdout
   assert "report: %s" % (out / "report.png") in result.stdout

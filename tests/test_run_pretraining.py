@@ -38,6 +38,11 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
   assert len(accuracies) == 3 and all(0.0 <= a <= 1.0 for a in accuracies)
   assert re.search(r"^\| 1 card \| acc [\d.]+ \| fps [\d.]+ \| status aborted \|$", stdout, re.M)
   assert "Throughput Average (sentences/sec) = " in stdout
+  # The tests' runs skip the picture (tests/test_report.py draws one); the summary stays.
+  assert "report: updates: 6, training samples: 48, runs logged: 1" in stdout
+  assert ("report: no picture (--nodraw_report); python3 -m bert_pretrain.report %s draws it"
+          % out) in stdout
+  assert not (out / "report.png").exists()
   # Checkpoints at step 4 and the final one at 6; eval_results.txt of the last eval.
   assert os.path.exists(str(out / "model.ckpt-4.index"))
   assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-6")

@@ -152,7 +152,7 @@ def _assert_same_curve(curve, reference, first_step):
 def test_sigterm_stops_at_the_step_reached_with_a_checkpoint_and_the_rerun_continues(
     dropout_free, reference_curves, tmp_path):
   out = tmp_path / "out"
-  command = MODULE + _flags(dropout_free, out)
+  command = MODULE + _flags(dropout_free, out, without=("nodraw_report",))
   status, stdout, stderr, last_step = _run_and_signal(command, out, at_step=3)
   assert status == 143, stderr[-3000:]
   assert "SIGTERM received: finishing the current update" in stderr
