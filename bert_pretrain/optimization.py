@@ -173,14 +173,13 @@ class LAMBOptimizer(_WeightDecayOptimizer):
     return m_hat / (tf.sqrt(v_hat) + scalar["epsilon"])
 
   def _step_size(self, param, update, scalar):
-    with tf.name_scope("trust_ratio"):
-      param_norm = tf.sqrt(tf.reduce_sum(tf.square(param)))
-      update_norm = tf.sqrt(tf.reduce_sum(tf.square(update)))
-      # 1 where either norm is 0 (a zero-initialized bias, or no gradient yet).
-      both_positive = tf.logical_and(tf.greater(param_norm, scalar["zero"]),
-                                     tf.greater(update_norm, scalar["zero"]))
-      trust_ratio = tf.where(both_positive, param_norm / update_norm, scalar["one"])
-      return trust_ratio * self.learning_rate
+    param_norm = tf.sqrt(tf.reduce_sum(tf.square(param)))
+    update_norm = tf.sqrt(tf.reduce_sum(tf.square(update)))
+    # 1 where either norm is 0 (a zero-initialized bias, or no gradient yet).
+    both_positive = tf.logical_and(tf.greater(param_norm, scalar["zero"]),
+                                   tf.greater(update_norm, scalar["zero"]))
+    trust_ratio = tf.where(both_positive, param_norm / update_norm, scalar["one"])
+    return trust_ratio * self.learning_rate
 
 
 class DynamicLossScale(object):
