@@ -46,6 +46,7 @@ def pytest_xdist_make_scheduler(config, log):
 
   return SlowestFirst(config, log)
 
+
 TINY_CONFIG = {
     "vocab_size": 600,
     "hidden_size": 32,
