@@ -9,21 +9,31 @@
 # --gloo) goes to horovodrun: --mpi, or hosts for several machines, e.g.
 # HOROVOD_RUN_ARGS="--gloo -H host1:8,host2:8" or "--gloo --hostfile hosts"; the script
 # computes -np (bert_pretrain/launch.py). DRY_RUN=1 prints the plan and the command only.
-# Without --input_files_dir it runs the embedded demo.
+# DISTRIBUTION chooses TensorFlow's own engines instead of Horovod: mirrored (one process
+# drives the cards of this host) or multi_worker_mirrored (one process per host; on
+# several hosts of HOROVOD_RUN_ARGS horovodrun starts them and TF_CONFIG names them, at
+# port MULTI_WORKER_PORT, default 12345). Without --input_files_dir it runs the embedded demo.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/scripts/common.sh"
 
 per_host="$(count_ranks)"
-plan="$(python3 -m bert_pretrain.launch "$per_host")"  # exits 2 on a contradiction
+distribution="${DISTRIBUTION:-horovod}"
+plan="$(python3 -m bert_pretrain.launch "$per_host" "$distribution")"  # exits 2 on a contradiction
 mapfile -t launcher <<< "$plan"
+engine=(--horovod)  # one rank per card
+if [ "$distribution" != horovod ]; then
+  engine=(--distribution="$distribution")
+  # On a CPU: as many replicas as Horovod would start ranks.
+  if [ "$distribution" = mirrored ]; then engine+=(--cpu_devices="$per_host"); fi
+fi
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
 # What differs from the flag defaults (the MLPerf settings of run_pretraining.py):
 args=(
-  --horovod                   # one rank per card
+  "${engine[@]}"
   --amp                       # mixed precision, as the anchor's scripts run: float16 with
                               # loss scaling on GPUs, bfloat16 on CPUs; --noamp turns it off
   --num_accumulation_steps=4  # as the anchor's run_multi_card_FPS.sh: a global batch of
@@ -35,7 +45,7 @@ if ! has_flag input_files_dir "$@"; then
   args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
 fi
 drop_given args "$@"  # the user's flags win
-command=(horovodrun "${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@")
+command=("${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@")
 echo "${launcher[0]}: $(shell_words "${command[@]}")"
 if [ -n "${DRY_RUN:-}" ]; then
   exit 0

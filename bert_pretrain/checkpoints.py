@@ -316,8 +316,9 @@ def resolve_checkpoint(path, flag_name="--init_checkpoint"):
 
 
 def variable_name(variable):
-  """The checkpoint name of a variable: its name without the ":0"."""
-  return variable.op.name
+  """The checkpoint name of a variable: its name without the ":0" (a mirrored variable's
+  in every replica, where its .op is the replica's own copy, "w/replica_1")."""
+  return variable.name.rsplit(":", 1)[0]
 
 
 def restore_model_weights(sess, prefix, model_variables, log=print):
@@ -353,7 +354,9 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
     raise ValueError("checkpoint %s holds none of the model's variables (e.g. %s); it is not "
                      "a BERT checkpoint with Google BERT variable names"
                      % (prefix, variable_name(model_variables[0])))
-  tf.train.Saver(var_list=found).restore(sess, prefix)
+  # A list, not the dict: a Saver restores every replica's copy of a mirrored variable
+  # from a list only (TensorFlow 1.15 fails on the dict, 2.15 sets the first copy).
+  tf.train.Saver(var_list=list(found.values())).restore(sess, prefix)
   log("Loaded %d of %d model variables from %s" % (len(found), len(model_variables), prefix))
   if missing:
     log("Model variables not in the checkpoint (initialized fresh): %s" % ", ".join(missing))

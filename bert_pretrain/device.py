@@ -96,6 +96,14 @@ def gpu_index(ranks, num_gpus):
                    % (ranks.local_size, num_gpus))
 
 
+def replica_devices(device, cpu_devices=1):
+  """The devices of --distribution=mirrored's replicas: every GPU this process sees, or
+  cpu_devices logical CPUs (pretraining.session_config makes them)."""
+  if device.kind == "GPU":
+    return ["/gpu:%d" % i for i in range(len(device.gpus))]
+  return ["/cpu:%d" % i for i in range(cpu_devices)]
+
+
 def gpu_name(gpu, config):
   """The product name of a GPU (a tf.config PhysicalDevice), "" if unknown.
 
@@ -117,7 +125,11 @@ def gpu_name(gpu, config):
 def device_line(device, ranks, name="", cores=None):
   """The run's device, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB, compute float16" (this
   rank's card among the job's) or "CPU, 2 cores, compute bfloat16"."""
-  if device.kind == "GPU":
+  if device.kind == "GPU" and ranks.strategy is not None:
+    where = "%d GPUs of %d (%s)" % (ranks.local_replicas, ranks.replicas, ranks.distribution)
+    if name:
+      where += ", " + name
+  elif device.kind == "GPU":
     where = "GPU %d of %d" % (gpu_index(ranks, len(device.gpus)), ranks.size)
     if name:
       where += ", " + name
@@ -125,5 +137,7 @@ def device_line(device, ranks, name="", cores=None):
     where = "CPU, %d cores" % (cores or os.cpu_count() or 1)
     if ranks.local_size > 1:
       where += ", %d ranks on this host" % ranks.local_size
+    if ranks.local_replicas > 1:
+      where += ", %d logical devices (%s)" % (ranks.local_replicas, ranks.distribution)
   return "%s, compute %s" % (where, device.dtype.name)
 

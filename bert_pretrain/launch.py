@@ -1,4 +1,4 @@
-"""The launch plan of run_multi_card_FPS.sh: hosts, ranks per host and horovodrun's arguments.
+"""The launch plan of run_multi_card_FPS.sh: hosts, ranks per host and the launcher's words.
 
 The number of ranks per host (IX_NUM_CUDA_VISIBLE_DEVICES, as in the anchor recipe) comes from
 the script; the hosts come from HOROVOD_RUN_ARGS (`-H h1:8,h2:8`, `-H h1,h2`, `--hosts=...`,
@@ -6,18 +6,30 @@ the script; the hosts come from HOROVOD_RUN_ARGS (`-H h1:8,h2:8`, `-H h1,h2`, `-
 a host list that agree with each other and with the count per host; any contradiction is an
 error before anything starts. horovodrun (or mpirun under it) does the launching.
 
-  python3 -m bert_pretrain.launch PER_HOST
-prints the summary line, then horovodrun's arguments one a line, with HOROVOD_RUN_ARGS read
-from the environment; on a contradiction it prints a one-line error and exits 2.
+With DISTRIBUTION (the script's environment variable; --distribution of run_pretraining)
+mirrored, one process drives the cards of this host: no launcher. With
+multi_worker_mirrored, one process per host: on one host no launcher either; on several,
+horovodrun starts one process per host (it only starts them: TensorFlow's collectives do
+the all-reduce) and TF_CONFIG names the workers, host:MULTI_WORKER_PORT each, in the
+order of the host list, which is also the order of the ranks that give each its index.
+
+  python3 -m bert_pretrain.launch PER_HOST [DISTRIBUTION]
+prints the summary line, then the launcher's words one a line (none for one process),
+with HOROVOD_RUN_ARGS and MULTI_WORKER_PORT read from the environment; on a contradiction
+it prints a one-line error and exits 2.
 """
 
 import collections
+import json
 import os
 import re
 import shlex
 import sys
 
 Plan = collections.namedtuple("Plan", ["ranks", "hosts", "per_host", "args"])
+# The engines the script launches (run_pretraining's --distribution, but "none").
+DISTRIBUTIONS = ("horovod", "mirrored", "multi_worker_mirrored")
+MULTI_WORKER_PORT = 12345  # TF_CONFIG's port of every worker, unless MULTI_WORKER_PORT.
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -97,17 +109,20 @@ def read_hostfile(path):
   return hosts
 
 
-def plan(run_args, per_host):
+def plan(run_args, per_host, distribution="horovod"):
   """The job horovodrun is to start.
 
   Args:
     run_args: list of str, HOROVOD_RUN_ARGS split like a shell does (e.g. ["--gloo", "-H",
       "h1:8,h2:8"]); no hosts means this machine alone (localhost).
     per_host: int, ranks (cards) per host.
+    distribution: "horovod" (a process per card), "mirrored" (one process, one host) or
+      "multi_worker_mirrored" (a process per host).
 
   Returns:
-    Plan(ranks=total ranks, hosts=list of host names, per_host, args=horovodrun's arguments:
-    -np TOTAL -H h1:C,h2:C, then the other arguments of run_args in their order).
+    Plan(ranks=total ranks (cards), hosts=list of host names, per_host,
+    args=horovodrun's arguments: -np PROCESSES -H h1:C,h2:C (C: processes per host),
+    then the other arguments of run_args in their order).
 
   Raises:
     LaunchError: bad host specs, an unreadable or empty hostfile, slots that differ from
@@ -136,32 +151,65 @@ def plan(run_args, per_host):
     raise LaunchError("-np %s in HOROVOD_RUN_ARGS but %d hosts x %d per host = %d ranks; drop -np "
                       "(the script computes it) or change the hosts" % (found["np"], len(hosts),
                                                                         per_host, ranks))
-  host_list = ",".join("%s:%d" % (host, per_host) for host in names)
-  return Plan(ranks, names, per_host, ["-np", str(ranks), "-H", host_list] + rest)
+  if distribution == "mirrored" and len(names) > 1:
+    raise LaunchError("DISTRIBUTION=mirrored drives the cards of one host but %s names %d; "
+                      "use DISTRIBUTION=multi_worker_mirrored or horovod for several hosts"
+                      % (where, len(names)))
+  processes = per_host if distribution == "horovod" else 1
+  host_list = ",".join("%s:%d" % (host, processes) for host in names)
+  return Plan(ranks, names, per_host,
+              ["-np", str(processes * len(names)), "-H", host_list] + rest)
 
 
-def summary(job):
-  """'Launching 16 ranks on 2 hosts (8 per host)'."""
-  return "Launching %d rank%s on %d host%s (%d per host)" % (
-      job.ranks, "" if job.ranks == 1 else "s", len(job.hosts),
-      "" if len(job.hosts) == 1 else "s", job.per_host)
+def launcher(job, distribution="horovod", port=MULTI_WORKER_PORT):
+  """The words that start the job before `python3 -m ...`: horovodrun and its arguments,
+  with TF_CONFIG for several multi_worker_mirrored hosts; none for one process."""
+  if distribution == "horovod":
+    return ["horovodrun"] + job.args
+  if len(job.hosts) == 1:
+    return []
+  workers = ["%s:%d" % (host, port) for host in job.hosts]
+  tf_config = json.dumps({"cluster": {"worker": workers}}, separators=(",", ":"))
+  return ["env", "TF_CONFIG=" + tf_config, "horovodrun"] + job.args
+
+
+def summary(job, distribution="horovod"):
+  """'Launching 16 ranks on 2 hosts (8 per host)', or for TensorFlow's engines 'Launching
+  2 processes on 2 hosts, each driving 8 cards (multi_worker_mirrored)'."""
+  hosts = "%d host%s" % (len(job.hosts), "" if len(job.hosts) == 1 else "s")
+  if distribution == "horovod":
+    return "Launching %d rank%s on %s (%d per host)" % (
+        job.ranks, "" if job.ranks == 1 else "s", hosts, job.per_host)
+  cards = "%d card%s (%s)" % (job.per_host, "" if job.per_host == 1 else "s", distribution)
+  if len(job.hosts) == 1:
+    return "Launching 1 process driving %s" % cards
+  return "Launching %d processes on %s, each driving %s" % (len(job.hosts), hosts, cards)
 
 
 def main(argv):
-  if len(argv) != 2 or not re.match(r"^[1-9][0-9]*$", argv[1]):
-    print("usage: python3 -m bert_pretrain.launch RANKS_PER_HOST", file=sys.stderr)
+  if len(argv) not in (2, 3) or not re.match(r"^[1-9][0-9]*$", argv[1]):
+    print("usage: python3 -m bert_pretrain.launch RANKS_PER_HOST [DISTRIBUTION]",
+          file=sys.stderr)
     return 2
+  distribution = argv[2] if len(argv) == 3 else "horovod"
   try:
+    if distribution not in DISTRIBUTIONS:
+      raise LaunchError("DISTRIBUTION=%s is not one of %s; unset it for Horovod"
+                        % (distribution, ", ".join(DISTRIBUTIONS)))
+    port = os.environ.get("MULTI_WORKER_PORT") or str(MULTI_WORKER_PORT)
+    if not re.match(r"^[1-9][0-9]*$", port) or int(port) > 65535:
+      raise LaunchError("MULTI_WORKER_PORT=%s is not a port; export a free TCP port, e.g. "
+                        "MULTI_WORKER_PORT=%d" % (port, MULTI_WORKER_PORT))
     try:
       run_args = shlex.split(os.environ.get("HOROVOD_RUN_ARGS") or "--gloo")
     except ValueError as e:
       raise LaunchError("HOROVOD_RUN_ARGS cannot be split into arguments (%s); check its "
                         "quotes" % e)
-    job = plan(run_args, int(argv[1]))
+    job = plan(run_args, int(argv[1]), distribution)
   except LaunchError as e:
     print("run_multi_card_FPS: error: %s" % e, file=sys.stderr)
     return 2
-  print("\n".join([summary(job)] + job.args))
+  print("\n".join([summary(job, distribution)] + launcher(job, distribution, int(port))))
   return 0
 
 

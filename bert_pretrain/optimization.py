@@ -18,6 +18,8 @@ import re
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import checkpoints
+
 EXCLUDE_FROM_WEIGHT_DECAY = ["LayerNorm", "layer_norm", "bias"]
 
 
@@ -73,8 +75,8 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
     for param in variables:
       with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
         slots.append(tuple(
-            tf.get_variable(name=param.op.name + suffix, shape=param.shape.as_list(),
-                            dtype=tf.float32, trainable=False,
+            tf.get_variable(name=checkpoints.variable_name(param) + suffix,
+                            shape=param.shape.as_list(), dtype=tf.float32, trainable=False,
                             initializer=tf.zeros_initializer())
             for suffix in ("/adam_m", "/adam_v")))
     return slots
@@ -96,7 +98,7 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
       next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
       next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
       update = self._update_direction(next_m, next_v, step)
-      if self._do_use_weight_decay(param.op.name):
+      if self._do_use_weight_decay(checkpoints.variable_name(param)):
         update += self.weight_decay_rate * param
       next_param = param - self._step_size(param, update) * update
       assignments.extend([param.assign(next_param), m.assign(next_m), v.assign(next_v)])
@@ -236,11 +238,14 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
 
   accumulate_op = None
   if num_accumulation_steps > 1:
+    # ON_READ: under a tf.distribute strategy each replica sums its own gradients.
     with tf.variable_scope("gradient_accumulation"):
-      accumulators = [tf.get_variable(v.op.name.replace("/", "_"), shape=v.shape.as_list(),
-                                      dtype=tf.float32, trainable=False,
-                                      initializer=tf.zeros_initializer(),
-                                      collections=[tf.GraphKeys.LOCAL_VARIABLES])
+      accumulators = [tf.get_variable(checkpoints.variable_name(v).replace("/", "_"),
+                                      shape=v.shape.as_list(), dtype=tf.float32,
+                                      trainable=False, initializer=tf.zeros_initializer(),
+                                      collections=[tf.GraphKeys.LOCAL_VARIABLES],
+                                      synchronization=tf.VariableSynchronization.ON_READ,
+                                      aggregation=tf.VariableAggregation.SUM)
                       for v in tvars]
     accumulate_op = tf.group(*[a.assign_add(g) for a, g in zip(accumulators, grads)])
     # The last micro-batch is added in the update itself, then the sum is averaged.

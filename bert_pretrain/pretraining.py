@@ -83,7 +83,7 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
                       num_warmup_steps=0, poly_power=1.0, start_warmup_step=0,
                       optimizer_name="lamb", weight_decay_rate=0.01, beta_1=0.9,
                       beta_2=0.999, epsilon=1e-6, num_accumulation_steps=1,
-                      init_loss_scale=2.0 ** 15, hvd=None, allreduce_post_accumulation=True,
+                      init_loss_scale=2.0 ** 15, ranks=None, allreduce_post_accumulation=True,
                       compile_optimizer=False):
   """The ops of one training update: features -> model -> gradients -> (accumulation)
   -> all-reduce -> optimizer, and what the loop fetches with them.
@@ -91,7 +91,8 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
   Args:
     bert_config: modeling.BertConfig.
     features: dict of int32 Tensors of one micro-batch of batch_size sequences (see
-      build_model), e.g. an iterator's get_next() of input_pipeline.make_dataset.
+      build_model), e.g. an iterator's get_next() of input_pipeline.make_dataset (with
+      ranks, of ranks.iterator(): one micro-batch per replica).
     dtype: compute type; tf.float16 brings dynamic loss scaling.
     learning_rate, num_train_steps, num_warmup_steps, poly_power, start_warmup_step:
       the schedule (optimization.learning_rate_schedule): linear warm-up to
@@ -100,15 +101,16 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       (optimization.create_optimizer: "lamb" or "adam").
     num_accumulation_steps: micro-batches summed into one update.
     init_loss_scale: float16's first loss scale.
-    hvd: (optional) the horovod.tensorflow module: gradients, display losses and the
-      stop signal are all-reduced over the ranks.
+    ranks: (optional) ranks.Ranks of a job of several replicas: the graph is built per
+      replica (call this under ranks.scope()), gradients, display losses and the stop
+      signal are all-reduced over the replicas.
     allreduce_post_accumulation: all-reduce once per update, after accumulation
       (otherwise every micro-batch's gradients).
     compile_optimizer: compile the optimizer update with XLA.
 
   Returns:
     TrainGraph with
-      outputs: build_model's dict of the micro-batch.
+      outputs: build_model's dict of the micro-batch (of the first replica).
       global_step: int64 variable, the updates applied.
       loss_scale: optimization.DynamicLossScale, None unless dtype is float16.
       accumulate_op, update_op: run accumulate_op k-1 times (None when k == 1), then
@@ -118,58 +120,68 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
         skipped the update), "stop_signal" (the largest signal number of all ranks, 0:
         none) and with loss scaling "loss_scale" and "skipped_steps".
       display_fetches: step_fetches plus "losses" (float32 [3]: total, masked-LM and
-        next-sentence loss, averaged over the ranks), "learning_rate" and
+        next-sentence loss, averaged over the replicas), "learning_rate" and
         "forward_done" (when this rank's forward pass ended, seconds since the epoch).
       stop_feed, stop_agreed: signals.agreed_signal's placeholder and its agreed value.
-      rank_time, rank_times: with hvd, a float64 [1] placeholder (this rank's step
-        time) and its allgather (float64 [ranks]); None without hvd.
+      rank_time, rank_times: with several processes, a float64 [1] placeholder (this
+        rank's step time) and every rank's (float64 [ranks]); None otherwise.
   """
   global_step = tf.train.get_or_create_global_step()
-  outputs = build_model(bert_config, features, True, dtype)
-  learning_rate = optimization.learning_rate_schedule(
-      global_step, learning_rate, num_train_steps, num_warmup_steps, poly_power,
-      start_warmup_step)
-  optimizer = optimization.create_optimizer(optimizer_name, learning_rate, weight_decay_rate,
-                                            beta_1, beta_2, epsilon)
-  loss_scale = None
-  if dtype == tf.float16:
-    loss_scale = optimization.DynamicLossScale(initial_scale=init_loss_scale)
-  allreduce_fn = None
-  if hvd is not None:
-    allreduce_fn = lambda grads: [hvd.allreduce(g, op=hvd.Average) for g in grads]
-  (accumulate_op, update_op) = optimization.create_train_ops(
-      outputs["total_loss"], optimizer, global_step, num_accumulation_steps,
-      allreduce_fn=allreduce_fn if allreduce_post_accumulation else None,
-      loss_scale=loss_scale,
-      pre_accumulation_fn=None if allreduce_post_accumulation else allreduce_fn,
-      compile_optimizer=compile_optimizer)
-
-  losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
-  if hvd is not None:
-    losses = hvd.allreduce(losses, op=hvd.Average, name="display_losses")
-  stop_feed, stop_agreed = signals.agreed_signal(hvd)
-  with tf.control_dependencies([update_op]):
-    # global_step after the update: one more, or the same when loss scaling skipped
-    # an update whose gradients overflowed.
-    step_fetches = {"step": global_step.read_value()}
-    if loss_scale is not None:
-      step_fetches.update(loss_scale=loss_scale.scale.read_value(),
-                          skipped_steps=loss_scale.skipped_steps.read_value())
-  # The stop request agreed by all ranks, in the same session run as the update.
-  step_fetches["stop_signal"] = stop_agreed
-  # When this rank's forward pass ended (seconds since the epoch): what the step took
-  # here before waiting for the other ranks in the all-reduce.
-  with tf.control_dependencies([outputs["total_loss"]]):
-    forward_done = tf.timestamp()
-  display_fetches = dict(step_fetches, losses=losses, learning_rate=learning_rate,
-                         forward_done=forward_done)
-  rank_time = rank_times = None
-  if hvd is not None:
+  several = ranks is not None and ranks.replicas > 1
+  all_reduce = ranks.all_reduce if several else None
+  stop_feed = tf.placeholder_with_default(tf.constant(0.0), [], name="stop_signal")
+  rank_time = None
+  if ranks is not None and ranks.size > 1:
     # Gathered on display steps only: each rank's input + forward time of that step.
     rank_time = tf.placeholder(tf.float64, [1])
-    rank_times = hvd.allgather(rank_time, name="rank_step_times")
-  return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op, step_fetches,
-                    display_fetches, stop_feed, stop_agreed, rank_time, rank_times)
+
+  def replica(features):
+    outputs = build_model(bert_config, features, True, dtype)
+    lr = optimization.learning_rate_schedule(global_step, learning_rate, num_train_steps,
+                                             num_warmup_steps, poly_power, start_warmup_step)
+    optimizer = optimization.create_optimizer(optimizer_name, lr, weight_decay_rate, beta_1,
+                                              beta_2, epsilon)
+    loss_scale = None
+    if dtype == tf.float16:
+      loss_scale = optimization.DynamicLossScale(initial_scale=init_loss_scale)
+    (accumulate_op, update_op) = optimization.create_train_ops(
+        outputs["total_loss"], optimizer, global_step, num_accumulation_steps,
+        allreduce_fn=all_reduce if allreduce_post_accumulation else None,
+        loss_scale=loss_scale,
+        pre_accumulation_fn=None if allreduce_post_accumulation else all_reduce,
+        compile_optimizer=compile_optimizer)
+    losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
+    if several:
+      losses = all_reduce([losses], name="display_losses")[0]
+    stop_agreed = signals.agreed_signal(stop_feed, ranks if several else None)
+    with tf.control_dependencies([update_op]):
+      # global_step after the update: one more, or the same when loss scaling skipped
+      # an update whose gradients overflowed.
+      step_fetches = {"step": global_step.read_value()}
+      if loss_scale is not None:
+        step_fetches.update(loss_scale=loss_scale.scale.read_value(),
+                            skipped_steps=loss_scale.skipped_steps.read_value())
+    # The stop request agreed by all ranks, in the same session run as the update.
+    step_fetches["stop_signal"] = stop_agreed
+    # When this rank's forward pass ended (seconds since the epoch): what the step took
+    # here before waiting for the other ranks in the all-reduce.
+    with tf.control_dependencies([outputs["total_loss"]]):
+      forward_done = tf.timestamp()
+    display_fetches = dict(step_fetches, losses=losses, learning_rate=lr,
+                           forward_done=forward_done)
+    rank_times = None
+    if rank_time is not None:
+      # Each rank's time at its own place, summed: every rank's time.
+      rank_times = ranks.process_sum(
+          tf.one_hot(ranks.rank, ranks.size, dtype=tf.float64) * rank_time,
+          name="rank_step_times")
+    return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op,
+                      step_fetches, display_fetches, stop_feed, stop_agreed, rank_time,
+                      rank_times)
+
+  if ranks is None:
+    return replica(features)
+  return ranks.merged(ranks.each_replica(replica, features))
 
 
 EVAL_SUMS = ("mlm_correct", "mlm_weight", "mlm_loss_sum", "nsp_correct", "nsp_count",
@@ -204,10 +216,10 @@ class Evaluator(object):
       outputs = build_model(bert_config, self.iterator.get_next(), False, dtype)
     self.batch_sums = tf.stack([outputs[k] for k in EVAL_SUMS])
     self.ranks = ranks
-    if ranks.hvd is not None:
+    if ranks.size > 1:
       self.rank_sums = tf.placeholder(tf.float64, [len(EVAL_SUMS)])
-      self.all_sums = ranks.hvd.allreduce(self.rank_sums, op=ranks.hvd.Sum,
-                                          name="eval_sums")
+      self.all_sums = ranks.merged(ranks.each_replica(
+          lambda: ranks.process_sum(self.rank_sums, name="eval_sums")))
 
   def evaluate(self, sess):
     """Returns dict: masked_lm_accuracy, masked_lm_loss, next_sentence_accuracy,
@@ -219,7 +231,7 @@ class Evaluator(object):
         sums += sess.run(self.batch_sums)
       except tf.errors.OutOfRangeError:
         break
-    if self.ranks.hvd is not None:
+    if self.ranks.size > 1:
       sums = sess.run(self.all_sums, {self.rank_sums: sums})
     s = dict(zip(EVAL_SUMS, sums))
     return {
@@ -231,15 +243,18 @@ class Evaluator(object):
     }
 
 
-def session_config(intra_op_threads, inter_op_threads, gpu=None, use_xla=False):
+def session_config(intra_op_threads, inter_op_threads, gpu=None, use_xla=False,
+                   cpu_devices=1):
   """Threads, GPU placement and XLA of a training session.
 
   Args:
     intra_op_threads: threads per op.
     inter_op_threads: ops run at once.
     gpu: (optional) index, among the GPUs this process sees, of the one it computes on
-      (one card per rank); None: the CPU, no GPU.
+      (one card per rank), or "all" (one process drives every card it sees); None: the
+      CPU, no GPU.
     use_xla: XLA auto-clustering of the graph.
+    cpu_devices: logical CPU devices (/cpu:0, /cpu:1, ...), for replicas on the CPU.
 
   Returns:
     tf.ConfigProto.
@@ -247,9 +262,11 @@ def session_config(intra_op_threads, inter_op_threads, gpu=None, use_xla=False):
   config = tf.ConfigProto(intra_op_parallelism_threads=intra_op_threads,
                           inter_op_parallelism_threads=inter_op_threads,
                           allow_soft_placement=True)
+  config.device_count["CPU"] = cpu_devices
   if gpu is not None:
     config.gpu_options.allow_growth = True
-    config.gpu_options.visible_device_list = str(gpu)
+    if gpu != "all":
+      config.gpu_options.visible_device_list = str(gpu)
   else:
     config.device_count["GPU"] = 0
   if use_xla:

@@ -1,41 +1,140 @@
-"""Who this process is in a job: its rank among the ranks (Horovod), its local rank on
-its host, and the watch that names a rank that stalls.
+"""Who this process is in a job, and how the job's replicas talk: its rank among the
+processes, its local rank on its host, the all-reduce of the chosen engine, and the watch
+that names a rank that stalls.
 
-One process per card; run_multi_card_FPS.sh starts them with horovodrun. Without
---horovod a run is rank 0 of 1.
+Engines (--distribution):
+- horovod (the default of run_multi_card_FPS.sh): one process per card, started by
+  horovodrun or mpirun; Horovod all-reduces.
+- mirrored: one process drives every card of its host (tf.distribute.MirroredStrategy),
+  one replica per card.
+- multi_worker_mirrored: one process per host, configured by TF_CONFIG as TensorFlow
+  expects, each driving the cards of its host
+  (tf.distribute.experimental.MultiWorkerMirroredStrategy; collective all-reduce).
+- none: one card, rank 0 of 1.
+
+The graph code is the same for all: it is built once per replica by each_replica() (under
+scope()), reduces with all_reduce() and process_sum(), and the loop fetches merged().
 """
 
+import contextlib
+import json
 import os
 import sys
 import threading
 import time
 
+import tensorflow.compat.v1 as tf
+
+DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
+
+# The variables of the job's processes when launched by horovodrun or mpirun (also for
+# multi_worker_mirrored, whose TF_CONFIG may leave the task to them).
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def launcher_rank():
+  """This process's rank as the launcher (horovodrun, mpirun) set it, else None."""
+  for name in RANK_VARIABLES:
+    if os.environ.get(name, "").isdigit():
+      return int(os.environ[name])
+  return None
+
+
+def multi_worker_config():
+  """TF_CONFIG's cluster and this process's worker index, checked.
+
+  TF_CONFIG is TensorFlow's: {"cluster": {"worker": ["host1:port", ...]}, "task":
+  {"type": "worker", "index": i}}. Without "task" (run_multi_card_FPS.sh sets one
+  TF_CONFIG for all hosts), the index is the launcher's rank. Without TF_CONFIG the job
+  is this one process.
+
+  Returns:
+    (workers, index): the list of "host:port" and this process's place in it.
+
+  Raises:
+    ValueError: the one-line error for a TF_CONFIG that cannot work.
+  """
+  text = os.environ.get("TF_CONFIG", "")
+  if not text.strip():
+    return [], 0
+  fix = ('; set TF_CONFIG=\'{"cluster": {"worker": ["host1:2222", "host2:2222"]}, '
+         '"task": {"type": "worker", "index": 0}}\' (the index differs per host)')
+  try:
+    config = json.loads(text)
+    workers = list(config["cluster"]["worker"])
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError("TF_CONFIG is not a cluster of workers (%s: %s)%s"
+                     % (type(e).__name__, e, fix))
+  if set(config["cluster"]) - {"worker"}:
+    raise ValueError("TF_CONFIG names jobs %s; --distribution=multi_worker_mirrored runs "
+                     "workers only%s" % (sorted(config["cluster"]), fix))
+  task = config.get("task") or {}
+  index = task.get("index", launcher_rank())
+  if task.get("type", "worker") != "worker" or not isinstance(index, int) or \
+      not 0 <= index < len(workers):
+    raise ValueError("TF_CONFIG's task %s is not one of its %d workers%s"
+                     % (json.dumps(task) if task else "(none, and no launcher rank)",
+                        len(workers), fix))
+  return workers, index
+
+
+def _update_from_first_replica(next_creator, **kwargs):
+  """Variable creator: a mirrored variable that a replica assigns takes the first
+  replica's value on every replica (all replicas compute the same update, from the
+  same all-reduced gradients). Per-replica variables (ON_READ) are left alone."""
+  if kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ and \
+      kwargs.get("aggregation") in (None, tf.VariableAggregation.NONE):
+    kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+  return next_creator(**kwargs)
+
+
+def _merge(*values):
+  """One replica's value that waits for every replica's (see Ranks.merged)."""
+  if all(v is values[0] for v in values):
+    return values[0]  # The same for all: a placeholder, a shared variable or object.
+  if isinstance(values[0], tf.Operation):
+    return tf.group(*values)
+  if isinstance(values[0], tf.Tensor):
+    with tf.control_dependencies(values[1:]):
+      return tf.identity(values[0])
+  return values[0]
+
 
 class Ranks(object):
-  """Who this process is: its rank among `size` ranks, and its local rank on the host.
+  """Who this process is: its rank among `size` processes, its local rank on the host,
+  and `replicas`, the model replicas of the whole job (one per card: the global batch is
+  train_batch_size x accumulation x replicas).
 
-  With Horovod and stall_timeout_s, a rank that stops taking part is named and the job
-  ends instead of hanging. Two checks share the timeout:
+  With several processes and stall_timeout_s, a rank that stops taking part is named and
+  the job ends instead of hanging. Two checks share the timeout:
   - Horovod's stall check (HOROVOD_STALL_CHECK_TIME_SECONDS, then
     HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; set here unless the user set them) lists the
     ranks that did not submit an all-reduce ("Missing ranks"), e.g. a rank stuck in I/O,
     and shuts Horovod down; the training loop then fails with a Horovod error. It runs
     under MPI; Horovod 0.28.1's Gloo controller did not run it in our tests.
-  - A whole process stopped or frozen cannot answer Horovod's negotiation, so the stall
-    check never runs (MPI waits forever, Gloo times out without a rank). Each rank
-    therefore rewrites a small file output_dir/.ranks/rank-N every few seconds from a
-    thread; a rank that sees another's file unchanged for stall_timeout_s prints a
-    one-line error naming it and exits with status 3. On several hosts this needs an
-    output_dir all hosts see; otherwise only ranks of the same host are named.
+  - A whole process stopped or frozen cannot answer the all-reduce, so Horovod's stall
+    check never runs (MPI waits forever, Gloo times out without a rank) and TensorFlow's
+    collectives wait. Each rank therefore rewrites a small file output_dir/.ranks/rank-N
+    every few seconds from a thread; a rank that sees another's file unchanged for
+    stall_timeout_s prints a one-line error naming it and exits with status 3. On several
+    hosts this needs an output_dir all hosts see; otherwise only ranks of the same host
+    are named.
 
   Args:
-    use_horovod: initialize Horovod.
+    distribution: one of DISTRIBUTIONS (True: "horovod", False: "none").
     stall_timeout_s: seconds a rank may stay away (0: no stall checks).
     output_dir: the run's folder (for the .ranks files).
+    devices: with "mirrored", the devices of the replicas ("/gpu:0", ...; "/cpu:0",
+      "/cpu:1" for logical CPUs of the session config, see cpu_devices).
   """
 
-  def __init__(self, use_horovod, stall_timeout_s=0, output_dir=None):
+  def __init__(self, distribution="none", stall_timeout_s=0, output_dir=None, devices=None):
+    if distribution is True or distribution is False:
+      distribution = "horovod" if distribution else "none"
+    self.distribution = distribution
     self.hvd = None
+    self.strategy = None
+    self._workers = []  # multi_worker_mirrored: TF_CONFIG's "host:port" list.
     self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
     self.stall_timeout_s = stall_timeout_s
     self._folder = None
@@ -43,12 +142,14 @@ class Ranks(object):
     self._thread = None
     self._stop = threading.Event()
     self._seen = {}  # rank -> (file content, time it last changed)
-    if use_horovod:
+    self._started = time.time()
+    if distribution == "horovod":
       try:
         import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
       except ImportError as e:
-        raise ValueError("--horovod needs Horovod with TensorFlow support (%s); run "
-                         "bash init_tf.sh" % e)
+        raise ValueError("--distribution=horovod needs Horovod with TensorFlow support (%s); "
+                         "run bash init_tf.sh, or pass --distribution=mirrored (one host) or "
+                         "multi_worker_mirrored" % e)
       if stall_timeout_s > 0:
         # Horovod reads these in init(); a user's own setting wins.
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
@@ -61,11 +162,156 @@ class Ranks(object):
       self.hvd = hvd
       self.rank, self.size = hvd.rank(), hvd.size()
       self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+    elif distribution == "mirrored":
+      self.strategy = tf.distribute.MirroredStrategy(devices)
+    elif distribution == "multi_worker_mirrored":
+      self._workers, self.rank = multi_worker_config()
+      if self._workers:
+        # The strategy reads TF_CONFIG; the task may have come from the launcher.
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": self._workers},
+                                              "task": {"type": "worker", "index": self.rank}})
+        self.size = len(self._workers)
+        hosts = [w.rsplit(":", 1)[0] for w in self._workers]
+        self.local_rank = hosts[:self.rank].count(hosts[self.rank])
+        self.local_size = hosts.count(hosts[self.rank])
+      self.strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
+    elif distribution != "none":
+      raise ValueError("--distribution=%s is not one of %s" % (distribution,
+                                                              ", ".join(DISTRIBUTIONS)))
+    self.replicas = self.strategy.num_replicas_in_sync if self.strategy else self.size
     if self.size > 1 and stall_timeout_s > 0 and output_dir:
       self._folder = os.path.join(output_dir, ".ranks")
       self._interval = max(1.0, min(10.0, stall_timeout_s / 10.0))
       self._thread = threading.Thread(target=self._watch, name="stall_watchdog", daemon=True)
       self._thread.start()
+
+  @property
+  def local_replicas(self):
+    """The replicas this process drives (one per card it computes on)."""
+    return self.replicas // self.size
+
+  def scope(self):
+    """The context the graph is built in (variables become mirrored under a strategy)."""
+    if self.strategy is None:
+      return contextlib.ExitStack()
+    stack = contextlib.ExitStack()
+    stack.enter_context(self.strategy.scope())
+    stack.enter_context(tf.variable_creator_scope(_update_from_first_replica))
+    return stack
+
+  def iterator(self, dataset):
+    """An initializable iterator over this process's dataset of per-replica batches;
+    under a strategy its get_next() gives each replica the next batch in turn."""
+    if self.strategy is None:
+      return tf.data.make_initializable_iterator(dataset)
+    distribute = (getattr(self.strategy, "distribute_datasets_from_function", None) or
+                  self.strategy.experimental_distribute_datasets_from_function)
+    # The dataset is this process's share already (sharded by rank).
+    return tf.data.make_initializable_iterator(distribute(lambda input_context: dataset))
+
+  def each_replica(self, fn, *args):
+    """Builds fn(*args) once per replica of this process (once without a strategy);
+    args from iterator().get_next() give each replica its own batch.
+
+    Returns:
+      list of fn's results, one per replica.
+    """
+    if self.strategy is None:
+      return [fn(*args)]
+    results = []
+    self.strategy.extended.call_for_each_replica(lambda *a: results.append(fn(*a)), args=args)
+    return results
+
+  @staticmethod
+  def merged(results):
+    """each_replica's results as one structure to fetch: replica 0's tensors, each
+    after every replica's (so that every replica's all-reduce runs), every replica's
+    ops grouped."""
+    return tf.nest.map_structure(_merge, *results)
+
+  def all_reduce(self, tensors, average=True, name=None):
+    """Averages (or sums) each tensor over all the job's replicas, in a replica's graph.
+
+    Returns:
+      list of tensors.
+    """
+    if self.hvd is not None:
+      op = self.hvd.Average if average else self.hvd.Sum
+      return [self.hvd.allreduce(t, op=op, name=name and "%s_%d" % (name, i))
+              for i, t in enumerate(tensors)]
+    if self.strategy is None:
+      return list(tensors)
+    reduce_op = tf.distribute.ReduceOp.MEAN if average else tf.distribute.ReduceOp.SUM
+
+    def merge_fn(strategy, *values):
+      return strategy.extended.batch_reduce_to(reduce_op, [(v, v) for v in values])
+
+    # ReplicaContext.all_reduce would do it, but its gradient wrapper fails on mirrored
+    # variables in graph mode (it looks up "w/replica_1" by name).
+    # tf.identity places each tensor on this replica's device (TensorFlow 1.15's
+    # collectives need one; a placeholder made outside the replicas has none).
+    return list(tf.distribute.get_replica_context().merge_call(
+        merge_fn, args=tuple(tf.identity(t) for t in tensors)))
+
+  def process_sum(self, tensor, name=None):
+    """Sums over the processes a tensor that every replica of a process holds alike
+    (a rank's eval sums, its step time), in a replica's graph."""
+    if self.hvd is not None:
+      return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name)
+    if self.strategy is None:
+      return tf.identity(tensor)
+    total = self.all_reduce([tensor], average=False)[0]
+    return total / tf.cast(self.local_replicas, total.dtype)
+
+  def broadcast_op(self):
+    """The op that gives every replica of every process rank 0's global variables (run
+    after restoring), None with one card."""
+    if self.hvd is not None:
+      return self.hvd.broadcast_global_variables(0)
+    if self.strategy is None:
+      return None
+    variables = tf.global_variables()
+    if self.size == 1:
+      # Outside a replica a mirrored variable reads its first copy and assigns them all.
+      return tf.group(*[v.assign(v.read_value()) for v in variables])
+
+    def replica():
+      # Rank 0's values, zeros elsewhere, summed: a broadcast by the engine's all-reduce
+      # (integers as float64, exact up to 2^53).
+      mine = [v.read_value() if self.is_chief else tf.zeros(v.shape, v.dtype.base_dtype)
+              for v in variables]
+      mine = [t if t.dtype.is_floating else tf.cast(t, tf.float64) for t in mine]
+      summed = [None] * len(mine)
+      for dtype in set(t.dtype for t in mine):  # A batch of collectives has one dtype.
+        places = [i for i, t in enumerate(mine) if t.dtype == dtype]
+        for i, t in zip(places, self.all_reduce([mine[i] for i in places], average=False)):
+          summed[i] = t / float(self.local_replicas)
+      return summed
+
+    values = self.merged(self.each_replica(replica))
+    return tf.group(*[v.assign(tf.cast(x, v.dtype.base_dtype))
+                      for v, x in zip(variables, values)])
+
+  def session(self, config):
+    """The training session: multi_worker_mirrored's joins its workers (a server per
+    worker, the collectives configured into config)."""
+    if self.distribution != "multi_worker_mirrored":
+      return tf.Session(config=config)
+    config = self.strategy.update_config_proto(config)
+    if tf.__version__.startswith("1."):
+      # TensorFlow 1.15's scoped-allocator rewrite of the collectives, which the strategy
+      # turns on, fails on variable reads and can abort a worker ("Device does not
+      # implement GetScopedAllocator()" on a CPU). DEFAULT is off; 1.15 takes OFF for on.
+      rewrite = config.graph_options.rewrite_options
+      rewrite.scoped_allocator_optimization = rewrite.DEFAULT
+      del rewrite.scoped_allocator_opts.enable_op[:]
+    target = ""
+    if self._workers:
+      server = tf.distribute.Server(tf.train.ClusterSpec({"worker": self._workers}),
+                                    job_name="worker", task_index=self.rank, config=config,
+                                    start=True)
+      target = server.target
+    return tf.Session(target, config=config)
 
   @property
   def is_chief(self):
@@ -97,9 +343,10 @@ class Ranks(object):
         os._exit(3)  # pylint: disable=protected-access
 
   def stalled_ranks(self, min_age_s=None):
-    """Other ranks whose heartbeat changed since this rank started watching, then not
-    for min_age_s seconds (default: three heartbeats; a file left by an earlier run never
-    counts)."""
+    """Other ranks whose heartbeat was written during this job, then not for min_age_s
+    seconds (default: three heartbeats). A file written before this rank started, less
+    the stall timeout (the ranks of a job start about together), was left by an earlier
+    run: it counts only once it changes."""
     if min_age_s is None:
       min_age_s = 3 * self._interval
     if self._folder is None:
@@ -109,16 +356,20 @@ class Ranks(object):
     for rank in range(self.size):
       if rank == self.rank:
         continue
+      path = os.path.join(self._folder, "rank-%d" % rank)
       try:
-        with open(os.path.join(self._folder, "rank-%d" % rank)) as f:
+        with open(path) as f:
           content = f.read()
+        written = os.path.getmtime(path)
       except OSError:
         continue
       if content.startswith("done"):
         continue
       previous = self._seen.get(rank)
       if previous is None:
-        self._seen[rank] = (content, None)
+        # A rank killed right after its first heartbeat never changes its file again.
+        this_job = written >= self._started - self.stall_timeout_s
+        self._seen[rank] = (content, written if this_job else None)
       elif previous[0] != content:
         self._seen[rank] = (content, now)
       elif previous[1] is not None and now - previous[1] >= min_age_s:

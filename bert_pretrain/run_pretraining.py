@@ -87,7 +87,16 @@ flags.DEFINE_integer("samples_between_eval", 150000, "Evaluate every this many t
 flags.DEFINE_integer("samples_start_eval", 3000000, "No periodic evaluation before this many "
                      "training samples.")
 flags.DEFINE_float("stop_threshold", 0.72, "Stop when masked-LM accuracy reaches this (0: never).")
-flags.DEFINE_bool("horovod", False, "One process per card, gradients all-reduced by Horovod.")
+flags.DEFINE_enum("distribution", "none", list(ranks_lib.DISTRIBUTIONS),
+                  "How several cards train together: horovod (one process per card, "
+                  "launched by horovodrun or mpirun), mirrored (this process drives every "
+                  "card of the host: tf.distribute.MirroredStrategy), multi_worker_mirrored "
+                  "(one process per host, TF_CONFIG names the workers: "
+                  "tf.distribute.experimental.MultiWorkerMirroredStrategy), none (one card).")
+flags.DEFINE_bool("horovod", False, "Same as --distribution=horovod.")
+flags.DEFINE_integer("cpu_devices", 1, "With --distribution=mirrored on a CPU: logical CPU "
+                     "devices, one replica each (to try the engine; the cores are shared, "
+                     "so it is no faster).")
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 compute with loss scaling on GPUs, "
                   "bfloat16 on CPUs (see --amp_dtype); master weights stay float32.")
 flags.DEFINE_bool("use_fp16", False, "Alias of --amp.")
@@ -198,6 +207,13 @@ def check_flags():
                "keep_checkpoint_max", "max_eval_steps", "samples_start_eval"):
     if getattr(FLAGS, name) < 0:
       raise ValueError("--%s=%d must not be negative" % (name, getattr(FLAGS, name)))
+  if FLAGS.horovod and FLAGS.distribution not in ("none", "horovod"):
+    raise ValueError("--horovod and --distribution=%s disagree; pass one"
+                     % FLAGS.distribution)
+  if FLAGS.cpu_devices < 1 or (FLAGS.cpu_devices > 1 and distribution() != "mirrored"):
+    raise ValueError("--cpu_devices=%d: logical CPU devices are replicas of "
+                     "--distribution=mirrored only (at least 1); drop it or pass "
+                     "--distribution=mirrored" % FLAGS.cpu_devices)
   if FLAGS.init_loss_scale < 1:
     raise ValueError("--init_loss_scale=%g must be at least 1" % FLAGS.init_loss_scale)
   if FLAGS.do_train and FLAGS.num_train_steps < 1:
@@ -349,6 +365,11 @@ def anchor_flags(log=None):
       log("run_pretraining: note: %s: %s" % (FLAGS[name].serialize(), note % values))
 
 
+def distribution():
+  """The engine: --distribution, or horovod for --horovod."""
+  return "horovod" if FLAGS.horovod else FLAGS.distribution
+
+
 def resume_settings(bert_config):
   """What a run resuming from output_dir must share with the run that wrote it."""
   return {"bert_config": bert_config.to_dict(), "max_seq_length": FLAGS.max_seq_length,
@@ -412,7 +433,8 @@ def log_hyperparameters(logger, ranks, global_batch_size, learning_rate):
   logger.mlperf(c.OPT_LAMB_WEIGHT_DECAY, FLAGS.weight_decay_rate)
   logger.mlperf(c.OPT_LAMB_LR_DECAY_POLY_POWER, FLAGS.poly_power)
   logger.mlperf("opt_name", FLAGS.optimizer)
-  logger.mlperf("num_ranks", ranks.size)
+  logger.mlperf("num_ranks", ranks.replicas)
+  logger.mlperf("distribution", ranks.distribution)
 
 
 def run(inputs, ranks, device, stop=None):
@@ -425,13 +447,15 @@ def run(inputs, ranks, device, stop=None):
   stop = stop or signals.StopRequest()
   run_start = time.time()
   is_chief = ranks.is_chief
+  gpu = None
+  if device.kind == "GPU":
+    gpu = "all" if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
   config = pretraining.session_config(
       FLAGS.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size),
-      FLAGS.inter_op_threads or 2,
-      device_lib.gpu_index(ranks, len(device.gpus)) if device.kind == "GPU" else None,
-      FLAGS.use_xla)
-  global_batch_size = FLAGS.train_batch_size * FLAGS.num_accumulation_steps * ranks.size
-  learning_rate = FLAGS.learning_rate * (ranks.size if FLAGS.scale_lr_by_ranks else 1)
+      FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla,
+      FLAGS.cpu_devices if device.kind == "CPU" else 1)
+  global_batch_size = FLAGS.train_batch_size * FLAGS.num_accumulation_steps * ranks.replicas
+  learning_rate = FLAGS.learning_rate * (ranks.replicas if FLAGS.scale_lr_by_ranks else 1)
   logger = start_logs(ranks, device, config, global_batch_size, learning_rate,
                       inputs.skipped_records)
 
@@ -523,9 +547,9 @@ def run(inputs, ranks, device, stop=None):
   logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, step * global_batch_size)
   logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
   log_summary(logger, step, meter, evals.eval_time, results, results_at_start, status,
-              ranks.size, time.time() - run_start)
+              ranks.replicas, time.time() - run_start)
   logger.close()
-  if stopped_by and ranks.hvd is not None:
+  if stopped_by and ranks.size > 1:
     # A barrier: no rank exits (which makes the launcher end the others) before rank 0
     # has saved and written its logs.
     sess.run(train.stop_agreed)
@@ -558,51 +582,54 @@ def start_session(inputs, ranks, device, config, learning_rate, logger):
   """
   if FLAGS.seed is not None:
     tf.set_random_seed(FLAGS.seed)
-  global_step = tf.train.get_or_create_global_step()
-  train = None
-  if FLAGS.do_train:
-    skip_batches = tf.placeholder_with_default(tf.constant(0, tf.int64), [])
-    dataset = input_pipeline.make_dataset(
-        inputs.train_files, FLAGS.train_batch_size, FLAGS.max_seq_length,
-        FLAGS.max_predictions_per_seq, is_training=True, num_shards=ranks.size,
-        shard_index=ranks.rank, shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed,
-        vocab_size=inputs.bert_config.vocab_size,
-        skip_records=inputs.skipped_records.bad, skip_batches=skip_batches)
-    train_iterator = tf.data.make_initializable_iterator(dataset)
-    train = pretraining.build_train_graph(
-        inputs.bert_config, train_iterator.get_next(), device.dtype, learning_rate,
-        FLAGS.num_train_steps, num_warmup_steps=FLAGS.num_warmup_steps,
-        poly_power=FLAGS.poly_power, start_warmup_step=FLAGS.start_warmup_step,
-        optimizer_name=FLAGS.optimizer, weight_decay_rate=FLAGS.weight_decay_rate,
-        beta_1=FLAGS.beta_1, beta_2=FLAGS.beta_2, epsilon=FLAGS.epsilon,
-        num_accumulation_steps=FLAGS.num_accumulation_steps,
-        init_loss_scale=FLAGS.init_loss_scale, hvd=ranks.hvd,
-        allreduce_post_accumulation=FLAGS.allreduce_post_accumulation,
-        compile_optimizer=FLAGS.use_xla)
-  evaluator = None
-  if FLAGS.do_eval:
-    evaluator = pretraining.Evaluator(inputs.bert_config, inputs.eval_files, ranks,
-                                      device.dtype, FLAGS.eval_batch_size,
-                                      FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
-                                      FLAGS.max_eval_steps)
-  model_variables = tf.trainable_variables()
-  # max_to_keep=0 keeps every checkpoint. Relative paths in the `checkpoint` file keep a
-  # copied or moved output_dir pointing at its own files.
-  saver = tf.train.Saver(max_to_keep=FLAGS.keep_checkpoint_max or None,
-                         save_relative_paths=True)
-  # Checked before every save: nothing with NaN or Inf is written. Weights are the same
-  # on every rank, so every rank gets the same answer and they stop together.
-  all_finite = checkpoints.all_finite(tf.global_variables())
-  broadcast_op = ranks.hvd.broadcast_global_variables(0) if ranks.hvd is not None else None
+  # Under a tf.distribute strategy the variables are mirrored over its replicas.
+  with ranks.scope():
+    global_step = tf.train.get_or_create_global_step()
+    train = None
+    if FLAGS.do_train:
+      skip_batches = tf.placeholder_with_default(tf.constant(0, tf.int64), [])
+      dataset = input_pipeline.make_dataset(
+          inputs.train_files, FLAGS.train_batch_size, FLAGS.max_seq_length,
+          FLAGS.max_predictions_per_seq, is_training=True, num_shards=ranks.size,
+          shard_index=ranks.rank, shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed,
+          vocab_size=inputs.bert_config.vocab_size,
+          skip_records=inputs.skipped_records.bad, skip_batches=skip_batches)
+      train_iterator = ranks.iterator(dataset)
+      train = pretraining.build_train_graph(
+          inputs.bert_config, train_iterator.get_next(), device.dtype, learning_rate,
+          FLAGS.num_train_steps, num_warmup_steps=FLAGS.num_warmup_steps,
+          poly_power=FLAGS.poly_power, start_warmup_step=FLAGS.start_warmup_step,
+          optimizer_name=FLAGS.optimizer, weight_decay_rate=FLAGS.weight_decay_rate,
+          beta_1=FLAGS.beta_1, beta_2=FLAGS.beta_2, epsilon=FLAGS.epsilon,
+          num_accumulation_steps=FLAGS.num_accumulation_steps,
+          init_loss_scale=FLAGS.init_loss_scale, ranks=ranks,
+          allreduce_post_accumulation=FLAGS.allreduce_post_accumulation,
+          compile_optimizer=FLAGS.use_xla)
+    evaluator = None
+    if FLAGS.do_eval:
+      evaluator = pretraining.Evaluator(inputs.bert_config, inputs.eval_files, ranks,
+                                        device.dtype, FLAGS.eval_batch_size,
+                                        FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
+                                        FLAGS.max_eval_steps)
+    model_variables = tf.trainable_variables()
+    # max_to_keep=0 keeps every checkpoint. Relative paths in the `checkpoint` file keep a
+    # copied or moved output_dir pointing at its own files.
+    saver = tf.train.Saver(max_to_keep=FLAGS.keep_checkpoint_max or None,
+                           save_relative_paths=True)
+    # Checked before every save: nothing with NaN or Inf is written. Weights are the same
+    # on every rank, so every rank gets the same answer and they stop together.
+    all_finite = checkpoints.all_finite(tf.global_variables())
+    broadcast_op = ranks.broadcast_op()
 
-  sess = tf.Session(config=config)
+  sess = ranks.session(config)
   sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
   restore(sess, saver, global_step, model_variables, inputs, logger.print)
   if broadcast_op is not None:
     sess.run(broadcast_op)
   if FLAGS.do_train:
     sess.run(train_iterator.initializer,
-             {skip_batches: data_position(int(sess.run(global_step)), logger.print)})
+             {skip_batches: data_position(int(sess.run(global_step)), ranks.local_replicas,
+                                          logger.print)})
   if ranks.is_chief and FLAGS.do_train:
     checkpoints.write_run_marker(FLAGS.output_dir, resume_settings(inputs.bert_config))
   sess.graph.finalize()  # Nothing may add ops inside the loop.
@@ -620,8 +647,8 @@ def start_logs(ranks, device, config, global_batch_size, learning_rate, skipped_
   """
   name = ""
   if device.kind == "GPU" and ranks.is_chief:
-    name = device_lib.gpu_name(device.gpus[device_lib.gpu_index(ranks, len(device.gpus))],
-                               config)
+    index = 0 if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
+    name = device_lib.gpu_name(device.gpus[index], config)
   where = device_lib.device_line(device, ranks, name)
   logger = logs.RunLogger(
       output_dir=FLAGS.output_dir, is_chief=ranks.is_chief,
@@ -633,10 +660,12 @@ def start_logs(ranks, device, config, global_batch_size, learning_rate, skipped_
   logger.record("device", {"device": where, "kind": device.kind,
                            "compute_type": device.dtype.name})
   logger.print("bert_pretrain: %d rank(s), batch %d x %d accumulation x %d ranks = %d "
-               "sentences per update, seq %d, %s compute, optimizer %s, lr %g%s"
-               % (ranks.size, FLAGS.train_batch_size, FLAGS.num_accumulation_steps, ranks.size,
-                  global_batch_size, FLAGS.max_seq_length, device.dtype.name, FLAGS.optimizer,
-                  learning_rate, " (scaled by ranks)" if FLAGS.scale_lr_by_ranks else ""))
+               "sentences per update, seq %d, %s compute, optimizer %s, lr %g%s, "
+               "distribution %s"
+               % (ranks.replicas, FLAGS.train_batch_size, FLAGS.num_accumulation_steps,
+                  ranks.replicas, global_batch_size, FLAGS.max_seq_length, device.dtype.name,
+                  FLAGS.optimizer, learning_rate,
+                  " (scaled by ranks)" if FLAGS.scale_lr_by_ranks else "", ranks.distribution))
   log_hyperparameters(logger, ranks, global_batch_size, learning_rate)
   if FLAGS.skip_corrupt_records:
     bad = skipped_records.bad
@@ -656,7 +685,7 @@ def restore(sess, saver, global_step, model_variables, inputs, log):
     checkpoints.check_resumable(prefix, tf.global_variables())
     present = dict(tf.train.list_variables(prefix))
     tf.train.Saver(var_list=[v for v in tf.global_variables()
-                             if v.op.name in present]).restore(sess, prefix)
+                             if checkpoints.variable_name(v) in present]).restore(sess, prefix)
     # The earlier run's checkpoints in this output_dir (never those the `checkpoint`
     # file may name elsewhere) stay in the rotation of --keep_checkpoint_max.
     saver.recover_last_checkpoints(
@@ -759,12 +788,13 @@ def log_summary(logger, step, meter, eval_time, results, results_at_start, statu
   logger.metrics(step, summary, prefix="summary")
 
 
-def data_position(step, log):
+def data_position(step, local_replicas, log):
   """Micro-batches of this rank's training data to skip when resuming at `step`.
 
   With --seed the data order is the same in every run, so a resumed run skips what the
-  run it resumes consumed (step x num_accumulation_steps micro-batches per rank) and
-  continues that order. Without --seed a resumed run starts a new shuffled pass.
+  run it resumes consumed (step x num_accumulation_steps micro-batches per replica of
+  this process) and continues that order. Without --seed a resumed run starts a new
+  shuffled pass.
   """
   if step == 0:
     return 0
@@ -772,7 +802,7 @@ def data_position(step, log):
     log("Data: no --seed, so the resumed run starts a new shuffled pass over the data "
         "(with --seed it continues the data order where the run stopped)")
     return 0
-  skip = step * FLAGS.num_accumulation_steps
+  skip = step * FLAGS.num_accumulation_steps * local_replicas
   log("Data: skipping the %d micro-batches (%d records) of each rank that the run consumed "
       "up to step %d; the data order continues where it stopped"
       % (skip, skip * FLAGS.train_batch_size, step))
@@ -799,7 +829,8 @@ def main(argv):
     return 2
   ranks = None
   try:
-    ranks = ranks_lib.Ranks(FLAGS.horovod, FLAGS.stall_timeout_s, FLAGS.output_dir)
+    ranks = ranks_lib.Ranks(distribution(), FLAGS.stall_timeout_s, FLAGS.output_dir,
+                            device_lib.replica_devices(device, FLAGS.cpu_devices))
     if ranks.is_chief:
       # Held while this frame lives (the whole run); a Horovod job's other ranks share it.
       lock = checkpoints.OutputDirLock(FLAGS.output_dir)
@@ -847,12 +878,13 @@ def main(argv):
           file=sys.stderr)
     return 2
   except tf.errors.OpError as e:
-    if ranks is None or ranks.hvd is None or not _is_horovod_error(e.message):
+    if ranks is None or not _is_job_error(e, ranks):
       raise
     stalled = ranks.stalled_ranks()
-    print("run_pretraining: error: Horovod stopped the job (%s)%s; checkpoints in %s are "
+    print("run_pretraining: error: %s stopped the job (%s)%s; checkpoints in %s are "
           "kept: rerun the same command to resume"
-          % (_error_line(e.message).split(". ")[0],
+          % ("Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
+             _error_line(e.message).split(". ")[0],
              "; rank %s stopped answering" % ", ".join(str(r) for r in stalled) if stalled
              else "; a rank stalled or failed: its number is in the lines above "
              "('Missing ranks', or its own error)", FLAGS.output_dir), file=sys.stderr)
@@ -891,9 +923,15 @@ def _error_line(message):
   return lines[0] if lines else "no message"
 
 
-def _is_horovod_error(message):
-  """True for the errors Horovod raises when the job is broken (a rank stalled or gone)."""
-  return any(word in message for word in ("Horovod", "horovod", "gloo", "Gloo"))
+def _is_job_error(error, ranks):
+  """True for the errors Horovod, or TensorFlow's collectives of multi_worker_mirrored,
+  raise when the job is broken (a rank stalled or gone)."""
+  if ranks.hvd is not None:
+    return any(word in error.message for word in ("Horovod", "horovod", "gloo", "Gloo"))
+  return ranks.size > 1 and isinstance(error, (tf.errors.UnavailableError,
+                                               tf.errors.CancelledError,
+                                               tf.errors.AbortedError,
+                                               tf.errors.DeadlineExceededError))
 
 
 if __name__ == "__main__":

@@ -11,13 +11,14 @@ schedulers often deliver one stop twice, e.g. to the job's processes and through
 horovodrun). Before training starts (or in an evaluation-only run) there is nothing to
 save, and a signal exits at once.
 
-With Horovod the ranks may get the signal at different moments, or only some of them.
+With several ranks they may get the signal at different moments, or only some of them.
 They agree through the update itself: every update's session run feeds this rank's
-signal number (0: none) into one hvd.allreduce with op Max (agreed_signal), and every rank
-stops after the update whose result is above 0. So all ranks stop at the same step and
-exit with the same status. The scalar depends on nothing, so Horovod's background thread
-reduces it while the step computes (a Horovod timeline shows it done before the gradients
-are ready): it adds no wait to the update.
+signal number (0: none) into one all-reduce (agreed_signal: the sum of one-hot vectors,
+whose highest non-zero place is the largest number), and every rank stops after the
+update whose result is above 0. So all ranks stop at the same step and exit with the
+same status. The vector depends on nothing, so Horovod's background thread reduces it
+while the step computes (a Horovod timeline shows it done before the gradients are
+ready): it adds no wait to the update.
 
 Python runs signal handlers only between bytecodes, so not inside a long session run;
 the signals are therefore watched by a thread reading signal.set_wakeup_fd's socket,
@@ -35,6 +36,7 @@ import tensorflow.compat.v1 as tf
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A repeat within this many seconds of the first signal is the same stop request.
 REPEAT_WINDOW_S = 1.0
+_MAX_SIGNAL = 64  # Linux signal numbers are 1..64.
 
 
 def name(signum):
@@ -110,22 +112,25 @@ class StopRequest(object):
                 "checkpoint" % signame, signum)
 
 
-def agreed_signal(hvd=None):
+def agreed_signal(feed, ranks=None):
   """The graph side of the stop request: one scalar per update, agreed on by all ranks.
 
   Args:
-    hvd: (optional) the horovod.tensorflow module, for several ranks.
+    feed: float32 scalar placeholder (default 0) that takes this rank's signal number.
+    ranks: (optional) ranks.Ranks of several replicas; call in a replica's graph.
 
   Returns:
-    (feed, agreed): feed is a float32 scalar placeholder (default 0) that takes this
-    rank's signal number; agreed is a float32 scalar Tensor, the largest signal number
-    of all ranks (0: no rank was signalled). Fetch agreed in the same session run as
-    the update, on every rank.
+    float32 scalar Tensor, the largest signal number of all ranks (0: no rank was
+    signalled). Fetch it in the same session run as the update, on every rank.
   """
-  feed = tf.placeholder_with_default(tf.constant(0.0), [], name="stop_signal")
-  if hvd is None:
-    return feed, tf.identity(feed)
-  return feed, hvd.allreduce(feed, op=hvd.Max, name="stop_signal_max")
+  if ranks is None:
+    return tf.identity(feed)
+  # How many replicas got each signal number, summed over the replicas: the largest
+  # number some replica got.
+  counts = ranks.all_reduce([tf.one_hot(tf.cast(feed, tf.int32), _MAX_SIGNAL + 1)],
+                            average=False, name="stop_signal")[0]
+  return tf.reduce_max(tf.where(counts > 0, tf.range(_MAX_SIGNAL + 1, dtype=tf.float32),
+                                tf.zeros_like(counts)))
 
 
 def _write_stderr(message):

@@ -22,9 +22,10 @@ PREDICTIONS = 10
 # of tests, which started four of the five slowest after the quick ones: the suite ended
 # on one busy worker.
 SLOWEST_FIRST = ["test_run_pretraining.py", "test_checkpoints.py", "test_surviving.py",
-                 "test_horovod.py", "test_bad_records.py", "test_multihost.py",
-                 "test_run_classifier.py", "test_anchor_flags.py", "test_scripts.py",
-                 "test_scaling.py", "test_bench.py", "test_optimization.py"]
+                 "test_horovod.py", "test_bad_records.py", "test_distribution.py",
+                 "test_multihost.py", "test_scaling.py", "test_run_classifier.py",
+                 "test_anchor_flags.py", "test_scripts.py", "test_bench.py",
+                 "test_optimization.py"]
 
 
 @pytest.hookimpl(optionalhook=True)

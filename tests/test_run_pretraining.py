@@ -403,8 +403,12 @@ class FakeGpu(object):
 
 
 class FakeRanks(object):
-  def __init__(self, local_rank=0, size=1, local_size=1):
+  def __init__(self, local_rank=0, size=1, local_size=1, distribution="horovod",
+               local_replicas=1):
     self.local_rank, self.size, self.local_size = local_rank, size, local_size
+    self.distribution, self.local_replicas = distribution, local_replicas
+    self.strategy = None if distribution == "horovod" else object()
+    self.replicas = size * local_replicas
 
 
 @pytest.mark.parametrize("device_flag,gpus,visible,cuda,amp,amp_dtype,want", [
@@ -443,6 +447,13 @@ def test_device_line_names_this_ranks_card_among_the_jobs(monkeypatch):
   assert device_lib.device_line(cpu, FakeRanks(), cores=2) == "CPU, 2 cores, compute bfloat16"
   assert (device_lib.device_line(cpu, FakeRanks(1, size=4, local_size=2), cores=2)
           == "CPU, 2 cores, 2 ranks on this host, compute bfloat16")
+  # TensorFlow's engines: a process drives all the cards of its host.
+  assert (device_lib.device_line(gpu, FakeRanks(size=2, distribution="multi_worker_mirrored",
+                                                local_replicas=8), "NVIDIA A100-SXM4-40GB")
+          == "8 GPUs of 16 (multi_worker_mirrored), NVIDIA A100-SXM4-40GB, compute float16")
+  assert (device_lib.device_line(cpu, FakeRanks(distribution="mirrored", local_replicas=2),
+                                 cores=2)
+          == "CPU, 2 cores, 2 logical devices (mirrored), compute bfloat16")
   # A launcher that gives every rank its own single card: each uses its card 0.
   assert device_lib.gpu_index(FakeRanks(5, size=8, local_size=8), 1) == 0
   with pytest.raises(ValueError, match="3 ranks on this host but TensorFlow sees 2 GPUs"):

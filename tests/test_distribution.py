@@ -1,0 +1,224 @@
+"""TensorFlow's own engines beside Horovod, on the CPU: MirroredStrategy over two logical
+CPU devices and MultiWorkerMirroredStrategy over two local processes train the weights
+of one card with the same global batch, evaluate as one card does, resume, and a killed
+worker ends the job."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bert_pretrain import launch as launch_plan
+from bert_pretrain import ranks as ranks_lib
+from conftest import ROOT, assert_same_weights, ordered_flags, run_pretraining
+
+MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
+
+
+def _accuracy(stdout):
+  found = re.findall(r"masked_lm_accuracy = ([\d.]+)", stdout)
+  assert len(found) == 1, stdout[-3000:]
+  return float(found[0])
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def start_workers(flags, logs, count=2):
+  """Starts `count` multi_worker_mirrored processes of one job on this host, each told
+  its place by TF_CONFIG as a cluster manager would, each writing to logs/worker-N.log
+  (files: a pipe nobody reads would stall its worker, and with it the job); returns
+  the Popens."""
+  workers = ["localhost:%d" % port for port in _free_ports(count)]
+  logs.mkdir()
+  procs = []
+  for index in range(count):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+               TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                     "task": {"type": "worker", "index": index}}))
+    with open(str(logs / ("worker-%d.log" % index)), "w") as log:
+      procs.append(subprocess.Popen(
+          MODULE + ["--distribution=multi_worker_mirrored"] + flags, stdout=log,
+          stderr=subprocess.STDOUT, universal_newlines=True, env=env))
+  return procs
+
+
+def finish(procs, logs, timeout=300):
+  """Waits for every worker; returns their (exit status, output)."""
+  try:
+    return [(p.wait(timeout=timeout), (logs / ("worker-%d.log" % i)).read_text())
+            for i, p in enumerate(procs)]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+
+
+def engine_flags(data, out, batch, steps=3):
+  """ordered_flags with 2 micro-batches per update and the evaluation at the end; --seed
+  and a constant learning rate (--poly_power=0) let a run stopped after 2 updates resume
+  to the same weights as one that made 3."""
+  flags = [f for f in ordered_flags(data, out, batch, 2) if f != "--nodo_eval"]
+  return flags + ["--eval_batch_size=5", "--seed=0", "--poly_power=0",
+                  "--num_train_steps=%d" % steps]
+
+
+@pytest.fixture(scope="module")
+def one_card(equal_weight_data, tmp_path_factory):
+  """One card, batch 8, 2 micro-batches per update, 3 updates, evaluated at the end."""
+  out = tmp_path_factory.mktemp("one_card")
+  one = run_pretraining(*engine_flags(equal_weight_data, out, 8))
+  assert one.returncode == 0, one.stderr
+  return out, _accuracy(one.stdout)
+
+
+def test_mirrored_over_two_cpu_devices_trains_the_weights_of_one_card(
+    equal_weight_data, one_card, tmp_path):
+  out = tmp_path / "mirrored"
+  two = run_pretraining(*engine_flags(equal_weight_data, out, 4) +
+                        ["--distribution=mirrored", "--cpu_devices=2"])
+  assert two.returncode == 0, two.stderr[-3000:]
+  assert ("2 rank(s), batch 4 x 2 accumulation x 2 ranks = 16 sentences per update"
+          in two.stdout)
+  assert "2 logical devices (mirrored)" in two.stdout
+  largest = assert_same_weights(one_card[0], out, equal_weight_data["init"])
+  print("mirrored: largest weight difference to one card %.3g" % largest)
+  # The evaluation of the trained weights equals one card's.
+  assert _accuracy(two.stdout) == pytest.approx(one_card[1], abs=1e-9)
+
+
+def test_mirrored_resumes_where_it_stopped(equal_weight_data, one_card, tmp_path):
+  """2 updates, then the same command for 3: the data order goes on where the first run
+  stopped (each replica's micro-batches skipped) and every replica starts from the
+  checkpoint, so the weights are those of one card's 3 updates."""
+  mirrored = ["--distribution=mirrored", "--cpu_devices=2"]
+  first = run_pretraining(*engine_flags(equal_weight_data, tmp_path, 4, steps=2) + mirrored)
+  assert first.returncode == 0, first.stderr[-3000:]
+  second = run_pretraining(*engine_flags(equal_weight_data, tmp_path, 4) + mirrored)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "Resuming from" in second.stdout and "skipping the 8 micro-batches" in second.stdout
+  assert_same_weights(one_card[0], tmp_path, equal_weight_data["init"])
+
+
+def test_multi_worker_over_two_processes_trains_the_weights_of_one_card(
+    equal_weight_data, one_card, tmp_path):
+  out = tmp_path / "workers"
+  flags = engine_flags(equal_weight_data, out, 4)
+  results = finish(start_workers(flags, tmp_path / "logs"), tmp_path / "logs")
+  for status, output in results:
+    assert status == 0, output[-3000:]
+  chief, other = results[0][1], results[1][1]
+  assert "distribution multi_worker_mirrored" in chief
+  # Only the chief logs and evaluates aloud; both take part.
+  assert len(re.findall(r"Step 3,", chief)) == 1 and "Step 3," not in other
+  largest = assert_same_weights(one_card[0], out, equal_weight_data["init"])
+  print("multi_worker_mirrored: largest weight difference to one card %.3g" % largest)
+  assert _accuracy(chief) == pytest.approx(one_card[1], abs=1e-9)
+
+
+def test_a_killed_worker_ends_the_multi_worker_job(pretraining_data, tmp_path):
+  from conftest import base_flags  # pylint: disable=g-import-not-at-top
+  flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
+                     display_loss_steps=5, nodo_eval=None, train_batch_size=4,
+                     stall_timeout_s=20)
+  procs = start_workers(flags, tmp_path / "logs")
+  chief_log = tmp_path / "logs" / "worker-0.log"
+  try:
+    deadline = time.time() + 120
+    while "Step 10," not in chief_log.read_text() and time.time() < deadline:
+      time.sleep(0.5)
+    killed_at = time.time()
+    procs[1].send_signal(signal.SIGKILL)
+    status = procs[0].wait(timeout=90)
+    rest = chief_log.read_text()
+    assert time.time() - killed_at < 60
+    assert status == 3, rest[-3000:]
+    # The collectives fail when the peer's connection drops mid-call; when the survivor
+    # waits for a message instead, the heartbeat watch names the silent worker.
+    errors = [line for line in rest.splitlines() if line.startswith("run_pretraining: error:")]
+    assert len(errors) == 1, rest[-3000:]
+    assert ("TensorFlow's collective all-reduce stopped the job" in errors[0] or
+            "rank 1 stalled: no sign of life for 20 s" in errors[0]), errors[0]
+    assert "checkpoints in %s are kept" % (tmp_path / "out") in errors[0]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+
+
+@pytest.mark.parametrize("tf_config,message", [
+    ("{not json", "TF_CONFIG is not a cluster of workers"),
+    ('{"cluster": {"chief": ["a:1"], "worker": ["b:1"]}}',
+     "TF_CONFIG names jobs ['chief', 'worker']; --distribution=multi_worker_mirrored runs "
+     "workers only"),
+    ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 2}}',
+     "TF_CONFIG's task {\"type\": \"worker\", \"index\": 2} is not one of its 2 workers"),
+    ('{"cluster": {"worker": ["a:1", "b:1"]}}',
+     "TF_CONFIG's task (none, and no launcher rank) is not one of its 2 workers"),
+])
+def test_a_tf_config_that_cannot_work_is_named(tf_config, message, monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  for name in ranks_lib.RANK_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
+  with pytest.raises(ValueError, match=re.escape(message)) as error:
+    ranks_lib.multi_worker_config()
+  assert "set TF_CONFIG=" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_launcher_rank_places_a_worker_that_tf_config_leaves_open(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h1:2222", "h2:2222"]}}')
+  monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+  assert ranks_lib.multi_worker_config() == (["h1:2222", "h2:2222"], 1)
+
+
+def test_the_plan_starts_one_multi_worker_process_per_host_named_by_tf_config():
+  job = launch_plan.plan(["--gloo", "-H", "h1:8,h2:8"], per_host=8,
+                         distribution="multi_worker_mirrored")
+  assert launch_plan.launcher(job, "multi_worker_mirrored", port=2222) == [
+      "env", 'TF_CONFIG={"cluster":{"worker":["h1:2222","h2:2222"]}}', "horovodrun",
+      "-np", "2", "-H", "h1:1,h2:1", "--gloo"]
+  assert launch_plan.summary(job, "multi_worker_mirrored") == (
+      "Launching 2 processes on 2 hosts, each driving 8 cards (multi_worker_mirrored)")
+  one_host = launch_plan.plan(["--gloo"], per_host=4, distribution="multi_worker_mirrored")
+  assert launch_plan.launcher(one_host, "multi_worker_mirrored") == []
+
+
+def test_mirrored_refuses_several_hosts():
+  with pytest.raises(launch_plan.LaunchError,
+                     match="DISTRIBUTION=mirrored drives the cards of one host but -H h1,h2 "
+                     "names 2; use DISTRIBUTION=multi_worker_mirrored or horovod"):
+    launch_plan.plan(["-H", "h1,h2"], per_host=8, distribution="mirrored")
+
+
+def test_the_script_runs_mirrored_as_one_process_without_horovodrun(tmp_path):
+  env = dict(os.environ, DRY_RUN="1", DISTRIBUTION="mirrored", IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh"),
+                           "--input_files_dir=/data/train"], cwd=str(tmp_path),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=env, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines() == [
+      "Launching 1 process driving 2 cards (mirrored): python3 -m "
+      "bert_pretrain.run_pretraining --distribution=mirrored --cpu_devices=2 --amp "
+      "--num_accumulation_steps=4 --num_train_steps=1000 --input_files_dir=/data/train"]
+  bad = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")],
+                       cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, env=dict(env, DISTRIBUTION="nccl"), timeout=60)
+  assert bad.returncode == 2
+  assert ("run_multi_card_FPS: error: DISTRIBUTION=nccl is not one of horovod, mirrored, "
+          "multi_worker_mirrored; unset it for Horovod") in bad.stderr
+  assert os.listdir(str(tmp_path)) == []
