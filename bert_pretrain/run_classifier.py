@@ -62,7 +62,12 @@ flags.DEFINE_float("warmup_proportion", 0.1, "Share of the updates of linear war
 flags.DEFINE_enum("optimizer", "adam", ["adam", "lamb"], "Adam with weight decay (Google's "
                   "fine-tuning) or LAMB.")
 flags.DEFINE_integer("display_loss_steps", 50, "Log the loss every this many updates.")
-flags.DEFINE_bool("horovod", False, "One process per card, gradients all-reduced by Horovod.")
+flags.DEFINE_enum("distribution", "none", list(ranks_lib.DISTRIBUTIONS),
+                  "As run_pretraining's --distribution: horovod, mirrored, "
+                  "multi_worker_mirrored (TF_CONFIG) or none.")
+flags.DEFINE_bool("horovod", False, "Same as --distribution=horovod.")
+flags.DEFINE_integer("cpu_devices", 1, "As run_pretraining's --cpu_devices: logical CPU "
+                     "devices of --distribution=mirrored on a CPU.")
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 with loss scaling on GPUs, "
                   "bfloat16 on CPUs; weights stay float32.")
 flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"], "As run_pretraining's --device.")
@@ -172,7 +177,7 @@ def make_iterator(features, batch_size, ranks=None, seed=None):
     (iterator, feed dict for its initializer).
   """
   if ranks is not None:
-    features = {k: v[ranks.rank::ranks.size] for k, v in features.items()}
+    features = {k: v[ranks.rank::ranks.size] for k, v in features.items()}  # Processes.
   placeholders = {k: tf.placeholder(v.dtype, v.shape) for k, v in features.items()}
   dataset = tf.data.Dataset.from_tensor_slices(placeholders)
   if ranks is None:
@@ -181,7 +186,9 @@ def make_iterator(features, batch_size, ranks=None, seed=None):
     dataset = dataset.shuffle(len(features["label_ids"]), seed=seed).repeat()
     dataset = dataset.batch(batch_size, drop_remainder=True)
   feed = {placeholders[k]: v for k, v in features.items()}
-  return tf.data.make_initializable_iterator(dataset), feed
+  if ranks is None:
+    return tf.data.make_initializable_iterator(dataset), feed
+  return ranks.iterator(dataset), feed
 
 
 def run_in_order(sess, graph, fetches):
@@ -204,11 +211,12 @@ def main(argv):
   try:
     bert_config, init_checkpoint, labels, data = check_flags()
     device = device_lib.detect_device(FLAGS.device, FLAGS.amp, "auto")
-    ranks = ranks_lib.Ranks(FLAGS.horovod)
-    if FLAGS.do_train and len(data["train"][0]) < FLAGS.train_batch_size * ranks.size:
+    ranks = ranks_lib.Ranks("horovod" if FLAGS.horovod else FLAGS.distribution,
+                            devices=device_lib.replica_devices(device, FLAGS.cpu_devices))
+    if FLAGS.do_train and len(data["train"][0]) < FLAGS.train_batch_size * ranks.replicas:
       raise ValueError("%d training examples do not fill one global batch of %d x %d ranks; "
                        "lower --train_batch_size" % (len(data["train"][0]),
-                                                     FLAGS.train_batch_size, ranks.size))
+                                                     FLAGS.train_batch_size, ranks.replicas))
     if ranks.is_chief:
       os.makedirs(FLAGS.output_dir, exist_ok=True)  # Before training: a bad path fails now.
     return run(bert_config, init_checkpoint, labels, data, ranks, device)
@@ -221,67 +229,77 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
   log = print if ranks.is_chief else (lambda line: None)
   if FLAGS.seed is not None:
     tf.set_random_seed(FLAGS.seed)
-  global_batch = FLAGS.train_batch_size * ranks.size
+  global_batch = FLAGS.train_batch_size * ranks.replicas
   num_train_steps = 0
   if FLAGS.do_train:
     num_train_steps = max(1, int(len(data["train"][0]) * FLAGS.num_train_epochs / global_batch))
   log("run_classifier: task %s, labels %s, %s; %d rank(s), batch %d x %d ranks, %d updates, "
       "%s compute" % (FLAGS.task_name, labels, ", ".join(
           "%s %d examples" % (s, len(e)) for s, (e, _) in sorted(data.items())),
-          ranks.size, FLAGS.train_batch_size, ranks.size, num_train_steps, device.dtype.name))
+          ranks.replicas, FLAGS.train_batch_size, ranks.replicas, num_train_steps,
+          device.dtype.name))
   graphs = {}
-  if FLAGS.do_train:
-    train_iterator, train_feed = make_iterator(data["train"][1], FLAGS.train_batch_size,
-                                               ranks, FLAGS.seed)
-    outputs = classifier.build_classifier(bert_config, train_iterator.get_next(),
-                                          len(labels), True, device.dtype)
-    global_step = tf.train.get_or_create_global_step()
+  several = ranks.replicas > 1
+
+  def replica(features):
+    """The update of one replica; returns what the loop fetches."""
+    outputs = classifier.build_classifier(bert_config, features, len(labels), True,
+                                          device.dtype)
     learning_rate = optimization.learning_rate_schedule(
         global_step, FLAGS.learning_rate, num_train_steps,
         int(num_train_steps * FLAGS.warmup_proportion))
     loss_scale = optimization.DynamicLossScale() if device.dtype == tf.float16 else None
-    allreduce = None
-    if ranks.hvd is not None:
-      allreduce = lambda grads: [ranks.hvd.allreduce(g, op=ranks.hvd.Average) for g in grads]
     _, update_op = optimization.create_train_ops(
         outputs["loss"], optimization.create_optimizer(FLAGS.optimizer, learning_rate),
-        global_step, allreduce_fn=allreduce, loss_scale=loss_scale)
+        global_step, allreduce_fn=ranks.all_reduce if several else None,
+        loss_scale=loss_scale)
     with tf.control_dependencies([update_op]):
       # One more, or the same when float16 loss scaling skipped an overflowing update.
       new_step = global_step.read_value()
     loss = outputs["loss"]
-    if ranks.hvd is not None:
-      loss = ranks.hvd.allreduce(loss, op=ranks.hvd.Average, name="display_loss")
-  for split in ("dev", "test"):
-    if split in data and ranks.is_chief:  # Rank 0 evaluates and predicts alone.
-      iterator, feed = make_iterator(data[split][1], FLAGS.eval_batch_size)
-      with tf.variable_scope("", reuse=tf.AUTO_REUSE):
-        graphs[split] = dict(classifier.build_classifier(
-            bert_config, iterator.get_next(), len(labels), False, device.dtype),
-                             iterator=iterator, feed=feed)
-  model_variables = tf.trainable_variables()
-  gpu = device_lib.gpu_index(ranks, len(device.gpus)) if device.kind == "GPU" else None
+    if several:
+      loss = ranks.all_reduce([loss], name="display_loss")[0]
+    return {"step": new_step, "loss": loss, "learning_rate": learning_rate}
+
+  with ranks.scope():  # Under a tf.distribute strategy, mirrored variables.
+    global_step = tf.train.get_or_create_global_step()
+    if FLAGS.do_train:
+      train_iterator, train_feed = make_iterator(data["train"][1], FLAGS.train_batch_size,
+                                                 ranks, FLAGS.seed)
+      display = ranks.merged(ranks.each_replica(replica, train_iterator.get_next()))
+    for split in ("dev", "test"):
+      if split in data and ranks.is_chief:  # Rank 0 evaluates and predicts alone.
+        iterator, feed = make_iterator(data[split][1], FLAGS.eval_batch_size)
+        with tf.variable_scope("", reuse=tf.AUTO_REUSE):
+          graphs[split] = dict(classifier.build_classifier(
+              bert_config, iterator.get_next(), len(labels), False, device.dtype),
+                               iterator=iterator, feed=feed)
+    model_variables = tf.trainable_variables()
+    broadcast_op = ranks.broadcast_op()
+  gpu = None
+  if device.kind == "GPU":
+    gpu = "all" if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
   threads = FLAGS.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size)
-  sess = tf.Session(config=pretraining.session_config(threads, FLAGS.inter_op_threads or 2,
-                                                      gpu))
+  sess = ranks.session(pretraining.session_config(
+      threads, FLAGS.inter_op_threads or 2, gpu,
+      cpu_devices=FLAGS.cpu_devices if device.kind == "CPU" else 1))
   sess.run(tf.global_variables_initializer())
   if init_checkpoint:
     checkpoints.restore_model_weights(sess, init_checkpoint, model_variables, log=log)
   else:
     log("No --init_checkpoint: the model starts from random weights")
-  if ranks.hvd is not None:
-    sess.run(ranks.hvd.broadcast_global_variables(0))
+  if broadcast_op is not None:
+    sess.run(broadcast_op)
 
   if FLAGS.do_train:
     sess.run(train_iterator.initializer, train_feed)
     meter = meters.Throughput(global_batch, warmup_steps=min(10, num_train_steps // 2))
-    display = {"step": new_step, "loss": loss, "learning_rate": learning_rate}
     step, runs = 0, 0
     while step < num_train_steps:
       runs += 1
       shown = runs % FLAGS.display_loss_steps == 0 or step + 1 == num_train_steps
       start = time.time()
-      values = sess.run(display if shown else {"step": new_step})
+      values = sess.run(display if shown else {"step": display["step"]})
       meter.update(time.time() - start)
       step = values["step"]
       if shown:

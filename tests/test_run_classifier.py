@@ -229,10 +229,13 @@ def test_a_checkpoint_of_another_config_is_refused_by_name(task, tmp_path):
   assert "use the --bert_config_file the checkpoint was trained with" in result.stderr
 
 
-def test_two_horovod_ranks_fine_tune_with_the_global_batch_and_rank_0_evaluates(task,
-                                                                               tmp_path):
-  command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-             "bert_pretrain.run_classifier", "--horovod", "--task_name=tsv",
+@pytest.mark.parametrize("launcher,engine", [
+    (["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"], ["--horovod"]),
+    ([], ["--distribution=mirrored", "--cpu_devices=2"])], ids=["horovod", "mirrored"])
+def test_two_ranks_fine_tune_with_the_global_batch_and_rank_0_evaluates(task, tmp_path,
+                                                                         launcher, engine):
+  command = launcher + [sys.executable, "-m", "bert_pretrain.run_classifier"] + engine + [
+             "--task_name=tsv",
              "--data_dir=" + task["data"], "--vocab_file=" + task["vocab"],
              "--bert_config_file=" + task["config"], "--init_checkpoint=" + task["init"],
              "--output_dir=" + str(tmp_path / "out"), "--max_seq_length=64",
