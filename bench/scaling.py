@@ -1,4 +1,5 @@
-"""Horovod scaling benchmark: training FPS of 1 rank and 2 ranks on this machine.
+"""Scaling benchmark: training FPS of 1 rank and 2 ranks on this machine, with each
+engine (Horovod, TensorFlow's mirrored and multi_worker_mirrored) on the same rows.
 
   python3 bench/scaling.py                      # demo-size (tiny) and medium BERT
   python3 bench/scaling.py --models=tiny --num_train_steps=40
@@ -22,6 +23,11 @@ efficiency shows the all-reduce's latency; the medium one shows the compute's sc
 With --independent (the default) it also runs two single-rank jobs at once, which share
 the cores and memory but never all-reduce: their summed FPS over 2 x FPS(1 rank) is the
 efficiency the machine itself allows, so the gap to the 2-rank job is the all-reduce's.
+
+--engines (default all three) adds, beside Horovod's 2 ranks, the same 2 replicas with
+--distribution=mirrored (one process over 2 logical CPU devices, given the threads of 2
+ranks) and multi_worker_mirrored (2 local processes, TF_CONFIG naming them), one after
+the other on each row.
 """
 
 from __future__ import absolute_import
@@ -32,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +56,7 @@ MEDIUM_CONFIG = {
 }
 # model -> (batch per rank, training steps, warm-up steps left out of the FPS)
 DEFAULTS = {"tiny": (32, 60, 10), "medium": (8, 24, 6)}
+ENGINES = ("horovod", "mirrored", "multi_worker_mirrored")
 THROUGHPUT = re.compile(r"Throughput Average \(sentences/sec\) = ([0-9.]+)")
 EVAL_TIME = re.compile(r"eval time: ([0-9.]+) s")
 
@@ -61,6 +69,8 @@ flags.DEFINE_integer("fps_warmup_steps", 0, "Steps left out of the FPS (0: per m
 flags.DEFINE_integer("intra_op_threads", 1, "Threads per op in each rank.")
 flags.DEFINE_integer("inter_op_threads", 1, "Ops run at once in each rank.")
 flags.DEFINE_string("horovod_args", "--gloo", "Controller flags for horovodrun (--gloo, --mpi).")
+flags.DEFINE_list("engines", list(ENGINES), "Engines of the 2-rank runs: %s."
+                  % ", ".join(ENGINES))
 flags.DEFINE_string("out_dir", os.path.join(ROOT, "bench_results"),
                     "Where the demo data, the logs and the table go.")
 FLAGS = flags.FLAGS
@@ -91,44 +101,70 @@ def run_env():
   return env
 
 
-def training_command(ranks, cache_dir, config_file, init_checkpoint, output_dir, settings):
+def training_commands(engine, ranks, cache_dir, config_file, init_checkpoint, output_dir,
+                      settings):
+  """The processes of one run: a list of (command, environment variables to add)."""
   batch, steps, warmup = settings
-  command = ["horovodrun", "-np", str(ranks), "-H", "localhost:%d" % ranks]
-  command += FLAGS.horovod_args.split()
-  command += [sys.executable, "-m", "bert_pretrain.run_pretraining", "--horovod",
-              "--input_files_dir=" + os.path.join(cache_dir, "train"),
-              "--bert_config_file=" + config_file, "--output_dir=" + output_dir,
-              # One evaluation, at the end, of the demo's eval set shared by the ranks.
-              "--eval_files_dir=" + os.path.join(cache_dir, "eval"),
-              "--samples_start_eval=%d" % 10 ** 15, "--eval_batch_size=64",
-              "--max_seq_length=128", "--max_predictions_per_seq=20",
-              "--train_batch_size=%d" % batch, "--num_train_steps=%d" % steps,
-              "--fps_warmup_steps=%d" % warmup, "--display_loss_steps=%d" % steps,
-              "--save_checkpoints_steps=100000", "--stop_threshold=0",
-              "--learning_rate=1e-4", "--intra_op_threads=%d" % FLAGS.intra_op_threads,
-              "--inter_op_threads=%d" % FLAGS.inter_op_threads]
+  flags_ = [sys.executable, "-m", "bert_pretrain.run_pretraining",
+            "--input_files_dir=" + os.path.join(cache_dir, "train"),
+            "--bert_config_file=" + config_file, "--output_dir=" + output_dir,
+            # One evaluation, at the end, of the demo's eval set shared by the ranks.
+            "--eval_files_dir=" + os.path.join(cache_dir, "eval"),
+            "--samples_start_eval=%d" % 10 ** 15, "--eval_batch_size=64",
+            "--max_seq_length=128", "--max_predictions_per_seq=20",
+            "--train_batch_size=%d" % batch, "--num_train_steps=%d" % steps,
+            "--fps_warmup_steps=%d" % warmup, "--display_loss_steps=%d" % steps,
+            "--save_checkpoints_steps=100000", "--stop_threshold=0", "--learning_rate=1e-4"]
   if init_checkpoint:
-    command.append("--init_checkpoint=" + init_checkpoint)
-  return command
+    flags_.append("--init_checkpoint=" + init_checkpoint)
+  threads = ["--intra_op_threads=%d" % FLAGS.intra_op_threads,
+             "--inter_op_threads=%d" % FLAGS.inter_op_threads]
+  if engine == "horovod":
+    launcher = ["horovodrun", "-np", str(ranks), "-H", "localhost:%d" % ranks]
+    return [(launcher + FLAGS.horovod_args.split() + flags_ + ["--horovod"] + threads, {})]
+  if engine == "mirrored":
+    # One process for all replicas: the threads of `ranks` ranks.
+    return [(flags_ + ["--distribution=mirrored", "--cpu_devices=%d" % ranks,
+                       "--intra_op_threads=%d" % (ranks * FLAGS.intra_op_threads),
+                       "--inter_op_threads=%d" % (ranks * FLAGS.inter_op_threads)], {})]
+  workers = ["localhost:%d" % port for port in free_ports(ranks)]
+  return [(flags_ + ["--distribution=multi_worker_mirrored"] + threads,
+           {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                     "task": {"type": "worker", "index": i}})})
+          for i in range(ranks)]
 
 
-def start_training(model, ranks, cache_dir, config_file, init_checkpoint, settings, tag):
-  """Starts one training run; returns (process, log path, output dir)."""
+def free_ports(count):
+  """`count` TCP ports free on this host now."""
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def start_training(model, ranks, cache_dir, config_file, init_checkpoint, settings, tag,
+                   engine="horovod"):
+  """Starts one training run; returns (processes, log path of the first, output dir)."""
   output_dir = tempfile.mkdtemp(prefix="scaling-%s-%s-" % (model, tag))
   log_path = os.path.join(FLAGS.out_dir, "logs", "scaling-%s-%s.log" % (model, tag))
-  command = training_command(ranks, cache_dir, config_file, init_checkpoint, output_dir,
-                             settings)
-  log("%s, %s: %s" % (model, tag, " ".join(command)))
-  with open(log_path, "w") as log_file:
-    process = subprocess.Popen(command, cwd=ROOT, env=run_env(), stdout=log_file,
-                               stderr=subprocess.STDOUT)
-  return process, log_path, output_dir
+  processes = []
+  for i, (command, env) in enumerate(training_commands(
+      engine, ranks, cache_dir, config_file, init_checkpoint, output_dir, settings)):
+    log("%s, %s: %s%s" % (model, tag, "".join("%s=%s " % kv for kv in env.items()),
+                          " ".join(command)))
+    with open(log_path if i == 0 else "%s.%d" % (log_path, i), "w") as log_file:
+      processes.append(subprocess.Popen(command, cwd=ROOT, env=dict(run_env(), **env),
+                                        stdout=log_file, stderr=subprocess.STDOUT))
+  return processes, log_path, output_dir
 
 
-def finish_training(process, log_path, output_dir):
+def finish_training(processes, log_path, output_dir):
   """Waits for a run; returns its FPS (all ranks) and the time of its evaluation, or an
   error."""
-  status = process.wait()
+  status = max(process.wait() for process in processes)
   shutil.rmtree(output_dir, ignore_errors=True)
   with open(log_path) as f:
     text = f.read()
@@ -138,9 +174,10 @@ def finish_training(process, log_path, output_dir):
   return {"fps": float(found[-1]), "eval_s": float(eval_time[-1])}
 
 
-def run_training(model, ranks, *args):
-  """One Horovod job of `ranks` ranks."""
-  return finish_training(*start_training(model, ranks, *args, tag="np%d" % ranks))
+def run_training(model, ranks, *args, engine="horovod"):
+  """One job of `ranks` replicas with `engine`."""
+  tag = "np%d" % ranks if engine == "horovod" else "np%d-%s" % (ranks, engine)
+  return finish_training(*start_training(model, ranks, *args, tag=tag, engine=engine))
 
 
 def run_independent(model, copies, *args):
@@ -167,24 +204,27 @@ def efficiency(fps_n, fps_1, n=2):
 
 
 def markdown(rows, load_average):
-  lines = ["# Horovod scaling on this machine", "",
+  engines = [e for e in ENGINES if e != "horovod" and e in FLAGS.engines]
+  lines = ["# Scaling on this machine", "",
            "%d cores, %d intra / %d inter-op threads a rank, horovodrun %s, load average "
-           "%.1f at the start. Efficiency = FPS(2 ranks) / (2 x FPS(1 rank)). Eval: "
-           "seconds of the final evaluation of the demo's eval set." % (
-               os.cpu_count(), FLAGS.intra_op_threads, FLAGS.inter_op_threads,
-               FLAGS.horovod_args, load_average), "",
+           "%.1f at the start. Efficiency = FPS(2 ranks) / (2 x FPS(1 rank)), 1 rank "
+           "being a 1-rank Horovod job. Eval: seconds of the final evaluation of the "
+           "demo's eval set." % (os.cpu_count(), FLAGS.intra_op_threads,
+                                 FLAGS.inter_op_threads, FLAGS.horovod_args, load_average),
+           "",
            "| model | batch/rank | 1 rank sent/s | 2 ranks sent/s | efficiency | "
-           "2 x 1 rank at once sent/s | efficiency without all-reduce | eval s 1 rank | "
-           "eval s 2 ranks |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "2 x 1 rank at once sent/s | efficiency without all-reduce | " +
+           "".join("2 %s sent/s | efficiency | " % e for e in engines) +
+           "eval s 1 rank | eval s 2 ranks |",
+           "|---|---|---|---|---|---|---|" + "---|---|" * len(engines) + "---|---|"]
   for row in rows:
     cells = [row["model"], str(row["batch"])]
     fps = {}
-    for name in ("1", "2", "2x1"):
+    for name in ["1", "2", "2x1"] + ["2-" + e for e in engines]:
       result = row["runs"].get(name, {})
       fps[name] = result.get("fps")
-      if name == "2x1" and "error" not in result and fps[name] is None:
-        cells.append("-")
+      if fps[name] is None and "error" not in result:
+        cells.append("-")  # Not run.
       elif fps[name] is None:
         cells.append("failed: " + result["error"])
       else:
@@ -205,6 +245,9 @@ def main(argv):
   for model in FLAGS.models:
     if model not in DEFAULTS:
       raise app.UsageError("--models: unknown %r; use tiny, medium" % model)
+  for engine in FLAGS.engines:
+    if engine not in ENGINES:
+      raise app.UsageError("--engines: unknown %r; use %s" % (engine, ", ".join(ENGINES)))
   for sub in ("logs", "scaling_demo"):
     if not os.path.isdir(os.path.join(FLAGS.out_dir, sub)):
       os.makedirs(os.path.join(FLAGS.out_dir, sub))
@@ -216,9 +259,14 @@ def main(argv):
     config_file, init_checkpoint = models[model]
     settings = model_settings(model)
     args = (cache_dir, config_file, init_checkpoint, settings)
-    runs = {"1": run_training(model, 1, *args), "2": run_training(model, 2, *args)}
+    runs = {"1": run_training(model, 1, *args)}
+    if "horovod" in FLAGS.engines:
+      runs["2"] = run_training(model, 2, *args)
     if FLAGS.independent:
       runs["2x1"] = run_independent(model, 2, *args)
+    for engine in FLAGS.engines:
+      if engine != "horovod":
+        runs["2-" + engine] = run_training(model, 2, *args, engine=engine)
     rows.append({"model": model, "batch": settings[0], "steps": settings[1],
                  "warmup": settings[2], "runs": runs})
     log("%s: %s" % (model, json.dumps(runs)))

@@ -1,4 +1,5 @@
-"""bench/scaling.py: a tiny 1-rank and 2-rank Horovod run gives FPS and eval times."""
+"""bench/scaling.py: a tiny 1-rank and 2-rank run with each engine gives FPS and eval
+times."""
 
 import json
 import os
@@ -8,7 +9,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_scaling_table_gives_fps_and_eval_time_of_one_and_two_ranks(tmp_path):
+def test_scaling_table_gives_fps_and_eval_time_of_one_and_two_ranks_of_each_engine(tmp_path):
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, "bench", "scaling.py"), "--models=tiny",
        "--num_train_steps=4", "--fps_warmup_steps=1", "--noindependent",
@@ -18,13 +19,14 @@ def test_scaling_table_gives_fps_and_eval_time_of_one_and_two_ranks(tmp_path):
   assert result.returncode == 0, result.stdout[-3000:]
   with open(os.path.join(str(tmp_path), "scaling.json")) as f:
     (row,) = json.load(f)
-  for ranks in ("1", "2"):
-    assert row["runs"][ranks]["fps"] > 0, row
-    assert row["runs"][ranks]["eval_s"] > 0, row
-  assert "| eval s 1 rank | eval s 2 ranks |" in result.stdout
-  # Both runs evaluated the whole eval set: the same number of samples.
-  logs = [open(os.path.join(str(tmp_path), "logs", "scaling-tiny-np%d.log" % n)).read()
-          for n in (1, 2)]
+  for run in ("1", "2", "2-mirrored", "2-multi_worker_mirrored"):
+    assert row["runs"][run]["fps"] > 0, row
+    assert row["runs"][run]["eval_s"] > 0, row
+  assert ("| 2 mirrored sent/s | efficiency | 2 multi_worker_mirrored sent/s | efficiency | "
+          "eval s 1 rank | eval s 2 ranks |") in result.stdout
+  # Every run evaluated the whole eval set: the same number of samples.
+  logs = [open(os.path.join(str(tmp_path), "logs", "scaling-tiny-%s.log" % tag)).read()
+          for tag in ("np1", "np2", "np2-mirrored", "np2-multi_worker_mirrored")]
   samples = [[line for line in log.splitlines() if "eval_samples = " in line][-1]
              for log in logs]
-  assert samples[0].split("=")[-1] == samples[1].split("=")[-1], samples
+  assert len(set(line.split("=")[-1] for line in samples)) == 1, samples
