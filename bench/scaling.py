@@ -38,13 +38,14 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 
 from absl import app
 from absl import flags
+
+from bert_pretrain import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,22 +128,11 @@ def training_commands(engine, ranks, cache_dir, config_file, init_checkpoint, ou
     return [(flags_ + ["--distribution=mirrored", "--cpu_devices=%d" % ranks,
                        "--intra_op_threads=%d" % (ranks * FLAGS.intra_op_threads),
                        "--inter_op_threads=%d" % (ranks * FLAGS.inter_op_threads)], {})]
-  workers = ["localhost:%d" % port for port in free_ports(ranks)]
+  workers = ["localhost:%d" % port for port in launch.free_ports(ranks)]
   return [(flags_ + ["--distribution=multi_worker_mirrored"] + threads,
            {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
                                      "task": {"type": "worker", "index": i}})})
           for i in range(ranks)]
-
-
-def free_ports(count):
-  """`count` TCP ports free on this host now."""
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
 
 
 def start_training(model, ranks, cache_dir, config_file, init_checkpoint, settings, tag,

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import sys
 
 Plan = collections.namedtuple("Plan", ["ranks", "hosts", "per_host", "args"])
@@ -171,6 +172,17 @@ def launcher(job, distribution="horovod", port=MULTI_WORKER_PORT):
   workers = ["%s:%d" % (host, port) for host in job.hosts]
   tf_config = json.dumps({"cluster": {"worker": workers}}, separators=(",", ":"))
   return ["env", "TF_CONFIG=" + tf_config, "horovodrun"] + job.args
+
+
+def free_ports(count):
+  """`count` TCP ports free on this host now (for the workers of a local job)."""
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
 
 
 def summary(job, distribution="horovod"):

@@ -81,7 +81,7 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
             for suffix in ("/adam_m", "/adam_v")))
     return slots
 
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None, applied=None):
     """Applies the gradients; returns the group of assign ops.
 
     Args:
@@ -89,6 +89,8 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
       global_step: int64 variable, the number of updates applied so far (LAMB's bias
         correction); it is not incremented here (create_train_ops does).
       name: unused, for the tf.train.Optimizer signature.
+      applied: (optional) bool scalar Tensor; where false, the variables and slots keep
+        their values (a skipped update, without tf.cond).
     """
     del name
     step = tf.cast(global_step, tf.float32) + 1.0
@@ -101,6 +103,9 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
       if self._do_use_weight_decay(checkpoints.variable_name(param)):
         update += self.weight_decay_rate * param
       next_param = param - self._step_size(param, update) * update
+      if applied is not None:
+        (next_param, next_m, next_v) = [tf.where(applied, new, old) for new, old in
+                                        ((next_param, param), (next_m, m), (next_v, v))]
       assignments.extend([param.assign(next_param), m.assign(next_m), v.assign(next_v)])
     return tf.group(*assignments)
 
@@ -254,10 +259,12 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   if allreduce_fn is not None:
     grads = allreduce_fn(grads)
 
-  def apply_update(grads):
-    apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step)
+  def apply_update(grads, applied=None):
+    apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step,
+                                         applied=applied)
     with tf.control_dependencies([apply_op]):
-      return tf.identity(global_step.assign_add(1))
+      step = 1 if applied is None else tf.cast(applied, tf.int64)
+      return tf.identity(global_step.assign_add(step))
 
   with tf.name_scope("optimizer"), tf.xla.experimental.jit_scope(compile_ops=compile_optimizer):
     if loss_scale is None:
@@ -272,8 +279,13 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
       all_finite = tf.is_finite(scaled_norm)
       norm = scaled_norm / loss_scale.scale
       factor = clip_norm / tf.maximum(norm, clip_norm) / loss_scale.scale
-      new_step = tf.cond(all_finite, lambda: apply_update([g * factor for g in grads]),
-                         lambda: tf.identity(global_step))
+      if tf.distribute.has_strategy():
+        # A tf.distribute strategy's assignments (merge_call) inside tf.cond leave the
+        # cond's context on the graph (TensorFlow 1.15 and 2.15): select instead.
+        new_step = apply_update([g * factor for g in grads], applied=all_finite)
+      else:
+        new_step = tf.cond(all_finite, lambda: apply_update([g * factor for g in grads]),
+                           lambda: tf.identity(global_step))
   # After the update has read them: the loss scale and the accumulators move on, also
   # when the update was skipped.
   with tf.control_dependencies([new_step]):

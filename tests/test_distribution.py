@@ -7,16 +7,16 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from bert_pretrain import launch as launch_plan
 from bert_pretrain import ranks as ranks_lib
-from conftest import ROOT, assert_same_weights, ordered_flags, run_pretraining
+from conftest import ROOT, assert_same_weights, final_weights, ordered_flags, run_pretraining
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
 
@@ -27,22 +27,12 @@ def _accuracy(stdout):
   return float(found[0])
 
 
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
 def start_workers(flags, logs, count=2):
   """Starts `count` multi_worker_mirrored processes of one job on this host, each told
   its place by TF_CONFIG as a cluster manager would, each writing to logs/worker-N.log
   (files: a pipe nobody reads would stall its worker, and with it the job); returns
   the Popens."""
-  workers = ["localhost:%d" % port for port in _free_ports(count)]
+  workers = ["localhost:%d" % port for port in launch_plan.free_ports(count)]
   logs.mkdir()
   procs = []
   for index in range(count):
@@ -111,6 +101,20 @@ def test_mirrored_resumes_where_it_stopped(equal_weight_data, one_card, tmp_path
   assert second.returncode == 0, second.stderr[-3000:]
   assert "Resuming from" in second.stdout and "skipping the 8 micro-batches" in second.stdout
   assert_same_weights(one_card[0], tmp_path, equal_weight_data["init"])
+
+
+def test_mirrored_float16_skips_the_updates_that_overflow_on_every_replica(
+    equal_weight_data, tmp_path):
+  """An initial loss scale of 1e7 overflows: the replicas skip those updates together
+  (without tf.cond, whose merge under a strategy broke the graph) until the scale fits."""
+  result = run_pretraining(*engine_flags(equal_weight_data, tmp_path, 4, steps=2) + [
+      "--distribution=mirrored", "--cpu_devices=2", "--amp_dtype=float16",
+      "--init_loss_scale=1e7", "--display_loss_steps=1"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  skipped = [int(n) for n in re.findall(r"skipped_steps: (\d+)", result.stdout)]
+  assert len(skipped) == 2 and skipped[0] > 0, result.stdout[-3000:]
+  step, weights = final_weights(tmp_path)
+  assert step == 2 and all(np.isfinite(w).all() for w in weights.values())
 
 
 def test_multi_worker_over_two_processes_trains_the_weights_of_one_card(
