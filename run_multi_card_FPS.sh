@@ -26,6 +26,10 @@ if [ "$distribution" != horovod ]; then
   engine=(--distribution="$distribution")
   # On a CPU: as many replicas as Horovod would start ranks.
   if [ "$distribution" = mirrored ]; then engine+=(--cpu_devices="$per_host"); fi
+  # A process drives every card it sees: show it the count per host, no more.
+  if [ -z "${CUDA_VISIBLE_DEVICES:-}" ] && [ -n "${IX_NUM_CUDA_VISIBLE_DEVICES:-}" ]; then
+    export CUDA_VISIBLE_DEVICES="$(seq -s, 0 "$((per_host - 1))")"
+  fi
 fi
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -78,6 +78,19 @@ def multi_worker_config():
   return workers, index
 
 
+def _check_one_process(distribution):
+  """Raises ValueError when a launcher started several processes for an engine of one
+  process (each would train alone as rank 0, in the same output_dir)."""
+  for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    size = os.environ.get(name, "")
+    if size.isdigit() and int(size) > 1:
+      raise ValueError("the launcher started %s processes (%s) but --distribution=%s runs "
+                       "one process%s; pass --horovod under horovodrun or mpirun, or start "
+                       "one process" % (size, name, distribution,
+                                        " without TF_CONFIG" if distribution ==
+                                        "multi_worker_mirrored" else ""))
+
+
 def _update_from_first_replica(next_creator, **kwargs):
   """Variable creator: a mirrored variable that a replica assigns takes the first
   replica's value on every replica (all replicas compute the same update, from the
@@ -163,6 +176,7 @@ class Ranks(object):
       self.rank, self.size = hvd.rank(), hvd.size()
       self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
     elif distribution == "mirrored":
+      _check_one_process(distribution)
       self.strategy = tf.distribute.MirroredStrategy(devices)
     elif distribution == "multi_worker_mirrored":
       self._workers, self.rank = multi_worker_config()
@@ -174,8 +188,12 @@ class Ranks(object):
         hosts = [w.rsplit(":", 1)[0] for w in self._workers]
         self.local_rank = hosts[:self.rank].count(hosts[self.rank])
         self.local_size = hosts.count(hosts[self.rank])
+      else:
+        _check_one_process(distribution)
       self.strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
-    elif distribution != "none":
+    elif distribution == "none":
+      _check_one_process(distribution)
+    else:
       raise ValueError("--distribution=%s is not one of %s" % (distribution,
                                                               ", ".join(DISTRIBUTIONS)))
     self.replicas = self.strategy.num_replicas_in_sync if self.strategy else self.size
@@ -260,8 +278,17 @@ class Ranks(object):
       return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name)
     if self.strategy is None:
       return tf.identity(tensor)
-    total = self.all_reduce([tensor], average=False)[0]
-    return total / tf.cast(self.local_replicas, total.dtype)
+    return self.all_reduce([self._from_first_local_replica(tensor)], average=False)[0]
+
+  def _from_first_local_replica(self, tensor):
+    """tensor in the first replica of this process, zeros in its others (in a replica's
+    graph): summed over all replicas, each process counts once, exactly."""
+    if self.local_replicas == 1:
+      return tensor
+    replica_id = tf.convert_to_tensor(
+        tf.distribute.get_replica_context().replica_id_in_sync_group)
+    first = tf.equal(tf.floormod(replica_id, self.local_replicas), 0)
+    return tf.where(first, tensor, tf.zeros_like(tensor))
 
   def broadcast_op(self):
     """The op that gives every replica of every process rank 0's global variables (run
@@ -278,14 +305,14 @@ class Ranks(object):
     def replica():
       # Rank 0's values, zeros elsewhere, summed: a broadcast by the engine's all-reduce
       # (integers as float64, exact up to 2^53).
-      mine = [v.read_value() if self.is_chief else tf.zeros(v.shape, v.dtype.base_dtype)
-              for v in variables]
+      mine = [self._from_first_local_replica(v.read_value()) if self.is_chief else
+              tf.zeros(v.shape, v.dtype.base_dtype) for v in variables]
       mine = [t if t.dtype.is_floating else tf.cast(t, tf.float64) for t in mine]
       summed = [None] * len(mine)
       for dtype in set(t.dtype for t in mine):  # A batch of collectives has one dtype.
         places = [i for i, t in enumerate(mine) if t.dtype == dtype]
         for i, t in zip(places, self.all_reduce([mine[i] for i in places], average=False)):
-          summed[i] = t / float(self.local_replicas)
+          summed[i] = t
       return summed
 
     values = self.merged(self.each_replica(replica))

@@ -211,6 +211,13 @@ def main(argv):
   try:
     bert_config, init_checkpoint, labels, data = check_flags()
     device = device_lib.detect_device(FLAGS.device, FLAGS.amp, "auto")
+    if FLAGS.horovod and FLAGS.distribution not in ("none", "horovod"):
+      raise ValueError("--horovod and --distribution=%s disagree; pass one"
+                       % FLAGS.distribution)
+    if FLAGS.cpu_devices < 1 or (FLAGS.cpu_devices > 1 and FLAGS.distribution != "mirrored"):
+      raise ValueError("--cpu_devices=%d: logical CPU devices are replicas of "
+                       "--distribution=mirrored only (at least 1); drop it or pass "
+                       "--distribution=mirrored" % FLAGS.cpu_devices)
     ranks = ranks_lib.Ranks("horovod" if FLAGS.horovod else FLAGS.distribution,
                             devices=device_lib.replica_devices(device, FLAGS.cpu_devices))
     if FLAGS.do_train and len(data["train"][0]) < FLAGS.train_batch_size * ranks.replicas:
@@ -268,7 +275,9 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
                                                  ranks, FLAGS.seed)
       display = ranks.merged(ranks.each_replica(replica, train_iterator.get_next()))
     for split in ("dev", "test"):
-      if split in data and ranks.is_chief:  # Rank 0 evaluates and predicts alone.
+      # Rank 0 evaluates and predicts alone, but every rank builds the graphs: without
+      # training they create the variables, which the ranks must all have alike.
+      if split in data:
         iterator, feed = make_iterator(data[split][1], FLAGS.eval_batch_size)
         with tf.variable_scope("", reuse=tf.AUTO_REUSE):
           graphs[split] = dict(classifier.build_classifier(

@@ -208,8 +208,9 @@ def check_flags():
     if getattr(FLAGS, name) < 0:
       raise ValueError("--%s=%d must not be negative" % (name, getattr(FLAGS, name)))
   if FLAGS.horovod and FLAGS.distribution not in ("none", "horovod"):
-    raise ValueError("--horovod and --distribution=%s disagree; pass one"
-                     % FLAGS.distribution)
+    raise ValueError("--horovod and --distribution=%s disagree; pass one (with "
+                     "run_multi_card_FPS.sh, which passes --horovod, set DISTRIBUTION=%s "
+                     "instead)" % (FLAGS.distribution, FLAGS.distribution))
   if FLAGS.cpu_devices < 1 or (FLAGS.cpu_devices > 1 and distribution() != "mirrored"):
     raise ValueError("--cpu_devices=%d: logical CPU devices are replicas of "
                      "--distribution=mirrored only (at least 1); drop it or pass "

@@ -226,3 +226,14 @@ def test_the_script_runs_mirrored_as_one_process_without_horovodrun(tmp_path):
   assert ("run_multi_card_FPS: error: DISTRIBUTION=nccl is not one of horovod, mirrored, "
           "multi_worker_mirrored; unset it for Horovod") in bad.stderr
   assert os.listdir(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("distribution", ["none", "mirrored", "multi_worker_mirrored"])
+def test_several_launched_processes_of_a_one_process_engine_are_refused(distribution,
+                                                                        monkeypatch):
+  monkeypatch.setenv("HOROVOD_SIZE", "2")
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  with pytest.raises(ValueError, match=re.escape(
+      "the launcher started 2 processes (HOROVOD_SIZE) but --distribution=%s runs one "
+      "process" % distribution)):
+    ranks_lib.Ranks(distribution)
