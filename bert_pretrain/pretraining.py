@@ -83,8 +83,7 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
                       num_warmup_steps=0, poly_power=1.0, start_warmup_step=0,
                       optimizer_name="lamb", weight_decay_rate=0.01, beta_1=0.9,
                       beta_2=0.999, epsilon=1e-6, num_accumulation_steps=1,
-                      init_loss_scale=2.0 ** 15, ranks=None, allreduce_post_accumulation=True,
-                      compile_optimizer=False):
+                      init_loss_scale=2.0 ** 15, ranks=None, allreduce_post_accumulation=True):
   """The ops of one training update: features -> model -> gradients -> (accumulation)
   -> all-reduce -> optimizer, and what the loop fetches with them.
 
@@ -106,7 +105,6 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       signal are all-reduced over the replicas.
     allreduce_post_accumulation: all-reduce once per update, after accumulation
       (otherwise every micro-batch's gradients).
-    compile_optimizer: compile the optimizer update with XLA.
 
   Returns:
     TrainGraph with
@@ -148,8 +146,7 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
         outputs["total_loss"], optimizer, global_step, num_accumulation_steps,
         allreduce_fn=all_reduce if allreduce_post_accumulation else None,
         loss_scale=loss_scale,
-        pre_accumulation_fn=None if allreduce_post_accumulation else all_reduce,
-        compile_optimizer=compile_optimizer)
+        pre_accumulation_fn=None if allreduce_post_accumulation else all_reduce)
     losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
     if several:
       losses = all_reduce([losses], name="display_losses")[0]

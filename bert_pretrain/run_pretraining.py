@@ -109,8 +109,7 @@ flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"],
                   "auto: a GPU if TensorFlow sees one, else the CPU, but an error when "
                   "CUDA_VISIBLE_DEVICES lists cards TensorFlow cannot see; gpu: a GPU or an "
                   "error; cpu: the CPU on purpose, even where GPUs are visible.")
-flags.DEFINE_bool("use_xla", False, "XLA JIT: auto-clustering of the graph (on a CPU too), and "
-                  "the optimizer update compiled as one XLA cluster.")
+flags.DEFINE_bool("use_xla", False, "XLA JIT: auto-clustering of the graph (on a CPU too).")
 flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
 flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
 flags.DEFINE_integer("shuffle_buffer", 10000, "Training records held for shuffling.")
@@ -604,8 +603,7 @@ def start_session(inputs, ranks, device, config, learning_rate, logger):
           beta_1=FLAGS.beta_1, beta_2=FLAGS.beta_2, epsilon=FLAGS.epsilon,
           num_accumulation_steps=FLAGS.num_accumulation_steps,
           init_loss_scale=FLAGS.init_loss_scale, ranks=ranks,
-          allreduce_post_accumulation=FLAGS.allreduce_post_accumulation,
-          compile_optimizer=FLAGS.use_xla)
+          allreduce_post_accumulation=FLAGS.allreduce_post_accumulation)
     evaluator = None
     if FLAGS.do_eval:
       evaluator = pretraining.Evaluator(inputs.bert_config, inputs.eval_files, ranks,

@@ -30,16 +30,24 @@ def test_warmup_then_polynomial_decay():
   np.testing.assert_allclose(got, [0.0, 0.0, 0.5], atol=1e-6)
 
 
+# 1 - beta in float32, as TensorFlow's fused ApplyAdam kernel computes it.
+ONE_MINUS_B1 = float(np.float32(1) - np.float32(0.9))
+ONE_MINUS_B2 = float(np.float32(1) - np.float32(0.999))
+
+
 def numpy_lamb_step(w, g, m, v, step, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
-  m = b1 * m + (1 - b1) * g
-  v = b2 * v + (1 - b2) * g * g
+  m = m + (g - m) * ONE_MINUS_B1
+  v = v + (g * g - v) * ONE_MINUS_B2
   update = (m / (1 - b1 ** step)) / (np.sqrt(v / (1 - b2 ** step)) + eps) + wd * w
   ratio = np.linalg.norm(w) / np.linalg.norm(update)
   return w - lr * ratio * update, m, v
 
 
 @pytest.mark.parametrize("name", ["lamb", "adam"])
-def test_one_update_matches_numpy(name):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain ops"])
+def test_one_update_matches_numpy(name, fused):
+  """The fused kernels (in place) and the plain ops (under a strategy, or when an update
+  may be skipped: `applied`) compute the same update."""
   w0 = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
   g = np.array([[0.1, 0.2], [-0.3, 0.05]], np.float32)
   b0 = np.array([0.3, -0.2], np.float32)
@@ -48,7 +56,8 @@ def test_one_update_matches_numpy(name):
     b = tf.get_variable("layer/bias", initializer=b0)
     step = tf.train.get_or_create_global_step()
     opt = optimization.create_optimizer(name, 0.1, weight_decay_rate=0.01)
-    op = opt.apply_gradients([(tf.constant(g), w), (tf.constant(g[0]), b)], global_step=step)
+    op = opt.apply_gradients([(tf.constant(g), w), (tf.constant(g[0]), b)], global_step=step,
+                             applied=None if fused else tf.constant(True))
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())
       sess.run(op)
@@ -58,9 +67,9 @@ def test_one_update_matches_numpy(name):
     want_w, _, _ = numpy_lamb_step(w0, g, 0, 0, 1, 0.1, 0.01)
     want_b, _, _ = numpy_lamb_step(b0, g[0], 0, 0, 1, 0.1, 0.0)  # no decay on bias
   else:
-    m, v = 0.1 * g, 0.001 * g * g
+    m, v = ONE_MINUS_B1 * g, ONE_MINUS_B2 * g * g
     want_w = w0 - 0.1 * (m / (np.sqrt(v) + 1e-6) + 0.01 * w0)
-    want_b = b0 - 0.1 * (0.1 * g[0] / (np.sqrt(0.001 * g[0] ** 2) + 1e-6))
+    want_b = b0 - 0.1 * (m[0] / (np.sqrt(v[0]) + 1e-6))
   np.testing.assert_allclose(w1, want_w, rtol=1e-5)
   np.testing.assert_allclose(b1, want_b, rtol=1e-5)
   # Slots are named as in Google BERT checkpoints.

@@ -348,12 +348,10 @@ def _xla_clusters(dump_dir):
 
 
 @pytest.mark.parametrize("amp_dtype", ["auto", "float16"])
-def test_xla_compiles_the_optimizer_update_and_the_model(pretraining_data, tmp_path,
-                                                         monkeypatch, amp_dtype):
-  """XLA's own dump of what it compiled: the optimizer update as one cluster (in float16
-  the branch that applies a finite update), and parts of the model's forward and
-  backward passes from auto-clustering (on the CPU, TensorFlow clusters only with
-  --tf_xla_cpu_global_jit, which --use_xla sets)."""
+def test_xla_compiles_the_model(pretraining_data, tmp_path, monkeypatch, amp_dtype):
+  """XLA's own dump of what it compiled: parts of the model's forward and backward passes
+  from auto-clustering (on the CPU, TensorFlow clusters only with --tf_xla_cpu_global_jit,
+  which --use_xla sets). The optimizer's fused kernels stay TensorFlow's."""
   monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=%s" % (tmp_path / "dump"))
   monkeypatch.delenv("TF_XLA_FLAGS", raising=False)
   result = run_pretraining(*base_flags(pretraining_data, tmp_path / "out", use_xla=None,
@@ -363,13 +361,6 @@ def test_xla_compiles_the_optimizer_update_and_the_model(pretraining_data, tmp_p
   assert "Step 2," in result.stdout
   modules = _xla_clusters(str(tmp_path / "dump"))
   in_scope = lambda names, scope: sum(n.startswith(scope) for n in names)
-  # The update of every variable in one module: LAMB takes one square root (of its
-  # second moment) per variable.
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "out")))
-  num_variables = sum(n.endswith("/adam_m") for n in reader.get_variable_to_shape_map())
-  update = max(modules.values(), key=lambda names: in_scope(names, "optimizer/"))
-  roots = {n for n in update if re.match(r"optimizer/(cond/)?Sqrt(_\d+)?$", n)}
-  assert num_variables > 30 and len(roots) == num_variables
   model = [names for names in modules.values() if in_scope(names, "bert/encoder/") > 20]
   assert model, sorted((k[:30], len(v)) for k, v in modules.items())
   assert any(in_scope(names, "gradients/") for names in modules.values())
