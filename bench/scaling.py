@@ -28,16 +28,32 @@ efficiency the machine itself allows, so the gap to the 2-rank job is the all-re
 --distribution=mirrored (one process over 2 logical CPU devices, given the threads of 2
 ranks) and multi_worker_mirrored (2 local processes, TF_CONFIG naming them), one after
 the other on each row.
+
+--tables adds the seed projects' tables (../shared/seeds/001):
+  speed      sentences/s of 1 and 2 Horovod ranks x --precisions x --batch_sizes (per
+             rank), on the demo's data (sequence 128);
+  max_batch  the largest batch per rank one card fits, for each model and
+             --max_batch_seq_lengths, found by trying: doubling from 1 until a 1-step,
+             1-rank run fails for lack of memory, then halving the gap. A run fails so
+             when run_pretraining reports "out of memory" (TensorFlow's
+             ResourceExhaustedError, caught there), or ends by bad_alloc, MemoryError or
+             SIGKILL (the kernel's OOM killer); any other failure stops the search and is
+             reported. On a GPU the card's memory is the limit; on a CPU TensorFlow's
+             tensors are held to --memory_limit_gib by its BFC allocator, as on a card
+             (a trial that crashes inside that limit and runs without it counts as out
+             of memory too).
 """
 
 from __future__ import absolute_import
 from __future__ import division
 from __future__ import print_function
 
+import glob
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,7 +73,15 @@ MEDIUM_CONFIG = {
 }
 # model -> (batch per rank, training steps, warm-up steps left out of the FPS)
 DEFAULTS = {"tiny": (32, 60, 10), "medium": (8, 24, 6)}
+# model -> batches per rank of the speed table
+SPEED_BATCHES = {"tiny": (16, 64), "medium": (4, 16)}
+PREDICTIONS = {128: 20, 512: 76}  # masked positions a sequence, as MLPerf's data has them
 ENGINES = ("horovod", "mirrored", "multi_worker_mirrored")
+TABLES = ("engines", "speed", "max_batch")
+PRECISIONS = ("fp32", "amp")
+# How a trial run ends when its batch does not fit: run_pretraining's one line for
+# TensorFlow's ResourceExhaustedError, C++'s or Python's allocation failure.
+OUT_OF_MEMORY = re.compile(r"error: out of memory|std::bad_alloc|MemoryError")
 THROUGHPUT = re.compile(r"Throughput Average \(sentences/sec\) = ([0-9.]+)")
 EVAL_TIME = re.compile(r"eval time: ([0-9.]+) s")
 
@@ -72,6 +96,22 @@ flags.DEFINE_integer("inter_op_threads", 1, "Ops run at once in each rank.")
 flags.DEFINE_string("horovod_args", "--gloo", "Controller flags for horovodrun (--gloo, --mpi).")
 flags.DEFINE_list("engines", list(ENGINES), "Engines of the 2-rank runs: %s."
                   % ", ".join(ENGINES))
+flags.DEFINE_list("tables", list(TABLES), "Tables to make: engines (1 vs 2 ranks of each "
+                  "engine), speed (ranks x precision x batch), max_batch (the largest "
+                  "batch that fits).")
+flags.DEFINE_list("precisions", list(PRECISIONS), "Precisions of the speed table: fp32, amp "
+                  "(run_pretraining --amp: bfloat16 on CPUs, float16 on GPUs).")
+flags.DEFINE_list("batch_sizes", [], "Batches per rank of the speed table (default per "
+                  "model: %s)." % "; ".join("%s %s" % (m, ",".join(map(str, b)))
+                                           for m, b in sorted(SPEED_BATCHES.items())))
+flags.DEFINE_list("max_batch_seq_lengths", ["128", "512"], "Sequence lengths of the "
+                  "largest-batch search (128, 512).")
+flags.DEFINE_integer("max_batch_limit", 4096, "The largest batch the search tries.")
+flags.DEFINE_float("memory_limit_gib", -1, "A card's memory in the largest-batch search: "
+                   "on a CPU, the GiB TensorFlow's tensors may take (its BFC allocator, "
+                   "TF_CPU_BFC_MEM_LIMIT_IN_MB); 0: no limit (on GPUs, whose memory is "
+                   "the limit); -1: 0 where a GPU's device file exists (/dev/nvidia0, "
+                   "/dev/iluvatar0), else 8.")
 flags.DEFINE_string("out_dir", os.path.join(ROOT, "bench_results"),
                     "Where the demo data, the logs and the table go.")
 FLAGS = flags.FLAGS
@@ -102,20 +142,29 @@ def run_env():
   return env
 
 
+def pretraining_command(train_dir, config_file, output_dir, seq, batch, steps, warmup,
+                        amp=False):
+  """run_pretraining's words for `steps` steps of `batch` sequences a rank."""
+  return [sys.executable, "-m", "bert_pretrain.run_pretraining",
+          "--input_files_dir=" + train_dir, "--bert_config_file=" + config_file,
+          "--output_dir=" + output_dir, "--max_seq_length=%d" % seq,
+          "--max_predictions_per_seq=%d" % PREDICTIONS[seq],
+          "--train_batch_size=%d" % batch, "--num_train_steps=%d" % steps,
+          "--fps_warmup_steps=%d" % warmup, "--display_loss_steps=%d" % steps,
+          "--save_checkpoints_steps=100000", "--stop_threshold=0", "--learning_rate=1e-4",
+          "--amp" if amp else "--noamp"]
+
+
 def training_commands(engine, ranks, cache_dir, config_file, init_checkpoint, output_dir,
                       settings):
-  """The processes of one run: a list of (command, environment variables to add)."""
-  batch, steps, warmup = settings
-  flags_ = [sys.executable, "-m", "bert_pretrain.run_pretraining",
-            "--input_files_dir=" + os.path.join(cache_dir, "train"),
-            "--bert_config_file=" + config_file, "--output_dir=" + output_dir,
-            # One evaluation, at the end, of the demo's eval set shared by the ranks.
-            "--eval_files_dir=" + os.path.join(cache_dir, "eval"),
-            "--samples_start_eval=%d" % 10 ** 15, "--eval_batch_size=64",
-            "--max_seq_length=128", "--max_predictions_per_seq=20",
-            "--train_batch_size=%d" % batch, "--num_train_steps=%d" % steps,
-            "--fps_warmup_steps=%d" % warmup, "--display_loss_steps=%d" % steps,
-            "--save_checkpoints_steps=100000", "--stop_threshold=0", "--learning_rate=1e-4"]
+  """The processes of one run: a list of (command, environment variables to add).
+  settings: (batch per rank, steps, warm-up steps, amp)."""
+  batch, steps, warmup, amp = settings
+  flags_ = pretraining_command(os.path.join(cache_dir, "train"), config_file, output_dir,
+                               128, batch, steps, warmup, amp) + [
+      # One evaluation, at the end, of the demo's eval set shared by the ranks.
+      "--eval_files_dir=" + os.path.join(cache_dir, "eval"),
+      "--samples_start_eval=%d" % 10 ** 15, "--eval_batch_size=64"]
   if init_checkpoint:
     flags_.append("--init_checkpoint=" + init_checkpoint)
   threads = ["--intra_op_threads=%d" % FLAGS.intra_op_threads,
@@ -183,10 +232,144 @@ def run_independent(model, copies, *args):
           "eval_s": max(r["eval_s"] for r in results)}
 
 
-def model_settings(model):
-  batch, steps, warmup = DEFAULTS[model]
-  return (FLAGS.train_batch_size or batch, FLAGS.num_train_steps or steps,
-          FLAGS.fps_warmup_steps or warmup)
+def model_settings(model, batch=None, amp=False):
+  """(batch per rank, steps, warm-up steps, amp) of a model's runs."""
+  default_batch, steps, warmup = DEFAULTS[model]
+  return (batch or FLAGS.train_batch_size or default_batch, FLAGS.num_train_steps or steps,
+          FLAGS.fps_warmup_steps or warmup, amp)
+
+
+def speed_runs(model, cache_dir, config_file, init_checkpoint):
+  """The seed's speed table for one model: {"<ranks>-<precision>-<batch>": result}."""
+  runs = {}
+  for batch in [int(b) for b in FLAGS.batch_sizes] or SPEED_BATCHES[model]:
+    for precision in FLAGS.precisions:
+      settings = model_settings(model, batch, amp=precision == "amp")
+      for ranks in (1, 2):
+        tag = "np%d-%s-b%d" % (ranks, precision, batch)
+        runs["%d-%s-%d" % (ranks, precision, batch)] = finish_training(*start_training(
+            model, ranks, cache_dir, config_file, init_checkpoint, settings, tag=tag))
+  return runs
+
+
+# ---------------------------------------------------------------------------------------
+# The largest batch that fits
+
+def memory_limit_gib(flag_value, device_files):
+  """The GiB a trial's tensors may take on a CPU (0: no limit): the flag, or for -1, no
+  limit where a GPU's device file exists (the card's memory is the limit), else 8."""
+  if flag_value >= 0:
+    return flag_value
+  return 0 if device_files else 8
+
+
+def gpu_device_files():
+  return glob.glob("/dev/nvidia[0-9]*") + glob.glob("/dev/iluvatar[0-9]*")
+
+
+def make_records(cache_dir, seq):
+  """TFRecords of the demo's training text at sequence `seq` (the demo's own are 128)."""
+  if seq == 128:
+    return os.path.join(cache_dir, "train")
+  folder = os.path.join(cache_dir, "train%d" % seq)
+  if not os.path.isdir(folder):
+    with open(os.path.join(FLAGS.out_dir, "logs", "scaling-records%d.log" % seq),
+              "w") as log_file:
+      subprocess.check_call(
+          [sys.executable, "-m", "bert_pretrain.create_pretraining_data",
+           "--input_file=" + os.path.join(cache_dir, "text", "train.txt"),
+           "--output_file=" + os.path.join(folder + ".tmp", "part-00000-of-00001"),
+           "--vocab_file=" + os.path.join(cache_dir, "vocab.txt"),
+           "--max_seq_length=%d" % seq, "--max_predictions_per_seq=%d" % PREDICTIONS[seq],
+           "--dupe_factor=1"], cwd=ROOT, env=run_env(), stdout=log_file,
+          stderr=subprocess.STDOUT)
+    os.rename(folder + ".tmp", folder)
+  return folder
+
+
+def try_batch(model, config_file, train_dir, seq, batch, limit_gib):
+  """One training step of `batch` sequences in one process: "fits", "out of memory" (or
+  "out of memory (crash)", below) or another failure ("exit status N, see LOG")."""
+  def run(env, tag):
+    output_dir = tempfile.mkdtemp(prefix="scaling-%s-max-batch-" % model)
+    log_path = os.path.join(FLAGS.out_dir, "logs",
+                            "scaling-%s-seq%d-b%d%s.log" % (model, seq, batch, tag))
+    command = pretraining_command(train_dir, config_file, output_dir, seq, batch, 1, 0) + [
+        "--nodo_eval", "--intra_op_threads=%d" % FLAGS.intra_op_threads,
+        "--inter_op_threads=%d" % FLAGS.inter_op_threads]
+    with open(log_path, "w") as log_file:
+      status = subprocess.call(command, cwd=ROOT, env=env, stdout=log_file,
+                               stderr=subprocess.STDOUT)
+    shutil.rmtree(output_dir, ignore_errors=True)
+    with open(log_path) as f:
+      return status, f.read(), log_path
+
+  log("%s seq %d: batch %d%s" % (model, seq, batch,
+                                 " in %g GiB" % limit_gib if limit_gib else ""))
+  env = run_env()
+  if limit_gib:
+    # TensorFlow's CPU tensors from a BFC allocator of that size, as on a GPU: a tensor
+    # beyond it raises ResourceExhaustedError.
+    env.update(TF_CPU_ALLOCATOR_USE_BFC="true",
+               TF_CPU_BFC_MEM_LIMIT_IN_MB=str(int(limit_gib * 1024)))
+  status, text, log_path = run(env, "")
+  if status == 0:
+    return "fits"
+  if OUT_OF_MEMORY.search(text) or status in (-9, 137):
+    return "out of memory"
+  if limit_gib and status == -signal.SIGSEGV:
+    # Just past the limit, some allocations are not checked and the process crashes
+    # instead of reporting; when the same batch runs without the limit, the limit did it.
+    log("%s seq %d: batch %d crashed inside the limit; again without it" % (
+        model, seq, batch))
+    if run(run_env(), "-nolimit")[0] == 0:
+      return "out of memory (crash)"
+  return "exit status %d, see %s" % (status, log_path)
+
+
+def largest_batch(attempt, cap):
+  """The largest batch b <= cap for which attempt(b) is "fits", found by doubling from 1
+  to the first that does not fit, then halving the gap until it is within 1/8 of the
+  largest that fits. Returns {"batch": b (0: not even 1), "tried": {b: outcome}} and,
+  when a trial failed otherwise than for memory, "error"."""
+  tried = {}
+
+  def fits(batch):
+    tried[batch] = attempt(batch)
+    if tried[batch] != "fits" and not tried[batch].startswith("out of memory"):
+      raise RuntimeError(tried[batch])
+    return tried[batch] == "fits"
+
+  good, bad = 0, None
+  try:
+    batch = 1
+    while batch <= cap and fits(batch):
+      good, batch = batch, batch * 2
+    bad = batch if batch <= cap else None
+    while bad is not None and bad - good > max(1, good // 8):
+      middle = (good + bad) // 2
+      if fits(middle):
+        good = middle
+      else:
+        bad = middle
+  except RuntimeError as e:
+    return {"batch": good, "tried": tried, "error": str(e)}
+  return {"batch": good, "tried": tried, "capped": bad is None}
+
+
+def max_batch_rows(models, cache_dir):
+  limit_gib = memory_limit_gib(FLAGS.memory_limit_gib, gpu_device_files())
+  rows = []
+  for seq in [int(s) for s in FLAGS.max_batch_seq_lengths]:
+    train_dir = make_records(cache_dir, seq)
+    for model in FLAGS.models:
+      config_file = models[model][0]
+      found = largest_batch(
+          lambda b: try_batch(model, config_file, train_dir, seq, b, limit_gib),
+          FLAGS.max_batch_limit)
+      rows.append(dict(found, model=model, seq=seq, limit_gib=limit_gib))
+      log("%s seq %d: largest batch %s" % (model, seq, json.dumps(found)))
+  return rows
 
 
 def efficiency(fps_n, fps_1, n=2):
@@ -197,16 +380,18 @@ def markdown(rows, load_average):
   engines = [e for e in ENGINES if e != "horovod" and e in FLAGS.engines]
   lines = ["# Scaling on this machine", "",
            "%d cores, %d intra / %d inter-op threads a rank, horovodrun %s, load average "
-           "%.1f at the start. Efficiency = FPS(2 ranks) / (2 x FPS(1 rank)), 1 rank "
-           "being a 1-rank Horovod job. Eval: seconds of the final evaluation of the "
-           "demo's eval set." % (os.cpu_count(), FLAGS.intra_op_threads,
-                                 FLAGS.inter_op_threads, FLAGS.horovod_args, load_average),
-           "",
-           "| model | batch/rank | 1 rank sent/s | 2 ranks sent/s | efficiency | "
-           "2 x 1 rank at once sent/s | efficiency without all-reduce | " +
-           "".join("2 %s sent/s | efficiency | " % e for e in engines) +
-           "eval s 1 rank | eval s 2 ranks |",
-           "|---|---|---|---|---|---|---|" + "---|---|" * len(engines) + "---|---|"]
+           "%.1f at the start." % (os.cpu_count(), FLAGS.intra_op_threads,
+                                   FLAGS.inter_op_threads, FLAGS.horovod_args, load_average)]
+  if not rows:
+    return "\n".join(lines) + "\n"
+  lines += ["Efficiency = FPS(2 ranks) / (2 x FPS(1 rank)), 1 rank being a 1-rank Horovod "
+            "job. Eval: seconds of the final evaluation of the demo's eval set.",
+            "",
+            "| model | batch/rank | 1 rank sent/s | 2 ranks sent/s | efficiency | "
+            "2 x 1 rank at once sent/s | efficiency without all-reduce | " +
+            "".join("2 %s sent/s | efficiency | " % e for e in engines) +
+            "eval s 1 rank | eval s 2 ranks |",
+            "|---|---|---|---|---|---|---|" + "---|---|" * len(engines) + "---|---|"]
   for row in rows:
     cells = [row["model"], str(row["batch"])]
     fps = {}
@@ -229,43 +414,106 @@ def markdown(rows, load_average):
   return "\n".join(lines) + "\n"
 
 
+def speed_markdown(rows):
+  """The seed's table: a model's sentences/s by ranks (rows) x precision and batch."""
+  lines = []
+  for row in rows:
+    columns = sorted({key.split("-", 1)[1] for key in row["runs"]},
+                     key=lambda c: (FLAGS.precisions.index(c.split("-")[0]),
+                                    int(c.split("-")[1])))
+    lines += ["", "%s, sentences/s (%d steps, the first %d left out):"
+              % (row["model"], row["steps"], row["warmup"]), "",
+              "| ranks | " + " | ".join("%s (batch %s)" % tuple(c.split("-"))
+                                       for c in columns) + " |",
+              "|---|" + "---|" * len(columns)]
+    for ranks in (1, 2):
+      cells = []
+      for column in columns:
+        result = row["runs"]["%d-%s" % (ranks, column)]
+        cells.append("%.2f" % result["fps"] if "fps" in result
+                     else "failed: " + result["error"])
+      lines.append("| %d | %s |" % (ranks, " | ".join(cells)))
+  return "\n".join(lines) + "\n"
+
+
+def max_batch_markdown(rows):
+  lines = ["", "The largest batch per card (1 rank, one training step, fp32; doubling, "
+           "then halving the gap to within 1/8). OOM: TensorFlow's out-of-memory error; "
+           "OOM (crash): died by SIGSEGV inside the limit, and ran without it:", "",
+           "| model | seq | memory | largest batch that fits | tried |", "|---|---|---|---|---|"]
+  for row in rows:
+    largest = "%d" % row["batch"]
+    if row.get("capped"):
+      largest = ">= %d (--max_batch_limit)" % row["batch"]
+    if "error" in row:
+      largest += " (search stopped: %s)" % row["error"]
+    tried = ", ".join("%s %s" % (b, {"fits": "fits", "out of memory": "OOM",
+                                     "out of memory (crash)": "OOM (crash)"}.get(
+                                         outcome, "failed"))
+                      for b, outcome in sorted(row["tried"].items(), key=lambda i: int(i[0])))
+    memory = "%g GiB of tensors" % row["limit_gib"] if row["limit_gib"] else "the card's"
+    lines.append("| %s | %d | %s | %s | %s |" % (row["model"], row["seq"], memory, largest,
+                                                 tried))
+  return "\n".join(lines) + "\n"
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
-  for model in FLAGS.models:
-    if model not in DEFAULTS:
-      raise app.UsageError("--models: unknown %r; use tiny, medium" % model)
-  for engine in FLAGS.engines:
-    if engine not in ENGINES:
-      raise app.UsageError("--engines: unknown %r; use %s" % (engine, ", ".join(ENGINES)))
+  for name, values, known in (("models", FLAGS.models, DEFAULTS),
+                              ("engines", FLAGS.engines, ENGINES),
+                              ("tables", FLAGS.tables, TABLES),
+                              ("precisions", FLAGS.precisions, PRECISIONS),
+                              ("max_batch_seq_lengths", FLAGS.max_batch_seq_lengths,
+                               [str(seq) for seq in PREDICTIONS])):
+    for value in values:
+      if value not in known:
+        raise app.UsageError("--%s: unknown %r; use %s" % (name, value, ", ".join(
+            map(str, known))))
+  for value in FLAGS.batch_sizes:
+    if not value.isdigit() or int(value) < 1:
+      raise app.UsageError("--batch_sizes: %r is not a positive whole number" % value)
   for sub in ("logs", "scaling_demo"):
     if not os.path.isdir(os.path.join(FLAGS.out_dir, sub)):
       os.makedirs(os.path.join(FLAGS.out_dir, sub))
   load_average = os.getloadavg()[0]
   cache_dir = os.path.join(FLAGS.out_dir, "scaling_demo")
   models = prepare_demo(cache_dir)
-  rows = []
+  results = {"engines": [], "speed": [], "max_batch": []}
   for model in FLAGS.models:
     config_file, init_checkpoint = models[model]
     settings = model_settings(model)
-    args = (cache_dir, config_file, init_checkpoint, settings)
-    runs = {"1": run_training(model, 1, *args)}
-    if "horovod" in FLAGS.engines:
-      runs["2"] = run_training(model, 2, *args)
-    if FLAGS.independent:
-      runs["2x1"] = run_independent(model, 2, *args)
-    for engine in FLAGS.engines:
-      if engine != "horovod":
-        runs["2-" + engine] = run_training(model, 2, *args, engine=engine)
-    rows.append({"model": model, "batch": settings[0], "steps": settings[1],
-                 "warmup": settings[2], "runs": runs})
-    log("%s: %s" % (model, json.dumps(runs)))
-  table = markdown(rows, load_average)
+    if "engines" in FLAGS.tables:
+      args = (cache_dir, config_file, init_checkpoint, settings)
+      runs = {"1": run_training(model, 1, *args)}
+      if "horovod" in FLAGS.engines:
+        runs["2"] = run_training(model, 2, *args)
+      if FLAGS.independent:
+        runs["2x1"] = run_independent(model, 2, *args)
+      for engine in FLAGS.engines:
+        if engine != "horovod":
+          runs["2-" + engine] = run_training(model, 2, *args, engine=engine)
+      results["engines"].append({"model": model, "batch": settings[0], "steps": settings[1],
+                                 "warmup": settings[2], "runs": runs})
+      log("%s: %s" % (model, json.dumps(runs)))
+    if "speed" in FLAGS.tables:
+      results["speed"].append({"model": model, "steps": settings[1], "warmup": settings[2],
+                               "runs": speed_runs(model, cache_dir, config_file,
+                                                  init_checkpoint)})
+  if "max_batch" in FLAGS.tables:
+    results["max_batch"] = max_batch_rows(models, cache_dir)
+  table = markdown(results["engines"], load_average)
+  if results["speed"]:
+    table += speed_markdown(results["speed"])
+  if results["max_batch"]:
+    table += max_batch_markdown(results["max_batch"])
+  table += "\nLoad average %.1f at the start, %.1f at the end.\n" % (
+      load_average, os.getloadavg()[0])
   print(table)
   with open(os.path.join(FLAGS.out_dir, "scaling.md"), "w") as f:
     f.write(table)
   with open(os.path.join(FLAGS.out_dir, "scaling.json"), "w") as f:
-    json.dump(rows, f, indent=1)
+    json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """bench/scaling.py: a tiny 1-rank and 2-rank run with each engine gives FPS and eval
-times."""
+times; the speed table by ranks, precision and batch; the search for the largest batch
+that fits, with real out-of-memory failures and with fakes."""
 
 import json
 import os
@@ -13,12 +14,12 @@ def test_scaling_table_gives_fps_and_eval_time_of_one_and_two_ranks_of_each_engi
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, "bench", "scaling.py"), "--models=tiny",
        "--num_train_steps=4", "--fps_warmup_steps=1", "--noindependent",
-       "--out_dir=" + str(tmp_path)],
+       "--tables=engines", "--out_dir=" + str(tmp_path)],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
       timeout=900, env=dict(os.environ, PYTHONPATH=ROOT))
   assert result.returncode == 0, result.stdout[-3000:]
   with open(os.path.join(str(tmp_path), "scaling.json")) as f:
-    (row,) = json.load(f)
+    (row,) = json.load(f)["engines"]
   for run in ("1", "2", "2-mirrored", "2-multi_worker_mirrored"):
     assert row["runs"][run]["fps"] > 0, row
     assert row["runs"][run]["eval_s"] > 0, row
@@ -30,3 +31,103 @@ def test_scaling_table_gives_fps_and_eval_time_of_one_and_two_ranks_of_each_engi
   samples = [[line for line in log.splitlines() if "eval_samples = " in line][-1]
              for log in logs]
   assert len(set(line.split("=")[-1] for line in samples)) == 1, samples
+
+
+def scaling_run(tmp_path, *args):
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "bench", "scaling.py"), "--models=tiny",
+       "--out_dir=" + str(tmp_path)] + list(args),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      timeout=1800, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert result.returncode == 0, result.stdout[-3000:]
+  with open(os.path.join(str(tmp_path), "scaling.json")) as f:
+    return result.stdout, json.load(f)
+
+
+def test_speed_table_gives_sentences_per_second_by_ranks_precision_and_batch(tmp_path):
+  out, results = scaling_run(tmp_path, "--tables=speed", "--batch_sizes=4",
+                             "--precisions=amp,fp32", "--num_train_steps=4",
+                             "--fps_warmup_steps=1")
+  (row,) = results["speed"]
+  assert sorted(row["runs"]) == ["1-amp-4", "1-fp32-4", "2-amp-4", "2-fp32-4"]
+  assert all(run["fps"] > 0 for run in row["runs"].values()), row
+  assert "| ranks | amp (batch 4) | fp32 (batch 4) |" in out
+  assert out.count("| 1 | ") == 1 and out.count("| 2 | ") == 1, out
+  # The amp runs computed in bfloat16, the fp32 ones in float32.
+  logs = os.path.join(str(tmp_path), "logs")
+  assert "compute bfloat16" in open(os.path.join(logs, "scaling-tiny-np2-amp-b4.log")).read()
+  assert "compute float32" in open(os.path.join(logs, "scaling-tiny-np2-fp32-b4.log")).read()
+  assert not results["engines"] and not results["max_batch"]
+
+
+def test_largest_batch_search_catches_out_of_memory_in_real_trials_and_reports_it(tmp_path):
+  out, results = scaling_run(tmp_path, "--tables=max_batch", "--max_batch_seq_lengths=128",
+                             "--memory_limit_gib=0.1", "--max_batch_limit=256")
+  (row,) = results["max_batch"]
+  assert (row["model"], row["seq"], row["limit_gib"]) == ("tiny", 128, 0.1)
+  assert "error" not in row and not row["capped"], row
+  tried = {int(b): outcome for b, outcome in row["tried"].items()}
+  assert 1 <= row["batch"] < 256 and tried[row["batch"]] == "fits", row
+  assert all((outcome == "fits") == (b <= row["batch"]) for b, outcome in tried.items()), row
+  assert min(b for b in tried if b > row["batch"]) - row["batch"] <= max(1, row["batch"] // 8)
+  logs = os.path.join(str(tmp_path), "logs")
+  for b, outcome in tried.items():
+    if outcome == "fits":
+      continue
+    with open(os.path.join(logs, "scaling-tiny-seq128-b%d.log" % b)) as f:
+      text = f.read()
+    if outcome == "out of memory":
+      # TensorFlow raised ResourceExhaustedError inside the limit; run_pretraining said so.
+      assert "run_pretraining: error: out of memory" in text, b
+    else:
+      # It crashed inside the limit and ran without it.
+      assert outcome == "out of memory (crash)" and "Segmentation fault" in text, (b, outcome)
+      with open(os.path.join(logs, "scaling-tiny-seq128-b%d-nolimit.log" % b)) as f:
+        assert "Throughput Average" in f.read(), b
+  assert "| tiny | 128 | 0.1 GiB of tensors | %d |" % row["batch"] in out
+
+
+def scaling_functions(code):
+  """Runs `code` with bench/scaling.py imported as `scaling`, in an interpreter of its
+  own: its flags share names with run_pretraining's. Returns what the code prints."""
+  result = subprocess.run(
+      [sys.executable, "-c", "from bench import scaling\n" + code],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert result.returncode == 0, result.stdout[-3000:]
+  return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_the_largest_batch_search_doubles_then_halves_the_gap_to_an_eighth():
+  found = scaling_functions(
+      "import json\n"
+      "print(json.dumps(scaling.largest_batch(\n"
+      "    lambda b: 'fits' if b <= 37 else 'out of memory', 4096)))")
+  assert 33 <= found["batch"] <= 37 and not found["capped"], found
+  tried = {int(b): outcome for b, outcome in found["tried"].items()}
+  assert [b for b in (1, 2, 4, 8, 16, 32, 64) if tried[b] == "fits"] == [1, 2, 4, 8, 16, 32]
+  assert tried[64] == "out of memory"
+  # Every batch above the answer that was tried did not fit, every one below did.
+  assert all((outcome == "fits") == (b <= found["batch"]) for b, outcome in tried.items())
+
+
+def test_the_largest_batch_search_stops_at_a_failure_other_than_memory_and_at_its_cap():
+  found = scaling_functions(
+      "import json\n"
+      "print(json.dumps([scaling.largest_batch(\n"
+      "    lambda b: 'fits' if b < 8 else 'exit status 1, see x.log', 4096),\n"
+      "    scaling.largest_batch(lambda b: 'fits', 16),\n"
+      "    scaling.largest_batch(lambda b: 'out of memory', 16)]))")
+  assert found[0]["batch"] == 4 and found[0]["error"] == "exit status 1, see x.log"
+  assert found[1]["batch"] == 16 and found[1]["capped"]
+  assert found[2]["batch"] == 0 and found[2]["tried"] == {"1": "out of memory"}
+
+
+def test_a_gpu_device_file_leaves_the_trials_the_cards_memory_and_a_cpu_8_gib():
+  limits = scaling_functions(
+      "import json\n"
+      "print(json.dumps([scaling.memory_limit_gib(-1, ['/dev/nvidia0']),\n"
+      "                  scaling.memory_limit_gib(-1, []),\n"
+      "                  scaling.memory_limit_gib(3.5, ['/dev/iluvatar0']),\n"
+      "                  scaling.memory_limit_gib(0, [])]))")
+  assert limits == [0, 8, 3.5, 0]
