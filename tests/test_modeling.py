@@ -193,6 +193,24 @@ def test_reduced_precision_compute_keeps_float32_variables(dtype):
   assert abs(loss - (np.log(99) + np.log(2))) < 1.0
 
 
+@pytest.mark.parametrize("dtype,elementwise", [(tf.bfloat16, tf.float32), (tf.float16, tf.float16)],
+                         ids=["bfloat16", "float16"])
+def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtype, elementwise):
+  with tf.Graph().as_default():
+    outputs = pretraining.build_model(CONFIG, features(2, 16, 3), True, dtype)
+    ops = [op for op in tf.get_default_graph().get_operations()
+           if op.name.startswith("bert/encoder/")]
+    by_type = {t: [op.outputs[0].dtype for op in ops if op.type == t]
+               for t in ("Tanh", "Softmax", "RandomUniform", "Rsqrt", "MatMul")}
+    # GELU, attention softmax, dropout masks: every layer has them.
+    for op_type in ("Tanh", "Softmax", "RandomUniform"):
+      assert by_type[op_type] and set(by_type[op_type]) == {elementwise}, op_type
+    # Layer norm's statistics are float32 whatever the compute type.
+    assert by_type["Rsqrt"] and set(by_type["Rsqrt"]) == {tf.float32}
+    assert set(by_type["MatMul"]) == {dtype}
+    assert outputs["total_loss"].dtype == tf.float32
+
+
 def test_softmax_cross_entropy_matches_tensorflows():
   rng = np.random.RandomState(4)
   # Confident wrong predictions (label logit far below the max) are the hard case.
