@@ -442,13 +442,13 @@ def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None):
     name: (optional) variable scope of the layer norm (default "LayerNorm").
 
   Returns:
-    float Tensor [rows, width] in the type of `input_tensor`, computed in
-    elementwise_dtype of it.
+    float Tensor [rows, width] in the type of `residual`, computed in
+    elementwise_dtype of `input_tensor`'s type.
   """
   compute_type = elementwise_dtype(input_tensor.dtype)
   summed = (dropout(tf.cast(input_tensor, compute_type), dropout_prob)
             + tf.cast(residual, compute_type))
-  return tf.cast(layer_norm(summed, name), input_tensor.dtype)
+  return tf.cast(layer_norm(summed, name), residual.dtype)
 
 
 def layer_norm_and_dropout(input_tensor, dropout_prob, name=None):
@@ -719,7 +719,8 @@ def transformer_model(input_tensor,
 
   Returns:
     float Tensor of shape [batch_size, seq_length, hidden_size], the final hidden layer,
-    or the list of all layers' outputs when do_return_all_layers.
+    or the list of all layers' outputs when do_return_all_layers, in the type of
+    `input_tensor`.
 
   Raises:
     ValueError: A Tensor shape or parameter is invalid.
@@ -742,7 +743,11 @@ def transformer_model(input_tensor,
 
   # Work on the 2D [batch_size * seq_length, width] form throughout: reshapes between 2D
   # and 3D are not free, and the dense layers are plain matmuls on it.
-  prev_output = tf.reshape(input_tensor, [-1, input_width])
+  compute_type = input_tensor.dtype
+  # The residual stream (each layer norm's output, the next sublayer's residual) is
+  # kept in elementwise_dtype: float32 when the matmuls, which get a cast, are bfloat16.
+  prev_output = tf.cast(tf.reshape(input_tensor, [-1, input_width]),
+                        elementwise_dtype(compute_type))
 
   all_layer_outputs = []
   for layer_idx in range(num_hidden_layers):
@@ -751,9 +756,10 @@ def transformer_model(input_tensor,
 
       with tf.variable_scope("attention"):
         with tf.variable_scope("self"):
+          matmul_input = tf.cast(layer_input, compute_type)
           attention_output = attention_layer(
-              from_tensor=layer_input,
-              to_tensor=layer_input,
+              from_tensor=matmul_input,
+              to_tensor=matmul_input,
               attention_mask=attention_mask,
               num_attention_heads=num_attention_heads,
               size_per_head=attention_head_size,
@@ -772,7 +778,8 @@ def transformer_model(input_tensor,
 
       # The activation is only applied to the "intermediate" hidden layer.
       with tf.variable_scope("intermediate"):
-        intermediate_output = dense_layer(attention_output, intermediate_size, "dense",
+        intermediate_output = dense_layer(tf.cast(attention_output, compute_type),
+                                          intermediate_size, "dense",
                                           intermediate_act_fn, initializer_range)
 
       # Down-project back to `hidden_size` then add the residual.
@@ -782,11 +789,11 @@ def transformer_model(input_tensor,
         layer_output = dropout_add_layer_norm(layer_output, attention_output,
                                               hidden_dropout_prob)
         prev_output = layer_output
-        all_layer_outputs.append(layer_output)
+        all_layer_outputs.append(tf.cast(layer_output, compute_type))
 
   if do_return_all_layers:
     return [tf.reshape(layer_output, input_shape) for layer_output in all_layer_outputs]
-  return tf.reshape(prev_output, input_shape)
+  return tf.reshape(all_layer_outputs[-1], input_shape)
 
 
 def get_masked_lm_output(bert_config, input_tensor, output_weights, positions, label_ids,

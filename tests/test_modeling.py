@@ -1,6 +1,7 @@
 """The model: Google BERT variable names and shapes, output shapes, config handling."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -197,7 +198,9 @@ def test_reduced_precision_compute_keeps_float32_variables(dtype):
                          ids=["bfloat16", "float16"])
 def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtype, elementwise):
   with tf.Graph().as_default():
-    outputs = pretraining.build_model(CONFIG, features(2, 16, 3), True, dtype)
+    batch = features(2, 16, 3)
+    model = modeling.BertModel(CONFIG, True, batch["input_ids"], batch["input_mask"],
+                               batch["segment_ids"], compute_type=dtype)
     ops = [op for op in tf.get_default_graph().get_operations()
            if op.name.startswith("bert/encoder/")]
     by_type = {t: [op.outputs[0].dtype for op in ops if op.type == t]
@@ -207,8 +210,17 @@ def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtyp
       assert by_type[op_type] and set(by_type[op_type]) == {elementwise}, op_type
     # Layer norm's statistics are float32 whatever the compute type.
     assert by_type["Rsqrt"] and set(by_type["Rsqrt"]) == {tf.float32}
+    # The residual stream: each sublayer's output plus its input.
+    residual_adds = [op for op in ops
+                     if re.search(r"layer_\d+/(attention/)?output/add$", op.name)]
+    assert len(residual_adds) == 2 * CONFIG.num_hidden_layers
+    assert {op.outputs[0].dtype for op in residual_adds} == {elementwise}
+    # ... whose residual, after the first, is the previous layer norm's output as it is
+    # (not cast to bfloat16 and back).
+    assert all("/LayerNorm/" in op.inputs[1].op.name for op in residual_adds[1:])
+    assert model.get_sequence_output().dtype == dtype
+    assert all(layer.dtype == dtype for layer in model.get_all_encoder_layers())
     assert set(by_type["MatMul"]) == {dtype}
-    assert outputs["total_loss"].dtype == tf.float32
 
 
 def test_softmax_cross_entropy_matches_tensorflows():
