@@ -204,9 +204,9 @@ def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtyp
     ops = [op for op in tf.get_default_graph().get_operations()
            if op.name.startswith("bert/encoder/")]
     by_type = {t: [op.outputs[0].dtype for op in ops if op.type == t]
-               for t in ("Tanh", "Softmax", "RandomUniform", "Rsqrt", "MatMul")}
-    # GELU, attention softmax, dropout masks: every layer has them.
-    for op_type in ("Tanh", "Softmax", "RandomUniform"):
+               for t in ("Tanh", "Softmax", "Rsqrt", "MatMul")}
+    # GELU and the attention softmax (dropout: below): every layer has them.
+    for op_type in ("Tanh", "Softmax"):
       assert by_type[op_type] and set(by_type[op_type]) == {elementwise}, op_type
     # Layer norm's statistics are float32 whatever the compute type.
     assert by_type["Rsqrt"] and set(by_type["Rsqrt"]) == {tf.float32}
@@ -221,6 +221,57 @@ def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtyp
     assert model.get_sequence_output().dtype == dtype
     assert all(layer.dtype == dtype for layer in model.get_all_encoder_layers())
     assert set(by_type["MatMul"]) == {dtype}
+
+
+def _dropout_run(seed, dtype=tf.float32):
+  """Two steps of modeling.dropout(ones [1000, 100], 0.1) in a graph seeded with `seed`:
+  (outputs, gradient of the first), and the types the dropout's float ops compute in."""
+  with tf.Graph().as_default():
+    tf.set_random_seed(seed)
+    x = tf.ones([1000, 100], dtype)
+    before = set(tf.get_default_graph().get_operations())
+    y = modeling.dropout(x, 0.1)
+    types = {op.outputs[0].dtype for op in tf.get_default_graph().get_operations()
+             if op not in before and op.outputs and op.outputs[0].dtype.is_floating}
+    grad = tf.gradients(tf.reduce_sum(tf.cast(y, tf.float32) * 3.0), x)[0]
+    with tf.Session() as sess:
+      first, first_grad = sess.run([y, grad])
+      second = sess.run(y)
+  return (first.astype(np.float32), second.astype(np.float32),
+          first_grad.astype(np.float32)), types
+
+
+def test_dropout_drops_a_tenth_scales_the_rest_and_draws_a_new_mask_each_step():
+  (first, second, grad), _ = _dropout_run(seed=1)
+  for values in (first, second):
+    # 100000 values: the dropped fraction's standard deviation is 0.001.
+    assert abs(np.mean(values == 0) - 0.1) < 0.005
+    np.testing.assert_allclose(values[values != 0], 1 / 0.9, rtol=1e-6)
+  assert np.mean((first == 0) != (second == 0)) > 0.1
+  # The gradient flows through the kept values only, with their scale.
+  np.testing.assert_allclose(grad, 3.0 * first, rtol=1e-6)
+
+
+def test_dropout_keeps_any_shape():
+  with tf.Graph().as_default(), tf.Session() as sess:
+    values = sess.run(modeling.dropout(tf.ones([3, 5, 7]), 0.5))
+  assert values.shape == (3, 5, 7) and set(np.unique(values)) <= {0.0, 2.0}
+
+
+def test_dropout_masks_repeat_with_the_graph_seed():
+  (first, second, _), _ = _dropout_run(seed=7)
+  (again, _, _), _ = _dropout_run(seed=7)
+  (other, _, _), _ = _dropout_run(seed=8)
+  np.testing.assert_array_equal(first, again)
+  assert np.mean(first != other) > 0.1 and np.mean(first != second) > 0.1
+
+
+def test_dropout_of_bfloat16_computes_in_float32():
+  (first, _, _), types = _dropout_run(seed=1, dtype=tf.bfloat16)
+  # Its float ops: float32, and the last cast back to bfloat16.
+  assert types == {tf.float32, tf.bfloat16}
+  assert abs(np.mean(first == 0) - 0.1) < 0.005
+  np.testing.assert_allclose(first[first != 0], 1 / 0.9, rtol=1e-2)
 
 
 def test_softmax_cross_entropy_matches_tensorflows():
