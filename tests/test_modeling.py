@@ -223,6 +223,24 @@ def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtyp
     assert set(by_type["MatMul"]) == {dtype}
 
 
+def test_layer_norms_written_out_gradient_equals_tensorflows_own():
+  rng = np.random.RandomState(3)
+  x_value = (rng.randn(2, 5, 16) * 3 + 1).astype(np.float32)
+  gamma_value = rng.randn(16).astype(np.float32)
+  beta_value = rng.randn(16).astype(np.float32)
+  upstream = rng.randn(2, 5, 16).astype(np.float32)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    x, gamma, beta = (tf.constant(v) for v in (x_value, gamma_value, beta_value))
+    mean, variance = tf.nn.moments(x, axes=[-1], keep_dims=True)
+    theirs = (x - mean) * tf.rsqrt(variance + 1e-12) * gamma + beta
+    ours = modeling.normalize(x, gamma, beta)
+    grads = [tf.gradients(tf.reduce_sum(y * upstream), [x, gamma, beta]) for y in (ours, theirs)]
+    (ours_v, theirs_v), (ours_g, theirs_g) = sess.run([(ours, theirs), grads])
+  np.testing.assert_allclose(ours_v, theirs_v, rtol=1e-5, atol=1e-5)
+  for got, want in zip(ours_g, theirs_g):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def _dropout_run(seed, dtype=tf.float32):
   """Two steps of modeling.dropout(ones [1000, 100], 0.1) in a graph seeded with `seed`:
   (outputs, gradient of the first), and the types the dropout's float ops compute in."""
