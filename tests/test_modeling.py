@@ -241,6 +241,33 @@ def test_layer_norms_written_out_gradient_equals_tensorflows_own():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows, width, units, dtype, products", [
+    (64, 8, 32, tf.float32, ["BatchMatMulV2", "BatchMatMulV2"]),  # both results narrow
+    (8, 32, 8, tf.float32, ["MatMul", "MatMul"]),  # neither
+    (64, 8, 32, tf.bfloat16, ["MatMul", "MatMul"]),  # bfloat16 keeps MatMul
+])
+def test_dense_layers_gradient_takes_batch_matmul_where_the_result_is_narrow(
+    rows, width, units, dtype, products):
+  rng = np.random.RandomState(5)
+  x_value = rng.randn(rows, width).astype(np.float32)
+  upstream = rng.randn(rows, units).astype(np.float32)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    x = tf.constant(x_value)
+    with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
+      y = modeling.dense_layer(tf.cast(x, dtype), units, "dense")
+    kernel = tf.trainable_variables("dense/kernel")[0]
+    before = set(tf.get_default_graph().get_operations())
+    grads = tf.gradients(tf.reduce_sum(tf.cast(y, tf.float32) * upstream), [x, kernel])
+    made = [op.type for op in tf.get_default_graph().get_operations()
+            if op not in before and op.type in ("MatMul", "BatchMatMulV2")]
+    sess.run(tf.global_variables_initializer())
+    (d_x, d_kernel, kernel_value) = sess.run(grads + [kernel])
+  assert sorted(made) == products
+  tolerance = 1e-5 if dtype == tf.float32 else 5e-2
+  np.testing.assert_allclose(d_x, upstream @ kernel_value.T, rtol=tolerance, atol=tolerance)
+  np.testing.assert_allclose(d_kernel, x_value.T @ upstream, rtol=tolerance, atol=tolerance)
+
+
 def _dropout_run(seed, dtype=tf.float32):
   """Two steps of modeling.dropout(ones [1000, 100], 0.1) in a graph seeded with `seed`:
   (outputs, gradient of the first), and the types the dropout's float ops compute in."""
