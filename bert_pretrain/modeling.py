@@ -578,8 +578,9 @@ def gradient_matmul(a, b, transpose_a=False, transpose_b=False):
   and of a kernel of hidden_size columns from batch_size * seq_length >= 2x as many
   rows) is a BatchMatMulV2, which TensorFlow 2.15's oneDNN build runs with another
   kernel than MatMul: 6-13% faster for the first, 24-44% for the second (BERT-small
-  and -medium, alone), and a float32 BERT-small and BERT-medium training step 2-4%
-  faster (an AMX CPU, 2 threads). At other shapes MatMul was as fast or faster (2x for
+  and -medium, alone), and a float32 training step 2% faster for BERT-medium at
+  sequence 512, 1% for BERT-small at 128 (an AMX CPU, 2 threads, each graph in its
+  own process, taking turns). At other shapes MatMul was as fast or faster (2x for
   BERT-Base's feed-forward input kernel), and in bfloat16 the step was not faster.
   Both ops compute the same product in any TensorFlow.
 
