@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -53,6 +54,31 @@ def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):
   assert flops["total"] == sum(v for k, v in flops.items() if k != "total")
 
 
+CPUINFO = """processor\t: 0
+vendor_id\t: SomeVendor
+model name\t: {model}
+flags\t\t: fpu sse2 avx2 {flags}
+
+processor\t: 1
+model name\t: {model}
+flags\t\t: fpu sse2 avx2 {flags}
+"""
+
+
+@pytest.mark.parametrize("model, flags, expected", [
+    ("AMD EPYC", "avx512f avx512_bf16 avx512_vnni", "AMD EPYC (avx512f, avx512_bf16)"),
+    ("Intel(R) Xeon(R) Platinum 8480+", "avx512f avx512_bf16 amx_bf16 amx_tile",
+     "Intel(R) Xeon(R) Platinum 8480+ (avx512f, avx512_bf16, amx_bf16)"),
+    ("Intel(R) Core(TM) i7", "fma", "Intel(R) Core(TM) i7 (no AVX-512)"),
+])
+def test_the_machine_line_names_the_cpu_and_its_matmul_extensions(bench_module, tmp_path,
+                                                                  model, flags, expected):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text(CPUINFO.format(model=model, flags=flags))
+  assert bench_module.cpu_description(str(cpuinfo)) == expected
+  assert bench_module.cpu_description(str(tmp_path / "missing")) == platform.machine()
+
+
 def test_one_row_run_of_every_side_writes_table_and_json(tmp_path):
   out_dir = str(tmp_path)
   result = subprocess.run(
@@ -64,6 +90,8 @@ def test_one_row_run_of_every_side_writes_table_and_json(tmp_path):
       cwd=ROOT, timeout=900)
   assert result.returncode == 0, result.stdout[-3000:]
   assert "| tiny | 128 | 16 | fp32 |" in result.stdout
+  # The CPU is named, since the same code gave other ratios on other CPUs.
+  assert re.search(r"Machine: .+ \((avx512f|no AVX-512).*\), \d+ cores", result.stdout)
   assert re.search(r"row tiny-seq128-fp32: batch 16, load average [0-9.]+ at its start",
                    result.stdout)
   assert re.search(r"row tiny-seq128-fp32 done, load average [0-9.]+ at its end",
