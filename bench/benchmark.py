@@ -120,21 +120,27 @@ FLAGS = flags.FLAGS
 # FLOPs
 
 def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_SIZE):
-  """Forward + backward FLOPs of one training sequence, by part of the model.
+  """Forward + backward FLOPs of one training sequence of our step, by part of the model.
 
   A multiply-add is 2 FLOPs; backward costs twice the forward. Counted: the dense layers
   of the encoder (Q, K, V, output, two feed-forward), the attention score and context
   matmuls, the pooler, and the masked-LM head at the `predictions` gathered positions
-  (transform + vocabulary projection). Embedding look-ups, softmax, layer norm and the
-  optimizer are not matmuls and count 0.
+  (transform + vocabulary projection). The last layer computes its keys and values at
+  every position and all else at the [CLS] and the `predictions` positions only, as our
+  model does (modeling.transformer_model's output_positions); Google's and HF's compute
+  the whole last layer. Embedding look-ups, softmax, layer norm and the optimizer are
+  not matmuls and count 0.
 
   Returns:
     dict: encoder_dense, attention, mlm_head, pooler_nsp, total.
   """
   layers, hidden, _, intermediate = CONFIGS[config]
+  # Positions at which each layer's queries and what follows them are computed.
+  query_rows = (layers - 1) * seq_length + 1 + predictions
   forward = {
-      "encoder_dense": layers * 2 * seq_length * (4 * hidden * hidden + 2 * hidden * intermediate),
-      "attention": layers * 2 * 2 * seq_length * seq_length * hidden,
+      "encoder_dense": 2 * (layers * seq_length * 2 * hidden * hidden
+                            + query_rows * (2 * hidden * hidden + 2 * hidden * intermediate)),
+      "attention": 2 * 2 * query_rows * seq_length * hidden,
       "mlm_head": predictions * 2 * (hidden * hidden + hidden * vocab_size),
       "pooler_nsp": 2 * (hidden * hidden + hidden * 2),
   }

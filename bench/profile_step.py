@@ -41,7 +41,7 @@ FLAGS = flags.FLAGS
 PARTS = (
     ("input", r"^(IteratorGetNext|OneShotIterator)"),
     ("embeddings", r"bert/embeddings/"),
-    ("q/k/v dense", r"attention/self/(query|key|value)/"),
+    ("q/k/v dense", r"attention/self/(query|key|value)"),
     ("attention scores+context", r"attention/self/"),
     ("attention output dense+LN", r"attention/output/"),
     ("feed-forward 1 + gelu", r"/intermediate/"),

@@ -223,6 +223,67 @@ def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtyp
     assert set(by_type["MatMul"]) == {dtype}
 
 
+def test_attention_with_its_projections_in_one_matmul_equals_three_dense_layers():
+  """Google's query, key and value kernels are used side by side in one product; the
+  layer must still compute softmax(q k^T / sqrt(size) + mask) v with each of them."""
+  rng = np.random.RandomState(4)
+  batch, seq, heads, size = 2, 5, 2, 4
+  x_value = rng.randn(batch * seq, heads * size).astype(np.float32)
+  mask_value = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.float32)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    x = tf.constant(x_value)
+    output = modeling.attention_layer(x, x, tf.constant(mask_value[:, None, :]), heads, size,
+                                      batch_size=batch, from_seq_length=seq, to_seq_length=seq)
+    sess.run(tf.global_variables_initializer())
+    got = sess.run(output)
+    v = {var.op.name: sess.run(var) for var in tf.global_variables()}
+  assert sorted(v) == ["%s/%s" % (n, k) for n in ("key", "query", "value")
+                       for k in ("bias", "kernel")]
+
+  def heads_of(name):  # [batch, heads, seq, size]
+    y = x_value @ v[name + "/kernel"] + v[name + "/bias"]
+    return y.reshape(batch, seq, heads, size).transpose(0, 2, 1, 3)
+  scores = heads_of("query") @ heads_of("key").transpose(0, 1, 3, 2) / np.sqrt(size)
+  scores += (1.0 - mask_value[:, None, None, :]) * -10000.0
+  probs = np.exp(scores - scores.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  want = (probs @ heads_of("value")).transpose(0, 2, 1, 3).reshape(batch * seq, heads * size)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gradients():
+  """build_model computes the last layer only where the heads read it ([CLS] and the
+  masked positions, repeats and padding zeros included): the same losses and gradients
+  as the whole sequence output gathered there."""
+  batch, seq, preds = 3, 16, 5
+  positions = np.sort(np.random.RandomState(5).randint(0, 7, [batch, preds]), axis=1)
+  positions[2, 3:] = 0  # padding predictions
+  with tf.Graph().as_default():
+    feats = features(batch, seq, preds)
+    feats["input_mask"] = tf.constant((np.arange(seq) < [[16], [10], [7]]).astype(np.int32))
+    feats["masked_lm_positions"] = tf.constant(positions, tf.int32)
+    ours = pretraining.build_model(CONFIG, feats, False, tf.float32)
+    with tf.variable_scope("", reuse=True):
+      model = modeling.BertModel(CONFIG, False, feats["input_ids"], feats["input_mask"],
+                                 feats["segment_ids"])
+      mlm_loss = modeling.get_masked_lm_output(
+          CONFIG, model.get_sequence_output(), model.get_embedding_table(),
+          feats["masked_lm_positions"], feats["masked_lm_ids"], feats["masked_lm_weights"])[0]
+      nsp_loss = modeling.get_next_sentence_output(CONFIG, model.get_pooled_output(),
+                                                   feats["next_sentence_labels"])[0]
+    variables = tf.trainable_variables()
+    ours_grads = [tf.convert_to_tensor(g) for g in tf.gradients(ours["total_loss"], variables)]
+    whole_grads = [tf.convert_to_tensor(g) for g in tf.gradients(mlm_loss + nsp_loss, variables)]
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      got = sess.run([ours["mlm_loss"], ours["nsp_loss"], ours_grads])
+      want = sess.run([mlm_loss, nsp_loss, whole_grads])
+  assert len(variables) == len(google_bert_variables(CONFIG))
+  np.testing.assert_allclose(got[:2], want[:2], rtol=1e-6)
+  for name, g, w in zip([v.op.name for v in variables], got[2], want[2]):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def test_layer_norms_written_out_gradient_equals_tensorflows_own():
   rng = np.random.RandomState(3)
   x_value = (rng.randn(2, 5, 16) * 3 + 1).astype(np.float32)
