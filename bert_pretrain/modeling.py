@@ -566,20 +566,20 @@ def dense_layer(input_tensor, units, name, activation=None, initializer_range=0.
     float Tensor of shape [..., units], in the type of `input_tensor`. Its gradient's
     two products are gradient_matmul's.
   """
-  kernel, bias = dense_variables(name, input_tensor.shape.as_list()[-1], units,
-                                 input_tensor.dtype, initializer_range)
-  output = tf.nn.bias_add(dense_matmul(input_tensor, kernel), bias)
-  if activation is not None:
-    output = activation(output)
-  return output
-
-
-def dense_variables(name, input_width, units, dtype, initializer_range=0.02):
-  """The variables `name`/kernel [input_width, units] and `name`/bias [units]."""
   with tf.variable_scope(name):
-    kernel = tf.get_variable("kernel", [input_width, units], dtype=dtype,
-                             initializer=create_initializer(initializer_range))
-    bias = tf.get_variable("bias", [units], dtype=dtype, initializer=tf.zeros_initializer())
+    kernel, bias = dense_variables(input_tensor.shape.as_list()[-1], units,
+                                   input_tensor.dtype, initializer_range)
+    output = tf.nn.bias_add(dense_matmul(input_tensor, kernel), bias)
+    if activation is not None:
+      output = activation(output)
+    return output
+
+
+def dense_variables(input_width, units, dtype, initializer_range=0.02):
+  """The variables kernel [input_width, units] and bias [units] of the current scope."""
+  kernel = tf.get_variable("kernel", [input_width, units], dtype=dtype,
+                           initializer=create_initializer(initializer_range))
+  bias = tf.get_variable("bias", [units], dtype=dtype, initializer=tf.zeros_initializer())
   return kernel, bias
 
 
@@ -854,10 +854,11 @@ def projected_heads(input_tensor, seq_length, projections, batch_size, num_heads
   width = input_tensor.shape.as_list()[-1]
   kernels, biases = [], []
   for name, activation, scale in projections:
-    kernel, bias = dense_variables(name, width, num_heads * size_per_head,
-                                   input_tensor.dtype, initializer_range)
-    if activation is None and scale != 1.0:
-      kernel, bias = kernel * scale, bias * scale
+    with tf.variable_scope(name):
+      kernel, bias = dense_variables(width, num_heads * size_per_head, input_tensor.dtype,
+                                     initializer_range)
+      if activation is None and scale != 1.0:
+        kernel, bias = kernel * scale, bias * scale
     kernels.append(kernel)
     biases.append(bias)
   with tf.name_scope("_".join(name for name, _, _ in projections)):
