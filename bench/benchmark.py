@@ -119,34 +119,54 @@ FLAGS = flags.FLAGS
 # ---------------------------------------------------------------------------------------
 # FLOPs
 
-def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_SIZE):
+def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_SIZE,
+                             tokens=None):
   """Forward + backward FLOPs of one training sequence of our step, by part of the model.
 
   A multiply-add is 2 FLOPs; backward costs twice the forward. Counted: the dense layers
   of the encoder (Q, K, V, output, two feed-forward), the attention score and context
   matmuls, the pooler, and the masked-LM head at the `predictions` gathered positions
-  (transform + vocabulary projection). The last layer computes its keys and values at
-  every position and all else at the [CLS] and the `predictions` positions only, as our
-  model does (modeling.transformer_model's output_positions); Google's and HF's compute
-  the whole last layer. Embedding look-ups, softmax, layer norm and the optimizer are
-  not matmuls and count 0.
+  (transform + vocabulary projection). As our model computes them: the dense layers
+  at the `tokens` real tokens of a sequence (modeling.transformer_model's input_mask;
+  a batch's rows are rounded up to a multiple of 64, not counted), the attention at
+  every position, and the last layer's queries and all after them at the [CLS] and the
+  `predictions` positions only (its output_positions). Google's and HF's compute every
+  position of every layer. Embedding look-ups, softmax, layer norm and the optimizer
+  are not matmuls and count 0.
+
+  Args:
+    tokens: mean real tokens a sequence (None: seq_length, no padding).
 
   Returns:
     dict: encoder_dense, attention, mlm_head, pooler_nsp, total.
   """
   layers, hidden, _, intermediate = CONFIGS[config]
-  # Positions at which each layer's queries and what follows them are computed.
-  query_rows = (layers - 1) * seq_length + 1 + predictions
+  tokens = seq_length if tokens is None else tokens
+  # Rows at which each layer's queries and what follows them are computed.
+  dense_rows = (layers - 1) * tokens + 1 + predictions
+  attention_rows = (layers - 1) * seq_length + 1 + predictions
   forward = {
-      "encoder_dense": 2 * (layers * seq_length * 2 * hidden * hidden
-                            + query_rows * (2 * hidden * hidden + 2 * hidden * intermediate)),
-      "attention": 2 * 2 * query_rows * seq_length * hidden,
+      "encoder_dense": 2 * (layers * tokens * 2 * hidden * hidden
+                            + dense_rows * (2 * hidden * hidden + 2 * hidden * intermediate)),
+      "attention": 2 * 2 * attention_rows * seq_length * hidden,
       "mlm_head": predictions * 2 * (hidden * hidden + hidden * vocab_size),
       "pooler_nsp": 2 * (hidden * hidden + hidden * 2),
   }
   flops = {part: 3 * value for part, value in forward.items()}
   flops["total"] = sum(flops.values())
   return flops
+
+
+def mean_real_tokens(files, records=2000):
+  """The mean number of real tokens (input_mask 1) of the first `records` sequences."""
+  tf = _import_tf()
+  spec = {"input_mask": tf.io.VarLenFeature(tf.int64)}
+  with tf.Graph().as_default(), tf.Session() as session:
+    dataset = tf.data.TFRecordDataset(files).take(records).map(
+        lambda record: tf.reduce_sum(tf.io.parse_single_example(record, spec)[
+            "input_mask"].values))
+    total = tf.data.make_one_shot_iterator(dataset.batch(records)).get_next()
+    return statistics.mean(session.run(total).tolist())
 
 
 def bert_config_dict(config, vocab_size=VOCAB_SIZE):
@@ -299,6 +319,7 @@ def ours_worker(row):
     result["windows_" + name] = values
   result["loss"] = records.loss
   result["step_s"] = row["batch"] / result["fps_records"]
+  result["tokens_per_sequence"] = mean_real_tokens(record_files(row["data_dir"], row["seq"]))
   emit(result)
 
 
@@ -532,13 +553,16 @@ def measure_row(config, seq, precision, peak, sides):
       runs[side].append(run_worker(kind, dict(row, **changes),
                                    "%s-%s-r%d" % (name, side, round_index + 1)))
   load_end = os.getloadavg()[0]
-  flops = train_flops_per_sequence(config, seq, row["preds"])
-  result = dict(row, load_average=[load_start, load_end], flops_per_sequence=flops)
+  result = dict(row, load_average=[load_start, load_end])
   for side, _ in SIDES:
     result[side] = dict(summarize(runs[side]), **changes_by_side[side]) if side in runs \
         else None
   ours = result["ours"]
   if ours and "error" not in ours:
+    result["tokens_per_sequence"] = ours["tokens_per_sequence"]
+    flops = train_flops_per_sequence(config, seq, row["preds"],
+                                     tokens=ours["tokens_per_sequence"])
+    result["flops_per_sequence"] = flops
     result["tflops"] = ours["fps"] * flops["total"] / 1e12
     set_mfu(result, peak)
     if ours["fps_memory"]:
@@ -650,19 +674,22 @@ def markdown(results):
           amp[0]["google"]["rewrite"], ", ".join(str(r["google"]["bf16_ops"]) for r in amp),
           ", ".join(str(r["google"]["bf16_ops"]) for r in google if r not in amp) or "-")
     lines += ["", note]
-  lines += ["", "FLOPs per training sequence (forward + backward) and their shares:", "",
-            "| config | seq | GFLOP | encoder dense | attention | MLM head |",
-            "|---|---|---|---|---|---|"]
+  lines += ["", "FLOPs per training sequence (forward + backward) that our step computes, "
+            "and their shares; the encoder's dense layers run on the real tokens only, the "
+            "data's mean number of them:", "",
+            "| config | seq | real tokens | GFLOP | encoder dense | attention | MLM head |",
+            "|---|---|---|---|---|---|---|"]
   seen = set()
   for r in results["rows"]:
     key = (r["config"], r["seq"])
-    if key in seen:
+    if key in seen or "flops_per_sequence" not in r:
       continue
     seen.add(key)
     f = r["flops_per_sequence"]
-    lines.append("| %s | %d | %.1f | %.0f%% | %.0f%% | %.0f%% |" % (
-        r["config"], r["seq"], f["total"] / 1e9, 100.0 * f["encoder_dense"] / f["total"],
-        100.0 * f["attention"] / f["total"], 100.0 * f["mlm_head"] / f["total"]))
+    lines.append("| %s | %d | %.1f | %.1f | %.0f%% | %.0f%% | %.0f%% |" % (
+        r["config"], r["seq"], r["tokens_per_sequence"], f["total"] / 1e9,
+        100.0 * f["encoder_dense"] / f["total"], 100.0 * f["attention"] / f["total"],
+        100.0 * f["mlm_head"] / f["total"]))
   for r in results["large"]:
     ours = r["ours"]
     if "error" in ours:

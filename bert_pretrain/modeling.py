@@ -163,7 +163,8 @@ class BertModel(object):
                use_one_hot_embeddings=False,
                scope=None,
                compute_type=tf.float32,
-               masked_lm_positions=None):
+               masked_lm_positions=None,
+               drop_padding=False):
     """Constructor for BertModel.
 
     Args:
@@ -184,6 +185,10 @@ class BertModel(object):
         read: its keys and values still come from every position, so these outputs
         are the full model's. get_sequence_output() then holds those 1 + num_positions
         rows of each sequence, get_masked_positions_output() the last num_positions.
+      drop_padding: bool. The encoder's dense layers, layer norms and feed-forward run
+        on the real tokens only (input_mask 1; transformer_model's input_mask), the
+        attention on every position: the same outputs at the real tokens for fewer
+        FLOPs. At padding positions the encoder's outputs are other rows' values.
 
     Raises:
       ValueError: The config is invalid or one of the input tensor shapes is invalid.
@@ -255,7 +260,8 @@ class BertModel(object):
             attention_probs_dropout_prob=config.attention_probs_dropout_prob,
             initializer_range=config.initializer_range,
             do_return_all_layers=True,
-            output_positions=output_positions)
+            output_positions=output_positions,
+            input_mask=input_mask if drop_padding else None)
 
       self.sequence_output = self.all_encoder_layers[-1]
       self.masked_positions_output = None
@@ -599,6 +605,9 @@ def _dense_layer_matmul_grad(op, grad):
   (x, kernel) = op.inputs
   if op.get_attr("transpose_a") or op.get_attr("transpose_b"):
     raise ValueError("dense_layer's gradient expects an untransposed MatMul")
+  # Through a tf.gather of the output (unpadded_rows), TensorFlow 1.15 passes the
+  # gradient on as IndexedSlices.
+  grad = tf.convert_to_tensor(grad)
   return (gradient_matmul(grad, kernel, transpose_b=True),
           gradient_matmul(x, grad, transpose_a=True))
 
@@ -753,7 +762,8 @@ def attention_layer(from_tensor,
                     initializer_range=0.02,
                     batch_size=None,
                     from_seq_length=None,
-                    to_seq_length=None):
+                    to_seq_length=None,
+                    to_rows=None):
   """Multi-headed attention from `from_tensor` to `to_tensor`.
 
   The query, key and value projections of the flattened [batch_size * seq_length,
@@ -779,6 +789,11 @@ def attention_layer(from_tensor,
     batch_size: int. Batch size of the flattened inputs.
     from_seq_length: int. Sequence length of `from_tensor`.
     to_seq_length: int. Sequence length of `to_tensor`.
+    to_rows: (optional) int32 Tensor [batch_size * to_seq_length]: the row of
+      `to_tensor` that holds each position, when `to_tensor` holds only some positions
+      (unpadded_rows: the real tokens). The others read any row, which attention_mask
+      must hide. When from_tensor is to_tensor it holds the same rows, and the output
+      has a row for every position all the same.
 
   Returns:
     float Tensor of shape [batch_size * from_seq_length, num_attention_heads * size_per_head].
@@ -798,14 +813,14 @@ def attention_layer(from_tensor,
     # `query_layer`, `key_layer`, `value_layer` = [B, N, F, H]
     query_layer, key_layer, value_layer = projected_heads(
         from_tensor, from_seq_length, [("query", query_act, scale), ("key", key_act, 1.0),
-                                       ("value", value_act, 1.0)], *head_args)
+                                       ("value", value_act, 1.0)], *head_args, rows=to_rows)
   else:
     (query_layer,) = projected_heads(from_tensor, from_seq_length,
                                      [("query", query_act, scale)], *head_args)
     # `key_layer`, `value_layer` = [B, N, T, H]
     key_layer, value_layer = projected_heads(
         to_tensor, to_seq_length, [("key", key_act, 1.0), ("value", value_act, 1.0)],
-        *head_args)
+        *head_args, rows=to_rows)
 
   # `attention_scores` = [B, N, F, T]
   attention_scores = tf.matmul(query_layer, key_layer, transpose_b=True)
@@ -831,7 +846,7 @@ def attention_layer(from_tensor,
 
 
 def projected_heads(input_tensor, seq_length, projections, batch_size, num_heads,
-                    size_per_head, initializer_range):
+                    size_per_head, initializer_range, rows=None):
   """Dense projections of one input (query, key, value), split into attention heads.
 
   All projections are one matmul with their kernels side by side, and one transpose
@@ -846,6 +861,8 @@ def projected_heads(input_tensor, seq_length, projections, batch_size, num_heads
     projections: list of (name, activation or None, scale).
     batch_size, num_heads, size_per_head: ints.
     initializer_range: stddev of the kernel initializer.
+    rows: (optional) int32 Tensor [batch_size * seq_length]: the row of `input_tensor`
+      (which then holds only some positions) projected for each position.
 
   Returns:
     list of float Tensors [batch_size, num_heads, seq_length, size_per_head], one per
@@ -865,6 +882,8 @@ def projected_heads(input_tensor, seq_length, projections, batch_size, num_heads
     if len(projections) > 1:
       kernel, bias = tf.concat(kernels, axis=1), tf.concat(biases, axis=0)
     output = tf.nn.bias_add(dense_matmul(input_tensor, kernel), bias)
+    if rows is not None:
+      output = tf.gather(output, rows)
     output = tf.reshape(output, [batch_size, seq_length, len(projections), num_heads,
                                  size_per_head])
     # Splitting the first axis is free: each part is a slice of the one buffer.
@@ -891,7 +910,9 @@ def transformer_model(input_tensor,
                       attention_probs_dropout_prob=0.1,
                       initializer_range=0.02,
                       do_return_all_layers=False,
-                      output_positions=None):
+                      output_positions=None,
+                      input_mask=None,
+                      row_multiple=64):
   """The Transformer encoder of "Attention is All You Need" as BERT uses it (post-LN).
 
   Args:
@@ -912,12 +933,21 @@ def transformer_model(input_tensor,
       values come from every position, its queries, output projection, feed-forward
       and layer norms run at these only: a BERT-medium at sequence 128 with 20
       predictions does 8% fewer FLOPs, a 4-layer BERT 17%.
+    input_mask: (optional) int Tensor of shape [batch_size, seq_length], 1 for real
+      tokens: when given, the dense layers, layer norms and feed-forward run on the
+      real tokens only (unpadded_rows), the attention on every position. The padding
+      is hidden by attention_mask (the -10000 before the softmax gives it a weight of
+      exactly 0), so the outputs at the real tokens are the same, for fewer FLOPs by
+      the share of padding.
+    row_multiple: with input_mask, the rows computed are rounded up to a multiple of
+      this, so that the matmuls see a few shapes only.
 
   Returns:
     float Tensor of shape [batch_size, seq_length, hidden_size], the final hidden layer,
     or the list of all layers' outputs when do_return_all_layers, in the type of
     `input_tensor`. With output_positions the final layer's is [batch_size,
-    num_outputs, hidden_size].
+    num_outputs, hidden_size]. With input_mask, padding positions hold other rows'
+    values.
 
   Raises:
     ValueError: A Tensor shape or parameter is invalid.
@@ -945,17 +975,28 @@ def transformer_model(input_tensor,
   # kept in elementwise_dtype: float32 when the matmuls, which get a cast, are bfloat16.
   prev_output = tf.cast(tf.reshape(input_tensor, [-1, input_width]),
                         elementwise_dtype(compute_type))
+  # The layers' rows: [B*S] every position, or with input_mask [R] the real tokens;
+  # `rows` maps each position to its row, `position_rows` each row to its position.
+  rows = None
+  if input_mask is not None:
+    (position_rows, rows) = unpadded_rows(input_mask, row_multiple)
+    prev_output = tf.gather(prev_output, position_rows)
+
+  def padded(tensor):  # [R, ...] -> [B*S, ...]
+    return tensor if rows is None else tf.gather(tensor, rows)
 
   all_layer_outputs = []
   for layer_idx in range(num_hidden_layers):
     with tf.variable_scope("layer_%d" % layer_idx):
       layer_input = prev_output
       matmul_input = tf.cast(layer_input, compute_type)
-      # The queries and all after them, [B*F, H]: every position, or in the last layer
+      # The queries and all after them: every row, or in the last layer [B*F, H] at
       # output_positions only.
       query_input, query_matmul_input, from_seq_length = layer_input, matmul_input, seq_length
-      if output_positions is not None and layer_idx == num_hidden_layers - 1:
-        query_input = gather_indexes(tf.reshape(layer_input, input_shape), output_positions)
+      last_at_outputs = output_positions is not None and layer_idx == num_hidden_layers - 1
+      if last_at_outputs:
+        query_input = gather_indexes(tf.reshape(padded(layer_input), input_shape),
+                                     output_positions)
         query_matmul_input = tf.cast(query_input, compute_type)
         from_seq_length = output_positions.shape.as_list()[1]
 
@@ -971,7 +1012,10 @@ def transformer_model(input_tensor,
               initializer_range=initializer_range,
               batch_size=batch_size,
               from_seq_length=from_seq_length,
-              to_seq_length=seq_length)
+              to_seq_length=seq_length,
+              to_rows=rows)
+        if rows is not None and not last_at_outputs:
+          attention_output = tf.gather(attention_output, position_rows)
 
         # Project back to hidden_size, then add the residual and normalize.
         with tf.variable_scope("output"):
@@ -993,12 +1037,45 @@ def transformer_model(input_tensor,
         layer_output = dropout_add_layer_norm(layer_output, attention_output,
                                               hidden_dropout_prob)
         prev_output = layer_output
+        if not last_at_outputs:
+          layer_output = padded(layer_output)
         all_layer_outputs.append(tf.reshape(tf.cast(layer_output, compute_type),
                                             [batch_size, from_seq_length, hidden_size]))
 
   if do_return_all_layers:
     return all_layer_outputs
   return all_layer_outputs[-1]
+
+
+def unpadded_rows(input_mask, row_multiple=1):
+  """The rows of a batch that the layers compute when they skip the padding.
+
+  The real tokens come first, in order, then as many padding positions as round their
+  number up to a multiple of `row_multiple` (at most every position). Each padding
+  position not among them is mapped to the last row computed.
+
+  Args:
+    input_mask: int Tensor [batch_size, seq_length], 1 for real tokens.
+    row_multiple: int.
+
+  Returns:
+    (position_rows, rows): int32 Tensors, position_rows [R] the flat position
+    (b * seq_length + s) of each row computed, rows [batch_size * seq_length] the row
+    of each position.
+  """
+  with tf.name_scope("unpadded_rows"):
+    real = tf.reshape(tf.not_equal(input_mask, 0), [-1])
+    # int32 row numbers: where() gives int64 ones, which gather on a CPU takes alike.
+    order = tf.cast(tf.concat([tf.where(real)[:, 0], tf.where(tf.logical_not(real))[:, 0]],
+                              axis=0), tf.int32)
+    total = tf.size(real)
+    count = tf.reduce_sum(tf.cast(real, tf.int32))
+    # At least one row, should a batch be all padding.
+    count = tf.minimum(tf.maximum((count + row_multiple - 1) // row_multiple * row_multiple,
+                                  1), total)
+    position_rows = order[:count]
+    rows = tf.minimum(tf.invert_permutation(order), count - 1)
+    return position_rows, rows
 
 
 def get_masked_lm_output(bert_config, input_tensor, output_weights, positions, label_ids,

@@ -27,8 +27,9 @@ def build_model(bert_config, features, is_training, dtype):
   """BERT with its two pretraining heads on a batch of features.
 
   The heads read the last layer at the [CLS] token and the masked positions only, so
-  that layer is computed there only (BertModel's masked_lm_positions): the same losses
-  and gradients for fewer FLOPs.
+  that layer is computed there only (BertModel's masked_lm_positions), and the encoder
+  skips the padding (BertModel's drop_padding): the same losses and gradients for
+  fewer FLOPs.
 
   Args:
     bert_config: modeling.BertConfig.
@@ -50,7 +51,8 @@ def build_model(bert_config, features, is_training, dtype):
                              input_mask=features["input_mask"],
                              token_type_ids=features["segment_ids"],
                              compute_type=dtype,
-                             masked_lm_positions=features["masked_lm_positions"])
+                             masked_lm_positions=features["masked_lm_positions"],
+                             drop_padding=True)
   with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
     (mlm_loss, mlm_example_loss, mlm_log_probs) = modeling.get_masked_lm_output(
         bert_config, model.get_masked_positions_output(), model.get_embedding_table(),

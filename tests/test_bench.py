@@ -52,6 +52,12 @@ def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):
                 else (1 + preds) * n for name, n in kernels.items() if "/encoder/" in name)
   flops = bench_module.train_flops_per_sequence("tiny", seq, preds, vocab_size=50)
   assert flops["encoder_dense"] == 3 * 2 * encoder
+  # With 10 real tokens a sequence, the dense layers run on those rows only.
+  unpadded = sum(10 * n if last not in name or "/key/" in name or "/value/" in name
+                 else (1 + preds) * n for name, n in kernels.items() if "/encoder/" in name)
+  fewer = bench_module.train_flops_per_sequence("tiny", seq, preds, vocab_size=50, tokens=10)
+  assert fewer["encoder_dense"] == 3 * 2 * unpadded
+  assert fewer["attention"] == flops["attention"]
   # The MLM head: its transform kernel and the tied [vocab, hidden] projection.
   transform = kernels["cls/predictions/transform/dense/kernel"]
   assert flops["mlm_head"] == 3 * 2 * preds * (transform + 50 * 128)

@@ -253,14 +253,15 @@ def test_attention_with_its_projections_in_one_matmul_equals_three_dense_layers(
 
 def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gradients():
   """build_model computes the last layer only where the heads read it ([CLS] and the
-  masked positions, repeats and padding zeros included): the same losses and gradients
-  as the whole sequence output gathered there."""
-  batch, seq, preds = 3, 16, 5
+  masked positions, repeats and padding zeros included) and the encoder on the real
+  tokens only (93 of 192 here, rounded up to 128 rows): the same losses and gradients
+  as the whole model's sequence output gathered there."""
+  batch, seq, preds = 3, 64, 5
   positions = np.sort(np.random.RandomState(5).randint(0, 7, [batch, preds]), axis=1)
   positions[2, 3:] = 0  # padding predictions
   with tf.Graph().as_default():
     feats = features(batch, seq, preds)
-    feats["input_mask"] = tf.constant((np.arange(seq) < [[16], [10], [7]]).astype(np.int32))
+    feats["input_mask"] = tf.constant((np.arange(seq) < [[64], [20], [9]]).astype(np.int32))
     feats["masked_lm_positions"] = tf.constant(positions, tf.int32)
     ours = pretraining.build_model(CONFIG, feats, False, tf.float32)
     with tf.variable_scope("", reuse=True):
@@ -282,6 +283,55 @@ def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gr
   np.testing.assert_allclose(got[:2], want[:2], rtol=1e-6)
   for name, g, w in zip([v.op.name for v in variables], got[2], want[2]):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_unpadded_rows_puts_the_real_tokens_first_and_maps_every_position_to_a_row():
+  mask = np.array([[1, 1, 0, 0], [1, 0, 0, 0]], np.int32)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    exact = sess.run(modeling.unpadded_rows(tf.constant(mask), 1))
+    rounded = sess.run(modeling.unpadded_rows(tf.constant(mask), 2))
+    empty = sess.run(modeling.unpadded_rows(tf.zeros([2, 4], tf.int32), 4))
+  # Rows 0-2 are the real tokens (positions 0, 1, 4); the padding reads the last row.
+  assert exact[0].tolist() == [0, 1, 4]
+  assert exact[1].tolist() == [0, 1, 2, 2, 2, 2, 2, 2]
+  # Rounded up to 4 rows: the first padding position (2) is computed too, as row 3.
+  assert rounded[0].tolist() == [0, 1, 4, 2]
+  assert rounded[1].tolist() == [0, 1, 3, 3, 2, 3, 3, 3]
+  # A batch of padding only still computes one row.
+  assert empty[0].tolist() == [0] and empty[1].tolist() == [0] * 8
+
+
+@pytest.mark.parametrize("row_multiple", [1, 8])
+def test_encoder_without_the_padding_gives_the_same_outputs_and_gradients_at_real_tokens(
+    row_multiple):
+  batch, seq, width = 3, 12, 16
+  lengths = np.array([[5], [12], [1]])
+  rng = np.random.RandomState(7)
+  x_value = rng.randn(batch, seq, width).astype(np.float32)
+  mask_value = (np.arange(seq) < lengths).astype(np.int32)
+  weights = rng.randn(batch, seq, width).astype(np.float32) * mask_value[:, :, None]
+  args = dict(hidden_size=width, num_hidden_layers=2, num_attention_heads=2,
+              intermediate_size=24, hidden_dropout_prob=0.0,
+              attention_probs_dropout_prob=0.0, do_return_all_layers=True)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    x, mask = tf.constant(x_value), tf.constant(mask_value)
+    attention_mask = modeling.create_attention_mask_from_input_mask(x, mask)
+    with tf.variable_scope("encoder"):
+      whole = modeling.transformer_model(x, attention_mask, **args)
+    with tf.variable_scope("encoder", reuse=True):
+      unpadded = modeling.transformer_model(x, attention_mask, input_mask=mask,
+                                            row_multiple=row_multiple, **args)
+    variables = tf.trainable_variables()
+    grads = [tf.gradients(tf.reduce_sum(layers[-1] * weights), variables)
+             for layers in (whole, unpadded)]
+    sess.run(tf.global_variables_initializer())
+    (want, got), (want_grads, got_grads) = sess.run([(whole, unpadded), grads])
+  assert len(variables) == 2 * 16
+  real = mask_value.astype(bool)
+  for layer_want, layer_got in zip(want, got):
+    np.testing.assert_allclose(layer_got[real], layer_want[real], rtol=1e-5, atol=1e-5)
+  for variable, g, w in zip(variables, got_grads, want_grads):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=variable.op.name)
 
 
 def test_layer_norms_written_out_gradient_equals_tensorflows_own():
