@@ -912,7 +912,7 @@ def transformer_model(input_tensor,
                       do_return_all_layers=False,
                       output_positions=None,
                       input_mask=None,
-                      row_multiple=64):
+                      row_multiple=None):
   """The Transformer encoder of "Attention is All You Need" as BERT uses it (post-LN).
 
   Args:
@@ -940,7 +940,9 @@ def transformer_model(input_tensor,
       exactly 0), so the outputs at the real tokens are the same, for fewer FLOPs by
       the share of padding.
     row_multiple: with input_mask, the rows computed are rounded up to a multiple of
-      this, so that the matmuls see a few shapes only.
+      this, so that the matmuls see few shapes (oneDNN and XLA prepare each new shape
+      once). None: a multiple of 64 that gives at most 64 shapes (64 up to 4096
+      positions a batch).
 
   Returns:
     float Tensor of shape [batch_size, seq_length, hidden_size], the final hidden layer,
@@ -979,6 +981,8 @@ def transformer_model(input_tensor,
   # `rows` maps each position to its row, `position_rows` each row to its position.
   rows = None
   if input_mask is not None:
+    if row_multiple is None:
+      row_multiple = ((batch_size * seq_length + 63) // 64 + 63) // 64 * 64
     (position_rows, rows) = unpadded_rows(input_mask, row_multiple)
     prev_output = tf.gather(prev_output, position_rows)
 
