@@ -188,7 +188,8 @@ class BertModel(object):
       drop_padding: bool. The encoder's dense layers, layer norms and feed-forward run
         on the real tokens only (input_mask 1; transformer_model's input_mask), the
         attention on every position: the same outputs at the real tokens for fewer
-        FLOPs. At padding positions the encoder's outputs are other rows' values.
+        FLOPs. At padding positions the encoder's outputs are other rows' values; a
+        sequence without real tokens (input_mask all 0) is not computed at all.
 
     Raises:
       ValueError: The config is invalid or one of the input tensor shapes is invalid.
@@ -282,7 +283,8 @@ class BertModel(object):
 
   def get_sequence_output(self):
     """float Tensor of shape [batch_size, seq_length, hidden_size]: the final encoder
-    layer ([batch_size, 1 + num_positions, hidden_size] with masked_lm_positions)."""
+    layer ([batch_size, 1 + num_positions, hidden_size] with masked_lm_positions). With
+    drop_padding, padding positions hold other rows' values."""
     return self.sequence_output
 
   def get_masked_positions_output(self):
@@ -292,7 +294,8 @@ class BertModel(object):
 
   def get_all_encoder_layers(self):
     """List of float Tensors [batch_size, seq_length, hidden_size], one per layer (the
-    last one as get_sequence_output's)."""
+    last one as get_sequence_output's). With drop_padding, padding positions hold
+    other rows' values."""
     return self.all_encoder_layers
 
   def get_embedding_output(self):
@@ -626,7 +629,9 @@ def gradient_matmul(a, b, transpose_a=False, transpose_b=False):
   BERT-Base's feed-forward input kernel), and in bfloat16 the step was not faster.
   On an AMD Zen 4 CPU without AMX, alone, the first was 28% faster as BatchMatMulV2
   and the second from 4% faster to 13% slower (BERT-medium shapes); the rule is the
-  same on every CPU. Both ops compute the same product in any TensorFlow.
+  same on every CPU. A dimension unknown when the graph is built counts as small: the
+  kernels' gradients of an encoder that skips the padding (its rows depend on the
+  batch) are MatMuls. Both ops compute the same product in any TensorFlow.
 
   Args:
     a: float Tensor [m, k] ([k, m] if transpose_a).
@@ -856,8 +861,9 @@ def projected_heads(input_tensor, seq_length, projections, batch_size, num_heads
   kernel rather than the [rows, width] output.
 
   Args:
-    input_tensor: float Tensor [batch_size * seq_length, width].
-    seq_length: int, positions per sequence of `input_tensor`.
+    input_tensor: float Tensor [batch_size * seq_length, width], or with `rows` [R,
+      width], the rows computed.
+    seq_length: int, positions per sequence of the output.
     projections: list of (name, activation or None, scale).
     batch_size, num_heads, size_per_head: ints.
     initializer_range: stddev of the kernel initializer.
@@ -938,7 +944,8 @@ def transformer_model(input_tensor,
       real tokens only (unpadded_rows), the attention on every position. The padding
       is hidden by attention_mask (the -10000 before the softmax gives it a weight of
       exactly 0), so the outputs at the real tokens are the same, for fewer FLOPs by
-      the share of padding.
+      the share of padding. attention_mask must then hide every position where
+      input_mask is 0, and output_positions must be real tokens.
     row_multiple: with input_mask, the rows computed are rounded up to a multiple of
       this, so that the matmuls see few shapes (oneDNN and XLA prepare each new shape
       once). None: a multiple of 64 that gives at most 64 shapes (64 up to 4096
@@ -981,6 +988,10 @@ def transformer_model(input_tensor,
   # `rows` maps each position to its row, `position_rows` each row to its position.
   rows = None
   if input_mask is not None:
+    if attention_mask is None:
+      raise ValueError("transformer_model: input_mask (skip the padding) needs the "
+                       "attention_mask that hides it; pass create_attention_mask_from_"
+                       "input_mask's")
     if row_multiple is None:
       row_multiple = ((batch_size * seq_length + 63) // 64 + 63) // 64 * 64
     (position_rows, rows) = unpadded_rows(input_mask, row_multiple)
@@ -1056,7 +1067,8 @@ def unpadded_rows(input_mask, row_multiple=1):
 
   The real tokens come first, in order, then as many padding positions as round their
   number up to a multiple of `row_multiple` (at most every position). Each padding
-  position not among them is mapped to the last row computed.
+  position not among them is mapped to the last row computed. Attention must hide the
+  padding: a sequence without real tokens would attend to other sequences' rows.
 
   Args:
     input_mask: int Tensor [batch_size, seq_length], 1 for real tokens.

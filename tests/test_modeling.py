@@ -334,6 +334,14 @@ def test_encoder_without_the_padding_gives_the_same_outputs_and_gradients_at_rea
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=variable.op.name)
 
 
+def test_encoder_skipping_the_padding_without_an_attention_mask_is_refused():
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match="needs the attention_mask"):
+      modeling.transformer_model(tf.zeros([2, 4, 16]), None, hidden_size=16,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=8, input_mask=tf.ones([2, 4], tf.int32))
+
+
 def test_layer_norms_written_out_gradient_equals_tensorflows_own():
   rng = np.random.RandomState(3)
   x_value = (rng.randn(2, 5, 16) * 3 + 1).astype(np.float32)
