@@ -159,14 +159,14 @@ def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_S
 
 def mean_real_tokens(files, records=2000):
   """The mean number of real tokens (input_mask 1) of the first `records` sequences."""
-  tf = _import_tf()
-  spec = {"input_mask": tf.io.VarLenFeature(tf.int64)}
-  with tf.Graph().as_default(), tf.Session() as session:
-    dataset = tf.data.TFRecordDataset(files).take(records).map(
-        lambda record: tf.reduce_sum(tf.io.parse_single_example(record, spec)[
-            "input_mask"].values))
-    total = tf.data.make_one_shot_iterator(dataset.batch(records)).get_next()
-    return statistics.mean(session.run(total).tolist())
+  from bert_pretrain import records as records_lib  # pylint: disable=g-import-not-at-top
+  counts = []
+  for path in files:
+    for _, _, serialized in records_lib.read_records(path, records_lib.record_offsets(path)[0]):
+      counts.append(sum(records_lib.parse_example(serialized, as_numpy=False)["input_mask"]))
+      if len(counts) == records:
+        return statistics.mean(counts)
+  return statistics.mean(counts)
 
 
 def bert_config_dict(config, vocab_size=VOCAB_SIZE):

@@ -997,9 +997,6 @@ def transformer_model(input_tensor,
     (position_rows, rows) = unpadded_rows(input_mask, row_multiple)
     prev_output = tf.gather(prev_output, position_rows)
 
-  def padded(tensor):  # [R, ...] -> [B*S, ...]
-    return tensor if rows is None else tf.gather(tensor, rows)
-
   all_layer_outputs = []
   for layer_idx in range(num_hidden_layers):
     with tf.variable_scope("layer_%d" % layer_idx):
@@ -1010,8 +1007,9 @@ def transformer_model(input_tensor,
       query_input, query_matmul_input, from_seq_length = layer_input, matmul_input, seq_length
       last_at_outputs = output_positions is not None and layer_idx == num_hidden_layers - 1
       if last_at_outputs:
-        query_input = gather_indexes(tf.reshape(padded(layer_input), input_shape),
-                                     output_positions)
+        positions = flat_positions(output_positions, seq_length)
+        query_input = tf.gather(layer_input,
+                                positions if rows is None else tf.gather(rows, positions))
         query_matmul_input = tf.cast(query_input, compute_type)
         from_seq_length = output_positions.shape.as_list()[1]
 
@@ -1052,8 +1050,8 @@ def transformer_model(input_tensor,
         layer_output = dropout_add_layer_norm(layer_output, attention_output,
                                               hidden_dropout_prob)
         prev_output = layer_output
-        if not last_at_outputs:
-          layer_output = padded(layer_output)
+        if rows is not None and not last_at_outputs:
+          layer_output = tf.gather(layer_output, rows)  # [B*S, H], for the outputs
         all_layer_outputs.append(tf.reshape(tf.cast(layer_output, compute_type),
                                             [batch_size, from_seq_length, hidden_size]))
 
@@ -1224,11 +1222,16 @@ def gather_indexes(sequence_tensor, positions):
   seq_length = sequence_shape[1]
   width = sequence_shape[2]
 
-  positions = tf.cast(positions, tf.int32)
-  flat_offsets = tf.reshape(tf.range(0, batch_size, dtype=tf.int32) * seq_length, [-1, 1])
-  flat_positions = tf.reshape(positions + flat_offsets, [-1])
   flat_sequence_tensor = tf.reshape(sequence_tensor, [batch_size * seq_length, width])
-  return tf.gather(flat_sequence_tensor, flat_positions)
+  return tf.gather(flat_sequence_tensor, flat_positions(positions, seq_length))
+
+
+def flat_positions(positions, seq_length):
+  """int32 Tensor [batch_size * num_positions]: positions [batch_size, num_positions]
+  of each sequence as rows of the flattened [batch_size * seq_length] batch."""
+  positions = tf.cast(positions, tf.int32)
+  flat_offsets = tf.expand_dims(tf.range(tf.shape(positions)[0]) * seq_length, 1)
+  return tf.reshape(positions + flat_offsets, [-1])
 
 
 def get_shape_list(tensor, expected_rank=None, name=None):
