@@ -12,8 +12,9 @@ sides taking turns for --rounds rounds within the row:
 
   - our training step, built by bert_pretrain.pretraining.build_train_graph as
     run_pretraining builds it (the model, LAMB, the learning-rate schedule, the update
-    op), fed by input_pipeline.make_dataset from real TFRecords, and
-    the same step fed one batch held in memory, their timing windows interleaved;
+    op), fed by input_pipeline.make_dataset from real TFRecords (its shuffle seeded, so
+    every run trains on the same batches), and the same step fed those batches held in
+    memory, their timing windows interleaved;
   - our step with --optimizer=adam (AdamWeightDecay instead of LAMB), from TFRecords;
   - Google's: google-research/bert's code (PyPI bert-tensorflow), see google_peer.py;
   - Hugging Face transformers' BertForPreTraining with AdamW in PyTorch, same config,
@@ -33,6 +34,7 @@ from __future__ import division
 from __future__ import print_function
 
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -77,6 +79,8 @@ BATCH_SIZES = {
     ("large", 512): 1,
 }
 LEARNING_RATE = 1e-4
+# The input pipeline's shuffle seed: every run of our step reads the same batches.
+PIPELINE_SEED = 12345
 # The learning-rate schedule decays to 0 at this step; a row runs far fewer.
 TRAIN_STEPS = 100000
 PEER_HINT = ("HF's peer (Hugging Face BertForPreTraining in PyTorch) skipped: install it "
@@ -91,6 +95,8 @@ flags.DEFINE_integer("steps", 0, "Steps per timing window (0: as many as fill "
                      "--window_seconds).")
 flags.DEFINE_integer("windows", 3, "Timing windows per measurement; the median is reported.")
 flags.DEFINE_float("window_seconds", 1.0, "Length of a timing window when --steps=0.")
+flags.DEFINE_integer("window_sequences", 16, "Sentences a timing window holds at least when "
+                     "--steps=0 (our step's time depends on its batches' real tokens).")
 flags.DEFINE_integer("matmul_size", 4096, "Side of the square matmul that measures the "
                      "machine's peak (large enough to reach it; the tests use a small one).")
 flags.DEFINE_integer("warmup_steps", 1, "Steps before timing starts, after the first.")
@@ -157,18 +163,6 @@ def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_S
   return flops
 
 
-def mean_real_tokens(files, records=2000):
-  """The mean number of real tokens (input_mask 1) of the first `records` sequences."""
-  from bert_pretrain import records as records_lib  # pylint: disable=g-import-not-at-top
-  counts = []
-  for path in files:
-    for _, _, serialized in records_lib.read_records(path, records_lib.record_offsets(path)[0]):
-      counts.append(sum(records_lib.parse_example(serialized, as_numpy=False)["input_mask"]))
-      if len(counts) == records:
-        return statistics.mean(counts)
-  return statistics.mean(counts)
-
-
 def bert_config_dict(config, vocab_size=VOCAB_SIZE):
   layers, hidden, heads, intermediate = CONFIGS[config]
   return {"vocab_size": vocab_size, "hidden_size": hidden, "num_hidden_layers": layers,
@@ -187,13 +181,17 @@ def peak_rss_gib():
 
 
 def steps_per_window(step, row):
-  """Runs one step and returns how many fill a window (row["steps"] when set)."""
+  """Runs one step and returns how many make a window: row["steps"] when set, otherwise
+  as many as fill row["window_seconds"] and hold at least row["window_sequences"]
+  sentences (our step's time depends on the real tokens of its batches: a window of a
+  few batches would time those few)."""
   start = time.perf_counter()
   step()
   seconds = time.perf_counter() - start
   if row["steps"] > 0:
     return row["steps"]
-  return max(1, int(round(row["window_seconds"] / max(seconds, 1e-6))))
+  least = -(-row.get("window_sequences", 0) // row.get("batch", 1))
+  return max(1, least, int(round(row["window_seconds"] / max(seconds, 1e-6))))
 
 
 def interleaved_fps(steps_by_name, batch_size, windows, steps):
@@ -244,8 +242,11 @@ class TrainStep(object):
   """One graph and session of our training step (pretraining.build_train_graph, LAMB),
   fed by input_pipeline.make_dataset from TFRecords.
 
-  Calling it runs one step. With `feed` (a batch of numpy arrays, name -> array) the
-  step takes that batch from memory instead: it is fed in place of the iterator's
+  Calling it runs one step. The pipeline's shuffle is seeded (PIPELINE_SEED), so every
+  run of a row, with LAMB or Adam, in every round, trains on the same batches in the same
+  order: the step's time depends on its batches' real tokens (the encoder skips the
+  padding). A second iterator of the same dataset (read_batches) reads those batches
+  again as numpy arrays; a step made by in_memory feeds them in place of the iterator's
   output, so the input pipeline does not run, and the model, weights and session are
   the same.
   """
@@ -257,10 +258,13 @@ class TrainStep(object):
     from bert_pretrain import pretraining  # pylint: disable=g-import-not-at-top
     self.graph = tf.Graph()
     with self.graph.as_default():
-      dataset = input_pipeline.make_dataset(
-          record_files(row["data_dir"], row["seq"]), row["batch"], row["seq"],
-          row["preds"], is_training=True)
-      self.features = tf.data.make_one_shot_iterator(dataset).get_next()
+      def batches():
+        dataset = input_pipeline.make_dataset(
+            record_files(row["data_dir"], row["seq"]), row["batch"], row["seq"],
+            row["preds"], is_training=True, seed=PIPELINE_SEED)
+        return tf.data.make_one_shot_iterator(dataset).get_next()
+      self.features = batches()
+      self.replay = batches()
       bert_config = modeling.BertConfig.from_dict(bert_config_dict(row["config"]))
       dtype = tf.bfloat16 if row["precision"] == "amp" else tf.float32
       train = pretraining.build_train_graph(bert_config, self.features, dtype, LEARNING_RATE,
@@ -272,17 +276,21 @@ class TrainStep(object):
     self.session = tf.Session(graph=self.graph, config=session_config(row))
     self.session.run(init)
     self.loss = None
-    self.feed_dict = None
 
-  def next_batch(self):
-    """A batch of the input pipeline as numpy arrays."""
-    return self.session.run(self.features)
+  def read_batches(self, count):
+    """The next `count` batches of the second iterator: list of dicts name -> numpy
+    array, the batches the steps have trained on or will, in the same order."""
+    return [self.session.run(self.replay) for _ in range(count)]
 
-  def in_memory(self, batch):
-    """A step function that trains on `batch` (from next_batch) held in memory."""
-    feed_dict = {self.features[name]: value for name, value in batch.items()}
+  def in_memory(self, batches):
+    """A step function that trains on `batches` (from read_batches) held in memory, the
+    next of them at each call, in turn."""
+    feeds = [{self.features[name]: value for name, value in batch.items()}
+             for batch in batches]
+    calls = itertools.count()
 
     def step():
+      feed_dict = feeds[next(calls) % len(feeds)]
       self.loss = float(self.session.run(self.fetches, feed_dict=feed_dict)[1])
     return step
 
@@ -291,15 +299,15 @@ class TrainStep(object):
 
 
 def ours_worker(row):
-  """Measures our step from TFRecords and, unless row["records_only"], from memory.
+  """Measures our step from TFRecords and, unless row["records_only"], from memory, on
+  the same batches: memory window i feeds the batches record window i read.
 
   The peak RSS is read after the TFRecord step's warm-up, so it is what a training run
-  of this row holds.
+  of this row holds. tokens_per_sequence is the mean real tokens of the timed batches.
   """
   start = time.perf_counter()
   records = TrainStep(row)
   result = {"build_s": time.perf_counter() - start}
-  batch = records.next_batch()
   start = time.perf_counter()
   records()
   result["first_step_s"] = time.perf_counter() - start
@@ -307,19 +315,22 @@ def ours_worker(row):
     records()
   steps = steps_per_window(records, row)
   result.update(rss_gib=peak_rss_gib(), steps_per_window=steps)
+  untimed = 2 + row["warmup"]  # the first step, the warm-up, steps_per_window's step
+  timed = records.read_batches(untimed + row["windows"] * steps)[untimed:]
+  result["tokens_per_sequence"] = float(
+      sum(batch["input_mask"].sum() for batch in timed) / (len(timed) * row["batch"]))
   steps_by_name = {"records": records}
   if not row["records_only"]:
-    memory = records.in_memory(batch)
+    warm = records.in_memory(timed[:1])
     for _ in range(row["warmup"]):
-      memory()
-    steps_by_name["memory"] = memory
+      warm()
+    steps_by_name["memory"] = records.in_memory(timed)
   fps = interleaved_fps(steps_by_name, row["batch"], row["windows"], steps)
   for name, values in fps.items():
     result["fps_" + name] = statistics.median(values)
     result["windows_" + name] = values
   result["loss"] = records.loss
   result["step_s"] = row["batch"] / result["fps_records"]
-  result["tokens_per_sequence"] = mean_real_tokens(record_files(row["data_dir"], row["seq"]))
   emit(result)
 
 
@@ -493,7 +504,8 @@ def base_row(config, seq, precision):
   return {"config": config, "seq": seq, "preds": PREDICTIONS[seq],
           "batch": FLAGS.batch_size or BATCH_SIZES[(config, seq)], "precision": precision,
           "warmup": FLAGS.warmup_steps, "windows": FLAGS.windows, "steps": FLAGS.steps,
-          "window_seconds": FLAGS.window_seconds, "intra": FLAGS.intra_threads,
+          "window_seconds": FLAGS.window_seconds, "window_sequences": FLAGS.window_sequences,
+          "intra": FLAGS.intra_threads,
           "inter": FLAGS.inter_threads, "xla": FLAGS.xla,
           "data_dir": os.path.join(FLAGS.out_dir, "data"), "records_only": False,
           "optimizer": "lamb"}
@@ -546,12 +558,18 @@ def measure_row(config, seq, precision, peak, sides):
   log("row %s: batch %d, load average %.2f at its start" % (name, row["batch"], load_start))
   runs = {side: [] for side, _, _ in sides}
   changes_by_side = {side: changes for side, _, changes in sides}
+  ours_steps = {}  # our step's windows: as many steps in every run, so the same batches
   for round_index in range(FLAGS.rounds):
     # Each round starts with the next side, so that none always runs first.
     first = round_index % len(sides)
     for side, kind, changes in sides[first:] + sides[:first]:
-      runs[side].append(run_worker(kind, dict(row, **changes),
-                                   "%s-%s-r%d" % (name, side, round_index + 1)))
+      run_row = dict(row, **changes)
+      if kind == "ours":
+        run_row.update(ours_steps)
+      run = run_worker(kind, run_row, "%s-%s-r%d" % (name, side, round_index + 1))
+      if kind == "ours" and "error" not in run:
+        ours_steps.setdefault("steps", run["steps_per_window"])
+      runs[side].append(run)
   load_end = os.getloadavg()[0]
   result = dict(row, load_average=[load_start, load_end])
   for side, _ in SIDES:
@@ -583,7 +601,7 @@ def set_mfu(row, peak):
 def measure_peak(name):
   log("matmul peak (%s)" % name)
   peak = run_worker("peak", dict(base_row(FLAGS.configs[0], int(FLAGS.seq_lengths[0]), "fp32"),
-                                 matmul_size=FLAGS.matmul_size), name)
+                                 matmul_size=FLAGS.matmul_size, window_sequences=0), name)
   if "error" in peak:
     log("matmul peak failed: %s" % peak["error"])
   return peak

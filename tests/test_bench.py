@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bench import google_peer
@@ -89,13 +90,36 @@ def test_the_machine_line_names_the_cpu_and_its_matmul_extensions(bench_module, 
   assert bench_module.cpu_description(str(tmp_path / "missing")) == platform.machine()
 
 
-def test_one_row_run_of_every_side_writes_table_and_json(tmp_path):
-  out_dir = str(tmp_path)
+@pytest.fixture(scope="module")
+def bench_out(bench_module, tmp_path_factory):
+  """An --out_dir whose data/ holds the benchmark's seq-128 TFRecords."""
+  out_dir = str(tmp_path_factory.mktemp("bench"))
+  bench_module.prepare_data(os.path.join(out_dir, "data"), [128])
+  return out_dir
+
+
+def test_our_step_and_its_replay_read_the_same_seeded_batches_in_every_run(bench_module,
+                                                                           bench_out):
+  row = {"config": "tiny", "seq": 128, "preds": 20, "batch": 4, "precision": "fp32",
+         "intra": 2, "inter": 2, "xla": False, "data_dir": os.path.join(bench_out, "data")}
+  one, other = bench_module.TrainStep(row), bench_module.TrainStep(row)
+  trained = [one.session.run(one.features) for _ in range(3)]
+  for batches in (one.read_batches(3), other.read_batches(3)):
+    for read, expected in zip(batches, trained):
+      assert sorted(read) == sorted(expected)
+      for name in expected:
+        np.testing.assert_array_equal(read[name], expected[name])
+  assert not np.array_equal(trained[0]["input_ids"], trained[1]["input_ids"])
+
+
+def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
+  out_dir = bench_out
+  # --window_sequences=48 at batch 16: 3 steps a window, in every run of our step.
   result = subprocess.run(
       [sys.executable, "-m", "bench.benchmark", "--configs=tiny", "--seq_lengths=128",
        "--precisions=fp32", "--skip_peer", "--skip_large", "--rounds=1", "--windows=1",
-       "--steps=1", "--warmup_steps=1", "--window_seconds=0.2", "--matmul_size=256",
-       "--out_dir=" + out_dir],
+       "--steps=0", "--window_sequences=48", "--warmup_steps=1", "--window_seconds=0.01",
+       "--matmul_size=256", "--out_dir=" + out_dir],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
       cwd=ROOT, timeout=900)
   assert result.returncode == 0, result.stdout[-3000:]
@@ -115,6 +139,10 @@ def test_one_row_run_of_every_side_writes_table_and_json(tmp_path):
     assert row[side]["rounds"] == 1
   assert row["ours"]["optimizer"] == "lamb" and row["ours_adam"]["optimizer"] == "adam"
   assert row["ours"]["fps_records"] > 0 and row["ours"]["fps_memory"] > 0
+  # LAMB's and Adam's runs timed the same batches.
+  assert row["ours"]["steps_per_window"] == row["ours_adam"]["steps_per_window"] == 3
+  assert row["ours"]["tokens_per_sequence"] == row["ours_adam"]["tokens_per_sequence"]
+  assert 20 < row["tokens_per_sequence"] <= 128
   assert row["ours"]["rss_gib"] > 0.1
   assert row["hf"] is None and "ours_over_hf" not in row
   assert results["peak"]["fp32"] > 0 and results["peak"]["bf16"] > 0
