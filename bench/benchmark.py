@@ -1,6 +1,6 @@
 """Training-step benchmark of this recipe's BERT on the CPU, side by side with two peers.
 
-  python3 -m bench.benchmark                       # the full table (about an hour)
+  python3 -m bench.benchmark                       # the full table (90 minutes, 2 cores)
   python3 -m bench.benchmark --configs=tiny,base --seq_lengths=128 --skip_peer
 
 (from the repository root; after init_tf.sh, python3 bench/benchmark.py works too)
