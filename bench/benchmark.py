@@ -190,7 +190,7 @@ def steps_per_window(step, row):
   seconds = time.perf_counter() - start
   if row["steps"] > 0:
     return row["steps"]
-  least = -(-row.get("window_sequences", 0) // row.get("batch", 1))
+  least = -(-row.get("window_sequences", 0) // row.get("batch", 1))  # rounded up
   return max(1, least, int(round(row["window_seconds"] / max(seconds, 1e-6))))
 
 
@@ -505,8 +505,7 @@ def base_row(config, seq, precision):
           "batch": FLAGS.batch_size or BATCH_SIZES[(config, seq)], "precision": precision,
           "warmup": FLAGS.warmup_steps, "windows": FLAGS.windows, "steps": FLAGS.steps,
           "window_seconds": FLAGS.window_seconds, "window_sequences": FLAGS.window_sequences,
-          "intra": FLAGS.intra_threads,
-          "inter": FLAGS.inter_threads, "xla": FLAGS.xla,
+          "intra": FLAGS.intra_threads, "inter": FLAGS.inter_threads, "xla": FLAGS.xla,
           "data_dir": os.path.join(FLAGS.out_dir, "data"), "records_only": False,
           "optimizer": "lamb"}
 
