@@ -96,7 +96,8 @@ flags.DEFINE_integer("steps", 0, "Steps per timing window (0: as many as fill "
 flags.DEFINE_integer("windows", 3, "Timing windows per measurement; the median is reported.")
 flags.DEFINE_float("window_seconds", 1.0, "Length of a timing window when --steps=0.")
 flags.DEFINE_integer("window_sequences", 16, "Sentences a timing window holds at least when "
-                     "--steps=0 (our step's time depends on its batches' real tokens).")
+                     "--steps=0 (our step's time depends on its batches' real tokens).",
+                     lower_bound=0)
 flags.DEFINE_integer("matmul_size", 4096, "Side of the square matmul that measures the "
                      "machine's peak (large enough to reach it; the tests use a small one).")
 flags.DEFINE_integer("warmup_steps", 1, "Steps before timing starts, after the first.")

@@ -90,6 +90,17 @@ def test_the_machine_line_names_the_cpu_and_its_matmul_extensions(bench_module, 
   assert bench_module.cpu_description(str(tmp_path / "missing")) == platform.machine()
 
 
+def test_a_negative_window_sequences_is_refused_before_any_work(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.benchmark", "--window_sequences=-1",
+       "--out_dir=" + str(tmp_path / "out")],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      cwd=ROOT, timeout=300)
+  assert result.returncode != 0
+  assert "--window_sequences=-1: -1 is not a non-negative integer" in result.stdout
+  assert not os.path.exists(str(tmp_path / "out"))
+
+
 @pytest.fixture(scope="module")
 def bench_out(bench_module, tmp_path_factory):
   """An --out_dir whose data/ holds the benchmark's seq-128 TFRecords."""
