@@ -92,7 +92,7 @@ flags.DEFINE_list("configs", ["tiny", "mini", "small", "medium", "base"],
 flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths (128 and/or 512).")
 flags.DEFINE_list("precisions", ["fp32", "amp"], "fp32 and/or amp (bfloat16 compute).")
 flags.DEFINE_integer("steps", 0, "Steps per timing window (0: as many as fill "
-                     "--window_seconds).")
+                     "--window_seconds and hold --window_sequences).")
 flags.DEFINE_integer("windows", 3, "Timing windows per measurement; the median is reported.")
 flags.DEFINE_float("window_seconds", 1.0, "Length of a timing window when --steps=0.")
 flags.DEFINE_integer("window_sequences", 16, "Sentences a timing window holds at least when "
