@@ -268,9 +268,11 @@ class TrainStep(object):
       self.replay = batches()
       bert_config = modeling.BertConfig.from_dict(bert_config_dict(row["config"]))
       dtype = tf.bfloat16 if row["precision"] == "amp" else tf.float32
-      train = pretraining.build_train_graph(bert_config, self.features, dtype, LEARNING_RATE,
-                                            TRAIN_STEPS,
-                                            optimizer_name=row.get("optimizer", "lamb"))
+      train = pretraining.build_train_graph(
+          bert_config, self.features, dtype, LEARNING_RATE, TRAIN_STEPS,
+          optimizer_name=row.get("optimizer", "lamb"),
+          attention_per_sequence=pretraining.attention_per_sequence(row["seq"], True,
+                                                                    row["xla"]))
       self.fetches = [train.update_op, train.outputs["total_loss"]]
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
       self.graph.finalize()

@@ -164,7 +164,8 @@ class BertModel(object):
                scope=None,
                compute_type=tf.float32,
                masked_lm_positions=None,
-               drop_padding=False):
+               drop_padding=False,
+               attention_per_sequence=False):
     """Constructor for BertModel.
 
     Args:
@@ -187,9 +188,15 @@ class BertModel(object):
         rows of each sequence, get_masked_positions_output() the last num_positions.
       drop_padding: bool. The encoder's dense layers, layer norms and feed-forward run
         on the real tokens only (input_mask 1; transformer_model's input_mask), the
-        attention on every position: the same outputs at the real tokens for fewer
-        FLOPs. At padding positions the encoder's outputs are other rows' values; a
-        sequence without real tokens (input_mask all 0) is not computed at all.
+        attention on every position (or see attention_per_sequence): the same outputs
+        at the real tokens for fewer FLOPs. At padding positions the encoder's outputs
+        are other rows' values; a sequence without real tokens (input_mask all 0) is not
+        computed at all.
+      attention_per_sequence: bool. With drop_padding, the attention too runs on the
+        real tokens only, sequence by sequence (transformer_model's
+        attention_per_sequence): faster where a sequence's few more ops cost less than
+        the padding's attention (a CPU at sequence 512; see
+        pretraining.attention_per_sequence).
 
     Raises:
       ValueError: The config is invalid or one of the input tensor shapes is invalid.
@@ -262,7 +269,8 @@ class BertModel(object):
             initializer_range=config.initializer_range,
             do_return_all_layers=True,
             output_positions=output_positions,
-            input_mask=input_mask if drop_padding else None)
+            input_mask=input_mask if drop_padding else None,
+            attention_per_sequence=attention_per_sequence)
 
       self.sequence_output = self.all_encoder_layers[-1]
       self.masked_positions_output = None
@@ -768,11 +776,12 @@ def attention_layer(from_tensor,
                     batch_size=None,
                     from_seq_length=None,
                     to_seq_length=None,
-                    to_rows=None):
+                    to_rows=None,
+                    to_lengths=None):
   """Multi-headed attention from `from_tensor` to `to_tensor`.
 
   The query, key and value projections of the flattened [batch_size * seq_length,
-  width] input are one matmul (projected_heads; two when from_tensor is not to_tensor),
+  width] input are one matmul (projected_rows; two when from_tensor is not to_tensor),
   reshaped to [batch_size, num_heads, seq_length, size_per_head] so that all heads' dot
   products are one batched matmul, scaled by 1/sqrt(size_per_head) (through the query
   kernel), masked (masked positions get -10000 before the softmax) and softmaxed; the
@@ -799,6 +808,14 @@ def attention_layer(from_tensor,
       (unpadded_rows: the real tokens). The others read any row, which attention_mask
       must hide. When from_tensor is to_tensor it holds the same rows, and the output
       has a row for every position all the same.
+    to_lengths: (optional) int32 Tensor [batch_size], in place of to_rows and
+      attention_mask: `to_tensor` holds the real tokens of the sequences one after the
+      other ([R, to_width], sequence b's to_lengths[b] rows after those of sequence
+      b - 1; rows after the last sequence's are not read), and each sequence's queries
+      attend to its own rows only, one batched matmul a sequence: no work at the
+      padding. from_tensor is to_tensor (the output then has its R rows, those after
+      the sequences' zero), or holds from_seq_length rows a sequence ([batch_size *
+      from_seq_length, from_width]). batch_size must be a Python int.
 
   Returns:
     float Tensor of shape [batch_size * from_seq_length, num_attention_heads * size_per_head].
@@ -813,20 +830,71 @@ def attention_layer(from_tensor,
                      "rank 2 inputs")
 
   scale = 1.0 / math.sqrt(float(size_per_head))
-  head_args = (batch_size, num_attention_heads, size_per_head, initializer_range)
+  query = [("query", query_act, scale)]
+  key_value = [("key", key_act, 1.0), ("value", value_act, 1.0)]
+  heads = (num_attention_heads, size_per_head)
+  units = num_attention_heads * size_per_head
   if from_tensor is to_tensor:
-    # `query_layer`, `key_layer`, `value_layer` = [B, N, F, H]
-    query_layer, key_layer, value_layer = projected_heads(
-        from_tensor, from_seq_length, [("query", query_act, scale), ("key", key_act, 1.0),
-                                       ("value", value_act, 1.0)], *head_args, rows=to_rows)
+    # One matmul for the three projections; `queries` and `keys_values` are one Tensor.
+    queries = keys_values = projected_rows(from_tensor, query + key_value, units,
+                                           initializer_range)
+    key_value_heads = query + key_value
   else:
-    (query_layer,) = projected_heads(from_tensor, from_seq_length,
-                                     [("query", query_act, scale)], *head_args)
-    # `key_layer`, `value_layer` = [B, N, T, H]
-    key_layer, value_layer = projected_heads(
-        to_tensor, to_seq_length, [("key", key_act, 1.0), ("value", value_act, 1.0)],
-        *head_args, rows=to_rows)
+    queries = projected_rows(from_tensor, query, units, initializer_range)
+    keys_values = projected_rows(to_tensor, key_value, units, initializer_range)
+    key_value_heads = key_value
 
+  def context_of(query_rows, key_value_rows, batch, from_length, to_length, mask):
+    """[batch * from_length, N * H]: the attention of `batch` sequences."""
+    # `query_layer` = [B, N, F, H], `key_layer`, `value_layer` = [B, N, T, H]
+    split = split_heads(key_value_rows, batch, to_length, key_value_heads, *heads)
+    if from_tensor is to_tensor:
+      query_layer, key_layer, value_layer = split
+    else:
+      (query_layer,), (key_layer, value_layer) = (
+          split_heads(query_rows, batch, from_length, query, *heads), split)
+    context_layer = attend(query_layer, key_layer, value_layer, mask,
+                           attention_probs_dropout_prob)
+    # `context_layer` = [B, N, F, H] -> [B, F, N, H] -> [B*F, N*H]
+    context_layer = tf.transpose(context_layer, [0, 2, 1, 3])
+    return tf.reshape(context_layer, [-1, num_attention_heads * size_per_head])
+
+  if to_lengths is None:
+    if to_rows is not None:
+      keys_values = tf.gather(keys_values, to_rows)
+      queries = keys_values if from_tensor is to_tensor else queries
+    return context_of(queries, keys_values, batch_size, from_seq_length, to_seq_length,
+                      attention_mask)
+
+  # Sequence after sequence, at its real tokens only: no mask.
+  with tf.name_scope("within_sequences"):
+    real = tf.reduce_sum(to_lengths)
+    # Every part of the split is used: TensorFlow 1.15 gives an unused bfloat16 part
+    # no gradient, which the split's gradient (a concat) cannot take.
+    sequences = tf.split(keys_values[:real], to_lengths, num=batch_size)
+    query_groups = (sequences if from_tensor is to_tensor
+                    else tf.split(queries, batch_size, axis=0))
+    contexts = [context_of(q, kv, 1, -1 if from_tensor is to_tensor else from_seq_length,
+                           -1, None)
+                for q, kv in zip(query_groups, sequences)]
+    context_layer = tf.concat(contexts, axis=0)
+    if from_tensor is to_tensor:
+      context_layer = tf.pad(context_layer, [[0, tf.shape(keys_values)[0] - real], [0, 0]])
+    return context_layer
+
+
+def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob):
+  """softmax(query key^T + mask) value, with dropout on the probabilities.
+
+  Args:
+    query_layer: float Tensor [B, N, F, H], scaled by 1/sqrt(H).
+    key_layer, value_layer: float Tensors [B, N, T, H].
+    attention_mask: (optional) Tensor [B, 1 or F, T], 1 where attention is allowed.
+    dropout_prob: float.
+
+  Returns:
+    float Tensor [B, N, F, H], in the type of the inputs.
+  """
   # `attention_scores` = [B, N, F, T]
   attention_scores = tf.matmul(query_layer, key_layer, transpose_b=True)
 
@@ -840,46 +908,33 @@ def attention_layer(from_tensor,
     attention_scores += adder
 
   attention_probs = tf.nn.softmax(attention_scores)
-  attention_probs = dropout(attention_probs, attention_probs_dropout_prob)
+  attention_probs = dropout(attention_probs, dropout_prob)
   attention_probs = tf.cast(attention_probs, compute_type)
-
-  # `context_layer` = [B, N, F, H] -> [B, F, N, H] -> [B*F, N*H]
-  context_layer = tf.matmul(attention_probs, value_layer)
-  context_layer = tf.transpose(context_layer, [0, 2, 1, 3])
-  return tf.reshape(context_layer,
-                    [batch_size * from_seq_length, num_attention_heads * size_per_head])
+  return tf.matmul(attention_probs, value_layer)
 
 
-def projected_heads(input_tensor, seq_length, projections, batch_size, num_heads,
-                    size_per_head, initializer_range, rows=None):
-  """Dense projections of one input (query, key, value), split into attention heads.
+def projected_rows(input_tensor, projections, units, initializer_range):
+  """Dense projections of one input (query, key, value) as one matmul.
 
-  All projections are one matmul with their kernels side by side, and one transpose
-  to [projection, batch, head, position, size]; their variables stay Google's
-  (`name`/kernel, `name`/bias). A scale (the query's 1/sqrt(size_per_head)) multiplies
-  the kernel and bias when the projection has no activation: the [width, width]
-  kernel rather than the [rows, width] output.
+  All projections' kernels side by side; their variables stay Google's (`name`/kernel,
+  `name`/bias). A scale (the query's 1/sqrt(size_per_head)) multiplies the kernel and
+  bias when the projection has no activation: the [width, width] kernel rather than
+  the [rows, width] output; split_heads applies the activations.
 
   Args:
-    input_tensor: float Tensor [batch_size * seq_length, width], or with `rows` [R,
-      width], the rows computed.
-    seq_length: int, positions per sequence of the output.
+    input_tensor: float Tensor [rows, width].
     projections: list of (name, activation or None, scale).
-    batch_size, num_heads, size_per_head: ints.
+    units: int, the width of each projection (num_heads * size_per_head).
     initializer_range: stddev of the kernel initializer.
-    rows: (optional) int32 Tensor [batch_size * seq_length]: the row of `input_tensor`
-      (which then holds only some positions) projected for each position.
 
   Returns:
-    list of float Tensors [batch_size, num_heads, seq_length, size_per_head], one per
-    projection.
+    float Tensor [rows, len(projections) * units].
   """
   width = input_tensor.shape.as_list()[-1]
   kernels, biases = [], []
   for name, activation, scale in projections:
     with tf.variable_scope(name):
-      kernel, bias = dense_variables(width, num_heads * size_per_head, input_tensor.dtype,
-                                     initializer_range)
+      kernel, bias = dense_variables(width, units, input_tensor.dtype, initializer_range)
       if activation is None and scale != 1.0:
         kernel, bias = kernel * scale, bias * scale
     kernels.append(kernel)
@@ -887,21 +942,34 @@ def projected_heads(input_tensor, seq_length, projections, batch_size, num_heads
   with tf.name_scope("_".join(name for name, _, _ in projections)):
     if len(projections) > 1:
       kernel, bias = tf.concat(kernels, axis=1), tf.concat(biases, axis=0)
-    output = tf.nn.bias_add(dense_matmul(input_tensor, kernel), bias)
-    if rows is not None:
-      output = tf.gather(output, rows)
-    output = tf.reshape(output, [batch_size, seq_length, len(projections), num_heads,
-                                 size_per_head])
-    # Splitting the first axis is free: each part is a slice of the one buffer.
-    heads = tf.split(tf.transpose(output, [2, 0, 3, 1, 4]), len(projections), axis=0)
-    outputs = []
-    for (_, activation, scale), head in zip(projections, heads):
-      head = tf.squeeze(head, axis=0)
-      if activation is not None:
-        head = activation(head)
-        if scale != 1.0:
-          head *= scale
-      outputs.append(head)
+    return tf.nn.bias_add(dense_matmul(input_tensor, kernel), bias)
+
+
+def split_heads(rows, batch_size, seq_length, projections, num_heads, size_per_head):
+  """projected_rows' output split into attention heads, one Tensor per projection.
+
+  Args:
+    rows: float Tensor [batch_size * seq_length, len(projections) * num_heads *
+      size_per_head].
+    batch_size: int; seq_length: int, or -1 for rows / batch_size.
+    projections: projected_rows' list of (name, activation or None, scale).
+    num_heads, size_per_head: ints.
+
+  Returns:
+    list of float Tensors [batch_size, num_heads, seq_length, size_per_head].
+  """
+  rows = tf.reshape(rows, [batch_size, seq_length, len(projections), num_heads,
+                           size_per_head])
+  # Splitting the first axis is free: each part is a slice of the one buffer.
+  heads = tf.split(tf.transpose(rows, [2, 0, 3, 1, 4]), len(projections), axis=0)
+  outputs = []
+  for (_, activation, scale), head in zip(projections, heads):
+    head = tf.squeeze(head, axis=0)
+    if activation is not None:
+      head = activation(head)
+      if scale != 1.0:
+        head *= scale
+    outputs.append(head)
   return outputs
 
 
@@ -918,7 +986,8 @@ def transformer_model(input_tensor,
                       do_return_all_layers=False,
                       output_positions=None,
                       input_mask=None,
-                      row_multiple=None):
+                      row_multiple=None,
+                      attention_per_sequence=False):
   """The Transformer encoder of "Attention is All You Need" as BERT uses it (post-LN).
 
   Args:
@@ -941,7 +1010,8 @@ def transformer_model(input_tensor,
       predictions does 8% fewer FLOPs, a 4-layer BERT 17%.
     input_mask: (optional) int Tensor of shape [batch_size, seq_length], 1 for real
       tokens: when given, the dense layers, layer norms and feed-forward run on the
-      real tokens only (unpadded_rows), the attention on every position. The padding
+      real tokens only (unpadded_rows), the attention on every position (unless
+      attention_per_sequence). The padding
       is hidden by attention_mask (the -10000 before the softmax gives it a weight of
       exactly 0), so the outputs at the real tokens are the same, for fewer FLOPs by
       the share of padding. attention_mask must then hide every position where
@@ -950,6 +1020,15 @@ def transformer_model(input_tensor,
       this, so that the matmuls see few shapes (oneDNN and XLA prepare each new shape
       once). None: a multiple of 64 that gives at most 64 shapes (64 up to 4096
       positions a batch).
+    attention_per_sequence: with input_mask, the attention too runs on the real tokens
+      only: each sequence's queries, keys and values are its own rows, one batched
+      matmul of [num_heads, length, length] a sequence with no mask
+      (attention_layer's to_lengths), rather than every position of the batch padded
+      back ([batch_size, num_heads, seq_length, seq_length]). Its FLOPs and the
+      softmax's and dropout's elements drop with the square of the share of real
+      tokens (Wikipedia at sequence 512: to 47%), for a few more ops per sequence
+      and a shape per length. Ignored unless batch_size is known when the graph is
+      built.
 
   Returns:
     float Tensor of shape [batch_size, seq_length, hidden_size], the final hidden layer,
@@ -987,7 +1066,9 @@ def transformer_model(input_tensor,
   # The layers' rows: [B*S] every position, or with input_mask [R] the real tokens;
   # `rows` maps each position to its row, `position_rows` each row to its position.
   rows = None
-  if input_mask is not None:
+  if input_mask is None:
+    attention_per_sequence = False  # every position attends: there is no padding to skip
+  else:
     if attention_mask is None:
       raise ValueError("transformer_model: input_mask (skip the padding) needs the "
                        "attention_mask that hides it; pass create_attention_mask_from_"
@@ -996,6 +1077,10 @@ def transformer_model(input_tensor,
       row_multiple = ((batch_size * seq_length + 63) // 64 + 63) // 64 * 64
     (position_rows, rows) = unpadded_rows(input_mask, row_multiple)
     prev_output = tf.gather(prev_output, position_rows)
+    # Sequence by sequence needs the number of sequences when the graph is built.
+    attention_per_sequence = attention_per_sequence and isinstance(batch_size, int)
+    if attention_per_sequence:
+      lengths = tf.reduce_sum(tf.cast(tf.not_equal(input_mask, 0), tf.int32), axis=1)
 
   all_layer_outputs = []
   for layer_idx in range(num_hidden_layers):
@@ -1026,8 +1111,9 @@ def transformer_model(input_tensor,
               batch_size=batch_size,
               from_seq_length=from_seq_length,
               to_seq_length=seq_length,
-              to_rows=rows)
-        if rows is not None and not last_at_outputs:
+              to_rows=None if attention_per_sequence else rows,
+              to_lengths=lengths if attention_per_sequence else None)
+        if rows is not None and not last_at_outputs and not attention_per_sequence:
           attention_output = tf.gather(attention_output, position_rows)
 
         # Project back to hidden_size, then add the residual and normalize.

@@ -251,11 +251,14 @@ def test_attention_with_its_projections_in_one_matmul_equals_three_dense_layers(
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gradients():
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gradients(
+    per_sequence):
   """build_model computes the last layer only where the heads read it ([CLS] and the
   masked positions, repeats and padding zeros included) and the encoder on the real
-  tokens only (93 of 192 here, rounded up to 128 rows): the same losses and gradients
-  as the whole model's sequence output gathered there."""
+  tokens only (93 of 192 here, rounded up to 128 rows), its attention too when
+  per_sequence: the same losses and gradients as the whole model's sequence output
+  gathered there."""
   batch, seq, preds = 3, 64, 5
   positions = np.sort(np.random.RandomState(5).randint(0, 7, [batch, preds]), axis=1)
   positions[2, 3:] = 0  # padding predictions
@@ -263,7 +266,8 @@ def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gr
     feats = features(batch, seq, preds)
     feats["input_mask"] = tf.constant((np.arange(seq) < [[64], [20], [9]]).astype(np.int32))
     feats["masked_lm_positions"] = tf.constant(positions, tf.int32)
-    ours = pretraining.build_model(CONFIG, feats, False, tf.float32)
+    ours = pretraining.build_model(CONFIG, feats, False, tf.float32,
+                                   attention_per_sequence=per_sequence)
     with tf.variable_scope("", reuse=True):
       model = modeling.BertModel(CONFIG, False, feats["input_ids"], feats["input_mask"],
                                  feats["segment_ids"])
@@ -302,8 +306,9 @@ def test_unpadded_rows_puts_the_real_tokens_first_and_maps_every_position_to_a_r
 
 
 @pytest.mark.parametrize("row_multiple", [1, 8])
+@pytest.mark.parametrize("per_sequence", [False, True])
 def test_encoder_without_the_padding_gives_the_same_outputs_and_gradients_at_real_tokens(
-    row_multiple):
+    row_multiple, per_sequence):
   batch, seq, width = 3, 12, 16
   lengths = np.array([[5], [12], [1]])
   rng = np.random.RandomState(7)
@@ -320,7 +325,8 @@ def test_encoder_without_the_padding_gives_the_same_outputs_and_gradients_at_rea
       whole = modeling.transformer_model(x, attention_mask, **args)
     with tf.variable_scope("encoder", reuse=True):
       unpadded = modeling.transformer_model(x, attention_mask, input_mask=mask,
-                                            row_multiple=row_multiple, **args)
+                                            row_multiple=row_multiple,
+                                            attention_per_sequence=per_sequence, **args)
     variables = tf.trainable_variables()
     grads = [tf.gradients(tf.reduce_sum(layers[-1] * weights), variables)
              for layers in (whole, unpadded)]
@@ -332,6 +338,32 @@ def test_encoder_without_the_padding_gives_the_same_outputs_and_gradients_at_rea
     np.testing.assert_allclose(layer_got[real], layer_want[real], rtol=1e-5, atol=1e-5)
   for variable, g, w in zip(variables, got_grads, want_grads):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=variable.op.name)
+
+
+def test_attention_per_sequence_without_a_known_batch_size_attends_at_every_position():
+  """A batch size unknown when the graph is built cannot be looped over: the attention
+  then runs at every position, with the same outputs."""
+  args = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+              intermediate_size=24, hidden_dropout_prob=0.0,
+              attention_probs_dropout_prob=0.0)
+  x_value = np.random.RandomState(3).randn(2, 6, 16).astype(np.float32)
+  mask_value = (np.arange(6) < [[4], [2]]).astype(np.int32)
+  with tf.Graph().as_default() as graph, tf.Session() as sess:
+    x = tf.placeholder(tf.float32, [None, 6, 16])
+    mask = tf.placeholder(tf.int32, [None, 6])
+    attention_mask = modeling.create_attention_mask_from_input_mask(x, mask)
+    outputs = []
+    for per_sequence in (False, True):
+      with tf.variable_scope("encoder", reuse=tf.AUTO_REUSE):
+        outputs.append(modeling.transformer_model(
+            x, attention_mask, input_mask=mask, attention_per_sequence=per_sequence,
+            **args))
+    sess.run(tf.global_variables_initializer())
+    want, got = sess.run(outputs, {x: x_value, mask: mask_value})
+  real = mask_value.astype(bool)
+  np.testing.assert_array_equal(got[real], want[real])
+  # Both graphs attend the same way: no "within_sequences" op was made.
+  assert not [op.name for op in graph.get_operations() if "within_sequences" in op.name]
 
 
 def test_encoder_skipping_the_padding_without_an_attention_mask_is_refused():
@@ -456,3 +488,30 @@ def test_softmax_cross_entropy_matches_tensorflows():
   assert theirs_v[0] > 50
   np.testing.assert_allclose(ours_v, theirs_v, rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(g_ours, g_theirs, atol=1e-6)
+
+
+def test_attention_runs_per_sequence_on_a_cpu_without_xla_from_sequence_512():
+  assert pretraining.attention_per_sequence(512, on_cpu=True, use_xla=False)
+  assert not pretraining.attention_per_sequence(128, on_cpu=True, use_xla=False)
+  assert not pretraining.attention_per_sequence(512, on_cpu=False, use_xla=False)
+  assert not pretraining.attention_per_sequence(512, on_cpu=True, use_xla=True)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_training_that_attends_per_sequence_with_dropout_learns_a_batch(dtype):
+  lengths = [[16], [9], [4], [12]]
+  with tf.Graph().as_default() as graph:
+    tf.set_random_seed(1)
+    feats = features(4, 16, 3)
+    feats["input_mask"] = tf.constant((np.arange(16) < lengths).astype(np.int32))
+    feats["masked_lm_positions"] = tf.constant(
+        np.random.RandomState(2).randint(1, 4, [4, 3]), tf.int32)
+    train = pretraining.build_train_graph(CONFIG, feats, dtype, 0.1, 100,
+                                          attention_per_sequence=True)
+    assert [op for op in graph.get_operations() if "within_sequences" in op.name]
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      losses = [sess.run([train.update_op, train.outputs["total_loss"]])[1]
+                for _ in range(30)]
+  assert np.all(np.isfinite(losses))
+  assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
