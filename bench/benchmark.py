@@ -127,35 +127,41 @@ FLAGS = flags.FLAGS
 # FLOPs
 
 def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_SIZE,
-                             tokens=None):
+                             tokens=None, tokens_squared=None):
   """Forward + backward FLOPs of one training sequence of our step, by part of the model.
 
   A multiply-add is 2 FLOPs; backward costs twice the forward. Counted: the dense layers
   of the encoder (Q, K, V, output, two feed-forward), the attention score and context
   matmuls, the pooler, and the masked-LM head at the `predictions` gathered positions
-  (transform + vocabulary projection). As our model computes them: the dense layers
-  at the `tokens` real tokens of a sequence (modeling.transformer_model's input_mask;
-  a batch's rows are rounded up to a multiple of 64, not counted), the attention at
-  every position, and the last layer's queries and all after them at the [CLS] and the
-  `predictions` positions only (its output_positions). Google's and HF's compute every
-  position of every layer. Embedding look-ups, softmax, layer norm and the optimizer
-  are not matmuls and count 0.
+  (transform + vocabulary projection). At the real tokens, as our model computes them
+  (modeling.transformer_model's input_mask): the dense layers at the `tokens` real
+  tokens of a sequence (a batch's rows rounded up to a multiple of 64 are not counted),
+  the attention among each sequence's real tokens (`tokens_squared`: where our step
+  attends at every position, at sequence 128, the padding's share is not counted
+  either), and the last layer's queries and all after them at the [CLS] and
+  the `predictions` positions only (its output_positions). Google's and HF's compute
+  every position of every layer. Embedding look-ups, softmax, layer norm and the
+  optimizer are not matmuls and count 0.
 
   Args:
     tokens: mean real tokens a sequence (None: seq_length, no padding).
+    tokens_squared: mean of the square of a sequence's real tokens (None: tokens^2).
 
   Returns:
     dict: encoder_dense, attention, mlm_head, pooler_nsp, total.
   """
   layers, hidden, _, intermediate = CONFIGS[config]
   tokens = seq_length if tokens is None else tokens
+  tokens_squared = tokens * tokens if tokens_squared is None else tokens_squared
   # Rows at which each layer's queries and what follows them are computed.
   dense_rows = (layers - 1) * tokens + 1 + predictions
-  attention_rows = (layers - 1) * seq_length + 1 + predictions
   forward = {
       "encoder_dense": 2 * (layers * tokens * 2 * hidden * hidden
                             + dense_rows * (2 * hidden * hidden + 2 * hidden * intermediate)),
-      "attention": 2 * 2 * attention_rows * seq_length * hidden,
+      # Scores and context: the queries of each layer (the last's at 1 + predictions
+      # rows) against the sequence's keys.
+      "attention": 2 * 2 * hidden * ((layers - 1) * tokens_squared
+                                     + (1 + predictions) * tokens),
       "mlm_head": predictions * 2 * (hidden * hidden + hidden * vocab_size),
       "pooler_nsp": 2 * (hidden * hidden + hidden * 2),
   }
@@ -306,7 +312,8 @@ def ours_worker(row):
   the same batches: memory window i feeds the batches record window i read.
 
   The peak RSS is read after the TFRecord step's warm-up, so it is what a training run
-  of this row holds. tokens_per_sequence is the mean real tokens of the timed batches.
+  of this row holds. tokens_per_sequence is the mean real tokens of a sequence of the
+  timed batches, tokens_squared_per_sequence the mean of their square.
   """
   start = time.perf_counter()
   records = TrainStep(row)
@@ -320,8 +327,9 @@ def ours_worker(row):
   result.update(rss_gib=peak_rss_gib(), steps_per_window=steps)
   untimed = 2 + row["warmup"]  # the first step, the warm-up, steps_per_window's step
   timed = records.read_batches(untimed + row["windows"] * steps)[untimed:]
-  result["tokens_per_sequence"] = float(
-      sum(batch["input_mask"].sum() for batch in timed) / (len(timed) * row["batch"]))
+  lengths = [int(n) for batch in timed for n in batch["input_mask"].sum(axis=1)]
+  result["tokens_per_sequence"] = float(statistics.mean(lengths))
+  result["tokens_squared_per_sequence"] = float(statistics.mean(n * n for n in lengths))
   steps_by_name = {"records": records}
   if not row["records_only"]:
     warm = records.in_memory(timed[:1])
@@ -581,7 +589,8 @@ def measure_row(config, seq, precision, peak, sides):
   if ours and "error" not in ours:
     result["tokens_per_sequence"] = ours["tokens_per_sequence"]
     flops = train_flops_per_sequence(config, seq, row["preds"],
-                                     tokens=ours["tokens_per_sequence"])
+                                     tokens=ours["tokens_per_sequence"],
+                                     tokens_squared=ours["tokens_squared_per_sequence"])
     result["flops_per_sequence"] = flops
     result["tflops"] = ours["fps"] * flops["total"] / 1e12
     set_mfu(result, peak)

@@ -58,7 +58,13 @@ def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):
                  else (1 + preds) * n for name, n in kernels.items() if "/encoder/" in name)
   fewer = bench_module.train_flops_per_sequence("tiny", seq, preds, vocab_size=50, tokens=10)
   assert fewer["encoder_dense"] == 3 * 2 * unpadded
-  assert fewer["attention"] == flops["attention"]
+  # And the attention among a sequence's real tokens: the last layer's 1 + preds queries.
+  layers, hidden = config.num_hidden_layers, config.hidden_size
+  assert flops["attention"] == 3 * 4 * hidden * ((layers - 1) * seq * seq + (1 + preds) * seq)
+  assert fewer["attention"] == 3 * 4 * hidden * ((layers - 1) * 100 + (1 + preds) * 10)
+  spread = bench_module.train_flops_per_sequence("tiny", seq, preds, vocab_size=50, tokens=10,
+                                                 tokens_squared=120)
+  assert spread["attention"] - fewer["attention"] == 3 * 4 * hidden * (layers - 1) * 20
   # The MLM head: its transform kernel and the tied [vocab, hidden] projection.
   transform = kernels["cls/predictions/transform/dense/kernel"]
   assert flops["mlm_head"] == 3 * 2 * preds * (transform + 50 * 128)
