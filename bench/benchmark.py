@@ -277,8 +277,8 @@ class TrainStep(object):
       train = pretraining.build_train_graph(
           bert_config, self.features, dtype, LEARNING_RATE, TRAIN_STEPS,
           optimizer_name=row.get("optimizer", "lamb"),
-          attention_per_sequence=pretraining.attention_per_sequence(row["seq"], True,
-                                                                    row["xla"]))
+          attention_per_sequence=pretraining.attends_per_sequence(row["seq"], dtype, True,
+                                                                  row["xla"]))
       self.fetches = [train.update_op, train.outputs["total_loss"]]
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
       self.graph.finalize()

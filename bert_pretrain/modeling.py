@@ -196,7 +196,7 @@ class BertModel(object):
         real tokens only, sequence by sequence (transformer_model's
         attention_per_sequence): faster where a sequence's few more ops cost less than
         the padding's attention (a CPU at sequence 512; see
-        pretraining.attention_per_sequence).
+        pretraining.attends_per_sequence).
 
     Raises:
       ValueError: The config is invalid or one of the input tensor shapes is invalid.
@@ -828,6 +828,9 @@ def attention_layer(from_tensor,
   if batch_size is None or from_seq_length is None or to_seq_length is None:
     raise ValueError("batch_size, from_seq_length and to_seq_length must be given for "
                      "rank 2 inputs")
+  if to_lengths is not None and (to_rows is not None or not isinstance(batch_size, int)):
+    raise ValueError("attention_layer: to_lengths takes a Python int batch_size and no "
+                     "to_rows; pass one of to_rows and to_lengths")
 
   scale = 1.0 / math.sqrt(float(size_per_head))
   query = [("query", query_act, scale)]
@@ -838,21 +841,21 @@ def attention_layer(from_tensor,
     # One matmul for the three projections; `queries` and `keys_values` are one Tensor.
     queries = keys_values = projected_rows(from_tensor, query + key_value, units,
                                            initializer_range)
-    key_value_heads = query + key_value
+    to_projections = query + key_value
   else:
     queries = projected_rows(from_tensor, query, units, initializer_range)
     keys_values = projected_rows(to_tensor, key_value, units, initializer_range)
-    key_value_heads = key_value
+    to_projections = key_value
 
   def context_of(query_rows, key_value_rows, batch, from_length, to_length, mask):
     """[batch * from_length, N * H]: the attention of `batch` sequences."""
     # `query_layer` = [B, N, F, H], `key_layer`, `value_layer` = [B, N, T, H]
-    split = split_heads(key_value_rows, batch, to_length, key_value_heads, *heads)
+    split = split_heads(key_value_rows, batch, to_length, to_projections, *heads)
     if from_tensor is to_tensor:
       query_layer, key_layer, value_layer = split
     else:
-      (query_layer,), (key_layer, value_layer) = (
-          split_heads(query_rows, batch, from_length, query, *heads), split)
+      key_layer, value_layer = split
+      (query_layer,) = split_heads(query_rows, batch, from_length, query, *heads)
     context_layer = attend(query_layer, key_layer, value_layer, mask,
                            attention_probs_dropout_prob)
     # `context_layer` = [B, N, F, H] -> [B, F, N, H] -> [B*F, N*H]
@@ -874,9 +877,10 @@ def attention_layer(from_tensor,
     sequences = tf.split(keys_values[:real], to_lengths, num=batch_size)
     query_groups = (sequences if from_tensor is to_tensor
                     else tf.split(queries, batch_size, axis=0))
-    contexts = [context_of(q, kv, 1, -1 if from_tensor is to_tensor else from_seq_length,
-                           -1, None)
-                for q, kv in zip(query_groups, sequences)]
+    # One sequence a group: its length of queries (all of its rows, or from_seq_length).
+    from_length = -1 if from_tensor is to_tensor else from_seq_length
+    contexts = [context_of(query_rows, key_value_rows, 1, from_length, -1, None)
+                for query_rows, key_value_rows in zip(query_groups, sequences)]
     context_layer = tf.concat(contexts, axis=0)
     if from_tensor is to_tensor:
       context_layer = tf.pad(context_layer, [[0, tf.shape(keys_values)[0] - real], [0, 0]])
@@ -1025,9 +1029,11 @@ def transformer_model(input_tensor,
       matmul of [num_heads, length, length] a sequence with no mask
       (attention_layer's to_lengths), rather than every position of the batch padded
       back ([batch_size, num_heads, seq_length, seq_length]). Its FLOPs and the
-      softmax's and dropout's elements drop with the square of the share of real
-      tokens (Wikipedia at sequence 512: to 47%), for a few more ops per sequence
-      and a shape per length. Ignored unless batch_size is known when the graph is
+      softmax's and dropout's elements drop to the mean square of each sequence's
+      share of real tokens (Wikipedia at sequence 512: 47%), for a few more ops per
+      sequence (the attention's ops are repeated batch_size times in the graph) and a
+      shape per length. attention_mask is then not read: the attention is within each
+      sequence's real tokens. Ignored unless batch_size is known when the graph is
       built.
 
   Returns:

@@ -24,17 +24,22 @@ from bert_pretrain import signals
 
 
 # From sequence 512 up, attending sequence by sequence made a training step faster on a
-# 2-core CPU (BERT-tiny 8%, -mini 18%, -Base 13% on Wikipedia's lengths, a mean of 297
-# real tokens of 512); at 128 (106 of 128) it gained nothing at any size, BERT-tiny
-# losing 5%: each sequence's extra ops cost about what the padding's attention did.
+# 2-core CPU (both graphs in one process, taking turns on the same batches of the
+# benchmark's Wikipedia records, 288 real tokens of 512 on average: BERT-tiny 8%, -mini
+# and -medium 18%, -Base 9%); at 128 (106 real tokens) it gained nothing at any size,
+# BERT-tiny lost 5%: each sequence's extra ops cost about what the padding's attention did.
 PER_SEQUENCE_ATTENTION_FROM = 512
 
 
-def attention_per_sequence(seq_length, on_cpu, use_xla):
-  """Whether build_model's encoder attends sequence by sequence, at the real tokens only
-  (modeling.BertModel's attention_per_sequence): on a CPU without XLA, from sequence
-  length PER_SEQUENCE_ATTENTION_FROM up. On a GPU each sequence's small ops would be
-  kernel launches of their own, and under XLA every new length a new compilation."""
+def attends_per_sequence(seq_length, dtype, on_cpu, use_xla):
+  """Whether build_model's encoder should attend sequence by sequence, at the real tokens
+  only (its attention_per_sequence): on a CPU without XLA, from sequence length
+  PER_SEQUENCE_ATTENTION_FROM up. On a GPU each sequence's small ops would be kernel
+  launches of their own, and under XLA every new length a new compilation; so would it
+  be with bfloat16 on TensorFlow 1.15, whose CPU build has no bfloat16 batched matmul
+  kernel and compiles one with XLA for each new shape."""
+  if dtype == tf.bfloat16 and tf.__version__.startswith("1."):
+    return False
   return bool(on_cpu and not use_xla and seq_length >= PER_SEQUENCE_ATTENTION_FROM)
 
 
@@ -56,7 +61,7 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
     is_training: dropout on.
     dtype: compute type (tf.float32, tf.bfloat16 or tf.float16); weights stay float32.
     attention_per_sequence: the attention too skips the padding, sequence by sequence
-      (see the function of that name).
+      (attends_per_sequence says when it pays).
 
   Returns:
     dict of tensors: total_loss, mlm_loss, nsp_loss (float32 scalars) and the sums that
@@ -130,7 +135,7 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       signal are all-reduced over the replicas.
     allreduce_post_accumulation: all-reduce once per update, after accumulation
       (otherwise every micro-batch's gradients).
-    attention_per_sequence: build_model's (attention_per_sequence() says when it pays).
+    attention_per_sequence: build_model's (attends_per_sequence says when it pays).
 
   Returns:
     TrainGraph with

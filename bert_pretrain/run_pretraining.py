@@ -604,8 +604,8 @@ def start_session(inputs, ranks, device, config, learning_rate, logger):
           num_accumulation_steps=FLAGS.num_accumulation_steps,
           init_loss_scale=FLAGS.init_loss_scale, ranks=ranks,
           allreduce_post_accumulation=FLAGS.allreduce_post_accumulation,
-          attention_per_sequence=pretraining.attention_per_sequence(
-              FLAGS.max_seq_length, device.kind == "CPU", FLAGS.use_xla))
+          attention_per_sequence=pretraining.attends_per_sequence(
+              FLAGS.max_seq_length, device.dtype, device.kind == "CPU", FLAGS.use_xla))
     evaluator = None
     if FLAGS.do_eval:
       evaluator = pretraining.Evaluator(inputs.bert_config, inputs.eval_files, ranks,

@@ -159,6 +159,8 @@ def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
   # LAMB's and Adam's runs timed the same batches.
   assert row["ours"]["steps_per_window"] == row["ours_adam"]["steps_per_window"] == 3
   assert row["ours"]["tokens_per_sequence"] == row["ours_adam"]["tokens_per_sequence"]
+  # The mean square of the lengths is at least the square of their mean.
+  assert row["ours"]["tokens_squared_per_sequence"] >= row["tokens_per_sequence"] ** 2
   assert 20 < row["tokens_per_sequence"] <= 128
   assert row["ours"]["rss_gib"] > 0.1
   assert row["hf"] is None and "ours_over_hf" not in row
