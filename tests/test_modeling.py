@@ -519,3 +519,14 @@ def test_training_that_attends_per_sequence_with_dropout_learns_a_batch(dtype):
                 for _ in range(30)]
   assert np.all(np.isfinite(losses))
   assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
+
+
+def test_attention_within_sequences_without_a_known_batch_size_or_beside_to_rows_is_refused():
+  with tf.Graph().as_default():
+    rows = tf.zeros([6, 16])
+    args = dict(num_attention_heads=2, size_per_head=8, from_seq_length=3, to_seq_length=3,
+                to_lengths=tf.constant([2, 1]))
+    with pytest.raises(ValueError, match="to_lengths takes a Python int batch_size"):
+      modeling.attention_layer(rows, rows, batch_size=tf.constant(2), **args)
+    with pytest.raises(ValueError, match="pass one of to_rows and to_lengths"):
+      modeling.attention_layer(rows, rows, batch_size=2, to_rows=tf.range(6), **args)
