@@ -305,15 +305,20 @@ def test_unpadded_rows_puts_the_real_tokens_first_and_maps_every_position_to_a_r
   assert empty[0].tolist() == [0] and empty[1].tolist() == [0] * 8
 
 
+# Lengths 5, 12 and 1; a mask with a hole (position 2), a full one and an empty one.
+MASKS = {"lengths": (np.arange(12) < [[5], [12], [1]]).astype(np.int32),
+         "hole and empty": np.array([[1, 1, 0, 1, 1] + [0] * 7, [1] * 12, [0] * 12], np.int32)}
+
+
 @pytest.mark.parametrize("row_multiple", [1, 8])
 @pytest.mark.parametrize("per_sequence", [False, True])
+@pytest.mark.parametrize("masks", sorted(MASKS))
 def test_encoder_without_the_padding_gives_the_same_outputs_and_gradients_at_real_tokens(
-    row_multiple, per_sequence):
+    row_multiple, per_sequence, masks):
   batch, seq, width = 3, 12, 16
-  lengths = np.array([[5], [12], [1]])
   rng = np.random.RandomState(7)
   x_value = rng.randn(batch, seq, width).astype(np.float32)
-  mask_value = (np.arange(seq) < lengths).astype(np.int32)
+  mask_value = MASKS[masks]
   weights = rng.randn(batch, seq, width).astype(np.float32) * mask_value[:, :, None]
   args = dict(hidden_size=width, num_hidden_layers=2, num_attention_heads=2,
               intermediate_size=24, hidden_dropout_prob=0.0,
@@ -501,8 +506,9 @@ def test_attention_runs_per_sequence_on_a_cpu_without_xla_from_sequence_512():
   assert rule(512, tf.bfloat16) == (not tf.__version__.startswith("1."))
 
 
-@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16])
 def test_training_that_attends_per_sequence_with_dropout_learns_a_batch(dtype):
+  """float16 with its loss scaling too."""
   lengths = [[16], [9], [4], [12]]
   with tf.Graph().as_default() as graph:
     tf.set_random_seed(1)
