@@ -1,7 +1,10 @@
 """Where a run computes: a GPU or the CPU, and in which type (float32, bfloat16, float16).
 
 choose_device decides before any graph is built, from --device, --amp and what
-TensorFlow lists; a GPU asked for but not usable is a one-line error. device_line names
+TensorFlow lists; a GPU asked for but not usable is a one-line error. --amp on a CPU
+computes bfloat16 where the CPU has bfloat16 instructions (cpu_has_bfloat16), float32
+elsewhere: there TensorFlow's bfloat16 matmul runs 2.5x slower than its float32 one (an
+AVX-512 CPU without avx512_bf16) or not at all in oneDNN. device_line names
 the choice in the run's first log line, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB,
 compute float16" or "CPU, 2 cores, compute bfloat16".
 """
@@ -14,12 +17,36 @@ import tensorflow.compat.v1 as tf
 
 class Device(object):
   """Where this process computes: kind "GPU" or "CPU", the GPUs TensorFlow lists
-  (tf.config PhysicalDevice objects; empty for "CPU") and the compute type."""
+  (tf.config PhysicalDevice objects; empty for "CPU"), the compute type and why, when
+  it is not the one asked for ("" otherwise)."""
 
-  def __init__(self, kind, gpus, dtype):
+  def __init__(self, kind, gpus, dtype, why=""):
     self.kind = kind
     self.gpus = gpus
     self.dtype = dtype
+    self.why = why
+
+
+# /proc/cpuinfo's names of bfloat16 instructions: x86's AVX-512 and AMX ones, Arm's.
+BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_has_bfloat16(cpuinfo=None):
+  """Whether the CPU has bfloat16 instructions, from /proc/cpuinfo's "flags" (x86) or
+  "Features" (Arm) lines (`cpuinfo`: that file's text; read when None). False where
+  the file cannot be read."""
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo") as f:
+        cpuinfo = f.read()
+    except (IOError, OSError):
+      return False
+  words = set()
+  for line in cpuinfo.splitlines():
+    name, _, value = line.partition(":")
+    if name.strip() in ("flags", "Features"):
+      words.update(value.split())
+  return any(flag in words for flag in BFLOAT16_FLAGS)
 
 
 def cards_listed(cuda_visible_devices):
@@ -29,7 +56,8 @@ def cards_listed(cuda_visible_devices):
   return bool(entries) and not entries[0].startswith("-")
 
 
-def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp, amp_dtype):
+def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp, amp_dtype,
+                  cpu_bfloat16=True):
   """Decides the device and the compute type, before any graph is built.
 
   Args:
@@ -39,6 +67,8 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
     built_with_cuda: whether this TensorFlow is a GPU build.
     amp: --amp.
     amp_dtype: --amp_dtype: "auto", "float16" or "bfloat16".
+    cpu_bfloat16: whether the CPU has bfloat16 instructions (cpu_has_bfloat16); without
+      them --amp with --amp_dtype=auto computes float32 on a CPU.
 
   Returns:
     Device.
@@ -61,13 +91,19 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
       raise ValueError("CUDA_VISIBLE_DEVICES=%s lists cards but %s; %s"
                        % (cuda_visible_devices, cause, fix))
     kind = "CPU"
+  why = ""
   if not amp:
     dtype = tf.float32
-  elif amp_dtype == "auto":
-    dtype = tf.float16 if kind == "GPU" else tf.bfloat16
-  else:
+  elif amp_dtype != "auto":
     dtype = tf.as_dtype(amp_dtype)
-  return Device(kind, gpus if kind == "GPU" else [], dtype)
+  elif kind == "GPU":
+    dtype = tf.float16
+  elif cpu_bfloat16:
+    dtype = tf.bfloat16
+  else:
+    dtype = tf.float32
+    why = "--amp: this CPU has no bfloat16 instructions; --amp_dtype=bfloat16 forces it"
+  return Device(kind, gpus if kind == "GPU" else [], dtype, why)
 
 
 def detect_device(device_flag, amp, amp_dtype):
@@ -77,7 +113,7 @@ def detect_device(device_flag, amp, amp_dtype):
   # visible_device_list (one card per Horovod rank).
   return choose_device(device_flag, tf.config.experimental.list_physical_devices("GPU"),
                        os.environ.get("CUDA_VISIBLE_DEVICES"), tf.test.is_built_with_cuda(),
-                       amp, amp_dtype)
+                       amp, amp_dtype, cpu_has_bfloat16())
 
 
 def gpu_index(ranks, num_gpus):
@@ -124,7 +160,8 @@ def gpu_name(gpu, config):
 
 def device_line(device, ranks, name="", cores=None):
   """The run's device, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB, compute float16" (this
-  rank's card among the job's) or "CPU, 2 cores, compute bfloat16"."""
+  rank's card among the job's) or "CPU, 2 cores, compute bfloat16", and why the compute
+  type is not the one asked for, if it is not."""
   if device.kind == "GPU" and ranks.strategy is not None:
     where = "%d GPUs of %d (%s)" % (ranks.local_replicas, ranks.replicas, ranks.distribution)
     if name:
@@ -139,5 +176,6 @@ def device_line(device, ranks, name="", cores=None):
       where += ", %d ranks on this host" % ranks.local_size
     if ranks.local_replicas > 1:
       where += ", %d logical devices (%s)" % (ranks.local_replicas, ranks.distribution)
-  return "%s, compute %s" % (where, device.dtype.name)
+  line = "%s, compute %s" % (where, device.dtype.name)
+  return "%s (%s)" % (line, device.why) if device.why else line
 

@@ -69,7 +69,7 @@ flags.DEFINE_bool("horovod", False, "Same as --distribution=horovod.")
 flags.DEFINE_integer("cpu_devices", 1, "As run_pretraining's --cpu_devices: logical CPU "
                      "devices of --distribution=mirrored on a CPU.")
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 with loss scaling on GPUs, "
-                  "bfloat16 on CPUs; weights stay float32.")
+                  "bfloat16 on CPUs with bfloat16 instructions; weights stay float32.")
 flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"], "As run_pretraining's --device.")
 flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
 flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")

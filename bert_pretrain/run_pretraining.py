@@ -98,10 +98,12 @@ flags.DEFINE_integer("cpu_devices", 1, "With --distribution=mirrored on a CPU: l
                      "devices, one replica each (to try the engine; the cores are shared, "
                      "so it is no faster).")
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 compute with loss scaling on GPUs, "
-                  "bfloat16 on CPUs (see --amp_dtype); master weights stay float32.")
+                  "bfloat16 on CPUs with bfloat16 instructions, float32 on others (see --amp_dtype); "
+                  "master weights stay float32.")
 flags.DEFINE_bool("use_fp16", False, "Alias of --amp.")
 flags.DEFINE_enum("amp_dtype", "auto", ["auto", "float16", "bfloat16"],
-                  "Compute type of --amp (auto: float16 on GPUs, bfloat16 on CPUs). float16 "
+                  "Compute type of --amp (auto: float16 on GPUs, bfloat16 on CPUs with bfloat16 "
+                  "instructions, float32 on others). float16 "
                   "always uses dynamic loss scaling, also on a CPU. Setting it implies --amp.")
 flags.DEFINE_float("init_loss_scale", 2.0 ** 15, "Initial dynamic loss scale of float16 "
                    "compute (x2 after 1000 good steps, halved by an overflowing one).")

@@ -294,7 +294,9 @@ def test_mixed_precision_trains_like_float32(pretraining_data, tmp_path, monkeyp
   for result in (fp32, amp, fp16):
     assert result.returncode == 0, result.stderr
   assert re.search(r"^device: CPU, \d+ cores, compute float32$", fp32.stdout, re.M)
-  assert re.search(r"^device: CPU, \d+ cores, compute bfloat16$", amp.stdout, re.M)
+  # --amp: bfloat16 where this CPU has its instructions, float32 and why elsewhere.
+  amp_type = "bfloat16$" if device_lib.cpu_has_bfloat16() else r"float32 \(--amp: "
+  assert re.search(r"^device: CPU, \d+ cores, compute " + amp_type, amp.stdout, re.M)
   assert re.search(r"^device: CPU, \d+ cores, compute float16$", fp16.stdout, re.M)
   assert "float16 compute" in fp16.stdout
   assert re.search(r"^Step 30, .*, loss_scale: 32768, skipped_steps: 0$", fp16.stdout, re.M)
@@ -427,6 +429,33 @@ def test_device_and_compute_type_decisions(device_flag, gpus, visible, cuda, amp
   device = device_lib.choose_device(device_flag, gpus, visible, cuda, amp, amp_dtype)
   assert (device.kind, device.dtype) == want
   assert len(device.gpus) == (len(gpus) if want[0] == "GPU" else 0)
+
+
+def test_amp_on_a_cpu_without_bfloat16_instructions_computes_float32_and_says_why():
+  cpu = device_lib.choose_device("auto", [], None, False, True, "auto", cpu_bfloat16=False)
+  assert (cpu.kind, cpu.dtype) == ("CPU", tf.float32)
+  assert device_lib.device_line(cpu, FakeRanks(), cores=2) == (
+      "CPU, 2 cores, compute float32 (--amp: this CPU has no bfloat16 instructions; "
+      "--amp_dtype=bfloat16 forces it)")
+  forced = device_lib.choose_device("cpu", [], None, False, True, "bfloat16",
+                                    cpu_bfloat16=False)
+  assert (forced.dtype, forced.why) == (tf.bfloat16, "")
+  gpu = device_lib.choose_device("auto", [FakeGpu(0)], None, True, True, "auto",
+                                 cpu_bfloat16=False)
+  assert (gpu.kind, gpu.dtype, gpu.why) == ("GPU", tf.float16, "")
+
+
+@pytest.mark.parametrize("cpuinfo,want", [
+    ("processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni avx512_bf16 avx512_fp16\n", True),
+    ("flags\t\t: fpu avx512f amx_bf16 amx_tile\n", True),  # Sapphire Rapids lists both
+    ("flags\t\t: fpu sse4_2 avx2 avx512f avx512bw avx512_vnni\n", False),  # Cascade Lake
+    ("processor\t: 0\nFeatures\t: fp asimd sve i8mm bf16\n", True),  # Arm Neoverse V1
+    ("processor\t: 0\nFeatures\t: fp asimd aes crc32 atomics\n", False),  # Neoverse N1
+    ("model name\t: bf16 in a name is not a flag\nflags\t\t: fpu avx2\n", False),
+    ("", False),
+])
+def test_cpu_has_bfloat16_reads_the_flags_of_proc_cpuinfo(cpuinfo, want):
+  assert device_lib.cpu_has_bfloat16(cpuinfo) == want
 
 
 def test_device_line_names_this_ranks_card_among_the_jobs(monkeypatch):
