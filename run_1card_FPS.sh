@@ -13,7 +13,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/scripts/common.sh"
 
 # Mixed precision, as the anchor's scripts run (--amp): float16 with loss scaling on GPUs,
-# bfloat16 on CPUs with bfloat16 instructions (float32 on others). --noamp turns it off.
+# bfloat16 on CPUs where it is faster than float32 (float32 on others). --noamp: off.
 args=(--amp)
 if has_flag input_files_dir "$@"; then
   drop_given args "$@"  # the user's flags win

@@ -39,8 +39,8 @@ fi
 args=(
   "${engine[@]}"
   --amp                       # mixed precision, as the anchor's scripts run: float16 with
-                              # loss scaling on GPUs, bfloat16 on CPUs with bfloat16
-                              # instructions (float32 on others); --noamp turns it off
+                              # loss scaling on GPUs, bfloat16 on CPUs where it is faster
+                              # than float32 (float32 on others); --noamp turns it off
   --num_accumulation_steps=4  # as the anchor's run_multi_card_FPS.sh: a global batch of
   --num_train_steps=1000      # 4 x ranks x --train_batch_size, 1000 updates
 )

@@ -6,7 +6,7 @@
 (from the repository root; after init_tf.sh, python3 bench/benchmark.py works too)
 
 For each BERT size (tiny .. base), sequence length (128, 512) and precision (fp32, amp =
-bfloat16 compute with float32 weights, as run_pretraining --amp does on a CPU) it
+bfloat16 compute with float32 weights, as run_pretraining --amp_dtype=bfloat16) it
 measures, each side in its own subprocess (so the memory and threads are its own), the
 sides taking turns for --rounds rounds within the row:
 

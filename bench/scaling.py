@@ -100,7 +100,8 @@ flags.DEFINE_list("tables", list(TABLES), "Tables to make: engines (1 vs 2 ranks
                   "engine), speed (ranks x precision x batch), max_batch (the largest "
                   "batch that fits).")
 flags.DEFINE_list("precisions", list(PRECISIONS), "Precisions of the speed table: fp32, amp "
-                  "(run_pretraining --amp: bfloat16 on CPUs, float16 on GPUs).")
+                  "(run_pretraining --amp: float16 on GPUs, bfloat16 on CPUs where TensorFlow "
+                  "computes it faster than float32, float32 on others).")
 flags.DEFINE_list("batch_sizes", [], "Batches per rank of the speed table (default per "
                   "model: %s)." % "; ".join("%s %s" % (m, ",".join(map(str, b)))
                                            for m, b in sorted(SPEED_BATCHES.items())))

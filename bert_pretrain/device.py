@@ -2,11 +2,12 @@
 
 choose_device decides before any graph is built, from --device, --amp and what
 TensorFlow lists; a GPU asked for but not usable is a one-line error. --amp on a CPU
-computes bfloat16 where the CPU has bfloat16 instructions (cpu_has_bfloat16), float32
-elsewhere: there TensorFlow's bfloat16 matmul runs 2.5x slower than its float32 one (an
-AVX-512 CPU without avx512_bf16) or not at all in oneDNN. device_line names
-the choice in the run's first log line, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB,
-compute float16" or "CPU, 2 cores, compute bfloat16".
+computes bfloat16 where TensorFlow computes it faster than float32, float32 elsewhere
+(bfloat16_slowness says why): TensorFlow's bfloat16 matmul ran at 0.4x its float32 one on
+an AVX-512 CPU with its bfloat16 instructions masked, and at 0.5x in TensorFlow 1.15's
+pip build, which has no oneDNN. device_line names the choice in the run's first log
+line, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB, compute float16" or "CPU, 2 cores,
+compute bfloat16".
 """
 
 import os
@@ -18,7 +19,8 @@ import tensorflow.compat.v1 as tf
 class Device(object):
   """Where this process computes: kind "GPU" or "CPU", the GPUs TensorFlow lists
   (tf.config PhysicalDevice objects; empty for "CPU"), the compute type and why, when
-  it is not the one asked for ("" otherwise)."""
+  it is not the one asked for ("" otherwise), e.g. "--amp: this CPU has no bfloat16
+  instructions, float32 is faster"."""
 
   def __init__(self, kind, gpus, dtype, why=""):
     self.kind = kind
@@ -31,22 +33,47 @@ class Device(object):
 BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
-def cpu_has_bfloat16(cpuinfo=None):
+def cpu_has_bfloat16(cpuinfo=None, path="/proc/cpuinfo"):
   """Whether the CPU has bfloat16 instructions, from /proc/cpuinfo's "flags" (x86) or
-  "Features" (Arm) lines (`cpuinfo`: that file's text; read when None). False where
-  the file cannot be read."""
+  "Features" (Arm) lines (`cpuinfo`: that file's text, read from `path` when None).
+  None where the file cannot be read (not Linux)."""
   if cpuinfo is None:
     try:
-      with open("/proc/cpuinfo") as f:
+      with open(path) as f:
         cpuinfo = f.read()
     except (IOError, OSError):
-      return False
+      return None
   words = set()
   for line in cpuinfo.splitlines():
     name, _, value = line.partition(":")
     if name.strip() in ("flags", "Features"):
       words.update(value.split())
   return any(flag in words for flag in BFLOAT16_FLAGS)
+
+
+def tensorflow_uses_onednn():
+  """Whether this TensorFlow computes on the CPU with oneDNN: TensorFlow 2's x86 builds
+  by default (not with TF_ENABLE_ONEDNN_OPTS=0), TensorFlow 1.15's MKL builds only."""
+  try:
+    from tensorflow.python.util import _pywrap_util_port as port  # pylint: disable=g-import-not-at-top
+  except ImportError:  # TensorFlow 1.x
+    from tensorflow.python import pywrap_tensorflow as port  # pylint: disable=g-import-not-at-top
+  return bool(getattr(port, "IsMklEnabled", lambda: False)())
+
+
+def bfloat16_slowness(has_bfloat16, onednn):
+  """Why bfloat16 computes slower than float32 on this CPU, "" where it does not or
+  where that cannot be told.
+
+  Args:
+    has_bfloat16: cpu_has_bfloat16() (True, False or None: unknown).
+    onednn: tensorflow_uses_onednn().
+  """
+  if not onednn:
+    return "this TensorFlow computes bfloat16 without oneDNN"
+  if has_bfloat16 is False:
+    return "this CPU has no bfloat16 instructions"
+  return ""
 
 
 def cards_listed(cuda_visible_devices):
@@ -57,7 +84,7 @@ def cards_listed(cuda_visible_devices):
 
 
 def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp, amp_dtype,
-                  cpu_bfloat16=True):
+                  bfloat16_slow):
   """Decides the device and the compute type, before any graph is built.
 
   Args:
@@ -67,8 +94,9 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
     built_with_cuda: whether this TensorFlow is a GPU build.
     amp: --amp.
     amp_dtype: --amp_dtype: "auto", "float16" or "bfloat16".
-    cpu_bfloat16: whether the CPU has bfloat16 instructions (cpu_has_bfloat16); without
-      them --amp with --amp_dtype=auto computes float32 on a CPU.
+    bfloat16_slow: why bfloat16 computes slower than float32 on this CPU
+      (bfloat16_slowness), "" if it does not; then --amp with --amp_dtype=auto
+      computes float32 on the CPU.
 
   Returns:
     Device.
@@ -98,11 +126,11 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
     dtype = tf.as_dtype(amp_dtype)
   elif kind == "GPU":
     dtype = tf.float16
-  elif cpu_bfloat16:
+  elif not bfloat16_slow:
     dtype = tf.bfloat16
   else:
     dtype = tf.float32
-    why = "--amp: this CPU has no bfloat16 instructions; --amp_dtype=bfloat16 forces it"
+    why = "--amp: %s, float32 is faster" % bfloat16_slow
   return Device(kind, gpus if kind == "GPU" else [], dtype, why)
 
 
@@ -113,7 +141,8 @@ def detect_device(device_flag, amp, amp_dtype):
   # visible_device_list (one card per Horovod rank).
   return choose_device(device_flag, tf.config.experimental.list_physical_devices("GPU"),
                        os.environ.get("CUDA_VISIBLE_DEVICES"), tf.test.is_built_with_cuda(),
-                       amp, amp_dtype, cpu_has_bfloat16())
+                       amp, amp_dtype,
+                       bfloat16_slowness(cpu_has_bfloat16(), tensorflow_uses_onednn()))
 
 
 def gpu_index(ranks, num_gpus):
@@ -177,5 +206,7 @@ def device_line(device, ranks, name="", cores=None):
     if ranks.local_replicas > 1:
       where += ", %d logical devices (%s)" % (ranks.local_replicas, ranks.distribution)
   line = "%s, compute %s" % (where, device.dtype.name)
-  return "%s (%s)" % (line, device.why) if device.why else line
+  if device.why:  # run_pretraining's --amp_dtype chooses
+    line += " (%s; --amp_dtype=bfloat16 forces bfloat16)" % device.why
+  return line
 

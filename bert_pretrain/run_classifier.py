@@ -69,7 +69,8 @@ flags.DEFINE_bool("horovod", False, "Same as --distribution=horovod.")
 flags.DEFINE_integer("cpu_devices", 1, "As run_pretraining's --cpu_devices: logical CPU "
                      "devices of --distribution=mirrored on a CPU.")
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 with loss scaling on GPUs, "
-                  "bfloat16 on CPUs with bfloat16 instructions; weights stay float32.")
+                  "bfloat16 on CPUs where TensorFlow computes it faster than float32, float32 "
+                  "on others; weights stay float32.")
 flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"], "As run_pretraining's --device.")
 flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
 flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
@@ -244,7 +245,7 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
       "%s compute" % (FLAGS.task_name, labels, ", ".join(
           "%s %d examples" % (s, len(e)) for s, (e, _) in sorted(data.items())),
           ranks.replicas, FLAGS.train_batch_size, ranks.replicas, num_train_steps,
-          device.dtype.name))
+          device.dtype.name + (" (%s)" % device.why if device.why else "")))
   graphs = {}
   several = ranks.replicas > 1
 

@@ -98,13 +98,13 @@ flags.DEFINE_integer("cpu_devices", 1, "With --distribution=mirrored on a CPU: l
                      "devices, one replica each (to try the engine; the cores are shared, "
                      "so it is no faster).")
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 compute with loss scaling on GPUs, "
-                  "bfloat16 on CPUs with bfloat16 instructions, float32 on others (see --amp_dtype); "
-                  "master weights stay float32.")
+                  "bfloat16 on CPUs where TensorFlow computes it faster than float32, float32 "
+                  "on others (see --amp_dtype); master weights stay float32.")
 flags.DEFINE_bool("use_fp16", False, "Alias of --amp.")
 flags.DEFINE_enum("amp_dtype", "auto", ["auto", "float16", "bfloat16"],
                   "Compute type of --amp (auto: float16 on GPUs, bfloat16 on CPUs with bfloat16 "
-                  "instructions, float32 on others). float16 "
-                  "always uses dynamic loss scaling, also on a CPU. Setting it implies --amp.")
+                  "instructions and oneDNN, float32 on others). float16 always uses dynamic "
+                  "loss scaling, also on a CPU. Setting it implies --amp.")
 flags.DEFINE_float("init_loss_scale", 2.0 ** 15, "Initial dynamic loss scale of float16 "
                    "compute (x2 after 1000 good steps, halved by an overflowing one).")
 flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"],
@@ -147,8 +147,8 @@ flags.DEFINE_float("power", None, "The anchors' --poly_power.")
 flags.DEFINE_integer("num_eval_iterations", None, "NVIDIA's --max_eval_steps (its fine-tuning "
                      "scripts'): evaluation batches per card.")
 flags.DEFINE_bool("manual_fp16", False, "The anchors' float16 by casts in the graph: here "
-                  "--amp (float16 with loss scaling on GPUs, bfloat16 on CPUs unless "
-                  "--amp_dtype=float16).")
+                  "--amp (float16 with loss scaling on GPUs, bfloat16 on CPUs where it is "
+                  "faster than float32, see --amp_dtype).")
 flags.DEFINE_string("eval_checkpoint_path", None, "With --nodo_train: the checkpoint "
                     "evaluated, as --init_checkpoint.")
 flags.DEFINE_bool("enable_device_warmup", False, "Accepted: the FPS always leaves out the "
@@ -661,7 +661,7 @@ def start_logs(ranks, device, config, global_batch_size, learning_rate, skipped_
   logger.print("device: " + where)
   logger.mlperf("device", where)
   logger.record("device", {"device": where, "kind": device.kind,
-                           "compute_type": device.dtype.name})
+                           "compute_type": device.dtype.name, "why": device.why})
   logger.print("bert_pretrain: %d rank(s), batch %d x %d accumulation x %d ranks = %d "
                "sentences per update, seq %d, %s compute, optimizer %s, lr %g%s, "
                "distribution %s"

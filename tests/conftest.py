@@ -11,6 +11,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import demo
+from bert_pretrain import device
 from bert_pretrain import modeling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +48,11 @@ def pytest_xdist_make_scheduler(config, log):
 
   return SlowestFirst(config, log)
 
+
+# What --amp computes on this machine's CPU, as its device line says it: bfloat16, or
+# float32 and why where TensorFlow computes bfloat16 slower (device.bfloat16_slowness).
+AMP_ON_THIS_CPU = ("compute float32 (--amp: " if device.bfloat16_slowness(
+    device.cpu_has_bfloat16(), device.tensorflow_uses_onednn()) else "compute bfloat16")
 
 TINY_CONFIG = {
     "vocab_size": 600,

@@ -281,22 +281,23 @@ def _final_eval(stdout):
 
 
 def test_mixed_precision_trains_like_float32(pretraining_data, tmp_path, monkeypatch):
-  """Same data order and seed: bfloat16 (the CPU's --amp) and float16 with loss scaling
-  (forced on the CPU by --amp_dtype) end within a small tolerance of float32. The
-  float16 run also has CUDA_VISIBLE_DEVICES=0 and no GPU: --device=cpu trains anyway."""
+  """Same data order and seed: bfloat16 (the CPU's --amp where TensorFlow computes it
+  faster than float32; chosen here by --amp_dtype, so that it runs everywhere) and
+  float16 with loss scaling (forced on the CPU by --amp_dtype) end within a small
+  tolerance of float32. The float16 run also has CUDA_VISIBLE_DEVICES=0 and no GPU:
+  --device=cpu trains anyway."""
   common = dict(num_train_steps=30, learning_rate=5e-2, shuffle_buffer=1, seed=5,
                 display_loss_steps=10)
   fp32 = run_pretraining(*base_flags(pretraining_data, tmp_path / "fp32", **common))
-  amp = run_pretraining(*base_flags(pretraining_data, tmp_path / "amp", amp=None, **common))
+  amp = run_pretraining(*base_flags(pretraining_data, tmp_path / "amp", amp_dtype="bfloat16",
+                                    **common))
   monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
   fp16 = run_pretraining(*base_flags(pretraining_data, tmp_path / "fp16", device="cpu",
                                      amp_dtype="float16", **common))
   for result in (fp32, amp, fp16):
     assert result.returncode == 0, result.stderr
   assert re.search(r"^device: CPU, \d+ cores, compute float32$", fp32.stdout, re.M)
-  # --amp: bfloat16 where this CPU has its instructions, float32 and why elsewhere.
-  amp_type = "bfloat16$" if device_lib.cpu_has_bfloat16() else r"float32 \(--amp: "
-  assert re.search(r"^device: CPU, \d+ cores, compute " + amp_type, amp.stdout, re.M)
+  assert re.search(r"^device: CPU, \d+ cores, compute bfloat16$", amp.stdout, re.M)
   assert re.search(r"^device: CPU, \d+ cores, compute float16$", fp16.stdout, re.M)
   assert "float16 compute" in fp16.stdout
   assert re.search(r"^Step 30, .*, loss_scale: 32768, skipped_steps: 0$", fp16.stdout, re.M)
@@ -424,30 +425,47 @@ def test_device_and_compute_type_decisions(device_flag, gpus, visible, cuda, amp
   gpus = [FakeGpu(i) for i in range(gpus)]
   if isinstance(want, str):
     with pytest.raises(ValueError, match=want):
-      device_lib.choose_device(device_flag, gpus, visible, cuda, amp, amp_dtype)
+      device_lib.choose_device(device_flag, gpus, visible, cuda, amp, amp_dtype, "")
     return
-  device = device_lib.choose_device(device_flag, gpus, visible, cuda, amp, amp_dtype)
+  device = device_lib.choose_device(device_flag, gpus, visible, cuda, amp, amp_dtype, "")
   assert (device.kind, device.dtype) == want
   assert len(device.gpus) == (len(gpus) if want[0] == "GPU" else 0)
 
 
-def test_amp_on_a_cpu_without_bfloat16_instructions_computes_float32_and_says_why():
-  cpu = device_lib.choose_device("auto", [], None, False, True, "auto", cpu_bfloat16=False)
+def test_amp_on_a_cpu_where_bfloat16_is_slower_computes_float32_and_says_why(monkeypatch):
+  slow = "this CPU has no bfloat16 instructions"
+  cpu = device_lib.choose_device("auto", [], None, False, True, "auto", slow)
   assert (cpu.kind, cpu.dtype) == ("CPU", tf.float32)
   assert device_lib.device_line(cpu, FakeRanks(), cores=2) == (
-      "CPU, 2 cores, compute float32 (--amp: this CPU has no bfloat16 instructions; "
-      "--amp_dtype=bfloat16 forces it)")
-  forced = device_lib.choose_device("cpu", [], None, False, True, "bfloat16",
-                                    cpu_bfloat16=False)
+      "CPU, 2 cores, compute float32 (--amp: this CPU has no bfloat16 instructions, "
+      "float32 is faster; --amp_dtype=bfloat16 forces bfloat16)")
+  forced = device_lib.choose_device("cpu", [], None, False, True, "bfloat16", slow)
   assert (forced.dtype, forced.why) == (tf.bfloat16, "")
-  gpu = device_lib.choose_device("auto", [FakeGpu(0)], None, True, True, "auto",
-                                 cpu_bfloat16=False)
+  gpu = device_lib.choose_device("auto", [FakeGpu(0)], None, True, True, "auto", slow)
   assert (gpu.kind, gpu.dtype, gpu.why) == ("GPU", tf.float16, "")
+  # detect_device asks this machine: here made a CPU without the instructions.
+  monkeypatch.setattr(device_lib, "cpu_has_bfloat16", lambda: False)
+  detected = device_lib.detect_device("cpu", True, "auto")
+  assert (detected.dtype, detected.why.split(",")[0]) == (
+      tf.float32, "--amp: this CPU has no bfloat16 instructions"
+      if device_lib.tensorflow_uses_onednn() else
+      "--amp: this TensorFlow computes bfloat16 without oneDNN")
+
+
+def test_bfloat16_is_slower_without_onednn_or_without_the_cpus_instructions(tmp_path):
+  assert device_lib.bfloat16_slowness(True, True) == ""
+  assert device_lib.bfloat16_slowness(None, True) == ""  # cannot tell: as asked
+  assert device_lib.bfloat16_slowness(False, True) == "this CPU has no bfloat16 instructions"
+  assert device_lib.bfloat16_slowness(True, False) == (
+      "this TensorFlow computes bfloat16 without oneDNN")
+  # TensorFlow 1.15's pip build has no oneDNN; TensorFlow 2's x86 builds use it.
+  assert device_lib.tensorflow_uses_onednn() == (not tf.__version__.startswith("1."))
+  assert device_lib.cpu_has_bfloat16(path=str(tmp_path / "missing")) is None
 
 
 @pytest.mark.parametrize("cpuinfo,want", [
     ("processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni avx512_bf16 avx512_fp16\n", True),
-    ("flags\t\t: fpu avx512f amx_bf16 amx_tile\n", True),  # Sapphire Rapids lists both
+    ("flags\t\t: fpu avx512f amx_bf16 amx_tile\n", True),  # amx_bf16 alone
     ("flags\t\t: fpu sse4_2 avx2 avx512f avx512bw avx512_vnni\n", False),  # Cascade Lake
     ("processor\t: 0\nFeatures\t: fp asimd sve i8mm bf16\n", True),  # Arm Neoverse V1
     ("processor\t: 0\nFeatures\t: fp asimd aes crc32 atomics\n", False),  # Neoverse N1
