@@ -55,9 +55,9 @@ def tensorflow_uses_onednn():
   """Whether this TensorFlow computes on the CPU with oneDNN: TensorFlow 2's x86 builds
   by default (not with TF_ENABLE_ONEDNN_OPTS=0), TensorFlow 1.15's MKL builds only."""
   try:
-    from tensorflow.python.util import _pywrap_util_port as port  # pylint: disable=g-import-not-at-top
+    import tensorflow.python.util._pywrap_util_port as port  # pylint: disable=g-import-not-at-top
   except ImportError:  # TensorFlow 1.x
-    from tensorflow.python import pywrap_tensorflow as port  # pylint: disable=g-import-not-at-top
+    import tensorflow.python.pywrap_tensorflow as port  # pylint: disable=g-import-not-at-top
   return bool(getattr(port, "IsMklEnabled", lambda: False)())
 
 

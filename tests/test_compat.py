@@ -121,6 +121,12 @@ def test_code_uses_only_tf115_names():
   assert not problems, "names missing in TensorFlow 1.15:\n" + "\n".join(problems)
 
 
+# What the build does at run time, which no public API says: whether it computes with
+# oneDNN (device.tensorflow_uses_onednn), in TensorFlow 2 and in 1.15.
+RUNTIME_QUERIES = ("tensorflow.python.util._pywrap_util_port",
+                   "tensorflow.python.pywrap_tensorflow")
+
+
 def test_tensorflow_is_imported_as_compat_v1_only():
   problems = []
   for path in _python_files():
@@ -134,7 +140,7 @@ def test_tensorflow_is_imported_as_compat_v1_only():
         modules = [node.module]
       for module in modules:
         if module.split(".")[0] == "tensorflow" and not module.startswith(
-            ("tensorflow.compat.v1", "tensorflow.python.client")):
+            ("tensorflow.compat.v1", "tensorflow.python.client") + RUNTIME_QUERIES):
           problems.append("%s:%d imports %s" % (os.path.relpath(path, ROOT), node.lineno, module))
         if module.split(".")[0] in ("keras", "tf_keras"):
           problems.append("%s:%d imports %s" % (os.path.relpath(path, ROOT), node.lineno, module))
