@@ -50,9 +50,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # What --amp computes on this machine's CPU, as its device line says it: bfloat16, or
-# float32 and why where TensorFlow computes bfloat16 slower (device.bfloat16_slowness).
-AMP_ON_THIS_CPU = ("compute float32 (--amp: " if device.bfloat16_slowness(
-    device.cpu_has_bfloat16(), device.tensorflow_uses_onednn()) else "compute bfloat16")
+# float32 and why where TensorFlow computes bfloat16 slower (device.detect_device).
+_AMP = device.detect_device("cpu", True, "auto")
+AMP_ON_THIS_CPU = "compute %s%s" % (_AMP.dtype.name, " (" + _AMP.why if _AMP.why else "")
 
 TINY_CONFIG = {
     "vocab_size": 600,
