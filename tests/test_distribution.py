@@ -1,7 +1,8 @@
 """TensorFlow's own engines beside Horovod, on the CPU: MirroredStrategy over two logical
 CPU devices and MultiWorkerMirroredStrategy over two local processes train the weights
-of one card with the same global batch, evaluate as one card does, resume, and a killed
-worker ends the job."""
+of one card with the same global batch, evaluate as one card does, resume, stop at
+SIGTERM after an update that every replica makes, with a checkpoint, and a killed worker
+ends the job."""
 
 import json
 import os
@@ -13,10 +14,13 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow.compat.v1 as tf
 
 from bert_pretrain import launch as launch_plan
 from bert_pretrain import ranks as ranks_lib
-from conftest import ROOT, assert_same_weights, final_weights, ordered_flags, run_pretraining
+
+from conftest import (ROOT, assert_same_weights, base_flags, final_weights, ordered_flags,
+                      run_pretraining)
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
 
@@ -134,7 +138,6 @@ def test_multi_worker_over_two_processes_trains_the_weights_of_one_card(
 
 
 def test_a_killed_worker_ends_the_multi_worker_job(pretraining_data, tmp_path):
-  from conftest import base_flags  # pylint: disable=g-import-not-at-top
   flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
                      display_loss_steps=5, nodo_eval=None, train_batch_size=4,
                      stall_timeout_s=20)
@@ -161,6 +164,82 @@ def test_a_killed_worker_ends_the_multi_worker_job(pretraining_data, tmp_path):
     for p in procs:
       if p.poll() is None:
         p.kill()
+
+
+def _wait_for(path, text, procs, timeout=180):
+  """Waits until the file at `path` contains `text`; fails if a process ended first."""
+  deadline = time.time() + timeout
+  while text not in (path.read_text() if path.exists() else ""):
+    assert all(p.poll() is None for p in procs), path.read_text()[-3000:]
+    assert time.time() < deadline, "no %r in %s" % (text, path)
+    time.sleep(0.05)
+
+
+def _stop_step(output):
+  return int(re.search(r"SIGTERM: rank \d+ stops after step (\d+)", output).group(1))
+
+
+def test_mirrored_stops_at_sigterm_with_a_checkpoint_and_the_rerun_continues(
+    pretraining_data, tmp_path):
+  flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
+                     display_loss_steps=1, nodo_eval=None, train_batch_size=4,
+                     distribution="mirrored", cpu_devices=2)
+  log = tmp_path / "run.log"
+  with open(str(log), "w") as output:
+    proc = subprocess.Popen(MODULE + flags, stdout=output, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  try:
+    _wait_for(log, "Step 3,", [proc])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  stopped = log.read_text()
+  step = _stop_step(stopped)
+  assert step >= 3 and "Step %d," % step in stopped and "Step %d," % (step + 1) not in stopped
+  assert tf.train.latest_checkpoint(str(tmp_path / "out")).endswith("model.ckpt-%d" % step)
+  rerun = run_pretraining(*[f for f in flags if not f.startswith("--num_train_steps")] +
+                          ["--num_train_steps=%d" % (step + 2)])
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert "Resuming from %s at step %d" % (tmp_path / "out" / ("model.ckpt-%d" % step),
+                                          step) in rerun.stdout
+  assert "Step %d," % (step + 1) in rerun.stdout and "Step %d," % step not in rerun.stdout
+
+
+def test_a_signalled_worker_stops_the_multi_worker_job_at_one_step_with_a_checkpoint(
+    pretraining_data, tmp_path):
+  """SIGTERM reaches one worker only (the other is not the chief): the workers agree in
+  the update's all-reduce and both stop after the same step; the chief saves it, and the
+  job started again resumes there."""
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=1,
+                     nodo_eval=None, train_batch_size=4)
+  procs = start_workers(flags, tmp_path / "logs")
+  try:
+    _wait_for(tmp_path / "logs" / "worker-0.log", "Step 3,", procs)
+    procs[1].send_signal(signal.SIGTERM)
+    results = finish(procs, tmp_path / "logs", timeout=120)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for status, output in results:
+    assert status == 143, output[-3000:]
+  chief, other = results[0][1], results[1][1]
+  step = _stop_step(chief)
+  assert _stop_step(other) == step >= 3
+  assert "Step %d," % (step + 1) not in chief
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % step)
+
+  again = [f for f in flags if not f.startswith("--num_train_steps")] + [
+      "--num_train_steps=%d" % (step + 2)]
+  results = finish(start_workers(again, tmp_path / "logs_again"), tmp_path / "logs_again")
+  for status, output in results:
+    assert status == 0, output[-3000:]
+  assert "Resuming from %s at step %d" % (out / ("model.ckpt-%d" % step), step) in results[0][1]
+  assert "Step %d," % (step + 2) in results[0][1]
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % (step + 2))
 
 
 @pytest.mark.parametrize("tf_config,message", [
