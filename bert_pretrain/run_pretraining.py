@@ -572,6 +572,13 @@ def run(inputs, ranks, device, stop=None):
   return 0 if loss_is_finite else 1
 
 
+def attends_per_sequence(device):
+  """Whether the training graph attends sequence by sequence, at the real tokens only
+  (pretraining.attends_per_sequence: on a CPU without XLA from sequence 512 up)."""
+  return pretraining.attends_per_sequence(FLAGS.max_seq_length, device.dtype,
+                                          device.kind == "CPU", FLAGS.use_xla)
+
+
 def start_session(inputs, ranks, device, config, learning_rate, logger):
   """Builds the graph (the training step, the evaluator, the checkpoint ops), then starts
   the session: the weights from the checkpoint to resume from, else --init_checkpoint,
@@ -606,8 +613,7 @@ def start_session(inputs, ranks, device, config, learning_rate, logger):
           num_accumulation_steps=FLAGS.num_accumulation_steps,
           init_loss_scale=FLAGS.init_loss_scale, ranks=ranks,
           allreduce_post_accumulation=FLAGS.allreduce_post_accumulation,
-          attention_per_sequence=pretraining.attends_per_sequence(
-              FLAGS.max_seq_length, device.dtype, device.kind == "CPU", FLAGS.use_xla))
+          attention_per_sequence=attends_per_sequence(device))
     evaluator = None
     if FLAGS.do_eval:
       evaluator = pretraining.Evaluator(inputs.bert_config, inputs.eval_files, ranks,
@@ -664,11 +670,12 @@ def start_logs(ranks, device, config, global_batch_size, learning_rate, skipped_
                            "compute_type": device.dtype.name, "why": device.why})
   logger.print("bert_pretrain: %d rank(s), batch %d x %d accumulation x %d ranks = %d "
                "sentences per update, seq %d, %s compute, optimizer %s, lr %g%s, "
-               "distribution %s"
+               "distribution %s%s"
                % (ranks.replicas, FLAGS.train_batch_size, FLAGS.num_accumulation_steps,
                   ranks.replicas, global_batch_size, FLAGS.max_seq_length, device.dtype.name,
                   FLAGS.optimizer, learning_rate,
-                  " (scaled by ranks)" if FLAGS.scale_lr_by_ranks else "", ranks.distribution))
+                  " (scaled by ranks)" if FLAGS.scale_lr_by_ranks else "", ranks.distribution,
+                  ", attention per sequence" if attends_per_sequence(device) else ""))
   log_hyperparameters(logger, ranks, global_batch_size, learning_rate)
   if FLAGS.skip_corrupt_records:
     bad = skipped_records.bad
