@@ -574,7 +574,7 @@ def run(inputs, ranks, device, stop=None):
 
 def attends_per_sequence(device):
   """Whether the training graph attends sequence by sequence, at the real tokens only
-  (pretraining.attends_per_sequence: on a CPU without XLA from sequence 512 up)."""
+  (pretraining.attends_per_sequence decides; the evaluation attends at every position)."""
   return pretraining.attends_per_sequence(FLAGS.max_seq_length, device.dtype,
                                           device.kind == "CPU", FLAGS.use_xla)
 
@@ -675,7 +675,8 @@ def start_logs(ranks, device, config, global_batch_size, learning_rate, skipped_
                   ranks.replicas, global_batch_size, FLAGS.max_seq_length, device.dtype.name,
                   FLAGS.optimizer, learning_rate,
                   " (scaled by ranks)" if FLAGS.scale_lr_by_ranks else "", ranks.distribution,
-                  ", attention per sequence" if attends_per_sequence(device) else ""))
+                  ", attention per sequence"
+                  if FLAGS.do_train and attends_per_sequence(device) else ""))
   log_hyperparameters(logger, ranks, global_batch_size, learning_rate)
   if FLAGS.skip_corrupt_records:
     bad = skipped_records.bad

@@ -18,7 +18,6 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import launch as launch_plan
 from bert_pretrain import ranks as ranks_lib
-
 from conftest import (ROOT, assert_same_weights, base_flags, final_weights, ordered_flags,
                       run_pretraining)
 
@@ -176,7 +175,14 @@ def _wait_for(path, text, procs, timeout=180):
 
 
 def _stop_step(output):
-  return int(re.search(r"SIGTERM: rank \d+ stops after step (\d+)", output).group(1))
+  found = re.search(r"SIGTERM: rank \d+ stops after step (\d+)", output)
+  assert found, output[-3000:]
+  return int(found.group(1))
+
+
+def _assert_latest_checkpoint(output_dir, step):
+  latest = tf.train.latest_checkpoint(str(output_dir))
+  assert latest and latest.endswith("model.ckpt-%d" % step), latest
 
 
 def _logged(step, output):
@@ -202,14 +208,15 @@ def test_mirrored_stops_at_sigterm_with_a_checkpoint_and_the_rerun_continues(
       proc.kill()
   stopped = log.read_text()
   step = _stop_step(stopped)
-  assert step >= 3 and _logged(step, stopped) and not _logged(step + 1, stopped)
-  assert tf.train.latest_checkpoint(str(tmp_path / "out")).endswith("model.ckpt-%d" % step)
+  assert step >= 3 and _logged(step, stopped) and not _logged(step + 1, stopped), stopped[-3000:]
+  _assert_latest_checkpoint(tmp_path / "out", step)
   rerun = run_pretraining(*[f for f in flags if not f.startswith("--num_train_steps")] +
                           ["--num_train_steps=%d" % (step + 2)])
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert "Resuming from %s at step %d" % (tmp_path / "out" / ("model.ckpt-%d" % step),
                                           step) in rerun.stdout
-  assert _logged(step + 1, rerun.stdout) and not _logged(step, rerun.stdout)
+  assert _logged(step + 2, rerun.stdout) and not _logged(step, rerun.stdout), rerun.stdout[-3000:]
+  _assert_latest_checkpoint(tmp_path / "out", step + 2)
 
 
 def test_a_signalled_worker_stops_the_multi_worker_job_at_one_step_with_a_checkpoint(
@@ -234,8 +241,8 @@ def test_a_signalled_worker_stops_the_multi_worker_job_at_one_step_with_a_checkp
   chief, other = results[0][1], results[1][1]
   step = _stop_step(chief)
   assert _stop_step(other) == step >= 3
-  assert not _logged(step + 1, chief)
-  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % step)
+  assert _logged(step, chief) and not _logged(step + 1, chief), chief[-3000:]
+  _assert_latest_checkpoint(out, step)
 
   again = [f for f in flags if not f.startswith("--num_train_steps")] + [
       "--num_train_steps=%d" % (step + 2)]
@@ -243,8 +250,9 @@ def test_a_signalled_worker_stops_the_multi_worker_job_at_one_step_with_a_checkp
   for status, output in results:
     assert status == 0, output[-3000:]
   assert "Resuming from %s at step %d" % (out / ("model.ckpt-%d" % step), step) in results[0][1]
-  assert _logged(step + 2, results[0][1]) and not _logged(step, results[0][1])
-  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % (step + 2))
+  assert _logged(step + 2, results[0][1]) and not _logged(step, results[0][1]), (
+      results[0][1][-3000:])
+  _assert_latest_checkpoint(out, step + 2)
 
 
 @pytest.mark.parametrize("tf_config,message", [

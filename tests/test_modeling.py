@@ -305,12 +305,22 @@ def test_unpadded_rows_puts_the_real_tokens_first_and_maps_every_position_to_a_r
   assert empty[0].tolist() == [0] and empty[1].tolist() == [0] * 8
 
 
+@pytest.mark.parametrize("positions,multiple", [
+    (128, 16), (1024, 16), (1025, 32), (2048, 32), (3072, 48), (4096, 64), (8192, 128)])
+def test_rows_are_rounded_to_a_multiple_of_16_that_gives_at_most_64_shapes(positions,
+                                                                            multiple):
+  assert modeling.default_row_multiple(positions) == multiple
+  shapes = lambda m: -(-positions // m)  # row counts 1..positions rounded up to m
+  # The smallest such multiple: 16 fewer would give more than 64 shapes.
+  assert shapes(multiple) <= 64 and (multiple == 16 or shapes(multiple - 16) > 64)
+
+
 # Lengths 5, 12 and 1; a mask with a hole (position 2), a full one and an empty one.
 MASKS = {"lengths": (np.arange(12) < [[5], [12], [1]]).astype(np.int32),
          "hole and empty": np.array([[1, 1, 0, 1, 1] + [0] * 7, [1] * 12, [0] * 12], np.int32)}
 
 
-@pytest.mark.parametrize("row_multiple", [1, 8])
+@pytest.mark.parametrize("row_multiple", [1, 8, None])
 @pytest.mark.parametrize("per_sequence", [False, True])
 @pytest.mark.parametrize("masks", sorted(MASKS))
 def test_encoder_without_the_padding_gives_the_same_outputs_and_gradients_at_real_tokens(
