@@ -205,8 +205,13 @@ def device_line(device, ranks, name="", cores=None):
       where += ", %d ranks on this host" % ranks.local_size
     if ranks.local_replicas > 1:
       where += ", %d logical devices (%s)" % (ranks.local_replicas, ranks.distribution)
-  line = "%s, compute %s" % (where, device.dtype.name)
+  return "%s, %s" % (where, compute_text(device))
+
+
+def compute_text(device):
+  """The end of device_line: "compute bfloat16", or "compute float32 (why; the fix)"."""
+  text = "compute %s" % device.dtype.name
   if device.why:  # run_pretraining's --amp_dtype chooses
-    line += " (%s; --amp_dtype=bfloat16 forces bfloat16)" % device.why
-  return line
+    text += " (%s; --amp_dtype=bfloat16 forces bfloat16)" % device.why
+  return text
 

@@ -51,8 +51,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 # What --amp computes on this machine's CPU, as its device line says it: bfloat16, or
 # float32 and why where TensorFlow computes bfloat16 slower (device.detect_device).
-_AMP = device.detect_device("cpu", True, "auto")
-AMP_ON_THIS_CPU = "compute %s%s" % (_AMP.dtype.name, " (" + _AMP.why if _AMP.why else "")
+AMP_ON_THIS_CPU = device.compute_text(device.detect_device("cpu", True, "auto"))
 
 TINY_CONFIG = {
     "vocab_size": 600,
