@@ -138,10 +138,10 @@ def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_S
   tokens of a sequence (the rows that round a batch's up to
   modeling.default_row_multiple are not counted), the attention among each sequence's
   real tokens (`tokens_squared`: where our step attends at every position, at sequence
-  128, the padding's share is not counted either), and the last layer's queries and all after them at the [CLS] and
-  the `predictions` positions only (its output_positions). Google's and HF's compute
-  every position of every layer. Embedding look-ups, softmax, layer norm and the
-  optimizer are not matmuls and count 0.
+  128, the padding's share is not counted either), and the last layer's queries and all
+  after them at the [CLS] and the `predictions` positions only (its output_positions).
+  Google's and HF's compute every position of every layer. Embedding look-ups, softmax,
+  layer norm and the optimizer are not matmuls and count 0.
 
   Args:
     tokens: mean real tokens a sequence (None: seq_length, no padding).
