@@ -41,6 +41,7 @@ args=(
   --amp                       # mixed precision, as the anchor's scripts run: float16 with
                               # loss scaling on GPUs, bfloat16 on CPUs where it is faster
                               # than float32 (float32 on others); --noamp turns it off
+  --eval_at_start             # checks the initial checkpoint (MLPerf's scores about 0.34085)
   --num_accumulation_steps=4  # as the anchor's run_multi_card_FPS.sh: a global batch of
   --num_train_steps=1000      # 4 x ranks x --train_batch_size, 1000 updates
 )

@@ -75,8 +75,10 @@ class EvalSchedule(object):
 
   MLPerf's log splits the training in blocks, the training between two evaluations
   (block_start / block_stop, counted in samples), and logs each evaluation (eval_start,
-  eval_stop, eval_accuracy; eval_samples once). Evaluations come every
-  samples_between_eval training samples, from samples_start_eval on.
+  eval_stop, eval_accuracy; eval_samples once). An evaluation comes after the first
+  update that reaches samples_start_eval, and then each further samples_between_eval
+  (MLPerf's interval: mlperf.eval_interval_samples, from 0); a resumed run keeps the
+  same points.
 
   Args:
     logger: logs.RunLogger.
@@ -95,11 +97,16 @@ class EvalSchedule(object):
     self.monitor = monitor
     self.batch_size = batch_size
     self.samples_between_eval = samples_between_eval
-    self.next_samples = max(samples_start_eval, step * batch_size + samples_between_eval)
+    # The first point of the schedule (the start, then every interval) past the samples
+    # done.
+    done = step * batch_size - samples_start_eval
+    self.next_samples = samples_start_eval + (
+        0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
     self.output_dir = output_dir
     self.block_first_step = None  # None: no block open
     self.last_eval_step = None
     self.eval_time = 0.0
+    self.eval_samples = 0  # evaluated, over all evaluations
 
   def start_block(self, step):
     """Opens a block at `step` unless one is open."""
@@ -140,6 +147,7 @@ class EvalSchedule(object):
     results = self.evaluator.evaluate(sess)
     self.logger.mlperf(mllog.constants.EVAL_STOP, metadata=samples, kind="end")
     self.eval_time += time.time() - start
+    self.eval_samples += results["eval_samples"]
     results["eval_time_s"] = round(time.time() - start, 3)
     if self.last_eval_step is None:
       self.logger.mlperf(mllog.constants.EVAL_SAMPLES, results["eval_samples"])

@@ -2,14 +2,20 @@
 
 - LAMB (layer-wise adaptive moments, the MLPerf optimizer) and Adam with decoupled
   weight decay (Google BERT's AdamWeightDecay); weight decay is not applied to LayerNorm
-  and bias variables. Their moment slots are named <variable>/adam_m and
+  and bias variables, and, as in MLPerf's reference LAMB, neither is LAMB's layer
+  adaptation (their trust ratio is 1; NVIDIA's LAMB adapts every variable:
+  adapt_every_variable). Their moment slots are named <variable>/adam_m and
   <variable>/adam_v as in Google BERT checkpoints. Each variable is updated in place
   by TensorFlow's fused kernels (ApplyAdam, ApplyGradientDescent), one pass each.
 - Linear warm-up from --start_warmup_step, then polynomial decay to 0.
-- Gradient clipping by global norm 1.0.
+- Gradient clipping by global norm 1.0: by default each micro-batch's gradient on each
+  replica, before accumulation and the all-reduce, as MLPerf's reference (and NVIDIA)
+  do; or once, after accumulation and the all-reduce (CLIP_AFTER_ALLREDUCE). MLPerf's
+  rules allow either order.
 - Gradient accumulation: k micro-batches are summed in float32 accumulators and applied
-  as one update of their mean, so k micro-batches of b give the update of one batch kb.
-  The all-reduce across ranks (Horovod) happens once, after accumulation.
+  as one update of their mean (clipped after the all-reduce, k micro-batches of b give
+  the update of one batch kb). The all-reduce across ranks (Horovod) happens once,
+  after accumulation.
 - Dynamic loss scaling for float16: start 2^15, x2 after 1000 finite steps, a step
   with a non-finite gradient is skipped (weights, slots and global_step unchanged)
   and halves the scale.
@@ -22,6 +28,11 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import checkpoints
 
 EXCLUDE_FROM_WEIGHT_DECAY = ["LayerNorm", "layer_norm", "bias"]
+
+# Where the gradients are clipped to their global norm (create_train_ops).
+CLIP_PER_MICRO_BATCH = "per_micro_batch"
+CLIP_AFTER_ALLREDUCE = "after_allreduce"
+CLIPPING = (CLIP_PER_MICRO_BATCH, CLIP_AFTER_ALLREDUCE)
 
 
 def learning_rate_schedule(global_step, init_lr, num_train_steps, num_warmup_steps,
@@ -233,14 +244,18 @@ class LAMBOptimizer(_WeightDecayOptimizer):
   the trust ratio ||param|| / ||update||, so every layer moves by a similar fraction of
   its weights whatever its gradient scale.
 
+  Variables whose name matches exclude_from_layer_adaptation keep a trust ratio of 1
+  (MLPerf's reference passes the weight-decay exclusions: LayerNorm and bias).
+
   The fused update writes the update into a scratch variable <variable>/lamb_update (a
   local variable, not saved: one more float32 copy of the weights in memory), takes
   its norm, then moves the weights.
   """
 
-  def __init__(self, learning_rate, **kwargs):
+  def __init__(self, learning_rate, exclude_from_layer_adaptation=None, **kwargs):
     kwargs.setdefault("name", "LAMBOptimizer")
     super(LAMBOptimizer, self).__init__(learning_rate, **kwargs)
+    self.exclude_from_layer_adaptation = exclude_from_layer_adaptation or []
 
   def _create_scratch(self, param):
     # Written by every update before it is read: no initializer needs to run.
@@ -273,6 +288,9 @@ class LAMBOptimizer(_WeightDecayOptimizer):
     return _apply_gradient_descent(param, self._step_size(param, update), update)
 
   def _step_size(self, param, update):
+    if any(re.search(r, checkpoints.variable_name(param))
+           for r in self.exclude_from_layer_adaptation):
+      return self.learning_rate
     param_norm = tf.sqrt(2.0 * tf.nn.l2_loss(param))
     update_norm = tf.sqrt(2.0 * tf.nn.l2_loss(update))
     # 1 where either norm is 0 (a zero-initialized bias, or no gradient yet).
@@ -307,12 +325,17 @@ class DynamicLossScale(object):
 
 
 def create_optimizer(optimizer_name, learning_rate, weight_decay_rate=0.01, beta_1=0.9,
-                     beta_2=0.999, epsilon=1e-6):
-  """Returns the LAMBOptimizer ("lamb") or AdamWeightDecayOptimizer ("adam")."""
+                     beta_2=0.999, epsilon=1e-6, adapt_every_variable=False):
+  """Returns the LAMBOptimizer ("lamb") or AdamWeightDecayOptimizer ("adam").
+
+  adapt_every_variable: (LAMB) the trust ratio for LayerNorm and bias variables too, as
+  NVIDIA's LAMB does; by default they keep a ratio of 1, as in MLPerf's reference.
+  """
   kwargs = dict(weight_decay_rate=weight_decay_rate, beta_1=beta_1, beta_2=beta_2,
                 epsilon=epsilon, exclude_from_weight_decay=EXCLUDE_FROM_WEIGHT_DECAY)
   if optimizer_name == "lamb":
-    return LAMBOptimizer(learning_rate, **kwargs)
+    excluded = None if adapt_every_variable else EXCLUDE_FROM_WEIGHT_DECAY
+    return LAMBOptimizer(learning_rate, exclude_from_layer_adaptation=excluded, **kwargs)
   if optimizer_name == "adam":
     return AdamWeightDecayOptimizer(learning_rate, **kwargs)
   raise ValueError("unknown optimizer %r; use --optimizer=lamb or --optimizer=adam"
@@ -321,7 +344,7 @@ def create_optimizer(optimizer_name, learning_rate, weight_decay_rate=0.01, beta
 
 def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
                      allreduce_fn=None, loss_scale=None, clip_norm=1.0,
-                     pre_accumulation_fn=None):
+                     pre_accumulation_fn=None, clipping=CLIP_PER_MICRO_BATCH):
   """Builds the ops of one training step.
 
   Args:
@@ -337,19 +360,28 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
     clip_norm: gradients are clipped to this global norm before the update.
     pre_accumulation_fn: (optional) like allreduce_fn, but applied to every
       micro-batch's gradients before they are accumulated.
+    clipping: CLIP_PER_MICRO_BATCH (MLPerf's reference): each micro-batch's gradient on
+      this replica, before accumulation and the all-reduce; CLIP_AFTER_ALLREDUCE: the
+      mean gradient of the update, after accumulation and the all-reduce.
 
   Returns:
     (accumulate_op, update_op): run accumulate_op k-1 times, then update_op once.
     accumulate_op is None when k == 1. Each consumes one micro-batch. update_op
-    averages the k gradients, all-reduces, clips, applies them and increments
-    global_step (with loss scaling: only if they are finite; the scale is updated
-    either way). Read global_step after it to know whether the update was applied.
+    averages the k gradients, all-reduces, applies them and increments global_step
+    (with loss scaling: only if they are finite; the scale is updated either way).
+    Read global_step after it to know whether the update was applied.
   """
+  if clipping not in CLIPPING:
+    raise ValueError("unknown gradient clipping %r; use one of %s" % (clipping, CLIPPING))
   tvars = tf.trainable_variables()
   scaled_loss = loss * loss_scale.scale if loss_scale is not None else loss
   grads = tf.gradients(scaled_loss, tvars)
   grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, tvars)]
   grads = [tf.cast(g, tf.float32) for g in grads]
+  all_finite = None
+  if clipping == CLIP_PER_MICRO_BATCH:
+    with tf.name_scope("clip_micro_batch"):
+      (grads, all_finite) = _clip_and_unscale(grads, clip_norm, loss_scale)
   if pre_accumulation_fn is not None:
     grads = pre_accumulation_fn(grads)
 
@@ -379,24 +411,24 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
       return tf.identity(global_step.assign_add(step))
 
   with tf.name_scope("optimizer"):
+    if clipping == CLIP_AFTER_ALLREDUCE:
+      (grads, all_finite) = _clip_and_unscale(grads, clip_norm, loss_scale)
+    elif loss_scale is not None and (
+        num_accumulation_steps > 1 or allreduce_fn or pre_accumulation_fn):
+      # A micro-batch that overflowed (here or on another rank) left NaN in the sum.
+      all_finite = tf.is_finite(tf.global_norm(grads))
     if loss_scale is None:
-      (grads, _) = tf.clip_by_global_norm(grads, clip_norm=clip_norm)
       new_step = apply_update(grads)
     else:
-      # One pass over the scaled gradients gives their norm, which is finite only if
-      # every gradient is; unscaling is folded into the clipping factor. A step that
-      # overflowed runs no update at all (tf.cond), so it costs no pass over the weights.
       optimizer.create_slots(tvars)
-      scaled_norm = tf.global_norm(grads)
-      all_finite = tf.is_finite(scaled_norm)
-      norm = scaled_norm / loss_scale.scale
-      factor = clip_norm / tf.maximum(norm, clip_norm) / loss_scale.scale
       if tf.distribute.has_strategy():
         # A tf.distribute strategy's assignments (merge_call) inside tf.cond leave the
         # cond's context on the graph (TensorFlow 1.15 and 2.15): select instead.
-        new_step = apply_update([g * factor for g in grads], applied=all_finite)
+        new_step = apply_update(grads, applied=all_finite)
       else:
-        new_step = tf.cond(all_finite, lambda: apply_update([g * factor for g in grads]),
+        # A step that overflowed runs no update at all, so it costs no pass over the
+        # weights.
+        new_step = tf.cond(all_finite, lambda: apply_update(grads),
                            lambda: tf.identity(global_step))
   # After the update has read them: the loss scale and the accumulators move on, also
   # when the update was skipped.
@@ -408,3 +440,24 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
       after_update.extend(a.assign(tf.zeros_like(a)) for a in accumulators)
     update_op = tf.group(*after_update)
   return accumulate_op, update_op
+
+
+def _clip_and_unscale(grads, clip_norm, loss_scale=None):
+  """The gradients clipped to the global norm clip_norm, divided by the loss scale.
+
+  One pass over the scaled gradients gives their norm, which is finite only if every
+  gradient is; unscaling is folded into the clipping factor.
+
+  Returns:
+    (list of float32 Tensors, all_finite): all_finite is a bool scalar Tensor with a
+    loss scale (the gradients are then NaN where it is false, so that a sum of them
+    stays non-finite), None without one.
+  """
+  if loss_scale is None:
+    return tf.clip_by_global_norm(grads, clip_norm=clip_norm)[0], None
+  scaled_norm = tf.global_norm(grads)
+  all_finite = tf.is_finite(scaled_norm)
+  norm = scaled_norm / loss_scale.scale
+  factor = clip_norm / tf.maximum(norm, clip_norm) / loss_scale.scale
+  factor = tf.where(all_finite, factor, tf.constant(float("nan")))
+  return [g * factor for g in grads], all_finite

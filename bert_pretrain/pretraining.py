@@ -113,7 +113,8 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
                       optimizer_name="lamb", weight_decay_rate=0.01, beta_1=0.9,
                       beta_2=0.999, epsilon=1e-6, num_accumulation_steps=1,
                       init_loss_scale=2.0 ** 15, ranks=None, allreduce_post_accumulation=True,
-                      attention_per_sequence=False):
+                      attention_per_sequence=False, adapt_every_variable=False,
+                      clipping=optimization.CLIP_PER_MICRO_BATCH):
   """The ops of one training update: features -> model -> gradients -> (accumulation)
   -> all-reduce -> optimizer, and what the loop fetches with them.
 
@@ -126,8 +127,8 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
     learning_rate, num_train_steps, num_warmup_steps, poly_power, start_warmup_step:
       the schedule (optimization.learning_rate_schedule): linear warm-up to
       learning_rate, then polynomial decay to 0 at num_train_steps.
-    optimizer_name, weight_decay_rate, beta_1, beta_2, epsilon: the optimizer
-      (optimization.create_optimizer: "lamb" or "adam").
+    optimizer_name, weight_decay_rate, beta_1, beta_2, epsilon, adapt_every_variable:
+      the optimizer (optimization.create_optimizer: "lamb" or "adam").
     num_accumulation_steps: micro-batches summed into one update.
     init_loss_scale: float16's first loss scale.
     ranks: (optional) ranks.Ranks of a job of several replicas: the graph is built per
@@ -136,6 +137,7 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
     allreduce_post_accumulation: all-reduce once per update, after accumulation
       (otherwise every micro-batch's gradients).
     attention_per_sequence: build_model's (attends_per_sequence says when it pays).
+    clipping: where the gradients are clipped (optimization.create_train_ops).
 
   Returns:
     TrainGraph with
@@ -169,7 +171,7 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
     lr = optimization.learning_rate_schedule(global_step, learning_rate, num_train_steps,
                                              num_warmup_steps, poly_power, start_warmup_step)
     optimizer = optimization.create_optimizer(optimizer_name, lr, weight_decay_rate, beta_1,
-                                              beta_2, epsilon)
+                                              beta_2, epsilon, adapt_every_variable)
     loss_scale = None
     if dtype == tf.float16:
       loss_scale = optimization.DynamicLossScale(initial_scale=init_loss_scale)
@@ -177,7 +179,8 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
         outputs["total_loss"], optimizer, global_step, num_accumulation_steps,
         allreduce_fn=all_reduce if allreduce_post_accumulation else None,
         loss_scale=loss_scale,
-        pre_accumulation_fn=None if allreduce_post_accumulation else all_reduce)
+        pre_accumulation_fn=None if allreduce_post_accumulation else all_reduce,
+        clipping=clipping)
     losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
     if several:
       losses = all_reduce([losses], name="display_losses")[0]

@@ -33,7 +33,9 @@ from bert_pretrain import health
 from bert_pretrain import input_pipeline
 from bert_pretrain import logs
 from bert_pretrain import meters
+from bert_pretrain import mlperf
 from bert_pretrain import modeling
+from bert_pretrain import optimization
 from bert_pretrain import pretraining
 from bert_pretrain import ranks as ranks_lib
 from bert_pretrain import report
@@ -73,6 +75,19 @@ flags.DEFINE_float("weight_decay_rate", 0.01, "Decoupled weight decay (not on La
 flags.DEFINE_float("beta_1", 0.9, "First-moment decay.")
 flags.DEFINE_float("beta_2", 0.999, "Second-moment decay.")
 flags.DEFINE_float("epsilon", 1e-6, "Optimizer epsilon.")
+flags.DEFINE_bool("lamb_adapt_layernorm_and_bias", False, "LAMB's trust ratio "
+                  "||w|| / ||update|| for LayerNorm and bias variables too, as NVIDIA's LAMB "
+                  "does; by default they keep a ratio of 1, as in MLPerf's reference.")
+flags.DEFINE_enum("gradient_clipping", optimization.CLIP_PER_MICRO_BATCH,
+                  list(optimization.CLIPPING), "Where gradients are clipped to global norm "
+                  "1.0: per_micro_batch (MLPerf's reference and NVIDIA: each micro-batch's "
+                  "gradient on each rank, before accumulation and the all-reduce) or "
+                  "after_allreduce (the update's mean gradient; then k micro-batches of b "
+                  "and r ranks update as one batch of k*r*b). MLPerf's rules allow both.")
+flags.DEFINE_bool("reference_hyperparameters", False, "Take the learning rate, steps, "
+                  "warm-up, betas, epsilon and weight decay of MLPerf's reference "
+                  "convergence point (RCP) for the run's global batch size; flags given "
+                  "on the command line still win, and the log names the RCP.")
 flags.DEFINE_integer("num_accumulation_steps", 1, "Micro-batches summed into one update.")
 flags.DEFINE_bool("allreduce_post_accumulation", True, "All-reduce once per update, after "
                   "accumulation (otherwise after every micro-batch).")
@@ -83,9 +98,17 @@ flags.DEFINE_integer("keep_checkpoint_max", 5, "Checkpoints kept in output_dir."
 flags.DEFINE_integer("display_loss_steps", 10, "Log losses and throughput every this many "
                      "updates.")
 flags.DEFINE_integer("fps_warmup_steps", 10, "Updates left out of the steady-state FPS.")
-flags.DEFINE_integer("samples_between_eval", 150000, "Evaluate every this many training samples.")
-flags.DEFINE_integer("samples_start_eval", 3000000, "No periodic evaluation before this many "
-                     "training samples.")
+flags.DEFINE_integer("samples_between_eval", None, "Evaluate every this many training "
+                     "samples (default: MLPerf's rule for the global batch size, "
+                     "floor(0.05 * (230.23 * batch + 3e6) / 25000) * 25000).")
+flags.DEFINE_integer("samples_start_eval", 0, "No periodic evaluation before this many "
+                     "training samples (MLPerf's evaluations start at 0).")
+flags.DEFINE_float("expected_initial_accuracy", None, "Masked-LM accuracy expected right "
+                   "after loading --init_checkpoint, checked by the evaluation at start "
+                   "(--eval_at_start; a warning when it is off by more than "
+                   "--initial_accuracy_tolerance). Default: 0.34085 for MLPerf's "
+                   "model.ckpt-28252 on eval_10k, none for other checkpoints.")
+flags.DEFINE_float("initial_accuracy_tolerance", 0.01, "See --expected_initial_accuracy.")
 flags.DEFINE_float("stop_threshold", 0.72, "Stop when masked-LM accuracy reaches this (0: never).")
 flags.DEFINE_enum("distribution", "none", list(ranks_lib.DISTRIBUTIONS),
                   "How several cards train together: horovod (one process per card, "
@@ -201,7 +224,7 @@ def check_flags():
   bert_config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
   for name in ("train_batch_size", "eval_batch_size", "num_accumulation_steps",
                "max_seq_length", "max_predictions_per_seq", "display_loss_steps",
-               "save_checkpoints_steps", "samples_between_eval", "shuffle_buffer"):
+               "save_checkpoints_steps", "shuffle_buffer"):
     if getattr(FLAGS, name) < 1:
       raise ValueError("--%s=%d must be at least 1" % (name, getattr(FLAGS, name)))
   for name in ("num_warmup_steps", "start_warmup_step", "fps_warmup_steps",
@@ -216,6 +239,14 @@ def check_flags():
     raise ValueError("--cpu_devices=%d: logical CPU devices are replicas of "
                      "--distribution=mirrored only (at least 1); drop it or pass "
                      "--distribution=mirrored" % FLAGS.cpu_devices)
+  if FLAGS.reference_hyperparameters:
+    mlperf.rcp_file()  # raises when mlperf-logging has no RCPs
+  if FLAGS.samples_between_eval is not None and FLAGS.samples_between_eval < 1:
+    raise ValueError("--samples_between_eval=%d must be at least 1 (or leave it out: "
+                     "MLPerf's interval for the global batch)" % FLAGS.samples_between_eval)
+  if FLAGS.initial_accuracy_tolerance < 0:
+    raise ValueError("--initial_accuracy_tolerance=%g must not be negative"
+                     % FLAGS.initial_accuracy_tolerance)
   if FLAGS.init_loss_scale < 1:
     raise ValueError("--init_loss_scale=%g must be at least 1" % FLAGS.init_loss_scale)
   if FLAGS.do_train and FLAGS.num_train_steps < 1:
@@ -409,6 +440,20 @@ def enable_cpu_xla(argv):
     os.environ["TF_XLA_FLAGS"] = (flags_now + " --tf_xla_cpu_global_jit").strip()
 
 
+def optimizer_rule():
+  """One line on the optimizer's rules that recipes differ in: LAMB's layer adaptation
+  and where the gradients are clipped."""
+  clipping = ("gradients clipped to norm 1.0 per micro-batch on each rank (MLPerf's "
+              "reference)" if FLAGS.gradient_clipping == optimization.CLIP_PER_MICRO_BATCH
+              else "gradients clipped to norm 1.0 after accumulation and all-reduce")
+  if FLAGS.optimizer != "lamb":
+    return "%s, %s" % (FLAGS.optimizer, clipping)
+  return "lamb, %s, %s" % ("trust ratio on every variable (NVIDIA's LAMB)"
+                           if FLAGS.lamb_adapt_layernorm_and_bias else
+                           "LayerNorm and bias without trust ratio (MLPerf's reference)",
+                           clipping)
+
+
 def log_hyperparameters(logger, ranks, global_batch_size, learning_rate):
   """The MLPerf hyperparameter keys of the BERT benchmark."""
   c = logs.mllog.constants
@@ -457,9 +502,17 @@ def run(inputs, ranks, device, stop=None):
       FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla,
       FLAGS.cpu_devices if device.kind == "CPU" else 1)
   global_batch_size = FLAGS.train_batch_size * FLAGS.num_accumulation_steps * ranks.replicas
+  rcp, rcp_note = None, None
+  try:
+    rcp = mlperf.choose_rcp(global_batch_size, mlperf.load_rcps())
+  except ValueError as e:  # --reference_hyperparameters has been checked to have them
+    rcp_note = "MLPerf's RCPs: %s; no projected time to train" % e
+  if FLAGS.reference_hyperparameters:
+    rcp_note = apply_reference_hyperparameters(rcp)
   learning_rate = FLAGS.learning_rate * (ranks.replicas if FLAGS.scale_lr_by_ranks else 1)
+  eval_interval = FLAGS.samples_between_eval or mlperf.eval_interval_samples(global_batch_size)
   logger = start_logs(ranks, device, config, global_batch_size, learning_rate,
-                      inputs.skipped_records)
+                      inputs.skipped_records, eval_interval, rcp_note)
 
   sess, train, evaluator, saver, all_finite = start_session(inputs, ranks, device, config,
                                                            learning_rate, logger)
@@ -468,12 +521,14 @@ def run(inputs, ranks, device, stop=None):
 
   step = last_saved = int(sess.run(tf.train.get_global_step()))
   monitor = health.HealthMonitor()
-  evals = meters.EvalSchedule(logger, evaluator, monitor, global_batch_size,
-                              FLAGS.samples_between_eval, FLAGS.samples_start_eval, step,
+  evals = meters.EvalSchedule(logger, evaluator, monitor, global_batch_size, eval_interval,
+                              FLAGS.samples_start_eval, step,
                               FLAGS.output_dir if is_chief else None)
   results = results_at_start = {}
   if evaluator is not None and (FLAGS.eval_at_start or not FLAGS.do_train):
     results = results_at_start = evals.evaluate(sess, step)
+    if step == 0 and inputs.init_checkpoint and not inputs.resume_checkpoint:
+      check_initial_accuracy(logger, results["masked_lm_accuracy"], inputs.init_checkpoint)
   meter = meters.Throughput(global_batch_size, FLAGS.fps_warmup_steps)
   last_scale = None
   if train is not None and train.loss_scale is not None:
@@ -548,8 +603,8 @@ def run(inputs, ranks, device, stop=None):
   status = "success" if results and reached_target(results) else "aborted"
   logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, step * global_batch_size)
   logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
-  log_summary(logger, step, meter, evals.eval_time, results, results_at_start, status,
-              ranks.replicas, time.time() - run_start)
+  log_summary(logger, step, meter, evals, results, results_at_start, status,
+              ranks.replicas, time.time() - run_start, rcp)
   logger.close()
   if stopped_by and ranks.size > 1:
     # A barrier: no rank exits (which makes the launcher end the others) before rank 0
@@ -613,7 +668,9 @@ def start_session(inputs, ranks, device, config, learning_rate, logger):
           num_accumulation_steps=FLAGS.num_accumulation_steps,
           init_loss_scale=FLAGS.init_loss_scale, ranks=ranks,
           allreduce_post_accumulation=FLAGS.allreduce_post_accumulation,
-          attention_per_sequence=attends_per_sequence(device))
+          attention_per_sequence=attends_per_sequence(device),
+          adapt_every_variable=FLAGS.lamb_adapt_layernorm_and_bias,
+          clipping=FLAGS.gradient_clipping)
     evaluator = None
     if FLAGS.do_eval:
       evaluator = pretraining.Evaluator(inputs.bert_config, inputs.eval_files, ranks,
@@ -645,7 +702,8 @@ def start_session(inputs, ranks, device, config, learning_rate, logger):
   return sess, train, evaluator, saver, all_finite
 
 
-def start_logs(ranks, device, config, global_batch_size, learning_rate, skipped_records):
+def start_logs(ranks, device, config, global_batch_size, learning_rate, skipped_records,
+               eval_interval, rcp_note):
   """Opens the run's logs and writes what the run is: its device, its batch and
   optimizer, MLPerf's hyperparameters, the training records left out.
 
@@ -677,6 +735,17 @@ def start_logs(ranks, device, config, global_batch_size, learning_rate, skipped_
                   " (scaled by ranks)" if FLAGS.scale_lr_by_ranks else "", ranks.distribution,
                   ", attention per sequence"
                   if FLAGS.do_train and attends_per_sequence(device) else ""))
+  if rcp_note:
+    logger.print(rcp_note)
+  rule = optimizer_rule()
+  logger.print("optimizer: %s; evaluation every %d samples%s" % (
+      rule, eval_interval, "" if FLAGS.samples_between_eval else
+      " (MLPerf's interval for a global batch of %d)" % global_batch_size))
+  logger.record("optimizer", {"rule": rule, "optimizer": FLAGS.optimizer,
+                              "lamb_adapt_layernorm_and_bias":
+                                  FLAGS.lamb_adapt_layernorm_and_bias,
+                              "gradient_clipping": FLAGS.gradient_clipping,
+                              "samples_between_eval": eval_interval})
   log_hyperparameters(logger, ranks, global_batch_size, learning_rate)
   if FLAGS.skip_corrupt_records:
     bad = skipped_records.bad
@@ -774,10 +843,12 @@ def reached_target(results):
   return FLAGS.stop_threshold > 0 and results["masked_lm_accuracy"] >= FLAGS.stop_threshold
 
 
-def log_summary(logger, step, meter, eval_time, results, results_at_start, status,
-                num_ranks, e2e_time):
-  """The run's closing lines: time, throughput, and the one-line table row
-  "| 1 card | acc ... | fps ... | status ... |"; also a dllog record of type summary."""
+def log_summary(logger, step, meter, evals, results, results_at_start, status,
+                num_ranks, e2e_time, rcp):
+  """The run's closing lines: time, throughput, the one-line table row
+  "| 1 card | acc ... | fps ... | status ... |" and the projected time to train (rcp:
+  mlperf.RcpChoice); also a dllog record of type summary."""
+  eval_time = evals.eval_time
   fps_all, fps_steady = meter.averages()
   summary = {"e2e_time_s": e2e_time, "training_sentences": meter.sentences,
              "throughput_with_overhead": fps_all, "throughput": fps_steady,
@@ -796,7 +867,64 @@ def log_summary(logger, step, meter, eval_time, results, results_at_start, statu
   logger.print("| %s | acc %s | fps %.2f | status %s |"
                % (cards, "%.6f" % accuracy if accuracy is not None else "n/a", fps_steady,
                   status if FLAGS.stop_threshold > 0 else "no target"))
+  if FLAGS.do_train and meter.sentences and rcp is not None:
+    summary.update(log_time_to_train(logger, fps_steady, evals, rcp, status, step,
+                                     meter.batch_size))
   logger.metrics(step, summary, prefix="summary")
+
+
+def log_time_to_train(logger, throughput, evals, rcp, status, step, batch_size):
+  """Prints the projected time to train to MLPerf's target at `throughput`: the RCP's mean
+  samples to converge (rcp: mlperf.RcpChoice), plus MLPerf's evaluations of eval_10k at
+  the rule's interval, timed by this run's evaluations; after a run that reached the
+  target, its samples beside the RCP's. Returns the figures for the summary record."""
+  per_sample = evals.eval_time / evals.eval_samples if evals.eval_samples else None
+  total, evaluations, eval_seconds = mlperf.projected_time_to_train(
+      rcp.samples_mean, throughput, batch_size, per_sample)
+  logger.print("projected time to train: %s (%.0f samples, the mean of MLPerf's %s, at "
+               "%.2f sentences/s, and %d evaluations of %d samples: %s)"
+               % (mlperf.format_duration(total), rcp.samples_mean, rcp.rcp.name, throughput,
+                  evaluations, mlperf.EVAL_SAMPLES,
+                  mlperf.format_duration(eval_seconds) if eval_seconds is not None
+                  else "not timed, the run did not evaluate"))
+  figures = {"projected_time_to_train_s": total, "rcp_samples_mean": rcp.samples_mean}
+  if status == "success":
+    samples = step * batch_size
+    logger.print("samples to converge: %d; %s: mean %.0f, stdev %.0f (%.2f of the mean)"
+                 % (samples, rcp.rcp.name, rcp.samples_mean, rcp.samples_stdev,
+                    samples / rcp.samples_mean))
+    figures["samples_to_converge"] = samples
+  return figures
+
+
+def apply_reference_hyperparameters(rcp):
+  """Sets the hyperparameters of the RCP (mlperf.RcpChoice) that the command line does not
+  give. Returns the log line that says which RCP and which flags."""
+  taken = []
+  for name, value in sorted(rcp.hyperparameters.items()):
+    if not FLAGS[name].present:
+      setattr(FLAGS, name, value)
+      taken.append("--%s=%s" % (name, value))
+  if not FLAGS["optimizer"].present:
+    FLAGS.optimizer = "lamb"
+  return "--reference_hyperparameters: %s; %s" % (
+      rcp.note, ", ".join(taken) if taken else "every one given on the command line")
+
+
+def check_initial_accuracy(logger, accuracy, init_checkpoint):
+  """The load check: the accuracy right after loading --init_checkpoint beside the
+  expected one, and a warning when they are apart."""
+  expected = FLAGS.expected_initial_accuracy
+  if expected is None:
+    expected = mlperf.expected_initial_accuracy(init_checkpoint)
+  if expected is None:
+    return
+  logger.print("masked_lm_accuracy after loading %s: %.5f (expected %.5f)"
+               % (os.path.basename(init_checkpoint), accuracy, expected))
+  warning = mlperf.initial_accuracy_warning(accuracy, expected,
+                                            FLAGS.initial_accuracy_tolerance)
+  if warning:
+    logger.warning(0, warning)
 
 
 def data_position(step, local_replicas, log):

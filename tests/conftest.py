@@ -145,10 +145,12 @@ def final_weights(output_dir):
 def ordered_flags(data, out, batch, accumulation):
   """Flags of 3 updates on equal_weight_data in record order (ranks x batch = one global batch)."""
   # shuffle_buffer=1 with one file reads records in order; rank r gets records r::2.
+  # Clipped after the all-reduce, ranks x accumulation x batch update as one batch (clipped
+  # per micro-batch on each rank, MLPerf's reference order, they would not).
   return base_flags(data, out, input_files_dir=data["train"], bert_config_file=data["config"],
                     init_checkpoint=data["init"], train_batch_size=batch,
                     num_accumulation_steps=accumulation, num_train_steps=3, shuffle_buffer=1,
-                    learning_rate=5e-3, nodo_eval=None)
+                    learning_rate=5e-3, nodo_eval=None, gradient_clipping="after_allreduce")
 
 
 def assert_same_weights(one_dir, other_dir, init_checkpoint):

@@ -35,45 +35,82 @@ ONE_MINUS_B1 = float(np.float32(1) - np.float32(0.9))
 ONE_MINUS_B2 = float(np.float32(1) - np.float32(0.999))
 
 
-def numpy_lamb_step(w, g, m, v, step, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+def numpy_lamb_step(w, g, m, v, step, lr, wd, b1=0.9, b2=0.999, eps=1e-6, adapt=True):
+  """LAMB as MLPerf's reference writes it; adapt=False: trust ratio 1."""
   m = m + (g - m) * ONE_MINUS_B1
   v = v + (g * g - v) * ONE_MINUS_B2
   update = (m / (1 - b1 ** step)) / (np.sqrt(v / (1 - b2 ** step)) + eps) + wd * w
-  ratio = np.linalg.norm(w) / np.linalg.norm(update)
+  ratio = np.linalg.norm(w) / np.linalg.norm(update) if adapt else 1.0
   return w - lr * ratio * update, m, v
+
+
+# A variable of each class: (name, initial value, gradient). Kernels and embeddings take
+# weight decay and the trust ratio; biases and LayerNorm's gamma and beta take neither in
+# MLPerf's reference LAMB, while NVIDIA's LAMB gives every variable the trust ratio.
+VARIABLES = (
+    ("layer/kernel", [[0.5, -1.0], [2.0, 0.25]], [[0.1, 0.2], [-0.3, 0.05]]),
+    ("embeddings/word_embeddings", [[0.02, -0.01], [0.03, 0.04]], [[0.5, -0.1], [0.0, 0.2]]),
+    ("layer/bias", [0.3, -0.2], [0.1, 0.2]),
+    ("layer/LayerNorm/gamma", [1.0, 0.9], [0.02, -0.05]),
+    ("layer/LayerNorm/beta", [0.01, -0.02], [-0.4, 0.3]),
+)
+DECAYED = ("layer/kernel", "embeddings/word_embeddings")
+
+
+def one_update(name, fused, adapt_every_variable=False):
+  """{variable name: value} after one update of VARIABLES (lr 0.1, weight decay 0.01), by
+  the fused kernels or the plain ops."""
+  with tf.Graph().as_default():
+    pairs = [(tf.constant(np.array(g, np.float32)),
+              tf.get_variable(n, initializer=np.array(w0, np.float32)))
+             for n, w0, g in VARIABLES]
+    step = tf.train.get_or_create_global_step()
+    opt = optimization.create_optimizer(name, 0.1, weight_decay_rate=0.01,
+                                        adapt_every_variable=adapt_every_variable)
+    op = opt.apply_gradients(pairs, global_step=step,
+                             applied=None if fused else tf.constant(True))
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      sess.run(op)
+      values = {v.op.name: sess.run(v) for v in tf.global_variables()}
+  return values
 
 
 @pytest.mark.parametrize("name", ["lamb", "adam"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain ops"])
 def test_one_update_matches_numpy(name, fused):
   """The fused kernels (in place) and the plain ops (under a strategy, or when an update
-  may be skipped: `applied`) compute the same update."""
-  w0 = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
-  g = np.array([[0.1, 0.2], [-0.3, 0.05]], np.float32)
-  b0 = np.array([0.3, -0.2], np.float32)
-  with tf.Graph().as_default():
-    w = tf.get_variable("layer/kernel", initializer=w0)
-    b = tf.get_variable("layer/bias", initializer=b0)
-    step = tf.train.get_or_create_global_step()
-    opt = optimization.create_optimizer(name, 0.1, weight_decay_rate=0.01)
-    op = opt.apply_gradients([(tf.constant(g), w), (tf.constant(g[0]), b)], global_step=step,
-                             applied=None if fused else tf.constant(True))
-    with tf.Session() as sess:
-      sess.run(tf.global_variables_initializer())
-      sess.run(op)
-      w1, b1 = sess.run([w, b])
-      names = sorted(v.op.name for v in tf.global_variables())
-  if name == "lamb":
-    want_w, _, _ = numpy_lamb_step(w0, g, 0, 0, 1, 0.1, 0.01)
-    want_b, _, _ = numpy_lamb_step(b0, g[0], 0, 0, 1, 0.1, 0.0)  # no decay on bias
-  else:
-    m, v = ONE_MINUS_B1 * g, ONE_MINUS_B2 * g * g
-    want_w = w0 - 0.1 * (m / (np.sqrt(v) + 1e-6) + 0.01 * w0)
-    want_b = b0 - 0.1 * (m[0] / (np.sqrt(v[0]) + 1e-6))
-  np.testing.assert_allclose(w1, want_w, rtol=1e-5)
-  np.testing.assert_allclose(b1, want_b, rtol=1e-5)
+  may be skipped: `applied`) compute the same update, for every class of variable."""
+  values = one_update(name, fused)
+  for var_name, w0, g in VARIABLES:
+    w0, g = np.array(w0, np.float32), np.array(g, np.float32)
+    wd = 0.01 if var_name in DECAYED else 0.0
+    if name == "lamb":
+      want, _, _ = numpy_lamb_step(w0, g, 0, 0, 1, 0.1, wd, adapt=var_name in DECAYED)
+    else:
+      m, v = ONE_MINUS_B1 * g, ONE_MINUS_B2 * g * g
+      want = w0 - 0.1 * (m / (np.sqrt(v) + 1e-6) + wd * w0)
+    np.testing.assert_allclose(values[var_name], want, rtol=1e-5, err_msg=var_name)
   # Slots are named as in Google BERT checkpoints.
-  assert "layer/kernel/adam_m" in names and "layer/kernel/adam_v" in names
+  assert "layer/kernel/adam_m" in values and "layer/kernel/adam_v" in values
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain ops"])
+def test_lamb_adapts_layernorm_and_bias_only_when_asked(fused):
+  """adapt_every_variable (NVIDIA's LAMB): the trust ratio for every variable; by default
+  (MLPerf's reference) LayerNorm and bias variables keep a ratio of 1, so the two differ
+  there and agree on kernels and embeddings."""
+  reference = one_update("lamb", fused)
+  every = one_update("lamb", fused, adapt_every_variable=True)
+  for var_name, w0, g in VARIABLES:
+    w0, g = np.array(w0, np.float32), np.array(g, np.float32)
+    wd = 0.01 if var_name in DECAYED else 0.0
+    want, _, _ = numpy_lamb_step(w0, g, 0, 0, 1, 0.1, wd, adapt=True)
+    np.testing.assert_allclose(every[var_name], want, rtol=1e-5, err_msg=var_name)
+    if var_name in DECAYED:
+      np.testing.assert_array_equal(every[var_name], reference[var_name])
+    else:
+      assert np.abs(every[var_name] - reference[var_name]).max() > 1e-3, var_name
 
 
 CONFIG = modeling.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
@@ -100,14 +137,15 @@ def _batches(batch_size):
   return tf.data.make_one_shot_iterator(dataset).get_next()
 
 
-def train_weights(batch_size, accumulation, updates=3, optimizer="lamb"):
+def train_weights(batch_size, accumulation, updates=3, optimizer="lamb",
+                  clipping=optimization.CLIP_AFTER_ALLREDUCE):
   with tf.Graph().as_default():
     tf.set_random_seed(7)
     outputs = pretraining.build_model(CONFIG, _batches(batch_size), True, tf.float32)
     step = tf.train.get_or_create_global_step()
     opt = optimization.create_optimizer(optimizer, 1e-2)
     accumulate, update = optimization.create_train_ops(outputs["total_loss"], opt, step,
-                                                       accumulation)
+                                                       accumulation, clipping=clipping)
     with tf.Session() as sess:
       sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
       for _ in range(updates):
@@ -119,6 +157,9 @@ def train_weights(batch_size, accumulation, updates=3, optimizer="lamb"):
 
 @pytest.mark.parametrize("optimizer", ["lamb", "adam"])
 def test_accumulation_equals_a_larger_batch(optimizer):
+  """With the gradients clipped after accumulation (CLIP_AFTER_ALLREDUCE), k micro-batches
+  of b update as one batch of k*b. (Clipped per micro-batch, as MLPerf's reference does,
+  they do not: test_both_clipping_orders_match_numpy.)"""
   step_big, big = train_weights(8, 1, optimizer=optimizer)
   step_acc, acc = train_weights(4, 2, optimizer=optimizer)
   step_4, four = train_weights(2, 4, optimizer=optimizer)
@@ -147,6 +188,97 @@ def test_the_fused_kernels_train_a_model_as_the_plain_ops_do(optimizer, monkeypa
   plain = train_weights(8, 1, optimizer=optimizer)[1]
   for name in plain:
     np.testing.assert_allclose(fused[name], plain[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+# Micro-batch inputs of a model whose gradient is known: loss = sum((w * x)^2), so
+# d loss / d w = 2 w x^2. Their gradients' norms are above 1 and differ, so the clipping
+# order matters.
+CLIP_W0 = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
+CLIP_INPUTS = np.array([[[1.0, 2.0], [0.5, 1.5]], [[3.0, 0.1], [0.2, 0.4]],
+                        [[0.3, 0.6], [2.5, 1.0]], [[1.2, 0.9], [0.7, 2.2]],
+                        [[0.4, 1.7], [1.1, 0.3]], [[2.1, 0.5], [0.9, 1.3]]], np.float32)
+
+
+def numpy_clipped_lamb(clipping, accumulation, updates=3):
+  """The weights after `updates` LAMB updates of the model above, micro-batches taken in
+  order, gradients clipped to norm 1 per micro-batch or after averaging."""
+  w, m, v = CLIP_W0.copy(), 0.0, 0.0
+  inputs = iter(CLIP_INPUTS)
+  for step in range(1, updates + 1):
+    grads = [2.0 * w * next(inputs) ** 2 for _ in range(accumulation)]
+    if clipping == optimization.CLIP_PER_MICRO_BATCH:
+      grads = [g / max(np.linalg.norm(g), 1.0) for g in grads]
+    g = np.mean(grads, axis=0)
+    if clipping == optimization.CLIP_AFTER_ALLREDUCE:
+      g = g / max(np.linalg.norm(g), 1.0)
+    lr = 0.1 * (1.0 - (step - 1) / 10.0)  # the schedule's linear decay over 10 updates
+    w, m, v = numpy_lamb_step(w, g, m, v, step, lr, 0.01)
+  return w
+
+
+def tf_clipped_lamb(clipping, accumulation, loss_scale=None, updates=3):
+  with tf.Graph().as_default():
+    x = tf.data.make_one_shot_iterator(
+        tf.data.Dataset.from_tensor_slices(CLIP_INPUTS)).get_next()
+    w = tf.get_variable("layer/kernel", initializer=CLIP_W0)
+    step = tf.train.get_or_create_global_step()
+    lr = optimization.learning_rate_schedule(step, 0.1, num_train_steps=10,
+                                             num_warmup_steps=0)
+    scale = optimization.DynamicLossScale(loss_scale) if loss_scale else None
+    accumulate, update = optimization.create_train_ops(
+        tf.reduce_sum(tf.square(w * x)), optimization.create_optimizer("lamb", lr), step,
+        accumulation, loss_scale=scale, clipping=clipping)
+    with tf.Session() as sess:
+      sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+      for _ in range(updates):
+        for _ in range(accumulation - 1):
+          sess.run(accumulate)
+        sess.run(update)
+      assert sess.run(step) == updates
+      return sess.run(w)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_both_clipping_orders_match_numpy(accumulation):
+  """Clipping each micro-batch's gradient before accumulation (MLPerf's reference and
+  NVIDIA) and clipping the accumulated mean (after the all-reduce) each match numpy, also
+  under loss scaling; with accumulation they differ."""
+  results = {}
+  for clipping in optimization.CLIPPING:
+    want = numpy_clipped_lamb(clipping, accumulation)
+    results[clipping] = tf_clipped_lamb(clipping, accumulation)
+    np.testing.assert_allclose(results[clipping], want, rtol=1e-5, err_msg=clipping)
+    np.testing.assert_allclose(tf_clipped_lamb(clipping, accumulation, loss_scale=2.0 ** 10),
+                               want, rtol=1e-5, err_msg=clipping + " with loss scaling")
+  difference = np.abs(results[optimization.CLIP_PER_MICRO_BATCH]
+                      - results[optimization.CLIP_AFTER_ALLREDUCE]).max()
+  if accumulation > 1:
+    assert difference > 1e-3
+  else:
+    assert difference < 1e-6  # one micro-batch: the same gradient either way
+
+
+def test_a_micro_batch_that_overflows_skips_the_accumulated_update():
+  """Clipped per micro-batch under loss scaling, an overflow in one micro-batch of an
+  accumulated update leaves a NaN in the sum: the update is skipped and the scale halves."""
+  with tf.Graph().as_default():
+    w = tf.get_variable("w", initializer=np.array([1.0, 2.0], np.float32))
+    scale_in = tf.placeholder(tf.float32, [])
+    step = tf.train.get_or_create_global_step()
+    loss_scale = optimization.DynamicLossScale(initial_scale=8.0)
+    accumulate, update = optimization.create_train_ops(
+        tf.reduce_sum(w * scale_in), optimization.create_optimizer("lamb", 0.1), step, 2,
+        loss_scale=loss_scale, clipping=optimization.CLIP_PER_MICRO_BATCH)
+    with tf.Session() as sess:
+      sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+      sess.run(accumulate, {scale_in: np.inf})
+      sess.run(update, {scale_in: 1.0})
+      assert sess.run([step, loss_scale.scale]) == [0, 4.0]
+      np.testing.assert_array_equal(sess.run(w), [1.0, 2.0])
+      sess.run(accumulate, {scale_in: 1.0})  # the accumulators were emptied
+      sess.run(update, {scale_in: 1.0})
+      assert sess.run(step) == 1
+      assert not np.allclose(sess.run(w), [1.0, 2.0])
 
 
 def test_loss_scale_skips_overflow_and_halves():

@@ -86,14 +86,14 @@ def test_the_one_card_demo_fine_tunes_what_it_pretrained_in_the_output_dir_that_
   assert FINETUNE_CALLS == []  # not after the user's own data
 
 
-def test_the_one_card_script_passes_only_amp_and_the_users_flags(tmp_path):
+def test_the_one_card_script_passes_only_amp_the_load_check_and_the_users_flags(tmp_path):
   args = script_args(tmp_path, "run_1card_FPS.sh", *DATA)
-  assert args == ["--amp"] + DATA
+  assert args == ["--amp", "--eval_at_start"] + DATA
 
 
 def test_the_multi_card_script_adds_horovod_and_the_anchors_accumulation_and_steps(tmp_path):
   args = script_args(tmp_path, "run_multi_card_FPS.sh", *DATA, DRY_RUN="1")
-  assert args == ["--horovod", "--amp", "--num_accumulation_steps=4",
+  assert args == ["--horovod", "--amp", "--eval_at_start", "--num_accumulation_steps=4",
                   "--num_train_steps=1000"] + DATA
 
 
@@ -132,7 +132,8 @@ def test_the_flag_defaults_hold_the_mlperf_settings():
   mlperf = {"output_dir": "./results", "max_seq_length": 512, "max_predictions_per_seq": 76,
             "optimizer": "lamb", "learning_rate": 5e-5, "num_train_steps": 13206,
             "save_checkpoints_steps": 1000, "stop_threshold": 0.72,
-            "samples_between_eval": 150000, "samples_start_eval": 3000000,
+            "samples_between_eval": None, "samples_start_eval": 0,
+            "gradient_clipping": "per_micro_batch", "lamb_adapt_layernorm_and_bias": False,
             "eval_batch_size": 24, "max_eval_steps": 0}
   assert {name: flags[name].default for name in mlperf} == mlperf
   assert flags["amp"].default is False  # the scripts pass --amp, as the anchor's do

@@ -1,0 +1,192 @@
+"""MLPerf's rules as the run applies them: the evaluation interval and schedule, the load
+check of the initial checkpoint, the reference convergence points (RCPs) and the
+compliance checker on a run's log."""
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_pretrain import demo
+from bert_pretrain import meters
+from bert_pretrain import mlperf
+from bert_pretrain import modeling
+from conftest import TINY_CONFIG, base_flags, run_pretraining
+
+
+@pytest.mark.parametrize("batch_size, interval", [
+    # The reference README's table, then the demo's batch and a batch above every RCP.
+    (256, 150000), (1024, 150000), (1536, 150000), (2048, 150000), (3072, 175000),
+    (4096, 175000), (8192, 225000), (32, 150000), (16384, 325000)])
+def test_the_evaluation_interval_follows_the_rule_for_the_global_batch(batch_size, interval):
+  assert mlperf.eval_interval_samples(batch_size) == interval
+
+
+class _Logger(object):
+  def mlperf(self, *args, **kwargs):
+    pass
+
+
+def test_a_resumed_run_evaluates_at_the_same_multiples_of_the_interval():
+  """Evaluations come after the update that reaches each multiple of the interval, also
+  when the run resumes between two of them (not one interval after the resume)."""
+  def due_steps(start_step, last_step, samples_start_eval=0):
+    schedule = meters.EvalSchedule(_Logger(), object(), None, 32, 100, samples_start_eval,
+                                   start_step, None)
+    return [s for s in range(start_step + 1, last_step + 1) if schedule.due(s)]
+  # 32 samples per update: 100, 200, 300, 400 are passed at steps 4, 7, 10 and 13.
+  assert due_steps(0, 13) == [4, 7, 10, 13]
+  assert due_steps(5, 13) == [7, 10, 13]
+  # From samples_start_eval on: 250, 350, 450 (steps 8, 11, 15), resumed or not.
+  assert due_steps(0, 15, samples_start_eval=250) == [8, 11, 15]
+  assert due_steps(9, 15, samples_start_eval=250) == [11, 15]
+
+
+def test_the_initial_accuracy_is_checked_against_mlperfs_checkpoint():
+  assert mlperf.expected_initial_accuracy("/data/phase1/model.ckpt-28252") == 0.34085
+  assert mlperf.expected_initial_accuracy("/data/phase1/model.ckpt-28252/") == 0.34085
+  assert mlperf.expected_initial_accuracy("/data/model.ckpt-1000") is None
+  assert mlperf.initial_accuracy_warning(0.3401, 0.34085, 0.01) is None
+  warning = mlperf.initial_accuracy_warning(0.0012, 0.34085, 0.01)
+  assert "0.00120" in warning and "expected 0.34085 +- 0.01" in warning
+  assert "--bert_config_file" in warning
+  assert mlperf.initial_accuracy_warning(0.0012, None, 0.01) is None
+
+
+def _rcp_file():
+  with open(mlperf.rcp_file()) as f:
+    return json.load(f)
+
+
+def _olympic_mean(samples):
+  return float(np.mean(sorted(samples)[1:-1]))
+
+
+def test_a_batch_size_with_an_rcp_takes_its_hyperparameters_and_mean():
+  raw = _rcp_file()["bert_ref_4096"]
+  choice = mlperf.choose_rcp(4096, mlperf.load_rcps())
+  assert choice.rcp.name == "bert_ref_4096"
+  params = raw["Hyperparams"]
+  assert choice.hyperparameters == {
+      "learning_rate": params["opt_base_learning_rate"], "epsilon": params["opt_epsilon"],
+      "num_train_steps": params["opt_learning_rate_training_steps"],
+      "num_warmup_steps": params["num_warmup_steps"],
+      "start_warmup_step": params["start_warmup_step"], "beta_1": params["opt_lamb_beta_1"],
+      "beta_2": params["opt_lamb_beta_2"],
+      "weight_decay_rate": params["opt_lamb_weight_decay_rate"]}
+  assert choice.samples_mean == pytest.approx(_olympic_mean(raw["Epochs to converge"]))
+  assert choice.samples_stdev == pytest.approx(np.std(raw["Epochs to converge"]))
+  assert choice.note == "RCP bert_ref_4096 (global batch 4096)"
+
+
+def test_a_batch_size_between_two_rcps_takes_the_one_below_and_interpolates_the_mean():
+  raw = _rcp_file()
+  low, high = raw["bert_ref_4608"], raw["bert_ref_6144"]
+  choice = mlperf.choose_rcp(5000, mlperf.load_rcps())
+  assert choice.rcp.name == "bert_ref_4608"
+  assert choice.hyperparameters["learning_rate"] == low["Hyperparams"]["opt_base_learning_rate"]
+  assert choice.hyperparameters["beta_2"] == low["Hyperparams"]["opt_lamb_beta_2"]
+  # The schedule spans the RCP's samples: 700 updates of 4608 are 645 of 5000.
+  assert choice.hyperparameters["num_train_steps"] == round(700 * 4608 / 5000.0) == 645
+  want = np.interp(5000, [4608, 6144], [_olympic_mean(low["Epochs to converge"]),
+                                        _olympic_mean(high["Epochs to converge"])])
+  assert choice.samples_mean == pytest.approx(want)
+  assert "nearest below" in choice.note and "bert_ref_6144" in choice.note
+
+
+def test_a_batch_size_outside_the_rcps_takes_the_nearest_end_and_says_so():
+  rcps = mlperf.load_rcps()
+  small = mlperf.choose_rcp(32, rcps)
+  assert small.rcp.name == "bert_ref_256"
+  assert small.hyperparameters["num_train_steps"] == 13700 * 8
+  assert "below every RCP" in small.note
+  large = mlperf.choose_rcp(20000, rcps)
+  assert large.rcp.name == "bert_ref_16384"
+  assert large.hyperparameters["start_warmup_step"] == round(-100 * 16384 / 20000.0)
+  assert "above every RCP" in large.note and "cannot judge" not in large.note
+  assert "has none to judge" in large.note
+
+
+def test_the_projected_time_adds_mlperfs_evaluations_at_the_rules_interval():
+  total, evaluations, eval_seconds = mlperf.projected_time_to_train(
+      3000000, 1000.0, 256, 0.001)
+  assert evaluations == 20  # every 150,000 samples
+  assert eval_seconds == pytest.approx(20 * 10000 * 0.001)
+  assert total == pytest.approx(3000.0 + 200.0)
+  assert mlperf.projected_time_to_train(3000000, 1000.0, 256, None) == (3000.0, 20, None)
+  assert mlperf.format_duration(3725) == "1 h 02 min"
+  assert mlperf.format_duration(75) == "1 min 15 s"
+
+
+def _compliance_problems(mllog_path, cwd):
+  """The lines of mlperf-logging's compliance checker (BERT's last round) that report a
+  problem, but the one that says the target accuracy was not reached."""
+  out = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker",
+                        "--usage", "training", "--ruleset", mlperf.RULESET, mllog_path],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, cwd=str(cwd))
+  lines = out.stdout.splitlines()
+  assert any("closed_bert.yaml" in line for line in lines), out.stdout
+  target = [line for line in lines if "Failed checks for eval_accuracy" in line]
+  assert target and ">= 0.720" in target[0], out.stdout
+  return [line for line in lines if re.search(r"WARNING|ERROR|Traceback", line)
+          and line not in target and not line.endswith("ERROR - FAILED")]
+
+
+def test_a_run_with_the_reference_hyperparameters_checks_its_start_and_passes_the_checker(
+    pretraining_data, tmp_path):
+  """One short run: --reference_hyperparameters takes the RCP of its global batch (8:
+  below every RCP, so bert_ref_256's) where the command line gives nothing; the evaluation
+  at start checks the accuracy after loading --init_checkpoint against the expected one;
+  the run prints a projected time to train; mlperf-logging's compliance checker finds
+  nothing wrong in its MLPerf log but the target not reached."""
+  init = tmp_path / "init" / "model.ckpt-0"
+  demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(TINY_CONFIG), str(init))
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(
+      pretraining_data, out, init_checkpoint=str(init), reference_hyperparameters=None,
+      eval_at_start=True, expected_initial_accuracy=0.5, max_eval_steps=2,
+      samples_start_eval=0))
+  assert result.returncode == 0, result.stderr
+  stdout = result.stdout
+  # base_flags gives --learning_rate and --num_train_steps: they win.
+  line = [l for l in stdout.splitlines() if l.startswith("--reference_hyperparameters: ")]
+  assert len(line) == 1, stdout
+  assert "below every RCP: those of the smallest, bert_ref_256" in line[0]
+  assert "--beta_1=0.9, --beta_2=0.999, --epsilon=1e-06, --num_warmup_steps=0" in line[0]
+  assert "--learning_rate" not in line[0] and "--num_train_steps" not in line[0]
+  assert "optimizer: lamb, LayerNorm and bias without trust ratio (MLPerf's reference), " \
+         "gradients clipped to norm 1.0 per micro-batch on each rank" in stdout
+  assert "evaluation every 150000 samples (MLPerf's interval for a global batch of 8)" in stdout
+  accuracy = float(re.search(r"masked_lm_accuracy after loading model.ckpt-0: ([\d.]+) "
+                             r"\(expected 0.50000\)", stdout).group(1))
+  assert accuracy < 0.1  # random weights
+  assert "warning: masked_lm_accuracy right after loading --init_checkpoint is" in stdout
+  projected = re.search(r"^projected time to train: .* \(([\d]+) samples, the mean of "
+                        r"MLPerf's bert_ref_256, at [\d.]+ sentences/s, and (\d+) evaluations "
+                        r"of 10000 samples: .*\)$", stdout, re.M)
+  assert projected, stdout
+  assert int(projected.group(2)) == int(projected.group(1)) // 150000
+  records = [json.loads(l) for l in open(str(out / "dllog.json"))]
+  warnings = [r["message"] for r in records if r["type"] == "warning"]
+  assert any("right after loading --init_checkpoint" in w for w in warnings)
+  optimizer = [r for r in records if r["type"] == "optimizer"][0]
+  assert optimizer["gradient_clipping"] == "per_micro_batch"
+  assert optimizer["lamb_adapt_layernorm_and_bias"] is False
+  summary = [r for r in records if r["type"] == "summary"][0]
+  assert summary["projected_time_to_train_s"] > 0
+  mllog = {}
+  for l in open(str(out / "mlperf.log")):
+    record = json.loads(l.split(":::MLLOG ", 1)[1])
+    mllog.setdefault(record["key"], record["value"])
+  assert mllog["opt_lamb_beta_2"] == 0.999 and mllog["opt_base_learning_rate"] == 1e-3
+  assert _compliance_problems(str(out / "mlperf.log"), tmp_path) == []
+
+
+def test_an_mlperf_logging_without_the_rounds_rcps_is_a_one_line_error():
+  with pytest.raises(ValueError, match=r"has no BERT RCPs of training 0.1.0 .*; pip "
+                                       r"install -U mlperf-logging$"):
+    mlperf.rcp_file("0.1.0")
