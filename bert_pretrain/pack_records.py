@@ -16,8 +16,10 @@ Three steps, each resumable:
            input file's token counts and record byte offsets -> work/index/NNNNN.npz,
            and the most masked-LM predictions a sequence of each length has.
   plan     from the histogram of lengths alone: the packs, by shortest-pack-first
-           histogram packing (SPFHP, Krell et al., arXiv 2107.02027) or its best-fit
-           twin (longest pack first), whichever makes fewer packs, every pack within
+           histogram packing (SPFHP, Krell et al., arXiv 2107.02027), its best-fit
+           twin (longest pack first), and both with new packs filled with copies of a
+           length (SPFHP opens one pack per sequence, so sequences of one length never
+           share), whichever makes the fewest packs, every pack within
            max_seq_length tokens and max_predictions_per_pack predictions
            (records.max_predictions_per_pack); which sequences fill each pack (the
            sequences of one length dealt to the pack slots of that length in a
@@ -96,14 +98,15 @@ class PackError(PrepareError):
 
 
 def histogram_packing(histogram, max_predictions, max_predictions_per_pack,
-                      max_sequences_per_pack, shortest_first=True):
+                      max_sequences_per_pack, shortest_first=True, fill_new=False):
   """Packs a histogram of sequence lengths, longest lengths first.
 
   Each length's sequences go, as many as fit, into the open packs with the most room
   (shortest_first: SPFHP) or the least room that fits (best fit), the rest into new
-  packs. A pack is open while it has fewer than max_sequences_per_pack sequences and
-  room left; a sequence fits when its tokens and the most predictions a sequence of
-  its length has fit.
+  packs: one each, or (fill_new) as many as fit in one pack, so that sequences of one
+  length can share a pack too. A pack is open while it has fewer than
+  max_sequences_per_pack sequences and room left; a sequence fits when its tokens and
+  the most predictions a sequence of its length has fit.
 
   Args:
     histogram: int array [max_seq_length + 1], histogram[L] sequences of L tokens
@@ -113,6 +116,7 @@ def histogram_packing(histogram, max_predictions, max_predictions_per_pack,
     max_predictions_per_pack: int, the predictions a pack holds.
     max_sequences_per_pack: int.
     shortest_first: SPFHP; False: best fit.
+    fill_new: fill new packs with copies of the length.
 
   Returns:
     list of (lengths, count): `count` packs of sequences of these lengths (a tuple,
@@ -147,7 +151,13 @@ def histogram_packing(histogram, max_predictions, max_predictions_per_pack,
         if chosen:
           break
       if chosen is None:
-        add((length,), left, need)
+        copies = 1
+        if fill_new:
+          copies = min(max_sequences_per_pack, max_seq_length // length,
+                       max_predictions_per_pack // max(need, 1), left)
+        add((length,) * copies, left // copies, need * copies)
+        if left % copies:
+          add((length,) * (left % copies), 1, need * (left % copies))
         break
       room, lengths, count, predictions = chosen
       taken = min(count, left)
@@ -167,24 +177,28 @@ def histogram_packing(histogram, max_predictions, max_predictions_per_pack,
 
 def plan_strategies(histogram, max_predictions, max_predictions_per_pack,
                     max_sequences_per_pack):
-  """SPFHP and best fit on the histogram; the one with fewer packs (SPFHP on a tie).
+  """SPFHP and best fit, each with and without filling new packs (histogram_packing),
+  on the histogram; the one with the fewest packs (the first of them on a tie).
 
   Args:
     histogram, max_predictions, max_predictions_per_pack, max_sequences_per_pack: as
       histogram_packing.
 
   Returns:
-    (strategies, name): the list of (lengths, count), and "SPFHP" or "best fit".
+    (strategies, name): the list of (lengths, count), and the variant's name, e.g.
+    "SPFHP" or "best fit, new packs filled".
 
   Raises:
     AssertionError: a strategy set that does not hold every sequence once.
   """
   results = []
-  for name, shortest_first in (("SPFHP", True), ("best fit", False)):
-    strategies = histogram_packing(histogram, max_predictions, max_predictions_per_pack,
-                                   max_sequences_per_pack, shortest_first)
-    results.append((sum(count for _, count in strategies), name, strategies))
-  packs, name, strategies = min(results, key=lambda result: result[0])
+  for fill_new in (False, True):
+    for name, shortest_first in (("SPFHP", True), ("best fit", False)):
+      strategies = histogram_packing(histogram, max_predictions, max_predictions_per_pack,
+                                     max_sequences_per_pack, shortest_first, fill_new)
+      results.append((sum(count for _, count in strategies), len(results),
+                      name + (", new packs filled" if fill_new else ""), strategies))
+  packs, _, name, strategies = min(results, key=lambda result: result[:2])
   used = np.zeros(len(histogram), np.int64)
   for lengths, count in strategies:
     for length in lengths:
@@ -1011,6 +1025,36 @@ def define_flags():
                        "Processes for reading the lengths and writing the packs.")
 
 
+def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, seed=SEED,
+             num_output_files=0, jobs=1, out=None, err=None):
+  """Packs and prints the summary line, as the command does.
+
+  Args:
+    inputs, output_dir, max_sequences_per_pack, seed, num_output_files, jobs: as pack.
+    out: stream for the summary line (default stdout).
+    err: stream for the error line (default stderr).
+
+  Returns:
+    the exit status: 0 done, 2 bad input, 1 interrupted or a write error.
+  """
+  out = out or sys.stdout
+  err = err or sys.stderr
+  try:
+    summary = pack(inputs, output_dir, max_sequences_per_pack, seed, num_output_files, jobs)
+  except PrepareError as e:
+    err.write("%s: error: %s\n" % (TOOL, e))
+    return 2
+  except KeyboardInterrupt:
+    err.write("%s: interrupted; run the same command again to go on where it stopped\n"
+              % TOOL)
+    return 1
+  except OSError as e:
+    err.write("%s: error: %s\n" % (TOOL, describe_os_error(e)))
+    return 1
+  out.write(summary_line(summary, output_dir) + "\n")
+  return 0
+
+
 def main(argv):
   """Packs from the flags; exits 2 with one line on bad input."""
   if len(argv) > 1:
@@ -1018,21 +1062,9 @@ def main(argv):
                      % (TOOL, " ".join(argv[1:])))
     sys.exit(2)
   flag_values = flags.FLAGS
-  try:
-    summary = pack(flag_values.input, flag_values.output_dir,
-                   flag_values.max_sequences_per_pack, flag_values.seed,
-                   flag_values.num_output_files, flag_values.jobs)
-  except PrepareError as e:
-    sys.stderr.write("%s: error: %s\n" % (TOOL, e))
-    sys.exit(2)
-  except KeyboardInterrupt:
-    sys.stderr.write("%s: interrupted; run the same command again to go on where it "
-                     "stopped\n" % TOOL)
-    sys.exit(1)
-  except OSError as e:
-    sys.stderr.write("%s: error: %s\n" % (TOOL, describe_os_error(e)))
-    sys.exit(1)
-  print(summary_line(summary, flag_values.output_dir))
+  sys.exit(run_pack(flag_values.input, flag_values.output_dir,
+                    flag_values.max_sequences_per_pack, flag_values.seed,
+                    flag_values.num_output_files, flag_values.jobs))
 
 
 if __name__ == "__main__":
