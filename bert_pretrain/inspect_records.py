@@ -153,9 +153,9 @@ def inspect_files(files, vocab_file=None, max_seq_length=None,
       if report["packed"] is None:
         report["packed"] = packed
       elif packed != report["packed"]:
-        _add_problem(report, "%s record %d at byte %d: a %s record among %s ones" % (
-            path, index, offset, *(("packed", "unpacked") if packed else
-                                   ("unpacked", "packed"))))
+        _add_problem(report, "%s record %d at byte %d: %s" % (
+            path, index, offset, "a packed record among unpacked ones" if packed else
+            "an unpacked record among packed ones"))
         continue
       if max_seq_length is None:
         max_seq_length = len(values["input_ids"])

@@ -35,15 +35,16 @@ out (equal: out counts the written packs' sequences), packs, sequences per pack 
 share of padding tokens before and after. The same input, --seed and settings give
 byte-identical files, whatever --jobs.
 
-Memory is bounded by the number of sequences, not by the data: the plan step holds 8
-bytes per sequence (its length, uint16; its slot in the packs, uint32; the packs' order,
-uint32 a pack, about 2 bytes a sequence at 2 sequences a pack), the write step 10
-(slots, order, and each record's byte offset, uint32 when every input file is below
-4 GiB, else uint64: 14), memory-mapped from work/plan/ so that the --jobs processes
-share one copy, plus one batch of packs' records in each process (about 40 MB at 512
-tokens). For MLPerf's 156,726,829 sequences that is 1.6 GB. The reads of the write
-step are one seek per sequence: fast on a local SSD or from the page cache, slow on a
-disk or a network file system (copy the data to an SSD first).
+Memory is bounded by the number of sequences, not by the data: the plan and the write
+steps hold 10 bytes per sequence (its slot in the packs, uint32; its record's byte
+offset, uint32 when every input file is below 4 GiB, else uint64: 14 bytes; the packs'
+order, uint32 a pack, 2 bytes a sequence at 2 sequences a pack), plus a few MB per
+batch: the plan reads the lengths one file at a time (uint16), and the write step maps
+the plan's arrays from work/plan/ (the --jobs processes share one copy) and holds one
+batch of packs' records (about 40 MB at 512 tokens). For MLPerf's 156,726,829
+sequences that is 1.6 GB. The write step reads each sequence with a seek: fast on a
+local SSD or from the page cache, slow on a disk or a network file system (copy the
+data to an SSD first).
 
 Every file is written under a temporary name and renamed when complete; each finished
 unit (an input file's index, the plan, an output file) leaves a done-marker in
@@ -445,35 +446,45 @@ def lengths_task(task):
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   layout = PackLayout(root)
   parser = _Parser(max_seq_length, max_predictions_per_seq)
-  lengths = []
-  offsets = []
+  lengths, offsets = [], []
   max_predictions = np.zeros(max_seq_length + 1, np.int64)
-  offset = 0
+  count = offset = 0
   try:
     for batch in parser.read(path):
-      first = len(lengths)
-      for serialized in batch:
-        offsets.append(offset)
-        offset += records.HEADER_BYTES + len(serialized) + records.FOOTER_BYTES
+      sizes = np.array([len(serialized) for serialized in batch], np.int64) + (
+          records.HEADER_BYTES + records.FOOTER_BYTES)
+      starts = offset + np.cumsum(sizes) - sizes
+      first = count
       values = parser.parse(batch, lambda index: "%s record %d (byte %d)" % (
-          path, first + index, offsets[first + index]))
+          path, first + index, starts[index]))
       found = values["input_mask"].sum(axis=1)
       np.maximum.at(max_predictions, found,
                     np.count_nonzero(values["masked_lm_weights"], axis=1))
-      lengths.extend(found.tolist())
+      lengths.append(found.astype(np.uint16))
+      offsets.append(starts.astype(np.uint64))
+      count += len(batch)
+      offset += int(sizes.sum())
   except tf.errors.DataLossError as e:
-    raise PackError("%s is corrupt or cut short after record %d (byte %d): %s; make it "
-                    "again, or check it with python3 -m bert_pretrain.inspect_records"
-                    % (path, len(lengths), offset, e.message.splitlines()[0]))
+    # The reader stops at the first bad record without saying which: the framing and
+    # the CRCs record by record do.
+    found, framing_error = records.record_offsets(path)
+    corrupt = records.corrupt_records(path, found)
+    if corrupt:
+      where = "record %d at byte %d: %s" % corrupt[0]
+    else:
+      where = framing_error or e.message.splitlines()[0]
+    raise PackError("%s is corrupt: %s; make it again (python3 -m "
+                    "bert_pretrain.inspect_records lists every bad record)" % (path, where))
+  lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.uint16)
+  offsets = np.concatenate(offsets) if offsets else np.zeros(0, np.uint64)
   output = layout.index_file(number)
   with atomic_output(output, binary=True) as writer:
-    np.savez(writer, lengths=np.array(lengths, np.uint16),
-             offsets=np.array(offsets, np.uint64), max_predictions=max_predictions)
+    np.savez(writer, lengths=lengths, offsets=offsets, max_predictions=max_predictions)
   write_json(layout.marker("lengths", "%05d" % number), {
       "settings": step_settings(settings, "pack_lengths"),
       "inputs": {path: identity},
       "outputs": {layout.relative(output): {"bytes": os.path.getsize(output)}},
-      "stats": {"records": len(lengths), "tokens": int(sum(lengths))}})
+      "stats": {"records": len(lengths), "tokens": int(lengths.sum(dtype=np.int64))}})
   return {"number": number, "bytes": identity["bytes"]}
 
 

@@ -382,6 +382,23 @@ def test_records_that_are_not_mlperf_pretraining_records(tmp_path):
   assert "is not a TFRecord file" in err
 
 
+@pytest.mark.parametrize("damage", ["flipped byte", "cut short"])
+def test_a_corrupt_input_file_is_named_with_its_record(pretraining_data, tmp_path, damage):
+  source = record_files(pretraining_data["train"])[0]
+  offsets, _ = records.record_offsets(source)
+  content = bytearray(open(source, "rb").read())
+  if damage == "flipped byte":
+    content[offsets[5][0] + records.HEADER_BYTES + 30] ^= 0xFF
+    expected = "record 5 at byte %d: the CRC does not match the data" % offsets[5][0]
+  else:
+    content = content[:offsets[5][0] + 20]
+    expected = "cut short or corrupt: record 5 at byte %d" % offsets[5][0]
+  bad = tmp_path / "part-0"
+  bad.write_bytes(bytes(content))
+  err = error_line(*run(str(bad), str(tmp_path / "out")))
+  assert "%s is corrupt: %s" % (bad, expected) in err
+
+
 def test_packed_records_as_input(demo_data, tmp_path):
   err = error_line(*run(demo_data["packed"], str(tmp_path / "out")))
   assert "holds packed records already; pass the unpacked records" in err
