@@ -38,13 +38,14 @@ byte-identical files, whatever --jobs.
 Memory is bounded by the number of sequences, not by the data: the plan and the write
 steps hold 10 bytes per sequence (its slot in the packs, uint32; its record's byte
 offset, uint32 when every input file is below 4 GiB, else uint64: 14 bytes; the packs'
-order, uint32 a pack, 2 bytes a sequence at 2 sequences a pack), plus a few MB per
-batch: the plan reads the lengths one file at a time (uint16), and the write step maps
-the plan's arrays from work/plan/ (the --jobs processes share one copy) and holds one
-batch of packs' records (about 40 MB at 512 tokens). For MLPerf's 156,726,829
-sequences that is 1.6 GB. The write step reads each sequence with a seek: fast on a
-local SSD or from the page cache, slow on a disk or a network file system (copy the
-data to an SSD first).
+order, uint32 a pack, 2 bytes a sequence at 2 sequences a pack). Besides those, the
+lengths step holds one input file's lengths and offsets (10 bytes a record) and the
+plan deals at most 2^20 lengths at a time (temporaries under 100 MB); each process
+holds one batch of PACKS_PER_BATCH records or packs (about 140 MB at 512 tokens) and
+TensorFlow; the write step maps the plan's arrays from work/plan/, so the --jobs
+processes share one copy. For MLPerf's 156,726,829 sequences the plan is 1.6 GB. The
+write step reads each sequence with a seek: fast on a local SSD or from the page cache,
+slow on a disk or a network file system (copy the data to an SSD first).
 
 Every file is written under a temporary name and renamed when complete; each finished
 unit (an input file's index, the plan, an output file) leaves a done-marker in
@@ -78,8 +79,9 @@ SEED = 12345
 # Bumped when the output for the same input and settings changes.
 PACK_VERSION = 1
 SETTINGS_FILE = "pack_records.json"
-# Packs read and written together by a write task: their records are held in memory.
-PACKS_PER_BATCH = 8192
+# Packs read and written together by a write task (and records read together by step
+# lengths): their values are held in memory, about 140 MB at 512 tokens.
+PACKS_PER_BATCH = 1024
 # Lengths dealt to packs at a time in the plan step (bounds its temporaries).
 ASSIGN_CHUNK = 1 << 20
 # Input files a write task keeps open at once.
@@ -904,6 +906,11 @@ def pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, seed
   started = time.time()
   check_settings(max_sequences_per_pack, num_output_files, jobs)
   files = list(inputs) if isinstance(inputs, (list, tuple)) else list_inputs(inputs)
+  # Absolute, so that the same files named from another folder resume the same run.
+  absolute = {path: path if "://" in path else os.path.abspath(path) for path in files}
+  files = [absolute[path] for path in files]
+  if identities is not None:
+    identities = {absolute.get(path, path): value for path, value in identities.items()}
   if not output_dir:
     raise PackError("pass --output_dir=<folder for the packed records>")
   output_root = os.path.abspath(output_dir)
