@@ -10,6 +10,8 @@ bert_pretrain/demo_data/corpus.txt (public-domain books, see SOURCE.md) it build
                        made from held-out documents, never seen in training
   bert_config.json     a small BERT (2 layers, hidden 128)
   init/model.ckpt-0    a fresh checkpoint of it, the run's --init_checkpoint
+  train_packed/        with --packed (prepare_packed): the training records packed by
+                       bert_pretrain.pack_records, up to 3 sequences a record
 
 Each artefact is written under a temporary name and renamed when complete, so an
 interrupted preparation is redone, never half-used.
@@ -35,6 +37,7 @@ from bert_pretrain import checkpoints
 from bert_pretrain import create_pretraining_data
 from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
+from bert_pretrain import pack_records
 from bert_pretrain import pretraining
 from bert_pretrain import tokenization
 
@@ -96,6 +99,8 @@ FINETUNE_FLAGS = {
 }
 
 flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts.")
+flags.DEFINE_bool("packed", False, "Also pack the demo's training records into "
+                  "<cache_dir>/train_packed (bert_pretrain.pack_records).")
 flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
                     "demo's pretraining run, whose checkpoint is fine-tuned to tell the "
                     "books apart (and random weights beside it).")
@@ -190,6 +195,24 @@ def prepare(cache_dir, log=print):
     log("demo: writing a freshly initialized checkpoint %s" % paths["init_checkpoint"])
     write_fresh_checkpoint(modeling.BertConfig.from_dict(DEMO_CONFIG), paths["init_checkpoint"])
   return paths
+
+
+def prepare_packed(cache_dir, log=print):
+  """Packs the demo's training records beside them, once: <cache_dir>/train_packed.
+
+  Args:
+    cache_dir: the demo's artefacts (prepare makes what is missing).
+    log: function taking a line.
+
+  Returns:
+    the folder of the packed records.
+  """
+  paths = prepare(cache_dir, log=log)
+  folder = os.path.join(cache_dir, "train_packed")
+  summary = pack_records.pack(paths["input_files_dir"], folder, jobs=1)
+  if not summary["done_before"]:
+    log("demo: " + pack_records.summary_line(summary, folder))
+  return folder
 
 
 def write_fresh_checkpoint(bert_config, prefix, seed=12345):
@@ -312,7 +335,9 @@ def main(argv):
                 if getattr(FLAGS, "finetune_" + k)})
       return 0
     paths = prepare(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
-  except ValueError as e:
+    if FLAGS.packed:
+      prepare_packed(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
+  except (ValueError, pack_records.PackError) as e:
     print("demo: error: %s" % e, file=sys.stderr)
     return 2
   output_dir = os.path.join("results", "demo-" + time.strftime("%Y%m%d-%H%M%S"))

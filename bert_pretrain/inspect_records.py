@@ -15,6 +15,10 @@ Answers "is this the data I think it is?" before hours of training are spent on 
     the seven features, int64/float lists of max_seq_length / max_predictions_per_seq
     values (taken from the first record unless given), input_mask a run of ones then
     zeros, masked positions ascending inside the sequence, ids inside the vocab;
+  - recognises packed records (python3 -m bert_pretrain.pack_records; records.py, the
+    packed format) by their features, checks their layout, and takes their
+    statistics and decoded examples sequence by sequence, with the packs' sequences
+    per pack and padding;
   - prints masking statistics: the fraction of real tokens predicted, how the
     predicted tokens were changed ([MASK] / kept / random, Google's 80/10/10), the
     fraction of random next sentences (about 0.5) and the sequence lengths;
@@ -113,7 +117,8 @@ def inspect_files(files, vocab_file=None, max_seq_length=None,
     mask_id = vocab.get("[MASK]")
     vocab_size = max(vocab.values()) + 1
   report = {"files": [], "records": 0, "bytes": 0, "problems": [], "corrupt": [],
-            "spec_errors": 0, "examples": []}
+            "spec_errors": 0, "examples": [], "packed": None}
+  packs = collections.Counter()
   counts = collections.Counter()
   masked_ids = collections.Counter()
   lengths = []
@@ -140,23 +145,47 @@ def inspect_files(files, vocab_file=None, max_seq_length=None,
       if index in bad_indices:
         continue
       try:
-        values = records.parse_example(serialized)
+        values = records.parse_example(serialized, packed=None)
       except records.RecordError as e:
         _add_problem(report, "%s record %d at byte %d: %s" % (path, index, offset, e))
         continue
+      packed = records.is_packed(values)
+      if report["packed"] is None:
+        report["packed"] = packed
+      elif packed != report["packed"]:
+        _add_problem(report, "%s record %d at byte %d: %s" % (
+            path, index, offset, "a packed record among unpacked ones" if packed else
+            "an unpacked record among packed ones"))
+        continue
       if max_seq_length is None:
         max_seq_length = len(values["input_ids"])
-      if max_predictions_per_seq is None:
-        max_predictions_per_seq = len(values["masked_lm_ids"])
-      problem = records.example_problem(values, max_seq_length, max_predictions_per_seq,
-                                        vocab_size)
+      if packed:
+        sequences_per_pack = len(values["next_sentence_labels"])
+        if max_predictions_per_seq is None:
+          max_predictions_per_seq = len(values["masked_lm_ids"]) - sequences_per_pack
+        report["max_sequences_per_pack"] = sequences_per_pack
+        problem = records.packed_example_problem(
+            values, max_seq_length,
+            records.max_predictions_per_pack(max_predictions_per_seq, sequences_per_pack),
+            sequences_per_pack, vocab_size)
+      else:
+        if max_predictions_per_seq is None:
+          max_predictions_per_seq = len(values["masked_lm_ids"])
+        problem = records.example_problem(values, max_seq_length, max_predictions_per_seq,
+                                          vocab_size)
       if problem:
         _add_problem(report, "%s record %d at byte %d: %s" % (path, index, offset, problem))
         continue
       parsed += 1
-      _accumulate(values, counts, masked_ids, lengths)
+      sequences = (records.unpack_example(values, max_predictions_per_seq) if packed
+                   else [values])
+      for sequence in sequences:
+        _accumulate(sequence, counts, masked_ids, lengths)
+      packs["records"] += 1
+      packs["sequences"] += len(sequences)
       if len(report["examples"]) < num_examples:
-        report["examples"].append({"path": path, "index": index, "values": values})
+        report["examples"].append({"path": path, "index": index, "values": values,
+                                   "sequences": sequences})
   if mask_id is None and masked_ids:
     # Without a vocab, [MASK] is the id that most predicted positions hold (80%).
     mask_id = masked_ids.most_common(1)[0][0]
@@ -167,11 +196,15 @@ def inspect_files(files, vocab_file=None, max_seq_length=None,
   report["parsed"] = parsed
   report["statistics"] = _statistics(counts, masked_ids, mask_id, lengths,
                                      max_seq_length)
+  if report["packed"] and packs["records"]:
+    report["statistics"]["sequences"] = packs["sequences"]
+    report["statistics"]["sequences_per_pack"] = packs["sequences"] / packs["records"]
+    report["statistics"]["padding"] = 1 - counts["tokens"] / float(
+        packs["records"] * max_seq_length)
   for example in report["examples"]:
-    if inv_vocab is not None:
-      example["text"] = decode_example(example["values"], inv_vocab, mask_id)
-    else:
-      example["text"] = decode_example(example["values"], {}, mask_id)
+    example["texts"] = [decode_example(sequence, inv_vocab or {}, mask_id)
+                        for sequence in example["sequences"]]
+    example["text"] = example["texts"][0]
   return report
 
 
@@ -241,16 +274,28 @@ def format_report(report):
   if report["spec_errors"]:
     lines.append("SPEC: %d records break the feature spec" % report["spec_errors"])
     lines.extend("  " + p for p in report["problems"])
+  elif report["packed"]:
+    lines.append("feature spec: ok in %d packed records read (max_seq_length %s, "
+                 "max_predictions_per_pack %s, max_sequences_per_pack %s)" % (
+                     report["parsed"], report["max_seq_length"],
+                     report["max_predictions_per_seq"] + report["max_sequences_per_pack"],
+                     report["max_sequences_per_pack"]))
   else:
     lines.append("feature spec: ok in %d records read (max_seq_length %s, "
                  "max_predictions_per_seq %s)" % (report["parsed"],
                                                   report["max_seq_length"],
                                                   report["max_predictions_per_seq"]))
   stats = report["statistics"]
+  if stats and report["packed"]:
+    lines.append("packs: %d sequences in %d records, %.3f sequences a pack; padding "
+                 "%.1f%% of the tokens" % (stats["sequences"], report["parsed"],
+                                          stats["sequences_per_pack"],
+                                          100 * stats["padding"]))
   if stats:
     lines.append("masking: %.2f%% of real tokens predicted (%d of %d), %.1f predictions a "
-                 "record" % (100 * stats["masked_fraction"], stats["predictions"],
-                             stats["tokens"], stats["predictions_per_record"]))
+                 "%s" % (100 * stats["masked_fraction"], stats["predictions"],
+                         stats["tokens"], stats["predictions_per_record"],
+                         "sequence" if report["packed"] else "record"))
     lines.append("  predicted tokens: [MASK] %.1f%%, kept %.1f%%, random %.1f%% "
                  "(Google: 80/10/10)%s" % (
                      100 * stats["mask_fraction"], 100 * stats["kept_fraction"],
@@ -259,11 +304,18 @@ def format_report(report):
                      if report.get("mask_id_inferred") else ""))
     lines.append("next sentence: %.1f%% random (label 1)" %
                  (100 * stats["random_next_fraction"]))
-    lines.append("lengths: mean %.1f tokens, %.1f%% of records full" %
-                 (stats["mean_length"], 100 * stats["full_fraction"]))
+    lines.append("lengths: mean %.1f tokens, %.1f%% of %s full" %
+                 (stats["mean_length"], 100 * stats["full_fraction"],
+                  "sequences" if report["packed"] else "records"))
   for example in report["examples"]:
-    lines.append("example: %s record %d" % (example["path"], example["index"]))
-    lines.append("  " + example["text"])
+    if report["packed"]:
+      lines.append("example: %s record %d, a pack of %d sequences" % (
+          example["path"], example["index"], len(example["texts"])))
+      for slot, text in enumerate(example["texts"]):
+        lines.append("  [%d] %s" % (slot + 1, text))
+    else:
+      lines.append("example: %s record %d" % (example["path"], example["index"]))
+      lines.append("  " + example["text"])
   return lines
 
 

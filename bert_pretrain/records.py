@@ -24,10 +24,43 @@ offset + 16 + length. The framing alone gives every record's place (record_offse
 a seek per record) and shows a file cut short; TensorFlow's reader checks the CRCs
 (corrupt_records).
 
+A packed record (python3 -m bert_pretrain.pack_records writes them) holds up to
+max_sequences_per_pack (k) such sequences one after the other in one row of
+max_seq_length tokens, with the features and conventions of Habana's and Graphcore's
+packed BERT TFRecords (NVIDIA's packed HDF5 keeps per-pack lengths instead:
+packed_input_len, packed_masked_lm_len):
+
+  input_ids                int64   [max_seq_length]   the sequences' tokens one after the
+                                                      other, zero padded
+  input_mask               int64   [max_seq_length]   the index of the sequence a token
+                                                      belongs to, 1..k; 0 on padding
+  segment_ids              int64   [max_seq_length]   each sequence's own, 0 on padding
+  positions                int64   [max_seq_length]   0, 1, ... restarting at each
+                                                      sequence's [CLS]; 0 on padding
+  masked_lm_positions      int64   [max_predictions_per_pack]  positions in the row,
+                                                      ascending (so by sequence), 0 padded
+  masked_lm_ids            int64   [max_predictions_per_pack]
+  masked_lm_weights        float32 [max_predictions_per_pack]  1.0 per prediction, 0.0
+                                                      padding (the sequence of a
+                                                      prediction is input_mask there)
+  next_sentence_positions  int64   [k]                slot j: the position of sequence
+                                                      j+1's [CLS]; 0 for an empty slot
+  next_sentence_labels     int64   [k]                slot j: its label; 0 when empty
+  next_sentence_weights    float32 [k]                1.0 for a sequence, 0.0 when empty
+
+max_predictions_per_pack is max_predictions_per_seq + k (79 for MLPerf's 76 and 3), as
+Habana's and Graphcore's; see max_predictions_per_pack(). Habana's and Graphcore's
+packers write the sequence index into masked_lm_weights; here it stays a weight, so the
+masked-LM loss sum(weights * loss) / sum(weights) of a batch of packs is that of the
+same sequences unpacked. A record is packed when it has any of PACKED_ONLY
+(is_packed, record_layout).
+
 The module reads top to bottom: the feature spec, the framing, parsing one record into
-numpy arrays, validating it, and serializing one for a writer.
+numpy arrays, validating it, the packed format (its spec, packing and unpacking
+sequences, validating a pack), and serializing one record for a writer.
 """
 
+import collections
 import errno
 import os
 import shutil
@@ -230,7 +263,7 @@ class RecordError(ValueError):
     self.not_an_example = not_an_example
 
 
-def parse_example(serialized, as_numpy=True):
+def parse_example(serialized, as_numpy=True, packed=False):
   """Parses one serialized record into its features' values, without checking lengths.
 
   Args:
@@ -238,11 +271,13 @@ def parse_example(serialized, as_numpy=True):
     as_numpy: return numpy arrays; with False, the protobuf's own value lists
       (sequences with len() and indexing), which is several times faster for a check
       that reads a few features of every record.
+    packed: False: the features of FEATURE_NAMES; True: those of PACKED_FEATURE_NAMES;
+      None: whichever the record is (is_packed).
 
   Returns:
-    dict from each name of FEATURE_NAMES to its values, as many as the record holds:
-    with as_numpy, a 1-D numpy array, int64 for INT_FEATURES and float32 for
-    FLOAT_FEATURES.
+    dict from each name of FEATURE_NAMES (PACKED_FEATURE_NAMES for a packed record) to
+    its values, as many as the record holds: with as_numpy, a 1-D numpy array, int64
+    for the int64 features and float32 for the float ones.
 
   Raises:
     RecordError: the bytes are not a tf.train.Example ("not a tf.train.Example"), a
@@ -256,23 +291,28 @@ def parse_example(serialized, as_numpy=True):
   except Exception:  # pylint: disable=broad-except
     raise RecordError("not a tf.train.Example", not_an_example=True)
   features = example.features.feature
-  missing = [name for name in INT_FEATURES + FLOAT_FEATURES if name not in features]
+  if packed is None:
+    packed = is_packed(features)
+  names, int_names, float_names = ((PACKED_FEATURE_NAMES, PACKED_INT_FEATURES,
+                                    PACKED_FLOAT_FEATURES) if packed else
+                                   (FEATURE_NAMES, INT_FEATURES, FLOAT_FEATURES))
+  missing = [name for name in int_names + float_names if name not in features]
   if missing:
     raise RecordError("lacks the feature %s" % missing[0],
-                      missing=[name for name in FEATURE_NAMES if name in missing])
+                      missing=[name for name in names if name in missing])
   values = {}
-  for name in INT_FEATURES + FLOAT_FEATURES:
+  for name in int_names + float_names:
     feature = features[name]
     kind = feature.WhichOneof("kind")
-    want = "float_list" if name in FLOAT_FEATURES else "int64_list"
+    want = "float_list" if name in float_names else "int64_list"
     if kind != want:
       raise RecordError("feature %s is a %s, not a %s" % (name, kind, want))
     values[name] = getattr(feature, kind).value
     if as_numpy:
       # A slice is a plain list, which numpy converts faster than the protobuf's.
       values[name] = np.array(values[name][:],
-                              dtype=np.float32 if name in FLOAT_FEATURES else np.int64)
-  return {name: values[name] for name in FEATURE_NAMES}
+                              dtype=np.float32 if name in float_names else np.int64)
+  return {name: values[name] for name in names}
 
 
 # ----------------------------------------------------------------------------------------
@@ -339,22 +379,395 @@ def example_problem(values, max_seq_length, max_predictions_per_seq, vocab_size=
     if setting == 1:
       return "%s has %d values, not 1" % (name, found)
     return "%s has %d values, not %s %d" % (name, found, setting, want)
+  batch = {name: np.asarray(values[name])[None] for name in FEATURE_NAMES}
+  return example_problems(batch, vocab_size)[0]
+
+
+def example_problems(values, vocab_size=None):
+  """example_problem for a batch of records of the right lengths, row by row.
+
+  Args:
+    values: dict from each name of FEATURE_NAMES to a 2-D numpy array [records, its
+      length], as tf.io.parse_example gives them.
+    vocab_size: (optional) token ids must be in [0, vocab_size).
+
+  Returns:
+    list with, for each record, None or the first way it breaks the spec (the messages
+    of example_problem).
+  """
   mask = values["input_mask"]
-  length = int(mask.sum())
-  if not (np.all(mask[:length] == 1) and np.all(mask[length:] == 0)):
-    return "input_mask is not a run of ones followed by zeros"
-  if np.any(values["input_ids"][length:] != 0):
-    return "input_ids are not zero-padded after the input_mask"
+  rows = len(mask)
+  length = mask.sum(axis=1)
+  real = np.arange(mask.shape[1]) < length[:, None]
   weights = values["masked_lm_weights"]
-  num_predictions = int((weights > 0).sum())
-  positions = values["masked_lm_positions"][:num_predictions]
-  if np.any(weights[num_predictions:] != 0) or np.any(weights[:num_predictions] != 1):
+  num_predictions = (weights > 0).sum(axis=1)
+  predicted = np.arange(weights.shape[1]) < num_predictions[:, None]
+  positions = values["masked_lm_positions"]
+  labels = values["next_sentence_labels"][:, 0]
+  checks = [
+      (np.any(mask != real, axis=1), "input_mask is not a run of ones followed by zeros"),
+      (np.any((values["input_ids"] != 0) & ~real, axis=1),
+       "input_ids are not zero-padded after the input_mask"),
+      (np.any(weights != predicted, axis=1),
+       "masked_lm_weights are not ones followed by zeros"),
+      (np.any(predicted & ((positions < 1) | (positions >= length[:, None])), axis=1) |
+       np.any(predicted[:, 1:] & (np.diff(positions, axis=1) <= 0), axis=1),
+       "masked_lm_positions are not ascending positions inside the sequence"),
+      ((labels != 0) & (labels != 1), "next_sentence_labels is %d, not 0 or 1"),
+  ]
+  if vocab_size:
+    outside = np.zeros(rows, bool)
+    for name in TOKEN_ID_FEATURES:
+      outside |= np.any((values[name] < 0) | (values[name] >= vocab_size), axis=1)
+    checks.append((outside, "token id %d is outside the vocab (%d tokens)"))
+  problems = [None] * rows
+  for bad, message in checks:
+    for row in np.flatnonzero(bad):
+      if problems[row] is None:
+        if message.startswith("next_sentence_labels"):
+          message_row = message % labels[row]
+        elif message.startswith("token id"):
+          row_values = {name: values[name][row] for name in TOKEN_ID_FEATURES}
+          message_row = message % (token_ids_outside(row_values, vocab_size).max(),
+                                   vocab_size)
+        else:
+          message_row = message
+        problems[row] = message_row
+  return problems
+
+
+# ----------------------------------------------------------------------------------------
+# The packed format.
+# ----------------------------------------------------------------------------------------
+
+# (name, dtype, length), as FEATURES; the names and dtypes are Habana's packed records'.
+PACKED_FEATURES = (
+    ("input_ids", tf.int64, "max_seq_length"),
+    ("input_mask", tf.int64, "max_seq_length"),
+    ("segment_ids", tf.int64, "max_seq_length"),
+    ("positions", tf.int64, "max_seq_length"),
+    ("masked_lm_positions", tf.int64, "max_predictions_per_pack"),
+    ("masked_lm_ids", tf.int64, "max_predictions_per_pack"),
+    ("masked_lm_weights", tf.float32, "max_predictions_per_pack"),
+    ("next_sentence_positions", tf.int64, "max_sequences_per_pack"),
+    ("next_sentence_labels", tf.int64, "max_sequences_per_pack"),
+    ("next_sentence_weights", tf.float32, "max_sequences_per_pack"),
+)
+PACKED_FEATURE_NAMES = tuple(name for name, _, _ in PACKED_FEATURES)
+PACKED_INT_FEATURES = tuple(name for name, dtype, _ in PACKED_FEATURES if dtype == tf.int64)
+PACKED_FLOAT_FEATURES = tuple(name for name, dtype, _ in PACKED_FEATURES
+                              if dtype == tf.float32)
+# The features only a packed record has.
+PACKED_ONLY = tuple(name for name in PACKED_FEATURE_NAMES if name not in FEATURE_NAMES)
+
+# What a record holds: packed or not, and the lengths of its features (max_predictions is
+# max_predictions_per_seq for a record of one sequence, max_predictions_per_pack for a
+# packed one; max_sequences is 1 for an unpacked record).
+RecordLayout = collections.namedtuple(
+    "RecordLayout", ["packed", "max_seq_length", "max_predictions", "max_sequences"])
+
+
+def max_predictions_per_pack(max_predictions_per_seq, max_sequences_per_pack):
+  """The number of masked-LM values of a pack: max_predictions_per_seq + k.
+
+  create_pretraining_data predicts min(max_predictions_per_seq, max(1, round(length *
+  masked_lm_prob))) tokens of a sequence; sequences sharing max_seq_length tokens thus
+  have at most max_seq_length * masked_lm_prob + k / 2 predictions (+ k/2 from the
+  rounding), which is at most max_predictions_per_seq + k when max_predictions_per_seq
+  >= max_seq_length * masked_lm_prob - k / 2 (MLPerf: 512 * 0.15 + 1.5 = 78.3 <= 79).
+  This is Habana's and Graphcore's length; k times max_predictions_per_seq (228) would
+  triple the masked-LM head's gathers for nothing. The packer checks each pack against
+  it with the predictions the sequences really have, so other data is packed correctly,
+  at worst into more packs.
+
+  Args:
+    max_predictions_per_seq: int, the unpacked records' masked-LM length.
+    max_sequences_per_pack: int, k.
+
+  Returns:
+    int.
+  """
+  return max_predictions_per_seq + max_sequences_per_pack
+
+
+def packed_feature_lengths(max_seq_length, max_predictions_per_pack, max_sequences_per_pack):
+  """The number of values of each packed feature.
+
+  Args:
+    max_seq_length: int, the tokens of a pack.
+    max_predictions_per_pack: int, the masked-LM values of a pack.
+    max_sequences_per_pack: int, the sequence slots of a pack (k).
+
+  Returns:
+    dict from feature name to int, in PACKED_FEATURE_NAMES order.
+  """
+  settings = {"max_seq_length": max_seq_length,
+              "max_predictions_per_pack": max_predictions_per_pack,
+              "max_sequences_per_pack": max_sequences_per_pack}
+  return {name: settings[length] for name, _, length in PACKED_FEATURES}
+
+
+def packed_feature_spec(max_seq_length, max_predictions_per_pack, max_sequences_per_pack):
+  """The tf.parse_example spec of one packed record.
+
+  Args:
+    max_seq_length, max_predictions_per_pack, max_sequences_per_pack: as
+      packed_feature_lengths.
+
+  Returns:
+    dict from feature name to tf.FixedLenFeature, in PACKED_FEATURE_NAMES order.
+  """
+  lengths = packed_feature_lengths(max_seq_length, max_predictions_per_pack,
+                                   max_sequences_per_pack)
+  return {name: tf.FixedLenFeature([lengths[name]], dtype)
+          for name, dtype, _ in PACKED_FEATURES}
+
+
+def is_packed(feature_names):
+  """Whether a record with these features is packed (has any of PACKED_ONLY).
+
+  Args:
+    feature_names: a container of feature names: a dict from parse_example, a
+      tf.train.Example's feature map, a feature spec.
+
+  Returns:
+    bool.
+  """
+  return any(name in feature_names for name in PACKED_ONLY)
+
+
+def record_layout(serialized):
+  """What one serialized record is: packed or not, and its feature lengths.
+
+  This is how a reader tells packed records from unpacked ones by their features.
+
+  Args:
+    serialized: bytes of a tf.train.Example.
+
+  Returns:
+    RecordLayout; the lengths are those of input_ids, masked_lm_ids and (packed)
+    next_sentence_labels.
+
+  Raises:
+    RecordError: as parse_example.
+  """
+  values = parse_example(serialized, as_numpy=False, packed=None)
+  packed = is_packed(values)
+  return RecordLayout(packed, len(values["input_ids"]), len(values["masked_lm_ids"]),
+                      len(values["next_sentence_labels"]) if packed else 1)
+
+
+def pack_sequences(sequences, max_seq_length, max_predictions_per_pack,
+                   max_sequences_per_pack):
+  """Packs parsed unpacked records into one packed record's values.
+
+  Args:
+    sequences: list of 1 to max_sequences_per_pack dicts from parse_example (numpy),
+      each valid (example_problem None); they fill slots 1, 2, ... in this order.
+    max_seq_length, max_predictions_per_pack, max_sequences_per_pack: the pack's
+      lengths (packed_feature_lengths).
+
+  Returns:
+    dict from each name of PACKED_FEATURE_NAMES to a 1-D numpy array (int64 or float32).
+
+  Raises:
+    ValueError: too many sequences, tokens or predictions for the pack.
+  """
+  batch = {name: np.stack([np.asarray(values[name]) for values in sequences])
+           for name in FEATURE_NAMES}
+  packed = pack_batch(batch, np.zeros(len(sequences), np.int64), 1, max_seq_length,
+                      max_predictions_per_pack, max_sequences_per_pack)
+  return {name: values[0] for name, values in packed.items()}
+
+
+def pack_batch(values, pack_of, num_packs, max_seq_length, max_predictions_per_pack,
+               max_sequences_per_pack):
+  """Packs a batch of parsed unpacked records into num_packs packed records.
+
+  Args:
+    values: dict from each name of FEATURE_NAMES to a 2-D numpy array [sequences, its
+      length] of valid records (example_problems None).
+    pack_of: int array [sequences], the pack of each sequence, non-decreasing: a
+      pack's sequences are consecutive rows and fill its slots in row order.
+    num_packs: int, the packs made (each gets at least one sequence).
+    max_seq_length, max_predictions_per_pack, max_sequences_per_pack: the packs'
+      lengths (packed_feature_lengths).
+
+  Returns:
+    dict from each name of PACKED_FEATURE_NAMES to a 2-D numpy array [num_packs, its
+    length], int64 or float32.
+
+  Raises:
+    ValueError: a pack gets too many sequences, tokens or predictions, or none.
+  """
+  pack_of = np.asarray(pack_of, np.int64)
+  count = len(pack_of)
+  lengths = packed_feature_lengths(max_seq_length, max_predictions_per_pack,
+                                   max_sequences_per_pack)
+  packed = {name: np.zeros((num_packs, lengths[name]),
+                           np.float32 if dtype == tf.float32 else np.int64)
+            for name, dtype, _ in PACKED_FEATURES}
+  if count and np.any(np.diff(pack_of) < 0):
+    raise ValueError("pack_of is not non-decreasing")
+  sequences_per_pack = np.bincount(pack_of, minlength=num_packs)
+  if len(sequences_per_pack) > num_packs or np.any(sequences_per_pack == 0):
+    raise ValueError("pack_of does not give each of the %d packs a sequence" % num_packs)
+  if sequences_per_pack.max() > max_sequences_per_pack:
+    raise ValueError("%d sequences do not fit a pack of %d" % (sequences_per_pack.max(),
+                                                               max_sequences_per_pack))
+  first_row = np.cumsum(sequences_per_pack) - sequences_per_pack
+  slot = np.arange(count) - first_row[pack_of]
+  tokens = np.count_nonzero(values["input_mask"], axis=1)
+  predictions = np.count_nonzero(values["masked_lm_weights"], axis=1)
+
+  def starts_in_pack(sizes):
+    """Where each sequence's part begins in its pack, and each pack's total."""
+    before = np.cumsum(sizes) - sizes
+    return before - before[first_row[pack_of]], np.bincount(pack_of, sizes, num_packs)
+
+  offset, pack_tokens = starts_in_pack(tokens)
+  first_prediction, pack_predictions = starts_in_pack(predictions)
+  if pack_tokens.max() > max_seq_length:
+    raise ValueError("the sequences have more than max_seq_length %d tokens"
+                     % max_seq_length)
+  if pack_predictions.max() > max_predictions_per_pack:
+    raise ValueError("the sequences have more than max_predictions_per_pack %d "
+                     "predictions" % max_predictions_per_pack)
+
+  # A pack's tokens are its sequences' tokens one after the other, and the batch's
+  # sequences are in pack and slot order: the real tokens of the batch, row by row, are
+  # the packs' tokens, pack by pack.
+  real = np.arange(values["input_mask"].shape[1]) < tokens[:, None]
+  filled = np.arange(max_seq_length) < pack_tokens[:, None]
+  packed["input_ids"][filled] = values["input_ids"][real]
+  packed["segment_ids"][filled] = values["segment_ids"][real]
+  packed["input_mask"][filled] = np.repeat(slot + 1, tokens)
+  packed["positions"][filled] = np.nonzero(real)[1]
+  predicted = np.arange(values["masked_lm_weights"].shape[1]) < predictions[:, None]
+  filled = np.arange(max_predictions_per_pack) < pack_predictions[:, None]
+  packed["masked_lm_positions"][filled] = (values["masked_lm_positions"][predicted] +
+                                           np.repeat(offset, predictions))
+  packed["masked_lm_ids"][filled] = values["masked_lm_ids"][predicted]
+  packed["masked_lm_weights"][filled] = values["masked_lm_weights"][predicted]
+  packed["next_sentence_positions"][pack_of, slot] = offset
+  packed["next_sentence_labels"][pack_of, slot] = values["next_sentence_labels"][:, 0]
+  packed["next_sentence_weights"][pack_of, slot] = 1.0
+  return packed
+
+
+def unpack_example(values, max_predictions_per_seq):
+  """The unpacked records of a packed record's sequences, as pack_sequences took them.
+
+  Args:
+    values: dict from parse_example(..., packed=True) (numpy) of a valid pack
+      (packed_example_problem None).
+    max_predictions_per_seq: int, the masked-LM length of the records made.
+
+  Returns:
+    list of dicts from each name of FEATURE_NAMES to a 1-D numpy array, one per
+    sequence in slot order, padded as create_pretraining_data pads (zeros).
+  """
+  max_seq_length = len(values["input_ids"])
+  mask = values["input_mask"]
+  weights = values["masked_lm_weights"]
+  predicted = np.flatnonzero(weights)
+  # The sequence each prediction belongs to.
+  owner = mask[values["masked_lm_positions"][predicted]]
+  sequences = []
+  for slot in np.flatnonzero(values["next_sentence_weights"]):
+    tokens = np.flatnonzero(mask == slot + 1)
+    start, length = int(tokens[0]), len(tokens)
+    mine = predicted[owner == slot + 1]
+    count = len(mine)
+    record = {
+        "input_ids": np.zeros(max_seq_length, np.int64),
+        "input_mask": np.zeros(max_seq_length, np.int64),
+        "segment_ids": np.zeros(max_seq_length, np.int64),
+        "masked_lm_positions": np.zeros(max_predictions_per_seq, np.int64),
+        "masked_lm_ids": np.zeros(max_predictions_per_seq, np.int64),
+        "masked_lm_weights": np.zeros(max_predictions_per_seq, np.float32),
+        "next_sentence_labels": values["next_sentence_labels"][slot:slot + 1].astype(np.int64),
+    }
+    record["input_ids"][:length] = values["input_ids"][start:start + length]
+    record["input_mask"][:length] = 1
+    record["segment_ids"][:length] = values["segment_ids"][start:start + length]
+    record["masked_lm_positions"][:count] = values["masked_lm_positions"][mine] - start
+    record["masked_lm_ids"][:count] = values["masked_lm_ids"][mine]
+    record["masked_lm_weights"][:count] = weights[mine]
+    sequences.append(record)
+  return sequences
+
+
+def packed_example_problem(values, max_seq_length, max_predictions_per_pack,
+                           max_sequences_per_pack, vocab_size=None):
+  """Returns the first way a parsed packed record breaks the packed format, or None.
+
+  Checks the lengths, then the layout pack_sequences writes: input_mask the sequence
+  indices 1, 1, ..., 2, ... in order then zeros, input_ids zero-padded after them,
+  positions restarting at 0 at each sequence, segment ids 0 or 1 (0 on padding),
+  next_sentence_positions at each sequence's first token with weight 1.0 (0, 0.0 in
+  the empty slots after them), labels 0 or 1, masked_lm_weights ones then zeros at
+  ascending positions inside the sequences and never at a [CLS], ids inside the vocab.
+
+  Args:
+    values: dict from parse_example(..., packed=True) (numpy).
+    max_seq_length, max_predictions_per_pack, max_sequences_per_pack: the lengths the
+      record should have.
+    vocab_size: (optional) token ids must be in [0, vocab_size).
+
+  Returns:
+    None, or a str such as "positions do not restart at 0 at each sequence".
+  """
+  lengths = packed_feature_lengths(max_seq_length, max_predictions_per_pack,
+                                   max_sequences_per_pack)
+  for name, _, setting in PACKED_FEATURES:
+    if len(values[name]) != lengths[name]:
+      return "%s has %d values, not %s %d" % (name, len(values[name]), setting,
+                                              lengths[name])
+  mask = values["input_mask"]
+  used = int(np.count_nonzero(mask))
+  steps = np.diff(mask[:used])
+  if (used == 0 or mask[0] != 1 or np.any(mask[used:] != 0) or np.any(steps < 0) or
+      np.any(steps > 1)):
+    return ("input_mask is not the sequence indices 1, 2, ... of the tokens followed by "
+            "zeros")
+  if np.any(values["input_ids"][used:] != 0):
+    return "input_ids are not zero-padded after the last sequence"
+  num_sequences = int(mask[used - 1])
+  if num_sequences > max_sequences_per_pack:
+    return ("input_mask holds %d sequences, more than max_sequences_per_pack %d"
+            % (num_sequences, max_sequences_per_pack))
+  starts = np.concatenate([[0], np.flatnonzero(steps) + 1])
+  expected = np.zeros(max_seq_length, np.int64)
+  expected[:used] = np.arange(used) - starts[mask[:used] - 1]
+  if np.any(values["positions"] != expected):
+    return "positions do not restart at 0 at each sequence"
+  segments = values["segment_ids"]
+  if np.any((segments != 0) & (segments != 1)) or np.any(segments[used:] != 0):
+    return "segment_ids are not 0 or 1 on the sequences and 0 on padding"
+  slot_weights = values["next_sentence_weights"]
+  if (np.any(slot_weights[:num_sequences] != 1) or
+      np.any(slot_weights[num_sequences:] != 0)):
+    return ("next_sentence_weights are not 1.0 for each of the %d sequences then 0.0"
+            % num_sequences)
+  if (np.any(values["next_sentence_positions"][:num_sequences] != starts) or
+      np.any(values["next_sentence_positions"][num_sequences:] != 0)):
+    return "next_sentence_positions are not the positions of the sequences' [CLS]"
+  labels = values["next_sentence_labels"]
+  if np.any((labels != 0) & (labels != 1)) or np.any(labels[num_sequences:] != 0):
+    return "next_sentence_labels are not 0 or 1 (0 in the empty slots)"
+  weights = values["masked_lm_weights"]
+  count = int(np.count_nonzero(weights))
+  if np.any(weights[count:] != 0) or np.any(weights[:count] != 1):
+    if count and np.all(weights[:count] == np.round(weights[:count])) and weights.max() > 1:
+      return ("masked_lm_weights hold sequence indices (Habana's and Graphcore's packers "
+              "write them), not 1.0 weights; pack the unpacked records with python3 -m "
+              "bert_pretrain.pack_records")
     return "masked_lm_weights are not ones followed by zeros"
-  if num_predictions and (positions.min() < 1 or positions.max() >= length or
-                          np.any(np.diff(positions) <= 0)):
-    return "masked_lm_positions are not ascending positions inside the sequence"
-  if values["next_sentence_labels"][0] not in (0, 1):
-    return "next_sentence_labels is %d, not 0 or 1" % values["next_sentence_labels"][0]
+  positions = values["masked_lm_positions"][:count]
+  if count and (positions.max() >= used or np.any(np.diff(positions) <= 0) or
+                np.any(np.isin(positions, starts))):
+    return "masked_lm_positions are not ascending positions inside the sequences"
   if vocab_size:
     outside = token_ids_outside(values, vocab_size)
     if outside.size:
@@ -371,22 +784,115 @@ def serialize_example(values):
   """Serializes one record: the bytes create_pretraining_data writes for these values.
 
   Args:
-    values: dict from every name of FEATURE_NAMES to a sequence (or 1-D numpy array) of
-      its values, ints for INT_FEATURES and floats for FLOAT_FEATURES, already padded.
+    values: dict from every name of FEATURE_NAMES (of PACKED_FEATURE_NAMES for a packed
+      record: is_packed) to a sequence (or 1-D numpy array) of its values, ints for the
+      int64 features and floats for the float ones, already padded.
 
   Returns:
     bytes: tf.train.Example's deterministic serialization (map entries sorted by name).
   """
-  features = {}
-  for name in FEATURE_NAMES:
-    if name in FLOAT_FEATURES:
-      features[name] = tf.train.Feature(
-          float_list=tf.train.FloatList(value=[float(v) for v in values[name]]))
+  return serialize_examples({name: np.asarray(value)[None] for name, value in values.items()
+                             if name in PACKED_FEATURE_NAMES + FEATURE_NAMES})[0]
+
+
+def _varint(value):
+  """Protobuf varint bytes of a non-negative int."""
+  out = bytearray()
+  while True:
+    byte = value & 0x7F
+    value >>= 7
+    if value:
+      out.append(byte | 0x80)
     else:
-      features[name] = tf.train.Feature(
-          int64_list=tf.train.Int64List(value=[int(v) for v in values[name]]))
-  example = tf.train.Example(features=tf.train.Features(feature=features))
-  return example.SerializeToString(deterministic=True)
+      out.append(byte)
+      return bytes(out)
+
+
+def _varint_rows(matrix):
+  """Protobuf varints of every value of a 2-D int array, row by row.
+
+  Returns:
+    (data, ends): bytes of all values' varints in row-major order, and the int64 array
+    of where each row's bytes end in data.
+  """
+  matrix = np.asarray(matrix, np.int64)
+  rows, columns = matrix.shape
+  if matrix.size == 0:
+    return b"", np.zeros(rows, np.int64)
+  if matrix.min() < 0:
+    # Negative int64s are their two's complement, 10 bytes, as protobuf writes them.
+    unsigned, width = matrix.astype(np.uint64), 10
+  else:
+    top = int(matrix.max())
+    unsigned = matrix.astype(np.uint32 if top < 2 ** 32 else np.uint64)
+    width = 1
+    while width < 10 and top >= 1 << (7 * width):
+      width += 1
+  if width == 1:
+    return unsigned.astype(np.uint8).tobytes(), np.arange(1, rows + 1) * columns
+  size = np.ones(matrix.shape, np.uint8)
+  for index in range(1, width):
+    size += unsigned >= unsigned.dtype.type(1 << (7 * index))
+  groups = np.empty(matrix.shape + (width,), np.uint8)
+  for index in range(width):
+    group = ((unsigned >> unsigned.dtype.type(7 * index)) & unsigned.dtype.type(0x7F)).astype(
+        np.uint8)
+    if index < width - 1:
+      group |= (size > index + 1).view(np.uint8) << np.uint8(7)
+    groups[..., index] = group
+  data = groups[np.arange(width) < size[..., None]].tobytes()
+  return data, np.cumsum(size.sum(axis=1, dtype=np.int64))
+
+
+def serialize_examples(values):
+  """Serializes records: tf.train.Example's deterministic bytes, made with numpy.
+
+  Args:
+    values: dict from every name of FEATURE_NAMES (of PACKED_FEATURE_NAMES for packed
+      records) to a 2-D array [records, its length], ints for the int64 features and
+      floats for the float ones.
+
+  Returns:
+    list of bytes, one per record: what tf.train.Example(...).SerializeToString(
+    deterministic=True) gives (the map entries sorted by name, packed value lists).
+  """
+  packed = is_packed(values)
+  names = sorted(PACKED_FEATURE_NAMES if packed else FEATURE_NAMES)
+  float_names = PACKED_FLOAT_FEATURES if packed else FLOAT_FEATURES
+  rows = len(values[names[0]])
+  payloads = []
+  for name in names:
+    if name in float_names:
+      data = np.ascontiguousarray(values[name], dtype="<f4").tobytes()
+      width = 4 * np.shape(values[name])[1]
+      ends = np.arange(1, rows + 1, dtype=np.int64) * width
+    else:
+      data, ends = _varint_rows(values[name])
+    payloads.append((name.encode("utf-8"), 0x12 if name in float_names else 0x1A,
+                     data, np.concatenate([[0], ends]).tolist()))
+  prefixes = {}
+
+  def prefix(name, kind, payload_length):
+    """The bytes before a feature's values: map entry, Feature, value list."""
+    key = (name, payload_length)
+    if key not in prefixes:
+      value_list = (b"\x0a" + _varint(payload_length)) if payload_length else b""
+      feature = bytes([kind]) + _varint(len(value_list) + payload_length) + value_list
+      entry = (b"\x0a" + _varint(len(name)) + name + b"\x12" +
+               _varint(len(feature) + payload_length) + feature)
+      prefixes[key] = b"\x0a" + _varint(len(entry) + payload_length) + entry
+    return prefixes[key]
+
+  examples = []
+  for row in range(rows):
+    parts = []
+    for name, kind, data, ends in payloads:
+      start, end = ends[row], ends[row + 1]
+      parts.append(prefix(name, kind, end - start))
+      parts.append(data[start:end])
+    features = b"".join(parts)
+    examples.append(b"\x0a" + _varint(len(features)) + features)
+  return examples
 
 
 def os_error_from_tf(error, path):

@@ -164,3 +164,35 @@ def test_bad_input_is_one_line(data, tmp_path):
   shutil.copy(os.path.join(data["output_dir"], "manifest.json"), str(empty))
   status, _, err = inspect(str(empty))
   assert status == 2 and "holds no TFRecord files" in err
+
+
+def test_packed_records_are_recognised_and_a_broken_pack_breaks_the_spec(data, tmp_path):
+  from bert_pretrain import pack_records  # pylint: disable=g-import-not-at-top
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  packed_dir = str(tmp_path / "packed")
+  pack_records.pack(data["files"], packed_dir)
+  packed_files = sorted(os.path.join(packed_dir, n) for n in os.listdir(packed_dir)
+                        if n.startswith("part-"))
+  report = inspect_tfrecords.inspect_files(packed_files, data["vocab"], num_examples=1,
+                                           stats_records=0)
+  plain = inspect_tfrecords.inspect_files(data["files"], data["vocab"], num_examples=0,
+                                          stats_records=0)
+  assert report["packed"] and not report["spec_errors"]
+  assert report["statistics"]["sequences"] == plain["records"]
+  assert report["statistics"]["predictions"] == plain["statistics"]["predictions"]
+  # A pack whose positions do not restart, and an unpacked record among packed ones.
+  broken = str(tmp_path / "broken")
+  serialized = list(tf.io.tf_record_iterator(packed_files[0]))
+  values = records.parse_example(serialized[0], packed=True)
+  values["positions"][0] = 1
+  with tf.io.TFRecordWriter(broken) as writer:
+    writer.write(serialized[1])
+    writer.write(records.serialize_example(values))
+    writer.write(open(data["files"][0], "rb").read()[12:12 + records.record_offsets(
+        data["files"][0])[0][0][1]])
+  status, out, _ = inspect(broken, num_examples=0)
+  assert status == 1
+  assert "SPEC: 2 records break the feature spec" in out
+  assert "%s record 1 at byte %d: positions do not restart at 0 at each sequence" % (
+      broken, 16 + len(serialized[1])) in out
+  assert "record 2 at byte" in out and "an unpacked record among packed ones" in out

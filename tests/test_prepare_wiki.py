@@ -514,3 +514,46 @@ def test_tensorflow_write_errors_read_as_os_errors():
   other = records.os_error_from_tf(tf.errors.UnknownError(None, None, "bad"), "/y")
   assert pipeline.describe_os_error(other) == (
       "TensorFlow could not write it: bad writing /y")
+
+
+def test_pack_adds_packed_records_to_a_finished_folder_and_resumes_like_the_others(
+    run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "packed")
+  shutil.copytree(run_a, output_dir)
+  original = files_under(run_a)
+  result = run_cli(output_dir, vocab, pack="true")
+  assert result.returncode == 0, result.stderr
+  assert "tfrecords: 0 files made (5 done before)" in result.stderr
+  assert "prepare_wiki: pack: %d sequences in, " % (
+      json.load(open(os.path.join(run_a, "manifest.json")))["counts"]["train"]["instances"]
+  ) in result.stderr
+  assert "the packed training records are in %s" % os.path.join(
+      output_dir, "packed_train_data") in result.stdout
+  after = files_under(output_dir)
+  changed = ("manifest.json", "settings.json")
+  assert {p: b for p, b in after.items() if p not in changed} == {
+      p: b for p, b in original.items() if p not in changed}
+  settings = json.load(open(os.path.join(output_dir, "settings.json")))["settings"]
+  assert settings["max_sequences_per_pack"] == 3
+  packed = os.path.join(output_dir, "packed_train_data")
+  names = sorted(n for n in os.listdir(packed) if n.startswith("part-"))
+  assert names == ["part-%05d-of-00004" % i for i in range(4)]
+  manifest = json.load(open(os.path.join(output_dir, "manifest.json")))
+  assert sorted(p for p in manifest["files"] if p.startswith("packed_train_data/")) == [
+      "packed_train_data/" + n for n in names]
+  # A lost packed file is made again, the same; nothing else is redone.
+  kept = open(os.path.join(packed, names[1]), "rb").read()
+  os.remove(os.path.join(packed, names[1]))
+  result = run_cli(output_dir, vocab, pack="true")
+  assert result.returncode == 0, result.stderr
+  assert "pack_records: write: 1 files written (3 done before)" in result.stderr
+  assert open(os.path.join(packed, names[1]), "rb").read() == kept
+  # Without --pack the folder is accepted as it is; step pack alone needs --pack, and
+  # other packing settings are refused.
+  result = run_cli(output_dir, vocab)
+  assert result.returncode == 0, result.stderr
+  assert "pack:" not in result.stderr
+  line = error_line(run_cli(output_dir, vocab, steps="pack"))
+  assert "step pack packs the training records only with --pack; pass --pack" in line
+  line = error_line(run_cli(output_dir, vocab, pack="true", max_sequences_per_pack=2))
+  assert "max_sequences_per_pack=3 there, 2 now" in line

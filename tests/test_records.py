@@ -193,3 +193,198 @@ def test_parsing_names_what_is_not_a_pretraining_example(data):
   with pytest.raises(records.RecordError,
                      match="^feature masked_lm_weights is a int64_list, not a float_list$"):
     records.parse_example(example.SerializeToString())
+
+
+# ---------------------------------------------------------------------------------------
+# The packed format.
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory):
+  """Records with short sequences: the sample text's sentences cut to their first 6
+  words, in documents of two; and groups of up to 3 records in file order, each
+  fitting 64 tokens and 13 predictions."""
+  root = tmp_path_factory.mktemp("short")
+  vocab = str(root / "vocab.txt")
+  tokenization.build_wordpiece_vocab([SAMPLE_TEXT], 600, vocab)
+  sentences = [" ".join(line.split()[:6]) for line in open(SAMPLE_TEXT, encoding="utf-8")
+               if line.strip()]
+  text = root / "short.txt"
+  text.write_text("\n\n".join("\n".join(sentences[i:i + 2])
+                              for i in range(0, len(sentences) - 1, 2)) + "\n",
+                  encoding="utf-8")
+  path = str(root / "part-0")
+  create_pretraining_data.create_pretraining_data(
+      [str(text)], [path], vocab, max_seq_length=SEQ, max_predictions_per_seq=PRED,
+      dupe_factor=1, random_seed=9)
+  serialized = list(tf.io.tf_record_iterator(path))
+  groups, group = [], []
+  for record in serialized:
+    values = records.parse_example(record)
+    candidate = group + [(record, values)]
+    tokens = sum(int(v["input_mask"].sum()) for _, v in candidate)
+    predictions = sum(int(v["masked_lm_weights"].sum()) for _, v in candidate)
+    if len(candidate) > 3 or tokens > SEQ or predictions > PRED + 3:
+      groups.append(group)
+      candidate = [(record, values)]
+    group = candidate
+  groups.append(group)
+  assert sum(len(g) > 1 for g in groups) > 10 and any(len(g) == 3 for g in groups)
+  return {"groups": groups, "vocab_size": len(tokenization.load_vocab(vocab))}
+
+
+def reference_bytes(values, names, float_names):
+  """tf.train.Example's own deterministic serialization of these values."""
+  feature = {}
+  for name in names:
+    if name in float_names:
+      feature[name] = tf.train.Feature(float_list=tf.train.FloatList(
+          value=np.asarray(values[name]).tolist()))
+    else:
+      feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(
+          value=np.asarray(values[name]).tolist()))
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(
+      deterministic=True)
+
+
+def test_the_packed_spec_has_habanas_ten_features():
+  assert records.PACKED_FEATURE_NAMES == (
+      "input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions",
+      "masked_lm_ids", "masked_lm_weights", "next_sentence_positions",
+      "next_sentence_labels", "next_sentence_weights")
+  assert records.PACKED_ONLY == ("positions", "next_sentence_positions",
+                                 "next_sentence_weights")
+  assert records.PACKED_FLOAT_FEATURES == ("masked_lm_weights", "next_sentence_weights")
+  assert records.max_predictions_per_pack(76, 3) == 79
+  spec = records.packed_feature_spec(512, 79, 3)
+  assert [spec[name].shape for name in records.PACKED_FEATURE_NAMES] == [
+      [512], [512], [512], [512], [79], [79], [79], [3], [3], [3]]
+  assert records.is_packed(spec) and not records.is_packed(records.feature_spec(512, 76))
+
+
+def test_packed_records_round_trip_to_the_same_unpacked_records(short):
+  spec = records.packed_feature_spec(SEQ, PRED + 3, 3)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    serialized = tf.placeholder(tf.string, [])
+    parsed_by_tf = tf.io.parse_single_example(serialized, spec)
+    for group in short["groups"]:
+      sequences = [values for _, values in group]
+      packed = records.pack_sequences(sequences, SEQ, PRED + 3, 3)
+      record = records.serialize_example(packed)
+      assert record == reference_bytes(packed, records.PACKED_FEATURE_NAMES,
+                                       records.PACKED_FLOAT_FEATURES)
+      assert records.record_layout(record) == (True, SEQ, PRED + 3, 3)
+      values = records.parse_example(record, packed=None)
+      expected = sess.run(parsed_by_tf, {serialized: record})
+      for name in records.PACKED_FEATURE_NAMES:
+        np.testing.assert_array_equal(values[name], expected[name])
+        np.testing.assert_array_equal(values[name], packed[name])
+      assert records.packed_example_problem(values, SEQ, PRED + 3, 3,
+                                            short["vocab_size"]) is None
+      # Each [CLS] is where next_sentence_positions says, each masked position holds
+      # the same token as in its own record.
+      starts = values["next_sentence_positions"][:len(group)]
+      for slot, (_, sequence) in enumerate(group):
+        start = starts[slot]
+        assert values["input_ids"][start] == sequence["input_ids"][0]
+        assert values["positions"][start] == 0 and values["input_mask"][start] == slot + 1
+      predicted = values["masked_lm_weights"] > 0
+      owners = values["input_mask"][values["masked_lm_positions"][predicted]]
+      assert list(owners) == sorted(owners)
+      unpacked = records.unpack_example(values, PRED)
+      assert [records.serialize_example(v) for v in unpacked] == [r for r, _ in group]
+
+
+def test_unpacked_records_are_recognised_as_such(data):
+  assert records.record_layout(data["serialized"][0]) == (False, SEQ, PRED, 1)
+  assert not records.is_packed(records.parse_example(data["serialized"][0], packed=None))
+
+
+def test_packed_validation_names_what_is_wrong(short):
+  group = [g for g in short["groups"] if len(g) == 2][0]
+  good = records.pack_sequences([v for _, v in group], SEQ, PRED + 3, 3)
+  start = good["next_sentence_positions"][1]
+  used = int(np.count_nonzero(good["input_mask"]))
+
+  def problem(change, vocab_size=None):
+    values = {name: value.copy() for name, value in good.items()}
+    change(values)
+    return records.packed_example_problem(values, SEQ, PRED + 3, 3, vocab_size)
+
+  def set_value(name, index, value):
+    return lambda values: values[name].__setitem__(index, value)
+
+  assert problem(lambda v: None) is None
+  assert problem(lambda v: v.__setitem__("positions", v["positions"][:-1])) == (
+      "positions has %d values, not max_seq_length %d" % (SEQ - 1, SEQ))
+  assert problem(set_value("positions", start, 7)) == (
+      "positions do not restart at 0 at each sequence")
+  assert problem(set_value("input_mask", start, 3)) == (
+      "input_mask is not the sequence indices 1, 2, ... of the tokens followed by zeros")
+  assert problem(set_value("next_sentence_positions", 1, start + 1)) == (
+      "next_sentence_positions are not the positions of the sequences' [CLS]")
+  assert problem(set_value("next_sentence_weights", 2, 1.0)) == (
+      "next_sentence_weights are not 1.0 for each of the 2 sequences then 0.0")
+  assert problem(set_value("next_sentence_labels", 0, 2)) == (
+      "next_sentence_labels are not 0 or 1 (0 in the empty slots)")
+  if used < SEQ:
+    assert problem(set_value("input_ids", SEQ - 1, 5)) == (
+        "input_ids are not zero-padded after the last sequence")
+
+  def habana_weights(values):
+    predicted = values["masked_lm_weights"] > 0
+    owners = values["input_mask"][values["masked_lm_positions"][predicted]]
+    values["masked_lm_weights"][predicted] = owners
+
+  assert problem(habana_weights).startswith(
+      "masked_lm_weights hold sequence indices (Habana's and Graphcore's packers write "
+      "them), not 1.0 weights")
+
+  def mask_the_second_cls(values):
+    positions = values["masked_lm_positions"]
+    second = np.flatnonzero(positions >= start)[0]
+    positions[second] = start
+
+  assert problem(mask_the_second_cls) == (
+      "masked_lm_positions are not ascending positions inside the sequences")
+  assert problem(set_value("input_ids", 1, short["vocab_size"]), short["vocab_size"]) == (
+      "token id %d is outside the vocab (%d tokens)" % (short["vocab_size"],
+                                                        short["vocab_size"]))
+
+
+def test_a_pack_refuses_what_does_not_fit(data, short):
+  full = [records.parse_example(r) for r in data["serialized"][:4]]
+  with pytest.raises(ValueError, match="more than max_seq_length 64 tokens"):
+    records.pack_sequences(full[:2], SEQ, 3 * PRED, 3)
+  group = [v for _, v in [g for g in short["groups"] if len(g) == 3][0]]
+  with pytest.raises(ValueError, match="more than max_predictions_per_pack 2 predictions"):
+    records.pack_sequences(group, SEQ, 2, 3)
+  with pytest.raises(ValueError, match="3 sequences do not fit a pack of 2"):
+    records.pack_sequences(group, SEQ, PRED + 3, 2)
+
+
+def test_the_batch_check_gives_each_records_own_problem(data):
+  rows = [records.parse_example(r) for r in data["serialized"][:6]]
+  rows[1]["input_mask"][3] = 0
+  rows[2]["masked_lm_weights"][0] = 0.5
+  rows[3]["next_sentence_labels"][0] = 7
+  rows[4]["masked_lm_positions"][0] = 0
+  rows[5]["input_ids"][0] = data["vocab_size"] + 2
+  batch = {name: np.stack([row[name] for row in rows]) for name in records.FEATURE_NAMES}
+  problems = records.example_problems(batch, data["vocab_size"])
+  assert problems == [records.example_problem(row, SEQ, PRED, data["vocab_size"])
+                      for row in rows]
+  assert problems[0] is None and all(problems[1:])
+  assert problems[3] == "next_sentence_labels is 7, not 0 or 1"
+
+
+def test_the_batch_encoder_writes_tensorflows_bytes_for_any_int64(data):
+  values = records.parse_example(data["serialized"][0])
+  values["input_ids"][:4] = [-5, 2 ** 40, 2 ** 63 - 1, -2 ** 63]
+  values["masked_lm_weights"][0] = -0.0
+  batch = {name: np.stack([values[name]] * 3) for name in records.FEATURE_NAMES}
+  expected = reference_bytes(values, records.FEATURE_NAMES, records.FLOAT_FEATURES)
+  assert records.serialize_examples(batch) == [expected] * 3
+  assert records.parse_example(expected)["input_ids"][:4].tolist() == [
+      -5, 2 ** 40, 2 ** 63 - 1, -2 ** 63]

@@ -14,6 +14,7 @@ modules, in the order the data goes through them:
                   (split_sentences).
   shard.py        step shard: held-out articles and balanced text shards.
   tfrecords.py    step tfrecords: create_pretraining_data on every shard.
+  pack.py         step pack (--pack): bert_pretrain.pack_records on the training records.
   evalset.py      step eval: the eval set picked from the held-out instances.
   manifest.py     step manifest: counts and every output's sha256.
 """

@@ -21,6 +21,9 @@ The steps, in order (--steps runs a subset; each step reads what the one before 
   tfrecords  bert_pretrain.create_pretraining_data on every shard (one task per shard,
              --jobs at once) -> train_data/part-00000-of-00500 ..., and on the held-out
              text -> eval_intermediate/eval_all.
+  pack       with --pack only: bert_pretrain.pack_records on train_data/, up to
+             --max_sequences_per_pack sequences a record, shuffled with --random_seed
+             -> packed_train_data/part-00000-of-00500 ... (the eval set stays unpacked).
   eval       exactly --num_eval_samples records, record int(i * n / k) for i < k as
              MLCommons' pick_eval_samples.py -> eval_data/eval_<k>.
   manifest   manifest.json: settings, counts (pages, articles, sentences, tokens,
@@ -59,6 +62,8 @@ def define_flags():
                        "Processes for the parallel steps (extract, clean, segment, "
                        "tfrecords); about 2 GB of memory each at the MLPerf settings.")
   flags.DEFINE_bool("verify", False, "Manifest: re-hash every output file.")
+  flags.DEFINE_bool("pack", False, "Also pack the training records (step pack) into "
+                    "packed_train_data/.")
   flags.DEFINE_integer("pages_per_chunk", DEFAULTS["pages_per_chunk"],
                        "Pages per extraction chunk (the unit of resuming extract).")
   flags.DEFINE_integer("min_article_chars", DEFAULTS["min_article_chars"],
@@ -84,6 +89,8 @@ def define_flags():
                        "MLCommons).")
   flags.DEFINE_bool("do_whole_word_mask", DEFAULTS["do_whole_word_mask"],
                     "Mask whole words (MLPerf: False).")
+  flags.DEFINE_integer("max_sequences_per_pack", DEFAULTS["max_sequences_per_pack"],
+                       "With --pack: the most sequences in one packed record.")
 
 
 def main(argv):
@@ -98,7 +105,7 @@ def main(argv):
   try:
     run_pipeline(flag_values.output_dir, dump=flag_values.dump, vocab=flag_values.vocab,
                  steps=flag_values.steps, jobs=flag_values.jobs, verify=flag_values.verify,
-                 **{key: flag_values[key].value for key in DEFAULTS})
+                 pack=flag_values.pack, **{key: flag_values[key].value for key in DEFAULTS})
   except PrepareError as e:
     sys.exit("prepare_wiki: error: %s" % e)
   except KeyboardInterrupt:
@@ -113,6 +120,9 @@ def main(argv):
   if os.path.exists(layout.manifest) and "manifest" in parse_steps(flag_values.steps):
     print("prepare_wiki: done. Train with --input_files_dir=%s --eval_files_dir=%s"
           % (layout.train_data, layout.eval_data))
+    if flag_values.pack:
+      print("prepare_wiki: the packed training records are in %s"
+            % layout.packed_train_data)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Step manifest: manifest.json, with the settings, the counts and every output's sha256.
 
-Counts of pages, dropped pages, articles, sentences, tokens, instances and bytes, from
-the done-markers; no timings, so the same inputs give the same file.
+Counts of pages, dropped pages, articles, sentences, tokens, instances and bytes (and,
+after step pack, the packs), from the done-markers; no timings, so the same inputs give
+the same file.
 """
 
 import collections
@@ -35,8 +36,13 @@ def run_manifest(layout, settings, verify=False):
       raise PrepareError("manifest needs every TFRecord file; %s is not complete; rerun "
                          "the pipeline to make it" % name)
     record_markers[name] = marker
+  # Step pack ran (--pack): its packed records are outputs too.
+  pack_marker = read_json(layout.marker("pack"))
+  if not marker_is_valid(layout, pack_marker, settings, "pack"):
+    pack_marker = None
   files = {}
-  for marker in [shard_marker, markers["eval"]] + list(record_markers.values()):
+  for marker in ([shard_marker, markers["eval"]] + list(record_markers.values()) +
+                 [pack_marker] * bool(pack_marker)):
     for relative_path, digest in marker["outputs"].items():
       if verify:
         actual = file_digest(layout.absolute(relative_path))
@@ -89,6 +95,8 @@ def run_manifest(layout, settings, verify=False):
                  "bytes_max": max(shard_sizes)},
       "files": files,
   }
+  if pack_marker:
+    manifest["packed"] = pack_marker["stats"]
   write_json(layout.manifest, manifest)
   say("manifest: %d files -> %s" % (len(files), layout.manifest))
   return manifest

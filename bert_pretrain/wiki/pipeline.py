@@ -10,18 +10,20 @@ import errno
 import json
 import os
 
+from bert_pretrain import pack_records
 from bert_pretrain import tokenization
 from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
 from bert_pretrain.wiki.evalset import run_eval
 from bert_pretrain.wiki.extract import run_extract
 from bert_pretrain.wiki.manifest import run_manifest
+from bert_pretrain.wiki.pack import run_pack
 from bert_pretrain.wiki.shard import run_shard
 from bert_pretrain.wiki.tfrecords import run_tfrecords
 from bert_pretrain.wiki.workdir import (FORMAT_VERSION, STEP_SETTINGS, Layout,
                                         PrepareError, atomic_output, file_digest,
                                         locked, read_json, remove_quietly, write_json)
 
-STEPS = ("extract", "clean", "segment", "shard", "tfrecords", "eval", "manifest")
+STEPS = ("extract", "clean", "segment", "shard", "tfrecords", "pack", "eval", "manifest")
 
 # Every setting that changes an output, with its default. --jobs is not one: it only
 # changes how fast the same files are made.
@@ -39,6 +41,7 @@ DEFAULTS = collections.OrderedDict([
     ("dupe_factor", 10),
     ("random_seed", 12345),
     ("do_whole_word_mask", False),
+    ("max_sequences_per_pack", pack_records.MAX_SEQUENCES_PER_PACK),
 ])
 _REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
 
@@ -129,7 +132,7 @@ def parse_steps(steps):
 
 
 def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=False,
-                 **overrides):
+                 pack=False, **overrides):
   """Runs the requested steps; what is already complete is skipped.
 
   Args:
@@ -139,6 +142,8 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
     steps: "all" or a comma-separated list of STEPS.
     jobs: processes for the parallel steps.
     verify: manifest re-hashes every output.
+    pack: run step pack (packed training records); without it, step pack is left
+      out.
     **overrides: settings from DEFAULTS.
 
   Returns:
@@ -151,6 +156,11 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
   if unknown:
     raise TypeError("unknown settings %s" % sorted(unknown))
   step_list = parse_steps(steps)
+  if not pack:
+    if "pack" in step_list and steps not in (None, "", "all"):
+      raise PrepareError("step pack packs the training records only with --pack; pass "
+                         "--pack")
+    step_list = [step for step in step_list if step != "pack"]
   settings = dict(DEFAULTS)
   settings.update(overrides)
   _check_settings(settings, jobs)
@@ -191,6 +201,8 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
           run_shard(layout, settings)
         elif step == "tfrecords":
           run_tfrecords(layout, settings, vocab, jobs)
+        elif step == "pack":
+          run_pack(layout, settings, jobs)
         elif step == "eval":
           run_eval(layout, settings)
         elif step == "manifest":
@@ -235,6 +247,9 @@ def _check_settings(settings, jobs):
   if settings["num_shards"] > 99999:
     raise PrepareError("--num_shards=%d is too many; use at most 99999"
                        % settings["num_shards"])
+  if settings["max_sequences_per_pack"] < 1:
+    raise PrepareError("--max_sequences_per_pack=%d must be >= 1 (MLPerf's submitters: 3)"
+                       % settings["max_sequences_per_pack"])
   if settings["max_seq_length"] < 5:
     raise PrepareError("--max_seq_length=%d must be >= 5" % settings["max_seq_length"])
   if not 1 <= settings["max_predictions_per_seq"] <= settings["max_seq_length"]:

@@ -29,6 +29,11 @@ STEP_SETTINGS = {
                   "max_predictions_per_seq", "masked_lm_prob", "short_seq_prob",
                   "dupe_factor", "random_seed", "do_whole_word_mask"),
     "eval": ("format_version", "num_eval_samples"),
+    "pack": ("format_version", "max_sequences_per_pack", "random_seed"),
+    # The steps of python3 -m bert_pretrain.pack_records, in its own output folder.
+    "pack_lengths": ("pack_version",),
+    "pack_plan": ("pack_version", "max_sequences_per_pack", "seed", "num_output_files"),
+    "pack_write": ("pack_version", "max_sequences_per_pack", "seed", "num_output_files"),
 }
 _HASH_BLOCK = 4 << 20
 
@@ -136,6 +141,7 @@ class Layout(object):
     self.eval_intermediate = os.path.join(output_dir, "eval_intermediate")
     self.eval_all = os.path.join(self.eval_intermediate, "eval_all")
     self.eval_data = os.path.join(output_dir, "eval_data")
+    self.packed_train_data = os.path.join(output_dir, "packed_train_data")
 
   def chunk(self, folder, index):
     return os.path.join(folder, "chunk-%05d.jsonl" % index)
@@ -188,7 +194,7 @@ def marker_is_valid(layout, marker, settings, step, inputs=None):
 class Progress(object):
   """Prints one progress line with rate and ETA to stderr every `interval` seconds."""
 
-  def __init__(self, step, total, unit="MB", scale=1e6, interval=15.0):
+  def __init__(self, step, total, unit="MB", scale=1e6, interval=15.0, tool="prepare_wiki"):
     """Creates the progress line.
 
     Args:
@@ -197,7 +203,9 @@ class Progress(object):
       unit: the unit shown.
       scale: the amount per shown unit (1e6 for MB of bytes).
       interval: seconds between lines.
+      tool: the name the line starts with.
     """
+    self.tool = tool
     self.step = step
     self.total = max(total, 1)
     self.unit = unit
@@ -221,8 +229,8 @@ class Progress(object):
       eta = _format_seconds(elapsed / fraction - elapsed)
     else:
       eta = "-"
-    sys.stderr.write("prepare_wiki: %-9s %5.1f%%  %.1f/%.1f %s  %.2f %s/s  elapsed %s  "
-                     "ETA %s\n" % (self.step, 100 * fraction, self.done / self.scale,
+    sys.stderr.write("%s: %-9s %5.1f%%  %.1f/%.1f %s  %.2f %s/s  elapsed %s  "
+                     "ETA %s\n" % (self.tool, self.step, 100 * fraction, self.done / self.scale,
                                    self.total / self.scale, self.unit, rate, self.unit,
                                    _format_seconds(elapsed), eta))
     sys.stderr.flush()
@@ -233,8 +241,8 @@ def _format_seconds(seconds):
   return "%d:%02d:%02d" % (seconds // 3600, seconds // 60 % 60, seconds % 60)
 
 
-def say(message):
-  sys.stderr.write("prepare_wiki: %s\n" % message)
+def say(message, tool="prepare_wiki"):
+  sys.stderr.write("%s: %s\n" % (tool, message))
   sys.stderr.flush()
 
 
@@ -266,15 +274,15 @@ def run_tasks(function, tasks, jobs, on_result, context="fork"):
 
 
 @contextlib.contextmanager
-def locked(layout):
+def locked(layout, tool="prepare_wiki"):
   """Holds an exclusive lock on output_dir, so two runs never write the same files."""
   handle = open(layout.lock, "a+")
   try:
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError:
     handle.close()
-    raise PrepareError("another prepare_wiki run is using %s; wait for it to finish or "
-                       "pass another --output_dir" % layout.root)
+    raise PrepareError("another %s run is using %s; wait for it to finish or "
+                       "pass another --output_dir" % (tool, layout.root))
   try:
     yield
   finally:
