@@ -20,7 +20,7 @@ if has_flag input_files_dir "$@"; then
   drop_given args "$@"  # the user's flags win
   exec python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@"
 fi
-demo_args
+demo_args "$@"
 drop_given args "${DEMO_ARGS[@]}"
 args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
 drop_given args "$@"

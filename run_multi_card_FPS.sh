@@ -22,13 +22,16 @@ distribution="${DISTRIBUTION:-horovod}"
 plan="$(python3 -m bert_pretrain.launch "$per_host" "$distribution")"  # exits 2 on a contradiction
 mapfile -t launcher <<< "$plan"
 engine=(--horovod)  # one rank per card
+cards=()
 if [ "$distribution" != horovod ]; then
   engine=(--distribution="$distribution")
   # On a CPU: as many replicas as Horovod would start ranks.
   if [ "$distribution" = mirrored ]; then engine+=(--cpu_devices="$per_host"); fi
-  # A process drives every card it sees: show it the count per host, no more.
-  if [ -z "${CUDA_VISIBLE_DEVICES:-}" ] && [ -n "${IX_NUM_CUDA_VISIBLE_DEVICES:-}" ]; then
-    export CUDA_VISIBLE_DEVICES="$(seq -s, 0 "$((per_host - 1))")"
+  # A process drives every card it sees: on a GPU host, show it the count per host, no
+  # more (on a CPU host a card list would make run_pretraining look for GPUs).
+  if [ -z "${CUDA_VISIBLE_DEVICES:-}" ] && [ -n "${IX_NUM_CUDA_VISIBLE_DEVICES:-}" ] &&
+      gpus_listed; then
+    cards=(env CUDA_VISIBLE_DEVICES="$(seq -s, 0 "$((per_host - 1))")")
   fi
 fi
 if [ "$(id -u)" = 0 ]; then
@@ -46,14 +49,16 @@ args=(
   --num_train_steps=1000      # 4 x ranks x --train_batch_size, 1000 updates
 )
 if ! has_flag input_files_dir "$@"; then
-  demo_args
+  demo_args "$@"
   drop_given args "${DEMO_ARGS[@]}"
   args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
 fi
 drop_given args "$@"  # the user's flags win
-command=("${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@")
+command=("${cards[@]}" "${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@")
 echo "${launcher[0]}: $(shell_words "${command[@]}")"
 if [ -n "${DRY_RUN:-}" ]; then
   exit 0
 fi
-exec "${command[@]}"
+# launch.py runs horovodrun so that a failed job ends with the rank's error, not
+# horovodrun's traceback; other commands it execs.
+exec python3 -m bert_pretrain.launch run "${command[@]}"

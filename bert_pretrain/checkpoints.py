@@ -11,10 +11,11 @@ A run reads, rotates and deletes checkpoints only inside its own output_dir: the
 a copied folder resumed from, and rotated away, the original's files); the newest
 checkpoint is the complete model.ckpt-<step> with the highest step, and one holding NaN
 or Inf is refused. Saving writes relative paths; a save that fails on a full disk
-removes its partial files. One run at a time holds output_dir (OutputDirLock).
+removes its partial files. One run at a time holds output_dir (OutputDirLock), and
+run_classifier's output_dir follows the same rules (its run marker names the tool).
+check_config tells whether a checkpoint holds the model a bert_config.json describes.
 """
 
-import errno
 import fcntl
 import json
 import os
@@ -23,6 +24,8 @@ import socket
 
 import numpy as np
 import tensorflow.compat.v1 as tf
+
+from bert_pretrain.errors import is_disk_full
 
 _CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
 # Written into output_dir by this recipe; a checkpoint without it is someone else's.
@@ -66,6 +69,12 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
   if settings is not None:
     with tf.gfile.GFile(marker, "r") as f:
       earlier = json.load(f)
+    # run_classifier's settings name it (pretraining's do not): neither resumes the other's.
+    if earlier.get("tool") != settings.get("tool"):
+      raise ValueError("--output_dir=%s holds the checkpoints of %s, not of %s; pass another "
+                       "--output_dir (and one of them as --init_checkpoint to start from it)"
+                       % (output_dir, earlier.get("tool") or "run_pretraining",
+                          settings.get("tool") or "run_pretraining"))
     changed = sorted(k for k in settings if k in earlier and earlier[k] != settings[k])
     if changed:
       raise ValueError("--output_dir=%s holds a run with other %s (%s); resume with the same "
@@ -208,32 +217,35 @@ def remove_partial_checkpoints(output_dir, step=None):
   return sorted(removed)
 
 
-def is_disk_full(error):
-  """Whether an exception, TensorFlow's or Python's, means "No space left on device"."""
-  if isinstance(error, EnvironmentError) and error.errno == errno.ENOSPC:
-    return True
-  return "No space left on device" in str(getattr(error, "message", None) or error)
+def disk_full_message(output_dir, what, resumes=True):
+  """One line: the disk of output_dir filled up while writing `what`, and what to do.
 
-
-def disk_full_message(output_dir, what):
-  """One line: the disk of output_dir filled up while writing `what`, and what to do."""
-  found = list_checkpoints(output_dir)
-  then = "it resumes from %s" % os.path.basename(found[-1][1]) if found else "it starts anew"
+  Args:
+    output_dir: the folder written to.
+    what: what was being written (a file name, "checkpoint model.ckpt-N").
+    resumes: a run that resumes from its checkpoints (run_pretraining); else a tool that
+      writes its files anew.
+  """
   try:
     stat = os.statvfs(output_dir)
     free = ", %.1f MB free" % (stat.f_bavail * stat.f_frsize / 1e6)
   except OSError:
     free = ""
-  return ("the disk is full (no space left on the device of --output_dir=%s%s) while "
-          "writing %s; free space there or lower --keep_checkpoint_max, then run the same "
-          "command again: %s" % (output_dir, free, what, then))
+  where = ("the disk is full (no space left on the device of --output_dir=%s%s) while "
+           "writing %s" % (output_dir, free, what))
+  if not resumes:
+    return "%s; free space there and run the same command again" % where
+  found = list_checkpoints(output_dir)
+  then = "it resumes from %s" % os.path.basename(found[-1][1]) if found else "it starts anew"
+  return ("%s; free space there or lower --keep_checkpoint_max, then run the same "
+          "command again: %s" % (where, then))
 
 
 class DiskFullError(ValueError):
   """No space left on the device of output_dir; the message says where and what to do."""
 
 
-def save_checkpoint(saver, sess, output_dir, step):
+def save_checkpoint(saver, sess, output_dir, step, resumes=True):
   """Saves output_dir/model.ckpt-<step>; on a full disk removes its partial files.
 
   Args:
@@ -241,6 +253,7 @@ def save_checkpoint(saver, sess, output_dir, step):
     sess: the session.
     output_dir: the run's --output_dir.
     step: the global step, the checkpoint's number.
+    resumes: the run resumes from its checkpoints (disk_full_message).
 
   Returns:
     the checkpoint prefix.
@@ -256,7 +269,7 @@ def save_checkpoint(saver, sess, output_dir, step):
       raise
     remove_partial_checkpoints(output_dir, step)
     raise DiskFullError(disk_full_message(output_dir, "checkpoint %s-%d"
-                                          % (CHECKPOINT_NAME, step)))
+                                          % (CHECKPOINT_NAME, step), resumes))
 
 
 class OutputDirLock(object):
@@ -271,11 +284,16 @@ class OutputDirLock(object):
     self.output_dir = output_dir
     self._handle = None
 
-  def acquire(self):
-    """Takes the lock, or raises ValueError naming the live run that holds it."""
+  def acquire(self, wait=False):
+    """Takes the lock, or raises ValueError naming the live run that holds it.
+
+    Args:
+      wait: wait for the holder to end instead (the demo's cache: the second of two
+        demos started at once finds what the first built).
+    """
     handle = open(os.path.join(self.output_dir, LOCK_FILE), "a+")
     try:
-      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except (IOError, OSError):
       handle.seek(0)
       holder = handle.read().strip() or "another process"
@@ -287,6 +305,12 @@ class OutputDirLock(object):
     handle.write("pid %d on %s" % (os.getpid(), socket.gethostname()))
     handle.flush()
     self._handle = handle  # Kept open: closing the file would drop the lock.
+
+  def release(self):
+    """Drops the lock (the end of the process drops it too)."""
+    if self._handle is not None:
+      self._handle.close()
+      self._handle = None
 
 
 def resolve_checkpoint(path, flag_name="--init_checkpoint"):
@@ -313,6 +337,53 @@ def resolve_checkpoint(path, flag_name="--init_checkpoint"):
                      "of an existing checkpoint, e.g. %s=/path/model.ckpt-28252"
                      % (flag_name, path, prefix, flag_name))
   return prefix
+
+
+# The config keys a checkpoint's shapes tell: key -> (variable, dimension).
+_SHAPE_KEYS = (("vocab_size", "bert/embeddings/word_embeddings", 0),
+               ("hidden_size", "bert/embeddings/word_embeddings", 1),
+               ("max_position_embeddings", "bert/embeddings/position_embeddings", 0),
+               ("type_vocab_size", "bert/embeddings/token_type_embeddings", 0),
+               ("intermediate_size", "bert/encoder/layer_0/intermediate/dense/kernel", 1))
+_LAYER = re.compile(r"^bert/encoder/layer_(\d+)/")
+
+
+def check_config(prefix, bert_config, config_flag="--bert_config_file",
+                 checkpoint_flag="--init_checkpoint"):
+  """Checks that a checkpoint holds the model bert_config describes, before anything is
+  built or written.
+
+  The shapes tell the layers, hidden, vocab, intermediate, position and token-type
+  sizes; the number of heads only the run marker beside a checkpoint of this recipe
+  does (a query kernel is [hidden, hidden] whatever the heads).
+
+  Args:
+    prefix: the checkpoint prefix (resolve_checkpoint).
+    bert_config: modeling.BertConfig.
+    config_flag, checkpoint_flag: how the error names the two, e.g. "--bert_config_file=x".
+
+  Raises:
+    ValueError: one line naming each key that differs, both values, and the fix.
+  """
+  shapes = dict(tf.train.list_variables(prefix))
+  if "bert/embeddings/word_embeddings" not in shapes:
+    raise ValueError("%s=%s holds no bert/embeddings/word_embeddings: it is not a BERT "
+                     "checkpoint with Google's variable names" % (checkpoint_flag, prefix))
+  found = {key: shapes[name][dim] for key, name, dim in _SHAPE_KEYS if name in shapes}
+  layers = [int(m.group(1)) for m in (_LAYER.match(n) for n in shapes) if m]
+  found["num_hidden_layers"] = max(layers) + 1 if layers else 0
+  try:
+    with tf.gfile.GFile(os.path.join(os.path.dirname(prefix), RUN_MARKER), "r") as f:
+      found["num_attention_heads"] = json.load(f)["bert_config"]["num_attention_heads"]
+  except (tf.errors.OpError, EnvironmentError, ValueError, KeyError, TypeError):
+    pass  # Not this recipe's, or no marker: the shapes do not tell the heads.
+  wrong = [key for key in sorted(found) if getattr(bert_config, key) != found[key]]
+  if wrong:
+    raise ValueError("%s=%s holds a model with %s but %s says %s; pass the config the "
+                     "checkpoint was trained with"
+                     % (checkpoint_flag, prefix,
+                        ", ".join("%s=%s" % (k, found[k]) for k in wrong), config_flag,
+                        ", ".join("%s=%s" % (k, getattr(bert_config, k)) for k in wrong)))
 
 
 def variable_name(variable):

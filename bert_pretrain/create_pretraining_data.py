@@ -53,6 +53,7 @@ from absl import logging
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import errors
 from bert_pretrain import records
 from bert_pretrain import tokenization
 
@@ -724,7 +725,7 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
   Returns:
     dict of statistics: num_input_files, num_input_bytes, num_documents, num_sentences,
     num_input_tokens, num_instances, num_instance_tokens, num_masked_tokens,
-    num_random_next, seconds.
+    num_random_next, num_one_sentence_documents, seconds.
 
   Raises:
     ValueError: on a bad argument or input, with the problem and the fix.
@@ -736,11 +737,13 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
   _check_arguments(output_files, max_seq_length, max_predictions_per_seq, masked_lm_prob,
                    short_seq_prob, dupe_factor, random_seed)
   input_paths = expand_input_files(input_files)
-  clashes = set(os.path.abspath(p) for p in input_paths) & set(
-      os.path.abspath(p) for p in output_files)
+  clashes = set(os.path.realpath(p) for p in input_paths) & set(
+      os.path.realpath(p) for p in output_files)
   if clashes:
     raise ValueError("output file %r is also an input file; write elsewhere"
                      % sorted(clashes)[0])
+  if os.path.realpath(vocab_file) in set(os.path.realpath(p) for p in output_files):
+    raise ValueError("output file %r is also the vocab file; write elsewhere" % vocab_file)
   tokenizer = tokenization.FullTokenizer(vocab_file, do_lower_case=do_lower_case)
   missing = [t for t in _REQUIRED_TOKENS if t not in tokenizer.vocab]
   if missing:
@@ -778,6 +781,7 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
       "num_input_tokens": int(sum(len(d.token_ids) for d in documents)),
       "num_instances": len(instances),
       "num_random_next": int(sum(instance[2] for instance in instances)),
+      "num_one_sentence_documents": sum(1 for d in documents if d.num_sentences == 1),
   }
   stats.update(write_examples(instances, output_files, masker, tokenizer.vocab["[CLS]"],
                               tokenizer.vocab["[SEP]"], max_seq_length,
@@ -786,6 +790,29 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
   logging.info("Wrote %d instances to %d files: %s", len(instances), len(output_files),
                stats)
   return stats
+
+
+# Above this share of random next sentences (Google's rules give about half), a warning:
+# next-sentence prediction then learns little.
+RANDOM_NEXT_WARNING_SHARE = 0.75
+
+
+def random_next_warning(stats):
+  """One line when most instances got a random next sentence, else None.
+
+  Args:
+    stats: create_pretraining_data's statistics.
+  """
+  if not stats["num_instances"] or \
+      stats["num_random_next"] <= RANDOM_NEXT_WARNING_SHARE * stats["num_instances"]:
+    return None
+  return ("%d of %d instances (%.0f%%) have a random next sentence, where documents of "
+          "several sentences give about half; %d of the %d documents have one sentence, "
+          "whose B always comes from another document: write one sentence a line, with a "
+          "blank line between documents only"
+          % (stats["num_random_next"], stats["num_instances"],
+             100.0 * stats["num_random_next"] / stats["num_instances"],
+             stats["num_one_sentence_documents"], stats["num_documents"]))
 
 
 def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_length,
@@ -892,6 +919,13 @@ def main(argv):
         do_whole_word_mask=flag_values.do_whole_word_mask)
   except ValueError as e:
     sys.exit("create_pretraining_data: error: %s" % e)
+  except (EnvironmentError, tf.errors.OpError) as e:
+    if not errors.is_file_error(e):
+      raise
+    sys.exit("create_pretraining_data: error: %s" % errors.os_error_message(e))
+  warning = random_next_warning(stats)
+  if warning:
+    print("create_pretraining_data: warning: %s" % warning, file=sys.stderr)
   print("create_pretraining_data: %d instances from %d documents (%.2f MB) in %.1f s, "
         "%d masked tokens" % (stats["num_instances"], stats["num_documents"],
                               stats["num_input_bytes"] / 1e6, stats["seconds"],

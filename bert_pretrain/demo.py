@@ -14,7 +14,8 @@ bert_pretrain/demo_data/corpus.txt (public-domain books, see SOURCE.md) it build
                        bert_pretrain.pack_records, up to 3 sequences a record
 
 Each artefact is written under a temporary name and renamed when complete, so an
-interrupted preparation is redone, never half-used.
+interrupted preparation is redone, never half-used; the cache is built under a lock, so a
+second demo started meanwhile waits and then finds it built.
 
 After the pretraining run, the script calls it again with --finetune_from=OUTPUT_DIR for
 the downstream step: which book a passage comes from (books/train.tsv, books/dev.tsv, the
@@ -35,6 +36,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import checkpoints
 from bert_pretrain import create_pretraining_data
+from bert_pretrain import errors
 from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
 from bert_pretrain import pack_records
@@ -106,6 +108,8 @@ flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir 
                     "books apart (and random weights beside it).")
 flags.DEFINE_string("finetune_bert_config_file", None, "With --finetune_from: the run's "
                     "--bert_config_file (default: the demo's).")
+flags.DEFINE_string("run_output_dir", None, "The pretraining run's --output_dir (default: a "
+                    "new folder results/demo-<time>, made here).")
 flags.DEFINE_string("finetune_vocab_file", None, "With --finetune_from: the run's "
                     "--vocab_file (default: the demo's).")
 FLAGS = flags.FLAGS
@@ -139,10 +143,25 @@ def write_documents(documents, path):
 
 
 def prepare(cache_dir, log=print):
-  """Builds whatever of the demo artefacts is missing in cache_dir; returns their paths."""
+  """Builds whatever of the demo artefacts is missing in cache_dir (under its lock: another
+  demo building it meanwhile is waited for); returns their paths."""
   if not os.path.exists(CORPUS):
     raise ValueError("the demo corpus %s is missing; restore it with git checkout" % CORPUS)
   os.makedirs(cache_dir, exist_ok=True)
+  lock = checkpoints.OutputDirLock(cache_dir)
+  try:
+    lock.acquire()
+  except ValueError:
+    log("demo: another demo is building %s; waiting for it" % cache_dir)
+    lock.acquire(wait=True)
+  try:
+    return _prepare(cache_dir, log)
+  finally:
+    lock.release()
+
+
+def _prepare(cache_dir, log):
+  """prepare's work, under the lock."""
   paths = {
       "vocab_file": os.path.join(cache_dir, "vocab.txt"),
       "input_files_dir": os.path.join(cache_dir, "train"),
@@ -252,9 +271,11 @@ def write_book_task(folder):
       splits[split].append("%s\t%s" % (passage, label))
   os.makedirs(folder, exist_ok=True)
   for split, lines in splits.items():
-    with open(os.path.join(folder, split + ".tsv.tmp"), "w", encoding="utf-8") as f:
+    # A name per process: two demos at once each write the same file whole.
+    temporary = os.path.join(folder, "%s.tsv.tmp-%d" % (split, os.getpid()))
+    with open(temporary, "w", encoding="utf-8") as f:
       f.write("".join(line + "\n" for line in lines))
-    os.replace(os.path.join(folder, split + ".tsv.tmp"), os.path.join(folder, split + ".tsv"))
+    os.replace(temporary, os.path.join(folder, split + ".tsv"))
   dev_labels = [line.rsplit("\t", 1)[1] for line in splits["dev"]]
   majority = max(dev_labels.count(book) for book, _ in BOOKS) / float(len(dev_labels))
   return len(splits["train"]), len(splits["dev"]), majority
@@ -275,12 +296,19 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
     dict: "pretrained" and "random" -> dev accuracy; None when pretrained_dir holds no
     checkpoint (a run with --nodo_train).
   """
-  paths = prepare(cache_dir, log=log)
-  paths.update(model_files or {})
+  if not os.path.isdir(pretrained_dir):
+    raise ValueError("--finetune_from=%s does not exist; pass the --output_dir of the demo's "
+                     "pretraining run (results/demo-<time>)" % pretrained_dir)
   if not tf.gfile.Glob(os.path.join(pretrained_dir, "*.index")):
+    if not os.path.exists(os.path.join(pretrained_dir, checkpoints.LOCK_FILE)):
+      raise ValueError("--finetune_from=%s holds neither a checkpoint nor a pretraining run; "
+                       "pass the --output_dir of the demo's pretraining run "
+                       "(results/demo-<time>)" % pretrained_dir)
     log("demo: no checkpoint in %s (an evaluation-only run?): no downstream step"
         % pretrained_dir)
     return None
+  paths = prepare(cache_dir, log=log)
+  paths.update(model_files or {})
   checkpoint = checkpoints.resolve_checkpoint(pretrained_dir, "--finetune_from")
   task_dir = os.path.join(cache_dir, "books")
   num_train, num_dev, majority = write_book_task(task_dir)
@@ -289,7 +317,9 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
                                                          num_train, num_dev))
   accuracy = {}
   for start, init in (("pretrained", checkpoint), ("random", None)):
-    output_dir = os.path.join(pretrained_dir, "finetune-" + start)
+    # Named by the checkpoint: a run resumed to more steps fine-tunes its newer one anew.
+    output_dir = os.path.join(pretrained_dir, "finetune-" + (
+        os.path.basename(init) if init else "random"))
     values = dict(FINETUNE_FLAGS, data_dir=task_dir, output_dir=output_dir,
                   bert_config_file=paths["bert_config_file"], vocab_file=paths["vocab_file"])
     if init:
@@ -322,6 +352,21 @@ def run_flags(paths, output_dir):
           for k, v in values.items()]
 
 
+def new_output_dir(root="results"):
+  """Makes and returns a new folder root/demo-<time> (-2, -3, ... after it when taken),
+  so that two demos started in the same second train in folders of their own."""
+  stem = os.path.join(root, "demo-" + time.strftime("%Y%m%d-%H%M%S"))
+  os.makedirs(root, exist_ok=True)
+  number = 1
+  while True:
+    path = stem if number == 1 else "%s-%d" % (stem, number)
+    try:
+      os.mkdir(path)
+      return path
+    except FileExistsError:
+      number += 1
+
+
 def main(argv):
   del argv
   tf.logging.set_verbosity(tf.logging.ERROR)
@@ -337,10 +382,15 @@ def main(argv):
     paths = prepare(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
     if FLAGS.packed:
       prepare_packed(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
+    output_dir = FLAGS.run_output_dir or new_output_dir()
   except (ValueError, pack_records.PackError) as e:
     print("demo: error: %s" % e, file=sys.stderr)
     return 2
-  output_dir = os.path.join("results", "demo-" + time.strftime("%Y%m%d-%H%M%S"))
+  except (EnvironmentError, tf.errors.OpError) as e:
+    if not errors.is_file_error(e):
+      raise
+    print("demo: error: %s" % errors.os_error_message(e), file=sys.stderr)
+    return 2
   print("\n".join(run_flags(paths, output_dir)))
   return 0
 

@@ -161,6 +161,22 @@ def gpu_index(ranks, num_gpus):
                    % (ranks.local_size, num_gpus))
 
 
+def check_cpu_devices(cpu_devices, distribution):
+  """Checks --cpu_devices (logical CPU devices, one replica each) against the engine.
+
+  Raises:
+    ValueError: below 1, or above 1 without --distribution=mirrored (one line, the fix).
+  """
+  if cpu_devices < 1:
+    raise ValueError("--cpu_devices=%d must be at least 1 (the logical CPU devices of "
+                     "--distribution=mirrored, one replica each); pass --cpu_devices=2 or "
+                     "more to try the engine on a CPU, or drop it" % cpu_devices)
+  if cpu_devices > 1 and distribution != "mirrored":
+    raise ValueError("--cpu_devices=%d: logical CPU devices are replicas of "
+                     "--distribution=mirrored only, not of --distribution=%s; drop it or pass "
+                     "--distribution=mirrored" % (cpu_devices, distribution))
+
+
 def replica_devices(device, cpu_devices=1):
   """The devices of --distribution=mirrored's replicas: every GPU this process sees, or
   cpu_devices logical CPUs (pretraining.session_config makes them)."""

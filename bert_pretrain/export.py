@@ -19,6 +19,11 @@ Google BERT's GELU is the tanh approximation, transformers' "gelu_new".
 
 safetensors is written here (8 bytes of header length, a JSON header, the raw tensors),
 so the export needs neither torch nor the safetensors package.
+
+Nothing is overwritten: --output_dir must be new or empty and hold none of the inputs;
+the folder is written under a temporary name and renamed when complete. The config is
+checked against the checkpoint (checkpoints.check_config, and every weight transformers
+expects of it) before anything is written.
 """
 
 import json
@@ -34,6 +39,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import checkpoints
+from bert_pretrain import errors
 from bert_pretrain import modeling
 
 FLAGS = flags.FLAGS
@@ -108,6 +114,50 @@ def hf_config(bert_config):
   }
 
 
+def expected_names(bert_config):
+  """The transformers names of every weight of BertForPreTraining with this config."""
+  names = ["bert.embeddings.%s_embeddings.weight" % kind
+           for kind in ("word", "position", "token_type")]
+  names += ["bert.embeddings.LayerNorm.%s" % p for p in ("weight", "bias")]
+  for layer in range(bert_config.num_hidden_layers):
+    for dense in ("attention.self.query", "attention.self.key", "attention.self.value",
+                  "attention.output.dense", "intermediate.dense", "output.dense",
+                  "attention.output.LayerNorm", "output.LayerNorm"):
+      names += ["bert.encoder.layer.%d.%s.%s" % (layer, dense, p) for p in ("weight", "bias")]
+  names += ["bert.pooler.dense.weight", "bert.pooler.dense.bias",
+            "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
+            "cls.predictions.transform.LayerNorm.weight",
+            "cls.predictions.transform.LayerNorm.bias", "cls.predictions.bias",
+            "cls.seq_relationship.weight", "cls.seq_relationship.bias"]
+  return names
+
+
+def check_output_dir(output_dir, inputs):
+  """Refuses an --output_dir that holds files or one of the inputs.
+
+  Args:
+    output_dir: --output_dir.
+    inputs: list of (flag, path) of the files read.
+
+  Raises:
+    ExportError: one line naming the file in the way.
+  """
+  out = os.path.realpath(output_dir)
+  for flag, path in inputs:
+    real = os.path.realpath(path)
+    if real == out or real.startswith(out + os.sep):
+      raise ExportError("%s=%s is %s --output_dir=%s, which the export would write over; "
+                        "pass a new --output_dir" % (flag, path, "inside" if real != out
+                                                     else "the same path as", output_dir))
+  if os.path.isdir(output_dir) and os.listdir(output_dir):
+    held = sorted(os.listdir(output_dir))
+    raise ExportError("--output_dir=%s already holds files (%s); the export writes a new "
+                      "folder and overwrites nothing: pass a new or empty --output_dir"
+                      % (output_dir, ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")))
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise ExportError("--output_dir=%s is a file; pass a new folder" % output_dir)
+
+
 def checkpoint_tensors(prefix):
   """The model weights of a checkpoint in transformers' names and layout.
 
@@ -155,6 +205,10 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
   if not os.path.isfile(vocab_file):
     raise ExportError("--vocab_file=%s does not exist; pass the vocab.txt the model was "
                       "trained with" % vocab_file)
+  check_output_dir(output_dir, [("--checkpoint", p) for p in tf.gfile.Glob(prefix + ".*")] +
+                   [("--bert_config_file", bert_config_file), ("--vocab_file", vocab_file)])
+  checkpoints.check_config(prefix, bert_config, "--bert_config_file=%s" % bert_config_file,
+                           "--checkpoint")
   with open(vocab_file, encoding="utf-8") as f:
     vocab_size = sum(1 for _ in f)
   if vocab_size != bert_config.vocab_size:
@@ -162,15 +216,34 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
                       "and config" % (vocab_file, vocab_size, bert_config.vocab_size,
                                       bert_config_file))
   tensors = checkpoint_tensors(prefix)
-  table = tensors.get("bert.embeddings.word_embeddings.weight")
-  if table is None or table.shape != (bert_config.vocab_size, bert_config.hidden_size):
-    raise ExportError("%s does not hold the model %s describes (word embeddings %s, expected "
-                      "[%d, %d]); pass the config it was trained with"
-                      % (prefix, bert_config_file, None if table is None else list(table.shape),
-                         bert_config.vocab_size, bert_config.hidden_size))
-  os.makedirs(output_dir, exist_ok=True)
-  write_safetensors(tensors, os.path.join(output_dir, "model.safetensors"))
-  shutil.copyfile(vocab_file, os.path.join(output_dir, "vocab.txt"))
+  missing = [name for name in expected_names(bert_config) if name not in tensors]
+  if missing:
+    raise ExportError("--checkpoint=%s lacks %s of the %d weights transformers' "
+                      "BertForPreTraining needs (%s%s), which it would fill at random; export a "
+                      "pretraining checkpoint" % (prefix, len(missing),
+                                                  len(expected_names(bert_config)),
+                                                  ", ".join(missing[:3]),
+                                                  ", ..." if len(missing) > 3 else ""))
+  parent = os.path.dirname(os.path.abspath(output_dir))
+  os.makedirs(parent, exist_ok=True)
+  temporary = os.path.join(parent, ".%s.tmp-%d" % (os.path.basename(os.path.abspath(
+      output_dir)), os.getpid()))
+  shutil.rmtree(temporary, ignore_errors=True)  # A killed export's, of this pid.
+  os.mkdir(temporary)
+  try:
+    write_folder(temporary, tensors, bert_config, vocab_file, do_lower_case)
+    # rename(2) replaces an empty folder, never one with files (check_output_dir).
+    os.rename(temporary, output_dir)
+  except BaseException:
+    shutil.rmtree(temporary, ignore_errors=True)
+    raise
+  return len(tensors)
+
+
+def write_folder(folder, tensors, bert_config, vocab_file, do_lower_case):
+  """Writes the transformers files into folder (an empty one)."""
+  write_safetensors(tensors, os.path.join(folder, "model.safetensors"))
+  shutil.copyfile(vocab_file, os.path.join(folder, "vocab.txt"))
   settings = {
       "config.json": hf_config(bert_config),
       "tokenizer_config.json": {"tokenizer_class": "BertTokenizer",
@@ -181,10 +254,9 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
                                   "mask_token": "[MASK]"},
   }
   for name, value in settings.items():
-    with open(os.path.join(output_dir, name), "w") as f:
+    with open(os.path.join(folder, name), "w") as f:
       json.dump(value, f, indent=2)
       f.write("\n")
-  return len(tensors)
 
 
 def main(argv):
@@ -195,6 +267,11 @@ def main(argv):
                    FLAGS.output_dir, FLAGS.do_lower_case)
   except ValueError as e:
     print("export: error: %s" % e, file=sys.stderr)
+    return 2
+  except (EnvironmentError, tf.errors.OpError) as e:
+    if not errors.is_file_error(e):
+      raise
+    print("export: error: %s" % errors.os_error_message(e), file=sys.stderr)
     return 2
   print("export: %d tensors -> %s (transformers: BertForPreTraining.from_pretrained(%r))"
         % (count, FLAGS.output_dir, FLAGS.output_dir))

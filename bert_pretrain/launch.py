@@ -17,6 +17,12 @@ order of the host list, which is also the order of the ranks that give each its 
 prints the summary line, then the launcher's words one a line (none for one process),
 with HOROVOD_RUN_ARGS and MULTI_WORKER_PORT read from the environment; on a contradiction
 it prints a one-line error and exits 2.
+
+  python3 -m bert_pretrain.launch run COMMAND...
+runs the script's command: horovodrun in this process (Horovod's own run_commandline), so
+that a job a rank failed ends with that rank's one-line error and its exit status, where
+horovodrun --gloo would end with its RuntimeError's traceback; any other command replaces
+this process.
 """
 
 import collections
@@ -198,7 +204,84 @@ def summary(job, distribution="horovod"):
   return "Launching %d processes on %s, each driving %s" % (len(job.hosts), hosts, cards)
 
 
+class RankErrors(object):
+  """A text stream in front of sys.stderr that passes everything on and keeps each rank's
+  last error line: horovodrun --gloo writes the ranks' lines as "[N]<stderr>:line", each
+  in one write."""
+
+  _LINE = re.compile(r"^\[(\d+)\]<stderr>:(.*\berror: .*)$")
+
+  def __init__(self, stream):
+    self.stream = stream
+    self.errors = {}  # rank -> its last line with "error: "
+
+  def write(self, text):
+    for line in text.splitlines():
+      match = self._LINE.match(line)
+      if match:
+        self.errors[int(match.group(1))] = match.group(2).strip()
+    return self.stream.write(text)
+
+  def __getattr__(self, name):
+    return getattr(self.stream, name)
+
+
+def run_horovodrun(args, run_commandline):
+  """Runs horovodrun ARGS in this process; returns its exit status.
+
+  Args:
+    args: horovodrun's arguments (after the word horovodrun).
+    run_commandline: horovod.runner.launch.run_commandline.
+
+  Returns:
+    0, or the exit status of the rank that failed first, after a last line naming it
+    with its error line.
+  """
+  errors = RankErrors(sys.stderr)
+  sys.argv, sys.stderr = ["horovodrun"] + list(args), errors
+  try:
+    run_commandline()
+    return 0
+  except RuntimeError as e:
+    failed = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(e))
+    sys.stderr = errors.stream
+    if not failed:
+      print("horovodrun: error: %s" % str(e).strip().splitlines()[0], file=sys.stderr)
+      return 1
+    rank, status = int(failed.group(1)), int(failed.group(2))
+    print("rank %d exited with status %d%s" % (rank, status, ": " + errors.errors[rank]
+                                                 if rank in errors.errors
+                                                 else " (its lines are above)"),
+          file=sys.stderr)
+    return status if 0 < status < 256 else 1
+  finally:
+    sys.stderr = errors.stream
+
+
+def run(words):
+  """Runs the script's command (words): horovodrun, after any `env NAME=VALUE` words, in
+  this process (run_horovodrun); any other command replaces this process."""
+  env, program = {}, list(words)
+  while program and program[0] == "env":
+    program.pop(0)
+    while program and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", program[0]):
+      name, value = program.pop(0).split("=", 1)
+      env[name] = value
+  if program and program[0] == "horovodrun":
+    try:
+      from horovod.runner.launch import run_commandline  # pylint: disable=g-import-not-at-top
+    except ImportError:  # horovodrun of another Python: it runs as it is.
+      run_commandline = None
+    if run_commandline is not None:
+      os.environ.update(env)
+      return run_horovodrun(program[1:], run_commandline)
+  os.execvp(words[0], list(words))
+  return 1  # Not reached: execvp replaces this process or raises.
+
+
 def main(argv):
+  if len(argv) > 2 and argv[1] == "run":
+    return run(argv[2:])
   if len(argv) not in (2, 3) or not re.match(r"^[1-9][0-9]*$", argv[1]):
     print("usage: python3 -m bert_pretrain.launch RANKS_PER_HOST [DISTRIBUTION]",
           file=sys.stderr)

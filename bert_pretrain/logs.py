@@ -1,7 +1,8 @@
 """Run logs of BERT pretraining: console lines, MLPerf mllog, JSON lines, TensorBoard.
 
 One RunLogger per rank. Rank 0 writes everything; other ranks write nothing, so N
-ranks give one log. The console lines are the ones users grep:
+ranks give one log. A JSON-lines log that a killed run left with half a record is cut
+back to its last complete line before a resumed run appends to it. The console lines are the ones users grep:
 
   Step 100, total_loss: 7.1, mlm_loss: 6.4, nsp_loss: 0.69, learning_rate: 1e-4,
     sentences_per_second: 812.3
@@ -42,6 +43,10 @@ class RunLogger(object):
       return
     if dllog_path:
       _makedirs_for(dllog_path)
+      cut = drop_partial_line(dllog_path)
+      if cut:
+        print("%s: dropped the last %d bytes, a record cut short (the run writing it was "
+              "killed)" % (dllog_path, cut))
       self._dllog = open(dllog_path, "a")
     if output_dir:
       self._summary_writer = tf.summary.FileWriter(output_dir)
@@ -137,6 +142,30 @@ def new_log_path(folder, stem, suffix):
     path = os.path.join(folder, "%s.%d%s" % (stem, number, suffix))
     number += 1
   return path
+
+
+def drop_partial_line(path):
+  """Cuts a JSON-lines file back to its last complete line: a run killed while writing a
+  record leaves part of one, to which the next run would append its first record.
+
+  Returns:
+    the number of bytes dropped (0: none, or no file).
+  """
+  try:
+    with open(path, "rb+") as f:
+      size = end = f.seek(0, os.SEEK_END)
+      while end > 0:  # Back from the end, 64 KB at a time, to the last newline.
+        start = max(0, end - 65536)
+        f.seek(start)
+        newline = f.read(end - start).rfind(b"\n")
+        if newline >= 0:
+          end = start + newline + 1
+          break
+        end = start
+      f.truncate(end)
+      return size - end
+  except FileNotFoundError:
+    return 0
 
 
 def _makedirs_for(path):

@@ -11,6 +11,10 @@ on one card, or on several with --horovod (launched like run_pretraining: one pr
 card; gradients all-reduced, the global batch is --train_batch_size x ranks; rank 0
 evaluates and predicts on the whole sets, so the numbers are a single card's).
 
+--output_dir is locked and checked as run_pretraining's (checkpoints.py): a fine-tune
+there is taken up only by the same command, which finds it trained and evaluates it;
+anything else there is refused, nothing is written over.
+
 This file holds the flags, their checks and the loop; the graph and the metrics are in
 classifier.py, the data in classifier_data.py.
 
@@ -32,6 +36,7 @@ from bert_pretrain import checkpoints
 from bert_pretrain import classifier
 from bert_pretrain import classifier_data
 from bert_pretrain import device as device_lib
+from bert_pretrain import errors
 from bert_pretrain import meters
 from bert_pretrain import modeling
 from bert_pretrain import optimization
@@ -143,6 +148,14 @@ def check_flags():
   if FLAGS.do_train and FLAGS.num_train_epochs <= 0:
     raise ValueError("--num_train_epochs=%g must be positive (or pass --nodo_train)"
                      % FLAGS.num_train_epochs)
+  if FLAGS.do_train and not FLAGS.learning_rate > 0:
+    raise ValueError("--learning_rate=%g must be positive (the peak of the schedule); pass "
+                     "e.g. --learning_rate=%g" % (FLAGS.learning_rate,
+                                                 FLAGS["learning_rate"].default))
+  if not 0 <= FLAGS.warmup_proportion <= 1:
+    raise ValueError("--warmup_proportion=%g must be in [0, 1] (the share of the updates "
+                     "that warm up); pass e.g. --warmup_proportion=%g"
+                     % (FLAGS.warmup_proportion, FLAGS["warmup_proportion"].default))
   for name in ("bert_config_file", "vocab_file"):
     if not os.path.isfile(getattr(FLAGS, name)):
       raise ValueError("--%s=%s does not exist; pass the model's file"
@@ -162,10 +175,68 @@ def check_flags():
     init_checkpoint = checkpoints.resolve_checkpoint(FLAGS.init_checkpoint)
   labels = task_labels(init_checkpoint)
   if init_checkpoint:
+    checkpoints.check_config(init_checkpoint, bert_config,
+                             "--bert_config_file=%s" % FLAGS.bert_config_file)
     check_head(init_checkpoint, len(labels), bert_config.hidden_size)
   splits = [s for s, wanted in (("train", FLAGS.do_train), ("dev", FLAGS.do_eval),
                                 ("test", FLAGS.do_predict)) if wanted]
-  return bert_config, init_checkpoint, labels, read_task(tokenizer, splits, labels)
+  data = read_task(tokenizer, splits, labels)
+  if FLAGS.do_train:
+    present = sorted(set(example.label for example in data["train"][0]))
+    if len(present) < 2:
+      raise ValueError("%s has only the label %r (%d examples): a classifier learns nothing "
+                       "from one label; pass a --data_dir whose training split holds examples "
+                       "of at least two labels"
+                       % (classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir, "train"),
+                          present[0], len(data["train"][0])))
+  return bert_config, init_checkpoint, labels, data
+
+
+def distribution():
+  """The engine: --distribution, or horovod for --horovod."""
+  return "horovod" if FLAGS.horovod else FLAGS.distribution
+
+
+def train_steps(num_examples, replicas):
+  """The updates of --num_train_epochs over num_examples at the global batch (at least 1)."""
+  return max(1, int(num_examples * FLAGS.num_train_epochs /
+                    (FLAGS.train_batch_size * replicas)))
+
+
+def resume_settings(bert_config, labels, init_checkpoint, num_train_steps, replicas):
+  """What a run must share with the fine-tune in its --output_dir to take it as its own
+  (the run marker records them): the model and task, and with --do_train everything
+  that makes the fine-tune (a fine-tune is saved once, at its end: resumed, it is done).
+  """
+  settings = {"tool": "run_classifier", "task_name": FLAGS.task_name, "labels": labels,
+              "bert_config": bert_config.to_dict(), "max_seq_length": FLAGS.max_seq_length,
+              "do_lower_case": FLAGS.do_lower_case}
+  if FLAGS.do_train:
+    settings.update(
+        data_dir=os.path.abspath(FLAGS.data_dir), num_train_steps=num_train_steps,
+        init_checkpoint=os.path.abspath(init_checkpoint) if init_checkpoint else None,
+        global_batch=FLAGS.train_batch_size * replicas, learning_rate=FLAGS.learning_rate,
+        warmup_proportion=FLAGS.warmup_proportion, optimizer=FLAGS.optimizer,
+        seed=FLAGS.seed)
+  return settings
+
+
+def earlier_fine_tune(settings, init_checkpoint):
+  """The fine-tune --output_dir already holds: its checkpoint prefix, or None.
+
+  Raises:
+    ValueError: it is not run_classifier's, it was made with other settings (named), or
+      --nodo_train would write the results of another checkpoint beside it.
+  """
+  prefix = checkpoints.find_resume_checkpoint(FLAGS.output_dir, settings)
+  if prefix and not FLAGS.do_train and (
+      not init_checkpoint or os.path.abspath(prefix) != os.path.abspath(init_checkpoint)):
+    raise ValueError("--output_dir=%s holds the fine-tune %s; evaluating --init_checkpoint=%s "
+                     "there would replace its results; pass another --output_dir (or "
+                     "--init_checkpoint=%s to evaluate that one)"
+                     % (FLAGS.output_dir, os.path.basename(prefix), init_checkpoint,
+                        FLAGS.output_dir))
+  return prefix
 
 
 def make_iterator(features, batch_size, ranks=None, seed=None):
@@ -215,32 +286,48 @@ def main(argv):
     if FLAGS.horovod and FLAGS.distribution not in ("none", "horovod"):
       raise ValueError("--horovod and --distribution=%s disagree; pass one"
                        % FLAGS.distribution)
-    if FLAGS.cpu_devices < 1 or (FLAGS.cpu_devices > 1 and FLAGS.distribution != "mirrored"):
-      raise ValueError("--cpu_devices=%d: logical CPU devices are replicas of "
-                       "--distribution=mirrored only (at least 1); drop it or pass "
-                       "--distribution=mirrored" % FLAGS.cpu_devices)
-    ranks = ranks_lib.Ranks("horovod" if FLAGS.horovod else FLAGS.distribution,
+    device_lib.check_cpu_devices(FLAGS.cpu_devices, distribution())
+    ranks = ranks_lib.Ranks(distribution(),
                             devices=device_lib.replica_devices(device, FLAGS.cpu_devices))
-    if FLAGS.do_train and len(data["train"][0]) < FLAGS.train_batch_size * ranks.replicas:
-      raise ValueError("%d training examples do not fill one global batch of %d x %d ranks; "
-                       "lower --train_batch_size" % (len(data["train"][0]),
-                                                     FLAGS.train_batch_size, ranks.replicas))
+    num_train_steps = 0
+    if FLAGS.do_train:
+      if len(data["train"][0]) < FLAGS.train_batch_size * ranks.replicas:
+        raise ValueError("%d training examples do not fill one global batch of %d x %d "
+                         "ranks; lower --train_batch_size"
+                         % (len(data["train"][0]), FLAGS.train_batch_size, ranks.replicas))
+      num_train_steps = train_steps(len(data["train"][0]), ranks.replicas)
+    settings = resume_settings(bert_config, labels, init_checkpoint, num_train_steps,
+                               ranks.replicas)
+    earlier = earlier_fine_tune(settings, init_checkpoint)
     if ranks.is_chief:
       os.makedirs(FLAGS.output_dir, exist_ok=True)  # Before training: a bad path fails now.
-    return run(bert_config, init_checkpoint, labels, data, ranks, device)
+      # Held while this frame lives (the whole run), as run_pretraining's.
+      lock = checkpoints.OutputDirLock(FLAGS.output_dir)
+      lock.acquire()
+    return run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps,
+               settings, earlier)
   except ValueError as e:
     print("run_classifier: error: %s" % e, file=sys.stderr)
     return 2
+  except (EnvironmentError, tf.errors.OpError) as e:
+    if not errors.is_file_error(e):
+      raise
+    print("run_classifier: error: %s" % errors.os_error_message(e), file=sys.stderr)
+    return 2
 
 
-def run(bert_config, init_checkpoint, labels, data, ranks, device):
+def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps, settings,
+        earlier=None):
+  """Builds the graphs, then trains, saves, evaluates and predicts. Returns the exit status.
+
+  num_train_steps: the updates (0 without --do_train). settings: resume_settings, written
+  as the run marker. earlier: earlier_fine_tune's checkpoint, which this run takes as it
+  is: trained already, it is evaluated.
+  """
   log = print if ranks.is_chief else (lambda line: None)
   if FLAGS.seed is not None:
     tf.set_random_seed(FLAGS.seed)
   global_batch = FLAGS.train_batch_size * ranks.replicas
-  num_train_steps = 0
-  if FLAGS.do_train:
-    num_train_steps = max(1, int(len(data["train"][0]) * FLAGS.num_train_epochs / global_batch))
   log("run_classifier: task %s, labels %s, %s; %d rank(s), batch %d x %d ranks, %d updates, "
       "%s compute" % (FLAGS.task_name, labels, ", ".join(
           "%s %d examples" % (s, len(e)) for s, (e, _) in sorted(data.items())),
@@ -294,14 +381,21 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
       threads, FLAGS.inter_op_threads or 2, gpu,
       cpu_devices=FLAGS.cpu_devices if device.kind == "CPU" else 1))
   sess.run(tf.global_variables_initializer())
-  if init_checkpoint:
+  if earlier:
+    checkpoints.restore_model_weights(sess, earlier, model_variables, log=log)
+    if FLAGS.do_train:
+      log("--output_dir=%s already holds this fine-tune (%s, the same settings): nothing to "
+          "train, it is evaluated" % (FLAGS.output_dir, os.path.basename(earlier)))
+  elif init_checkpoint:
     checkpoints.restore_model_weights(sess, init_checkpoint, model_variables, log=log)
   else:
     log("No --init_checkpoint: the model starts from random weights")
   if broadcast_op is not None:
     sess.run(broadcast_op)
 
-  if FLAGS.do_train:
+  if FLAGS.do_train and ranks.is_chief and not earlier:
+    checkpoints.write_run_marker(FLAGS.output_dir, settings)
+  if FLAGS.do_train and not earlier:
     sess.run(train_iterator.initializer, train_feed)
     meter = meters.Throughput(global_batch, warmup_steps=min(10, num_train_steps // 2))
     step, runs = 0, 0
@@ -321,7 +415,7 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device):
     if ranks.is_chief:
       saver = tf.train.Saver(model_variables, save_relative_paths=True)
       log("Saved %s" % checkpoints.save_checkpoint(saver, sess, FLAGS.output_dir,
-                                                   num_train_steps))
+                                                   num_train_steps, resumes=False))
       write_lines(os.path.join(FLAGS.output_dir, LABELS_FILE), labels)
   if not ranks.is_chief:
     return 0  # Rank 0 evaluates and predicts on the whole sets.

@@ -29,6 +29,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import checkpoints
 from bert_pretrain import device as device_lib
+from bert_pretrain import errors
 from bert_pretrain import health
 from bert_pretrain import input_pipeline
 from bert_pretrain import logs
@@ -152,6 +153,9 @@ flags.DEFINE_integer("stall_timeout_s", 300, "With --horovod: a rank that does n
                      "ends with an error; sets Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS "
                      "and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS unless they are set (0: never).")
 flags.DEFINE_integer("seed", None, "Graph-level random seed (dropout, shuffling).")
+flags.DEFINE_bool("allow_random_heads", False, "With --nodo_train: evaluate even weights "
+                  "without the masked-LM or next-sentence head (a fine-tuned encoder, or no "
+                  "checkpoint at all); those heads are random, so is the accuracy.")
 flags.DEFINE_string("submission_org", "unknown", "MLPerf log: submitting organization.")
 flags.DEFINE_string("submission_platform", "unknown", "MLPerf log: system name.")
 
@@ -235,10 +239,11 @@ def check_flags():
     raise ValueError("--horovod and --distribution=%s disagree; pass one (with "
                      "run_multi_card_FPS.sh, which passes --horovod, set DISTRIBUTION=%s "
                      "instead)" % (FLAGS.distribution, FLAGS.distribution))
-  if FLAGS.cpu_devices < 1 or (FLAGS.cpu_devices > 1 and distribution() != "mirrored"):
-    raise ValueError("--cpu_devices=%d: logical CPU devices are replicas of "
-                     "--distribution=mirrored only (at least 1); drop it or pass "
-                     "--distribution=mirrored" % FLAGS.cpu_devices)
+  device_lib.check_cpu_devices(FLAGS.cpu_devices, distribution())
+  if not FLAGS.learning_rate > 0:
+    raise ValueError("--learning_rate=%g must be positive (the peak of the schedule); pass "
+                     "e.g. --learning_rate=%g" % (FLAGS.learning_rate,
+                                                 FLAGS["learning_rate"].default))
   if FLAGS.reference_hyperparameters:
     mlperf.rcp_file()  # raises when mlperf-logging has no RCPs
   if FLAGS.samples_between_eval is not None and FLAGS.samples_between_eval < 1:
@@ -299,9 +304,11 @@ def check_flags():
                                       FLAGS.max_predictions_per_seq,
                                       vocab_size=bert_config.vocab_size,
                                       full_check_max_bytes=full_check_bytes)
-  _check_output_dir(FLAGS.output_dir)
   resume_checkpoint = checkpoints.find_resume_checkpoint(FLAGS.output_dir,
                                                          resume_settings(bert_config))
+  if not FLAGS.do_train:
+    check_evaluated(resume_checkpoint or init_checkpoint, bert_config)
+  _check_output_dir(FLAGS.output_dir)
   return Inputs(bert_config, train_files, eval_files, skipped_records, resume_checkpoint,
                 init_checkpoint)
 
@@ -375,8 +382,6 @@ def anchor_flags(log=None):
       raise ValueError("--%s=%s and --%s=%s disagree (they are the same setting); pass one"
                        % (anchor, value, ours, getattr(FLAGS, ours)))
     setattr(FLAGS, ours, value)
-  if FLAGS.manual_fp16 and FLAGS["amp"].present and not FLAGS.amp:
-    raise ValueError("--manual_fp16 asks for float16 compute and --noamp for float32; pass one")
   if FLAGS.eval_checkpoint_path:
     if FLAGS.do_train:
       log("run_pretraining: note: --eval_checkpoint_path is read with --nodo_train only (then "
@@ -401,6 +406,54 @@ def anchor_flags(log=None):
 def distribution():
   """The engine: --distribution, or horovod for --horovod."""
   return "horovod" if FLAGS.horovod else FLAGS.distribution
+
+
+def mixed_precision():
+  """Whether the flags ask for mixed precision: --amp, its aliases --use_fp16 and
+  --manual_fp16 (the anchors' names), or an --amp_dtype, which implies it.
+
+  Raises:
+    ValueError: --noamp with one of the others.
+  """
+  asked = [(flag, what) for flag, what, on in (
+      ("--amp_dtype=%s" % FLAGS.amp_dtype, "%s compute" % FLAGS.amp_dtype,
+       FLAGS.amp_dtype != "auto"),
+      ("--use_fp16", "mixed precision", FLAGS.use_fp16),
+      ("--manual_fp16", "float16 compute", FLAGS.manual_fp16)) if on]
+  if asked and FLAGS["amp"].present and not FLAGS.amp:
+    raise ValueError("%s asks for %s and --noamp for float32; pass one" % asked[0])
+  return bool(FLAGS.amp or asked)
+
+
+def check_evaluated(prefix, bert_config):
+  """With --nodo_train: the checkpoint evaluated must hold the whole model, the
+  masked-LM and next-sentence heads included, unless --allow_random_heads.
+
+  Args:
+    prefix: the checkpoint to evaluate (resumed or --init_checkpoint), None for none.
+    bert_config: modeling.BertConfig.
+
+  Raises:
+    ValueError: the one-line error.
+  """
+  if prefix is None:
+    if not FLAGS.allow_random_heads:
+      raise ValueError("--nodo_train evaluates a checkpoint but none is given, so every "
+                       "weight would be random; pass --init_checkpoint (or "
+                       "--eval_checkpoint_path), or --allow_random_heads to evaluate random "
+                       "weights on purpose")
+    return
+  checkpoints.check_config(prefix, bert_config,
+                           "--bert_config_file=%s" % FLAGS.bert_config_file)
+  names = [name for name, _ in tf.train.list_variables(prefix)]
+  missing = ["%s head (%s)" % (head, scope) for head, scope in (
+      ("masked-LM", "cls/predictions/"), ("next-sentence", "cls/seq_relationship/"))
+             if not any(name.startswith(scope) for name in names)]
+  if missing and not FLAGS.allow_random_heads:
+    raise ValueError("--nodo_train evaluates %s, which has no %s: those weights would be "
+                     "random, and so would the accuracy (a fine-tuned classifier?); pass a "
+                     "pretraining checkpoint, or --allow_random_heads to evaluate it anyway"
+                     % (prefix, " and no ".join(missing)))
 
 
 def resume_settings(bert_config):
@@ -959,12 +1012,15 @@ def main(argv):
   try:
     # --use_fp16 and --manual_fp16 (the anchors' names) are aliases of --amp; --amp_dtype
     # implies it.
-    device = device_lib.detect_device(
-        FLAGS.device, FLAGS.amp or FLAGS.use_fp16 or FLAGS.manual_fp16 or
-        FLAGS.amp_dtype != "auto", FLAGS.amp_dtype)
+    device = device_lib.detect_device(FLAGS.device, mixed_precision(), FLAGS.amp_dtype)
     inputs = check_flags()
   except ValueError as e:
     print("run_pretraining: error: %s" % e, file=sys.stderr)
+    return 2
+  except (EnvironmentError, tf.errors.OpError) as e:
+    if not errors.is_file_error(e):
+      raise
+    print("run_pretraining: error: %s" % errors.os_error_message(e), file=sys.stderr)
     return 2
   ranks = None
   try:
@@ -992,10 +1048,9 @@ def main(argv):
     print("run_pretraining: error: %s" % e, file=sys.stderr)
     return 2
   except EnvironmentError as e:
-    if not checkpoints.is_disk_full(e):
-      raise
-    print("run_pretraining: error: %s" % checkpoints.disk_full_message(
-        FLAGS.output_dir, e.filename or "its logs"), file=sys.stderr)
+    print("run_pretraining: error: %s" % errors.os_error_message(
+        e, lambda what: checkpoints.disk_full_message(FLAGS.output_dir, what)),
+          file=sys.stderr)
     return 2
   except tf.errors.ResourceExhaustedError as e:
     if checkpoints.is_disk_full(e):
@@ -1017,6 +1072,9 @@ def main(argv):
           file=sys.stderr)
     return 2
   except tf.errors.OpError as e:
+    if errors.is_file_error(e):
+      print("run_pretraining: error: %s" % errors.os_error_message(e), file=sys.stderr)
+      return 2
     if ranks is None or not _is_job_error(e, ranks):
       raise
     stalled = ranks.stalled_ranks()

@@ -55,13 +55,16 @@ drop_given() {
   drop_from=("${kept[@]}")
 }
 
-# demo_args: prepares the embedded demo (cached in $DEMO_CACHE) and sets DEMO_ARGS to
-# the demo run's flags, which bert_pretrain/demo.py defines.
+# demo_args ARGS...: prepares the embedded demo (cached in $DEMO_CACHE) and sets DEMO_ARGS
+# to the demo run's flags, which bert_pretrain/demo.py defines (its output_dir: that of
+# ARGS, else a new results/demo-<time>).
 demo_args() {
-  local flags
+  local flags output_dir=() given
   DEMO_CACHE="${DEMO_CACHE:-$here/demo_cache}"
   echo "No --input_files_dir: running the embedded demo (artefacts in $DEMO_CACHE)"
-  flags="$(python3 -m bert_pretrain.demo --cache_dir="$DEMO_CACHE")"
+  given="$(flag_value output_dir "$@")"
+  if [ -n "$given" ]; then output_dir=(--run_output_dir="$given"); fi
+  flags="$(python3 -m bert_pretrain.demo --cache_dir="$DEMO_CACHE" "${output_dir[@]}")"
   mapfile -t DEMO_ARGS <<< "$flags"
 }
 
@@ -98,6 +101,11 @@ run_forwarding_signals() {
   return "$status"
 }
 
+# gpus_listed: whether nvidia-smi lists a GPU on this host.
+gpus_listed() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
+
 # count_ranks: ranks per host: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of
 # CUDA_VISIBLE_DEVICES, else the GPUs nvidia-smi lists, else 2 CPU ranks.
 count_ranks() {
@@ -117,7 +125,7 @@ count_ranks() {
     echo "$IX_NUM_CUDA_VISIBLE_DEVICES"
   elif [ -n "$from_list" ]; then
     echo "$from_list"
-  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  elif gpus_listed; then
     echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset: one rank per GPU that nvidia-smi lists on this host" >&2
     nvidia-smi -L | grep -c '^GPU'
   else

@@ -406,10 +406,12 @@ def bad_cases(tmp_path, vocab_file):
       ("no output", dict(output_files=[]), "no output files given"),
       ("output twice", dict(output_files=out + out), "listed twice"),
       ("output is input", dict(output_files=[SAMPLE_TEXT]), "is also an input file"),
+      ("output is the vocab", dict(output_files=[vocab_file]), "is also the vocab file"),
   ]
 
 
 def test_bad_inputs(tmp_path, vocab_file):
+  vocab = open(vocab_file, "rb").read()
   for description, overrides, message in bad_cases(tmp_path, vocab_file):
     args = dict(input_files=[SAMPLE_TEXT], output_files=[str(tmp_path / "o.tfrecord")],
                 vocab_file=vocab_file, max_seq_length=SEQ, max_predictions_per_seq=PRED,
@@ -419,6 +421,7 @@ def test_bad_inputs(tmp_path, vocab_file):
       cpd.create_pretraining_data(**args)
     assert "\n" not in str(error.value), description
     assert not os.path.exists(str(tmp_path / "o.tfrecord")), description
+  assert open(vocab_file, "rb").read() == vocab
 
 
 def _run_cli(*flags):
@@ -446,3 +449,26 @@ def test_command_line(tmp_path, vocab_file):
   last_line = result.stderr.strip().splitlines()[-1]
   assert last_line == ("create_pretraining_data: error: max_predictions_per_seq=65 must "
                        "be between 1 and max_seq_length=64")
+
+
+def test_documents_of_one_sentence_each_give_a_one_line_warning(tmp_path, vocab_file):
+  sentences = [line.strip() for line in open(SAMPLE_TEXT, encoding="utf-8") if line.strip()]
+  one_each = _write(tmp_path / "one_each.txt", "\n\n".join(sentences[:40]) + "\n")
+  output = str(tmp_path / "one_each.tfrecord")
+  result = _run_cli("--input_file=%s" % one_each, "--output_file=%s" % output,
+                    "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
+                    "--max_predictions_per_seq=10", "--dupe_factor=1")
+  assert result.returncode == 0, result.stderr
+  warnings = [l for l in result.stderr.splitlines() if "warning:" in l]
+  assert warnings == [
+      "create_pretraining_data: warning: 40 of 40 instances (100%) have a random next "
+      "sentence, where documents of several sentences give about half; 40 of the 40 "
+      "documents have one sentence, whose B always comes from another document: write one "
+      "sentence a line, with a blank line between documents only"]
+  assert len(read_records([output])) == 40
+  # Documents of several sentences: about half, no warning.
+  result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % output,
+                    "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
+                    "--max_predictions_per_seq=10", "--dupe_factor=1")
+  assert result.returncode == 0, result.stderr
+  assert "warning:" not in result.stderr

@@ -329,3 +329,22 @@ def test_several_launched_processes_of_a_one_process_engine_are_refused(distribu
       "the launcher started 2 processes (HOROVOD_SIZE) but --distribution=%s runs one "
       "process" % distribution)):
     ranks_lib.Ranks(distribution)
+
+
+def test_the_script_trains_mirrored_on_a_cpu_host_with_its_count_per_host(pretraining_data,
+                                                                          tmp_path):
+  """DISTRIBUTION=mirrored IX_NUM_CUDA_VISIBLE_DEVICES=2 on a host without GPUs: no card
+  list for TensorFlow to look for, two logical CPU devices instead."""
+  env = dict(os.environ, DISTRIBUTION="mirrored", IX_NUM_CUDA_VISIBLE_DEVICES="2",
+             TF_CPP_MIN_LOG_LEVEL="2",
+             PATH="%s:%s" % (os.path.dirname(sys.executable), os.environ["PATH"]))
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  flags = base_flags(pretraining_data, tmp_path / "out", train_batch_size=4, num_train_steps=2,
+                     num_accumulation_steps=1, nodo_eval=None)
+  result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags,
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=env, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "CUDA_VISIBLE_DEVICES" not in result.stdout.splitlines()[0]
+  assert "2 logical devices (mirrored)" in result.stdout
+  assert "Step 2," in result.stdout

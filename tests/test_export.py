@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import checkpoints
 from bert_pretrain import export
 from bert_pretrain import modeling
 from conftest import ROOT, TINY_CONFIG
@@ -63,14 +65,18 @@ def trained_like(tmp_path_factory):
           "config": config}
 
 
-def _export(case, name):
-  out = case["root"] / name
-  result = subprocess.run(
-      [sys.executable, "-m", "bert_pretrain.export", "--checkpoint=" + case["prefix"],
-       "--bert_config_file=%s" % (case["root"] / "bert_config.json"),
-       "--vocab_file=%s" % (case["root"] / "vocab.txt"), "--output_dir=%s" % out],
+def _run_export(checkpoint, config, vocab, out):
+  return subprocess.run(
+      [sys.executable, "-m", "bert_pretrain.export", "--checkpoint=%s" % checkpoint,
+       "--bert_config_file=%s" % config, "--vocab_file=%s" % vocab, "--output_dir=%s" % out],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
       env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
+
+
+def _export(case, name):
+  out = case["root"] / name
+  result = _run_export(case["prefix"], case["root"] / "bert_config.json",
+                       case["root"] / "vocab.txt", out)
   assert result.returncode == 0, result.stderr[-3000:]
   return out
 
@@ -151,3 +157,104 @@ def test_a_variable_without_a_transformers_name_is_refused():
   assert export.hf_name("bert/encoder/layer_0/output/adam_v") is None
   with pytest.raises(export.ExportError, match="variable bert/foo/bar of the checkpoint has no transformers name"):
     export.hf_name("bert/foo/bar")
+
+
+def _contents(folder):
+  return {name: (folder / name).read_bytes() for name in sorted(os.listdir(str(folder)))}
+
+
+def test_a_folder_with_files_or_holding_an_input_is_not_written_over(trained_like, tmp_path):
+  root = trained_like["root"]
+  held = tmp_path / "held"
+  held.mkdir()
+  (held / "config.json").write_text(json.dumps(TINY_CONFIG))
+  (held / "vocab.txt").write_text((root / "vocab.txt").read_text())
+  before = _contents(held)
+  for config, message in (
+      (held / "config.json", "export: error: --bert_config_file=%s is inside --output_dir=%s, "
+       "which the export would write over; pass a new --output_dir"
+       % (held / "config.json", held)),
+      (root / "bert_config.json", "export: error: --output_dir=%s already holds files "
+       "(config.json, vocab.txt); the export writes a new folder and overwrites nothing: pass "
+       "a new or empty --output_dir" % held)):
+    result = _run_export(trained_like["prefix"], config, root / "vocab.txt", held)
+    assert result.returncode == 2
+    assert result.stderr.strip() == message
+    assert _contents(held) == before
+  # The checkpoint's own folder is an input too.
+  result = _run_export(trained_like["prefix"], root / "bert_config.json", root / "vocab.txt",
+                       root)
+  assert result.returncode == 2
+  assert "export: error: --checkpoint=%s" % root in result.stderr
+  assert "is inside --output_dir=%s" % root in result.stderr
+  # An empty folder is written, as a new one is.
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  result = _run_export(trained_like["prefix"], root / "bert_config.json", root / "vocab.txt",
+                       empty)
+  assert result.returncode == 0, result.stderr
+  assert sorted(os.listdir(str(empty))) == ["config.json", "model.safetensors",
+                                            "special_tokens_map.json", "tokenizer_config.json",
+                                            "vocab.txt"]
+  assert sorted(os.listdir(str(tmp_path))) == ["empty", "held"]  # No temporary folder left.
+
+
+@pytest.mark.parametrize("changes,named", [
+    (dict(num_hidden_layers=4), "num_hidden_layers=2 but --bert_config_file=%s says "
+     "num_hidden_layers=4"),
+    (dict(num_hidden_layers=1), "num_hidden_layers=2 but --bert_config_file=%s says "
+     "num_hidden_layers=1"),
+    (dict(intermediate_size=128, vocab_size=700), "intermediate_size=64, vocab_size=600 but "
+     "--bert_config_file=%s says intermediate_size=128, vocab_size=700"),
+], ids=["4-layers", "1-layer", "intermediate-and-vocab"])
+def test_a_config_that_does_not_describe_the_checkpoint_writes_nothing(trained_like, tmp_path,
+                                                                       changes, named):
+  config = tmp_path / "bert_config.json"
+  config.write_text(json.dumps(dict(TINY_CONFIG, **changes)))
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("".join("tok%d\n" % i for i in range(changes.get("vocab_size", 600))))
+  result = _run_export(trained_like["prefix"], config, vocab, tmp_path / "out")
+  assert result.returncode == 2
+  assert result.stderr.strip() == (
+      "export: error: --checkpoint=%s holds a model with %s; pass the config the checkpoint "
+      "was trained with" % (trained_like["prefix"], named % config))
+  assert sorted(os.listdir(str(tmp_path))) == ["bert_config.json", "vocab.txt"]
+
+
+def test_the_heads_are_checked_against_the_run_marker_beside_the_checkpoint(trained_like,
+                                                                            tmp_path):
+  # The shapes do not tell the number of heads; this recipe's run marker does.
+  run = tmp_path / "run"
+  run.mkdir()
+  for name in os.listdir(str(trained_like["root"])):
+    if name.startswith("model.ckpt-7."):
+      shutil.copy(str(trained_like["root"] / name), str(run))
+  checkpoints.write_run_marker(str(run), {"bert_config": TINY_CONFIG})
+  config = tmp_path / "bert_config.json"
+  config.write_text(json.dumps(dict(TINY_CONFIG, num_attention_heads=4)))
+  result = _run_export(run / "model.ckpt-7", config, trained_like["root"] / "vocab.txt",
+                       tmp_path / "out")
+  assert result.returncode == 2
+  assert ("holds a model with num_attention_heads=2 but --bert_config_file=%s says "
+          "num_attention_heads=4" % config) in result.stderr
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_classifier_checkpoint_is_not_exported_with_random_heads(trained_like, tmp_path):
+  reader = tf.train.load_checkpoint(trained_like["prefix"])
+  with tf.Graph().as_default():
+    encoder = [tf.Variable(reader.get_tensor(name), name=name)
+               for name in reader.get_variable_to_shape_map() if name.startswith("bert/")]
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      prefix = tf.train.Saver(encoder).save(sess, str(tmp_path / "encoder" / "model.ckpt-3"),
+                                            write_meta_graph=False)
+  result = _run_export(prefix, trained_like["root"] / "bert_config.json",
+                       trained_like["root"] / "vocab.txt", tmp_path / "out")
+  assert result.returncode == 2
+  assert result.stderr.strip() == (
+      "export: error: --checkpoint=%s lacks 7 of the 46 weights transformers' "
+      "BertForPreTraining needs (cls.predictions.transform.dense.weight, "
+      "cls.predictions.transform.dense.bias, cls.predictions.transform.LayerNorm.weight, ...), "
+      "which it would fill at random; export a pretraining checkpoint" % prefix)
+  assert not (tmp_path / "out").exists()

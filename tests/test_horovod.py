@@ -150,6 +150,35 @@ def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
   assert len(demo_runs) == 1 and demo_runs[0].startswith("demo-")
 
 
+def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_data, tmp_path):
+  """horovodrun --gloo itself would end with its RuntimeError's traceback."""
+  flags = base_flags(pretraining_data, tmp_path / "out", learning_rate=-1)
+  result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags,
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=300,
+                          env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"))
+  assert result.returncode == 2, result.stdout[-3000:]
+  error = ("run_pretraining: error: --learning_rate=-1 must be positive (the peak of the "
+           "schedule); pass e.g. --learning_rate=5e-05")
+  # Both ranks refuse the flag; the job ends with the first to exit.
+  last = result.stdout.strip().splitlines()[-1]
+  assert last in ["rank %d exited with status 2: %s" % (rank, error) for rank in (0, 1)], last
+  assert "[%s]<stderr>:%s" % (last[5], error) in result.stdout
+  assert "Traceback" not in result.stdout
+
+
+def test_the_rank_errors_stream_keeps_each_ranks_last_error_line():
+  import io  # pylint: disable=g-import-not-at-top
+  stream = io.StringIO()
+  errors = launch_plan.RankErrors(stream)
+  errors.write("[1]<stderr>:run_pretraining: error: first\n")
+  errors.write("[0]<stdout>:Step 1, error: not on stderr\n[1]<stderr>:Traceback (most "
+               "recent call last):\n")
+  errors.write("[1]<stderr>:run_pretraining: error: second\n")
+  assert errors.errors == {1: "run_pretraining: error: second"}
+  assert stream.getvalue().count("\n") == 4  # Everything passed on.
+
+
 @pytest.mark.parametrize("run_args,ranks,hosts,args", [
     (["--gloo"], 8, ["localhost"], ["-np", "8", "-H", "localhost:8", "--gloo"]),
     (["--mpi"], 8, ["localhost"], ["-np", "8", "-H", "localhost:8", "--mpi"]),

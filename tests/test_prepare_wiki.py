@@ -512,8 +512,7 @@ def test_tensorflow_write_errors_read_as_os_errors():
   assert pipeline.describe_os_error(error).startswith(
       "the disk is full writing /x/part-1 (No space left on device)")
   other = records.os_error_from_tf(tf.errors.UnknownError(None, None, "bad"), "/y")
-  assert pipeline.describe_os_error(other) == (
-      "TensorFlow could not write it: bad writing /y")
+  assert pipeline.describe_os_error(other) == "/y: TensorFlow could not write it: bad"
 
 
 def test_pack_adds_packed_records_to_a_finished_folder_and_resumes_like_the_others(

@@ -1,8 +1,10 @@
 """Fine-tuning (run_classifier, classifier_data): GLUE's files as published, the inputs,
 the metrics, a run from a pretraining checkpoint, and its one-line errors."""
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import checkpoints
 from bert_pretrain import classifier_data
 from bert_pretrain import demo
 from bert_pretrain import modeling
@@ -199,7 +202,12 @@ def test_evaluating_without_training_needs_a_checkpoint_with_a_classifier_head(t
                                 r"max_position_embeddings=128; lower --max_seq_length"),
     (dict(max_seq_length=2), r"--max_seq_length=2 leaves no room for text"),
     (dict(display_loss_steps=0), r"--display_loss_steps=0 must be positive"),
-], ids=["wrong-task", "no-vocab", "too-long", "too-short", "no-display"])
+    (dict(learning_rate=-1), r"--learning_rate=-1 must be positive \(the peak of the "
+                             r"schedule\); pass e.g. --learning_rate=5e-05$"),
+    (dict(warmup_proportion=5), r"--warmup_proportion=5 must be in \[0, 1\]"),
+    (dict(cpu_devices=0, distribution="mirrored"), r"--cpu_devices=0 must be at least 1"),
+], ids=["wrong-task", "no-vocab", "too-long", "too-short", "no-display", "negative-lr",
+        "warmup-5", "no-cpu-devices"])
 def test_bad_inputs_stop_with_one_line_before_training(task, tmp_path, flags, message):
   result = classify(task, tmp_path / "out", **flags)
   assert result.returncode == 2
@@ -225,8 +233,117 @@ def test_a_checkpoint_of_another_config_is_refused_by_name(task, tmp_path):
   demo.write_fresh_checkpoint(other, str(init))
   result = classify(task, tmp_path / "out", init_checkpoint=str(init))
   assert result.returncode == 2
-  assert "has shape [600, 48] but the model needs [600, 32]" in result.stderr
-  assert "use the --bert_config_file the checkpoint was trained with" in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: --init_checkpoint=%s holds a model with hidden_size=48 but "
+      "--bert_config_file=%s says hidden_size=32; pass the config the checkpoint was trained "
+      "with" % (init, task["config"]))
+
+
+@pytest.mark.parametrize("layers", [4, 1])
+def test_a_config_of_other_layers_than_the_checkpoint_stops_before_training(task, tmp_path,
+                                                                            layers):
+  config = tmp_path / "bert_config.json"
+  config.write_text(json.dumps(dict(TINY_CONFIG, num_hidden_layers=layers)))
+  result = classify(task, tmp_path / "out", init_checkpoint=task["init"],
+                    bert_config_file=str(config))
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: --init_checkpoint=%s holds a model with num_hidden_layers=2 but "
+      "--bert_config_file=%s says num_hidden_layers=%d; pass the config the checkpoint was "
+      "trained with" % (task["init"], config, layers))
+  assert not (tmp_path / "out").exists()
+
+
+def test_training_data_of_one_label_is_refused(task, tmp_path):
+  data = tmp_path / "data"
+  data.mkdir()
+  rows = [row.rsplit("\t", 1)[0] + "\tnone" for row in task["rows"][:20]]
+  _write(data / "train.tsv", rows[:16])
+  _write(data / "dev.tsv", rows[16:])
+  result = classify(task, tmp_path / "out", data_dir=str(data))
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: %s has only the label 'none' (16 examples): a classifier learns "
+      "nothing from one label; pass a --data_dir whose training split holds examples of at "
+      "least two labels" % (data / "train.tsv"))
+  assert not (tmp_path / "out").exists()
+
+
+def _files(folder):
+  """name -> bytes of the files in folder (the lock file aside: each run rewrites it)."""
+  return {name: (folder / name).read_bytes() for name in sorted(os.listdir(str(folder)))
+          if name != checkpoints.LOCK_FILE}
+
+
+def test_an_output_dir_with_a_fine_tune_is_resumed_by_the_same_command_only(task, tmp_path):
+  out = tmp_path / "out"
+  flags = dict(init_checkpoint=task["init"], num_train_epochs=4)
+  first = classify(task, out, **flags)
+  assert first.returncode == 0, first.stderr
+  assert "Saved %s" % (out / "model.ckpt-20") in first.stdout
+  before = _files(out)
+  # The same command: the fine-tune is there, so nothing is trained; the same results.
+  again = classify(task, out, **flags)
+  assert again.returncode == 0, again.stderr
+  assert ("--output_dir=%s already holds this fine-tune (model.ckpt-20, the same settings): "
+          "nothing to train, it is evaluated" % out) in again.stdout
+  assert "Step " not in again.stdout and "Saved" not in again.stdout
+  assert _files(out) == before
+  # Other settings, or evaluating another checkpoint there, are refused; nothing changes.
+  other = classify(task, out, init_checkpoint=task["init"], num_train_epochs=2)
+  assert other.returncode == 2
+  assert other.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: --output_dir=%s holds a run with other num_train_steps "
+      "(num_train_steps was 20); resume with the same settings or use a new --output_dir"
+      % out)
+  elsewhere = tmp_path / "elsewhere"
+  assert classify(task, elsewhere, **dict(flags, seed=2)).returncode == 0
+  evaluated = classify(task, out, "--nodo_train", init_checkpoint=str(elsewhere))
+  assert evaluated.returncode == 2
+  assert ("run_classifier: error: --output_dir=%s holds the fine-tune model.ckpt-20; "
+          "evaluating --init_checkpoint=%s there would replace its results"
+          % (out, elsewhere / "model.ckpt-20")) in evaluated.stderr
+  assert _files(out) == before
+  # A fine-tune of an earlier version (no run marker) is not written over either.
+  os.remove(str(out / checkpoints.RUN_MARKER))
+  old = classify(task, out, **flags)
+  assert old.returncode == 2
+  assert ("--output_dir=%s holds a checkpoint that is not a checkpoint of this run's recipe"
+          % out) in old.stderr
+
+
+def test_pretraining_and_fine_tuning_refuse_each_others_output_dir(task, tmp_path):
+  pretrained = tmp_path / "pretrained"
+  pretrained.mkdir()
+  for name in os.listdir(os.path.dirname(task["init"])):
+    shutil.copy(os.path.join(os.path.dirname(task["init"]), name), str(pretrained))
+  checkpoints.write_run_marker(str(pretrained), {"bert_config": TINY_CONFIG,
+                                                 "max_seq_length": 64})
+  result = classify(task, pretrained, init_checkpoint=task["init"])
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: --output_dir=%s holds the checkpoints of run_pretraining, not "
+      "of run_classifier; pass another --output_dir (and one of them as --init_checkpoint "
+      "to start from it)" % pretrained)
+  assert sorted(os.listdir(str(pretrained))) == [
+      checkpoints.RUN_MARKER, "checkpoint", "model.ckpt-0.data-00000-of-00001",
+      "model.ckpt-0.index"]
+
+
+def test_a_second_run_on_an_output_dir_in_use_is_refused(task, tmp_path):
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "eval_results.txt").write_text("accuracy = 0.9\n")
+  lock = checkpoints.OutputDirLock(str(out))
+  lock.acquire()  # As a live run does.
+  try:
+    result = classify(task, out, init_checkpoint=task["init"])
+  finally:
+    lock.release()
+  assert result.returncode == 2
+  assert ("run_classifier: error: --output_dir=%s is in use by another run (pid %d on "
+          % (out, os.getpid())) in result.stderr
+  assert (out / "eval_results.txt").read_text() == "accuracy = 0.9\n"
 
 
 @pytest.mark.parametrize("launcher,engine", [

@@ -230,6 +230,20 @@ def _not_records_dir(tmp_path):
   return str(tmp_path / "not_records")
 
 
+def _encoder_checkpoint(tmp_path):
+  """A checkpoint of the tiny BERT's encoder with a classifier head, as run_classifier
+  writes: no masked-LM nor next-sentence head."""
+  prefix = str(tmp_path / "fine_tuned" / "model.ckpt-9")
+  with tf.Graph().as_default():
+    modeling.BertModel(modeling.BertConfig.from_dict(TINY_CONFIG), False,
+                       tf.zeros([1, 8], tf.int32))
+    tf.get_variable("output_weights", [2, TINY_CONFIG["hidden_size"]])
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      tf.train.Saver().save(sess, prefix, write_meta_graph=False)
+  return prefix
+
+
 def _unwritable_output(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("x")
@@ -274,6 +288,31 @@ BAD_INPUTS = [
      r"--keep_checkpoint_max=-1 must not be negative"),
     ("output_dir that cannot be written", lambda d, t: dict(output_dir=_unwritable_output(t)),
      r"--output_dir=\S+ cannot be written"),
+    ("negative learning rate", lambda d, t: dict(learning_rate=-1),
+     r"--learning_rate=-1 must be positive \(the peak of the schedule\); pass e.g. "
+     r"--learning_rate=5e-05$"),
+    ("learning rate 0", lambda d, t: dict(learning_rate=0), r"--learning_rate=0 must be positive"),
+    ("float16 and --noamp", lambda d, t: dict(amp_dtype="float16", amp="false"),
+     r"--amp_dtype=float16 asks for float16 compute and --noamp for float32; pass one$"),
+    ("--use_fp16 and --noamp", lambda d, t: dict(use_fp16="true", amp="false"),
+     r"--use_fp16 asks for mixed precision and --noamp for float32; pass one$"),
+    ("no logical CPU devices", lambda d, t: dict(distribution="mirrored", cpu_devices=0),
+     r"--cpu_devices=0 must be at least 1 \(the logical CPU devices of "
+     r"--distribution=mirrored, one replica each\); pass --cpu_devices=2 or more"),
+    ("evaluation without a checkpoint", lambda d, t: dict(do_train="false"),
+     r"--nodo_train evaluates a checkpoint but none is given, so every weight would be "
+     r"random; pass --init_checkpoint \(or --eval_checkpoint_path\), or --allow_random_heads"),
+    ("evaluation of a checkpoint without the heads", lambda d, t: dict(
+        do_train="false", eval_checkpoint_path=_encoder_checkpoint(t)),
+     r"--nodo_train evaluates \S+/fine_tuned/model.ckpt-9, which has no masked-LM head "
+     r"\(cls/predictions/\) and no next-sentence head \(cls/seq_relationship/\): those "
+     r"weights would be random, and so would the accuracy .* or --allow_random_heads to "
+     r"evaluate it anyway$"),
+    ("evaluation with a config of more layers", lambda d, t: dict(
+        do_train="false", init_checkpoint=_encoder_checkpoint(t),
+        bert_config_file=_config_with(t, num_hidden_layers=3)),
+     r"--init_checkpoint=\S+ holds a model with num_hidden_layers=2 but "
+     r"--bert_config_file=\S+ says num_hidden_layers=3"),
 ]
 
 
@@ -293,6 +332,15 @@ def test_bad_input_is_a_one_line_error(pretraining_data, tmp_path, case, overrid
   assert "Traceback" not in result.stderr
   assert "Step " not in result.stdout
   assert sorted(os.listdir(str(out))) == ["model.ckpt-keep.txt"]
+
+
+def test_random_heads_are_evaluated_when_the_flag_says_so(pretraining_data, tmp_path):
+  result = run_pretraining(*base_flags(pretraining_data, tmp_path / "out", do_train="false",
+                                       eval_checkpoint_path=_encoder_checkpoint(tmp_path),
+                                       allow_random_heads=None, max_eval_steps=1))
+  assert result.returncode == 0, result.stderr
+  assert "Model variables not in the checkpoint (initialized fresh): cls/" in result.stdout
+  assert "***** Eval results *****" in result.stdout
 
 
 def test_half_written_and_foreign_files_are_not_training_data(pretraining_data, tmp_path):
@@ -577,3 +625,23 @@ def test_float16_gradients_that_overflow_at_scale_1_stop_the_run(pretraining_dat
                    r"without saving", result.stdout, re.M)
   assert "Step 50," not in result.stdout
   assert tf.train.latest_checkpoint(str(out)) is None
+
+
+def test_a_dllog_record_cut_by_a_kill_is_dropped_when_the_run_resumes(pretraining_data,
+                                                                      tmp_path):
+  out = tmp_path / "out"
+  first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=2, nodo_eval=None,
+                                      seed=3))
+  assert first.returncode == 0, first.stderr
+  dllog = out / "dllog.json"
+  complete = dllog.read_text().splitlines()
+  with open(str(dllog), "a") as f:
+    f.write(complete[-1][:25])  # What a SIGKILL in the middle of a write leaves.
+  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                        nodo_eval=None, seed=3))
+  assert resumed.returncode == 0, resumed.stderr
+  assert ("%s: dropped the last 25 bytes, a record cut short (the run writing it was killed)"
+          % dllog) in resumed.stdout
+  records = [json.loads(line) for line in dllog.read_text().splitlines()]  # Each line parses.
+  assert records[:len(complete)] == [json.loads(line) for line in complete]
+  assert [r["step"] for r in records if r["type"] == "train"] == [2, 4]

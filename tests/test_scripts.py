@@ -167,3 +167,69 @@ def test_a_sigterm_to_the_demo_script_reaches_the_trainer_and_ends_the_script(tm
       script.send_signal(signal.SIGTERM)
   assert script.wait(timeout=60) == 143, lines
   assert "trainer got TERM\n" in lines and "finetuned\n" not in lines, lines
+
+
+def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path):
+  """On a GPU host the script shows the process IX_NUM_CUDA_VISIBLE_DEVICES cards, in the
+  command it prints; on a CPU host a card list would stop the run (TensorFlow sees no
+  GPU), and --cpu_devices carries the count."""
+  bin_dir = tmp_path / "gpu_bin"
+  bin_dir.mkdir()
+  smi = bin_dir / "nvidia-smi"
+  smi.write_text("#!/bin/sh\necho 'GPU 0: A100 (UUID: GPU-0)'\necho 'GPU 1: A100 (UUID: GPU-1)'\n")
+  smi.chmod(0o755)
+  env = dict(os.environ, DRY_RUN="1", DISTRIBUTION="mirrored", IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  lines = {}
+  for host, path in (("gpu", "%s:%s" % (bin_dir, env["PATH"])), ("cpu", env["PATH"])):
+    result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + DATA,
+                            cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, env=dict(env, PATH=path), timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines[host] = result.stdout.strip()
+  command = ("python3 -m bert_pretrain.run_pretraining --distribution=mirrored --cpu_devices=2 "
+             "--amp --num_accumulation_steps=4 --num_train_steps=1000 " + " ".join(DATA))
+  assert lines["gpu"] == ("Launching 1 process driving 2 cards (mirrored): env "
+                          "CUDA_VISIBLE_DEVICES=0,1 " + command)
+  assert lines["cpu"] == "Launching 1 process driving 2 cards (mirrored): " + command
+
+
+def _demo(cache, cwd, *flags):
+  return subprocess.Popen([sys.executable, "-m", "bert_pretrain.demo", "--cache_dir=%s" % cache]
+                          + list(flags), cwd=str(cwd), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def test_two_demos_started_at_once_on_an_empty_cache_both_succeed(tmp_path):
+  cache = tmp_path / "cache"
+  demos = [_demo(cache, tmp_path) for _ in range(2)]
+  outputs = [demo.communicate(timeout=300) for demo in demos]
+  for demo, (_, err) in zip(demos, outputs):
+    assert demo.returncode == 0, err[-3000:]
+  # The cache was built once, under its lock: the second waited, then found it built.
+  waited = [err for _, err in outputs if "another demo is building" in err]
+  built = [err for _, err in outputs if "building a 4096-token WordPiece vocab" in err]
+  assert len(waited) == 1 and len(built) == 1
+  assert sorted(os.listdir(str(cache))) == [".bert_pretrain.lock", "bert_config.json", "eval",
+                                            "init", "text", "train", "vocab.txt"]
+  # Each trains in a folder of its own, even when both start in the same second.
+  output_dirs = [[l for l in out.splitlines() if l.startswith("--output_dir=")][0]
+                 for out, _ in outputs]
+  assert len(set(output_dirs)) == 2
+  for flag in output_dirs:
+    assert os.path.isdir(str(tmp_path / flag.split("=", 1)[1]))
+
+
+def test_the_demos_fine_tuning_from_a_folder_that_is_not_a_run_is_an_error(tmp_path):
+  (tmp_path / "results").mkdir()
+  for given, message in (
+      ("results/demo-typo", "--finetune_from=results/demo-typo does not exist"),
+      ("results", "--finetune_from=results holds neither a checkpoint nor a pretraining run")):
+    demo = _demo(tmp_path / "cache", tmp_path, "--finetune_from=" + given)
+    _, err = demo.communicate(timeout=120)
+    assert demo.returncode == 2
+    assert err.strip().splitlines()[-1] == (
+        "demo: error: %s; pass the --output_dir of the demo's pretraining run "
+        "(results/demo-<time>)" % message)
+  assert not (tmp_path / "cache").exists()

@@ -6,10 +6,10 @@ files, whatever --jobs.
 """
 
 import collections
-import errno
 import json
 import os
 
+from bert_pretrain import errors
 from bert_pretrain import pack_records
 from bert_pretrain import tokenization
 from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
@@ -262,14 +262,9 @@ def _check_settings(settings, jobs):
 
 
 def describe_os_error(error):
-  """One line for an OSError: a full disk says what to do."""
-  where = " writing %s" % error.filename if error.filename else ""
-  if error.errno == errno.ENOSPC:
-    return ("the disk is full%s (No space left on device); free space there (the full "
-            "MLPerf set needs about 450 GB, 365 GB of it TFRecords; work/ can go once "
-            "step shard is done) and run the same command again: finished work is kept"
-            % where)
-  if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-    return ("cannot write%s (%s); pass an --output_dir you can write to"
-            % (where, error.strerror))
-  return "%s%s" % (error.strerror or error, where)
+  """One line for an OSError (errors.os_error_message); a full disk also says what the
+  dataset needs."""
+  return errors.os_error_message(error, disk_full=lambda what: (
+      "the disk is full writing %s (No space left on device); free space there (the full "
+      "MLPerf set needs about 450 GB, 365 GB of it TFRecords; work/ can go once step "
+      "shard is done) and run the same command again: finished work is kept" % what))

@@ -1,0 +1,80 @@
+"""One-line messages for OS errors, shared by the command-line tools.
+
+run_pretraining, run_classifier, export, create_pretraining_data, the demo and the
+Wikipedia pipeline print `TOOL: error: <os_error_message(e)>` for an OSError or a
+TensorFlow file error (a read-only disk, a missing file, a folder where a file should
+be, a full disk) instead of a traceback. No TensorFlow import here: the pipeline's main
+process runs without it.
+"""
+
+import errno
+import os
+
+# What to do about an OS error, by errno.
+_FIXES = {
+    errno.EROFS: "pass paths on a disk you can write to",
+    errno.EACCES: "check its permissions, or pass paths you can read and write",
+    errno.EPERM: "check its permissions, or pass paths you can read and write",
+    errno.ENOENT: "check the path",
+    errno.EISDIR: "it is a folder: pass a file there",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: check the path",
+    errno.EEXIST: "a file of that name is in the way: pass another path",
+}
+# TensorFlow's file errors carry no errno; the words of their message tell.
+_WORDS = (("Read-only file system", errno.EROFS), ("Permission denied", errno.EACCES),
+          ("Is a directory", errno.EISDIR), ("Not a directory", errno.ENOTDIR),
+          ("No such file or directory", errno.ENOENT), ("File exists", errno.EEXIST))
+
+
+def is_disk_full(error):
+  """Whether an exception, TensorFlow's or Python's, means "No space left on device"."""
+  if isinstance(error, EnvironmentError) and error.errno == errno.ENOSPC:
+    return True
+  return "No space left on device" in str(getattr(error, "message", None) or error)
+
+
+def is_file_error(error):
+  """Whether an exception is an OSError or a TensorFlow error about a file (its message
+  names a read-only disk, a missing file, a folder where a file should be...)."""
+  if isinstance(error, EnvironmentError) or is_disk_full(error):
+    return True
+  message = str(getattr(error, "message", None) or "")
+  return any(words in message for words, _ in _WORDS)
+
+
+def os_error_message(error, disk_full=None):
+  """One line for an OSError or a TensorFlow file error (tf.errors.OpError): the file,
+  what went wrong and what to do.
+
+  Args:
+    error: the exception.
+    disk_full: (optional) function of what was being written (a file name) -> the
+      tool's line for a full disk (run_pretraining's names its checkpoints); default:
+      free space and run the same command again.
+
+  Returns:
+    str, one line.
+  """
+  if isinstance(error, EnvironmentError):
+    number, text, filename = error.errno, error.strerror or str(error), error.filename
+  else:
+    lines = [l.strip() for l in (getattr(error, "message", None) or str(error)).splitlines()
+             if l.strip()] or [type(error).__name__]
+    # In a session's error the file's line may follow "Graph execution error:".
+    text = next((l for l in lines for words, _ in _WORDS if words in l), lines[0])
+    number = next((n for words, n in _WORDS if words in text), None)
+    filename = None
+  if is_disk_full(error):
+    what = filename or "its files"
+    if disk_full is not None:
+      return disk_full(what)
+    try:
+      stat = os.statvfs(os.path.dirname(os.path.abspath(filename)) if filename else ".")
+      free = ", %.1f MB free" % (stat.f_bavail * stat.f_frsize / 1e6)
+    except OSError:
+      free = ""
+    return ("the disk is full (no space left on the device%s) while writing %s; free space "
+            "there and run the same command again" % (free, what))
+  what = "%s: %s" % (filename, text) if filename else text
+  fix = _FIXES.get(number)
+  return "%s; %s" % (what, fix) if fix else what
