@@ -188,7 +188,8 @@ def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path)
     assert result.returncode == 0, result.stderr
     lines[host] = result.stdout.strip()
   command = ("python3 -m bert_pretrain.run_pretraining --distribution=mirrored --cpu_devices=2 "
-             "--amp --num_accumulation_steps=4 --num_train_steps=1000 " + " ".join(DATA))
+             "--amp --eval_at_start --num_accumulation_steps=4 --num_train_steps=1000 " +
+             " ".join(DATA))
   assert lines["gpu"] == ("Launching 1 process driving 2 cards (mirrored): env "
                           "CUDA_VISIBLE_DEVICES=0,1 " + command)
   assert lines["cpu"] == "Launching 1 process driving 2 cards (mirrored): " + command
