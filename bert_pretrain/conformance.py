@@ -459,7 +459,7 @@ def format_table(rows):
     for row in rows:
       if row.section != section:
         continue
-      share = ("%4.0f%%" % (100.0 * row.error / row.tolerance) if np.isfinite(row.error)
+      share = ("%4.0f%%" % (100.0 * row.error / row.tolerance) if not np.isnan(row.error)
                else "not finite")
       lines.append("%-*s  %-*s  %5d  %9.2e  %9.2e  %5s%s" % (
           width, row.name, what, row.what, row.depth, row.error, row.tolerance, share,
@@ -474,6 +474,11 @@ def verdict(rows):
     worst = max(rows, key=lambda row: row.error / row.tolerance)
     return 0, ("PASS: every layer and gradient group within its tolerance (the largest "
                "share: %.0f%%, %s)" % (100.0 * worst.error / worst.tolerance, worst.name))
+  if np.isnan(failed.error):
+    return 1, ("FAIL: %s (%s) is the first that is not finite (NaN or Inf)%s"
+               % (failed.name, failed.what, "; a float16 gradient overflows at this loss "
+                  "scale: try a lower --init_loss_scale" if failed.section == "gradient"
+                  else ""))
   return 1, ("FAIL: %s (%s) is the first outside its tolerance: relative error %.2e > %.2e%s"
              % (failed.name, failed.what, failed.error, failed.tolerance,
                 "; the rows before it are within theirs" if rows.index(failed) else ""))
