@@ -25,7 +25,10 @@ sides taking turns for --rounds rounds within the row:
     peak RSS of each side, the load average at the start and end of the row;
 
 and whether BERT-Large at sequence 512, batch 1 can take a training step here. The table
-is printed and written to --out_dir (benchmark.md, benchmark.json, benchmark.png).
+is printed and written to --out_dir (benchmark.md, benchmark.json, benchmark.png), and
+a card (bench/card.py) to benchmark_card.json: the environment, each side's config hash,
+mean and spread over its timing windows, and the anchors' published rows of the same
+configuration.
 bench/README.md explains the columns.
 """
 
@@ -49,9 +52,11 @@ from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
-  from bench import google_peer  # python3 -m bench.benchmark, from the repository root
+  from bench import card  # python3 -m bench.benchmark, from the repository root
+  from bench import google_peer
 except ImportError:
-  import google_peer  # python3 bench/benchmark.py: bench/ is the script's own folder
+  import card  # python3 bench/benchmark.py: bench/ is the script's own folder
+  import google_peer
 
 CORPUS = os.path.join(ROOT, "bert_pretrain", "demo_data", "corpus.txt")
 
@@ -765,30 +770,6 @@ def draw_chart(results, path):
   return True
 
 
-# The CPU flags that decide how fast a matmul runs here: AVX-512, its bfloat16 dot
-# products, AMX's bfloat16 tiles. The same code measured 1.8x and 3.8x more bfloat16
-# than float32 matmul FLOP/s on CPUs without and with AMX (README, Benchmarks).
-MATMUL_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16")
-
-
-def cpu_description(cpuinfo="/proc/cpuinfo"):
-  """The CPU's model name and which of MATMUL_FLAGS it has, e.g. "AMD EPYC (avx512f,
-  avx512_bf16)"; platform.machine() where `cpuinfo` cannot be read."""
-  try:
-    with open(cpuinfo) as f:
-      text = f.read()
-  except (IOError, OSError):
-    return platform.machine()
-  fields = {}
-  for line in text.splitlines():
-    key, _, value = line.partition(":")
-    fields.setdefault(key.strip(), value.strip())
-  model = fields.get("model name") or platform.machine()
-  present = set(fields.get("flags", "").split())
-  return "%s (%s)" % (model, ", ".join(f for f in MATMUL_FLAGS if f in present) or
-                      "no AVX-512")
-
-
 def environment(peak, rows, load_at_start):
   versions = {"python": platform.python_version(), "tensorflow": peak.get("tensorflow")}
   for r in rows:
@@ -797,7 +778,7 @@ def environment(peak, rows, load_at_start):
       break
   if any(r["google"] and "error" not in r["google"] for r in rows):
     versions["bert-tensorflow"] = google_peer.PACKAGE.split("==")[1]
-  return {"machine": cpu_description(), "cores": os.cpu_count(),
+  return {"machine": card.cpu_description(), "cores": os.cpu_count(),
           "versions": versions, "load_average": [load_at_start, os.getloadavg()[0]]}
 
 
@@ -853,8 +834,53 @@ def run_benchmark():
   with open(os.path.join(FLAGS.out_dir, "benchmark.json"), "w") as f:
     json.dump(results, f, indent=1)
   drawn = draw_chart(results, os.path.join(FLAGS.out_dir, "benchmark.png"))
-  print("Written: %s/benchmark.md, benchmark.json%s" % (FLAGS.out_dir,
-                                                        ", benchmark.png" if drawn else ""))
+  written = write_card(results, os.path.join(FLAGS.out_dir, "benchmark_card.json"))
+  for line in card.published_lines(written):
+    print("Published beside ours: " + line)
+  print("Written: %s/benchmark.md, benchmark.json, benchmark_card.json%s"
+        % (FLAGS.out_dir, ", benchmark.png" if drawn else ""))
+
+
+def row_config(row, side):
+  """What a side of a row measured, as a user chooses it (the card's config)."""
+  layers, hidden, heads, intermediate = CONFIGS[row["config"]]
+  config = {"tool": "bench.benchmark", "side": side,
+            "model": {"name": row["config"], "layers": layers, "hidden": hidden,
+                      "heads": heads, "intermediate": intermediate, "vocab": VOCAB_SIZE},
+            "seq": row["seq"], "predictions": row["preds"], "batch": row["batch"],
+            "precision": row["precision"],
+            "compute": "bfloat16" if row["precision"] == "amp" else "float32",
+            "intra_threads": row["intra"], "inter_threads": row["inter"],
+            "xla": row["xla"] if side.startswith("ours") else False,
+            "data": ("the demo corpus's TFRecords, shuffle seed %d" % PIPELINE_SEED
+                     if side.startswith("ours") else "random token ids held in memory")}
+  if side.startswith("ours"):
+    config["optimizer"] = "adam" if side == "ours_adam" else "lamb"
+  return config
+
+
+def write_card(results, path):
+  """The benchmark card (bench/card.py): every side of every row and the BERT-Large
+  check, the timing windows of all rounds as the repeats."""
+  env = card.environment()
+  published = card.load_published()
+  entries = []
+  for row in results["rows"]:
+    for side, label in SIDES:
+      measured = row[side]
+      if measured and "error" not in measured:
+        entries.append(card.entry(
+            "%s-seq%d-%s %s" % (row["config"], row["seq"], row["precision"], label),
+            row_config(row, side), measured["windows"], 1, env, published))
+  for row in results["large"]:
+    ours = row["ours"]
+    if "error" not in ours:
+      entries.append(card.entry(
+          "large-seq%d-%s ours LAMB (batch %d, %d steps a window)" % (
+              row["seq"], row["precision"], row["batch"], ours["steps_per_window"]),
+          row_config(row, "ours"), ours["windows_records"], 1, env, published))
+  return card.write_card(path, "bench.benchmark", card.tool_flags(FLAGS, "configs"),
+                         entries, env)
 
 
 def main(argv):

@@ -13,7 +13,9 @@ steps) from the output and prints each model's FPS and the scaling efficiency
 FPS(2 ranks) / (2 x FPS(1 rank)). Each run ends with one evaluation of the demo's eval
 set (each rank reads its part, the sums are all-reduced), and the table gives its time
 ("eval time: X s"): with 2 ranks it should not take longer than with one. The table
-also goes to --out_dir/scaling.md (+ .json).
+also goes to --out_dir/scaling.md (+ .json), and a card (bench/card.py) to
+scaling_card.json: the environment, each run's config hash, and with --repeats=N the
+mean and spread of N runs of each configuration (the tables give the mean).
 
 Models: "tiny" is the demo's BERT (2 layers, hidden 128) from its init checkpoint;
 "medium" (8 layers, hidden 512, 8 heads, 2048) has the demo's vocab (4096) and starts
@@ -54,6 +56,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +64,7 @@ import tempfile
 from absl import app
 from absl import flags
 
+from bench import card
 from bert_pretrain import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +88,9 @@ PRECISIONS = ("fp32", "amp")
 OUT_OF_MEMORY = re.compile(r"error: out of memory|std::bad_alloc|MemoryError")
 THROUGHPUT = re.compile(r"Throughput Average \(sentences/sec\) = ([0-9.]+)")
 EVAL_TIME = re.compile(r"eval time: ([0-9.]+) s")
+# The run's device line says what it computed in: "device: CPU, 2 cores, compute bfloat16"
+# (under horovodrun after a "[1,0]<stdout>:" prefix).
+COMPUTE = re.compile(r"device: .*?compute (\w+)")
 
 flags.DEFINE_list("models", ["tiny", "medium"], "Models to run: tiny (the demo's), medium.")
 flags.DEFINE_bool("independent", True, "Also run 2 single-rank jobs at once (no all-reduce "
@@ -91,6 +98,9 @@ flags.DEFINE_bool("independent", True, "Also run 2 single-rank jobs at once (no 
 flags.DEFINE_integer("train_batch_size", 0, "Sentences per step on each rank (0: per model).")
 flags.DEFINE_integer("num_train_steps", 0, "Training steps per run (0: per model).")
 flags.DEFINE_integer("fps_warmup_steps", 0, "Steps left out of the FPS (0: per model).")
+flags.DEFINE_integer("repeats", 1, "Runs of each configuration of the engines and speed "
+                     "tables: their tables give the mean FPS, scaling_card.json the mean "
+                     "and the spread.", lower_bound=1)
 flags.DEFINE_integer("intra_op_threads", 1, "Threads per op in each rank.")
 flags.DEFINE_integer("inter_op_threads", 1, "Ops run at once in each rank.")
 flags.DEFINE_string("horovod_args", "--gloo", "Controller flags for horovodrun (--gloo, --mpi).")
@@ -211,13 +221,28 @@ def finish_training(processes, log_path, output_dir):
   found, eval_time = THROUGHPUT.findall(text), EVAL_TIME.findall(text)
   if status != 0 or not found or not eval_time:
     return {"error": "exit status %d, see %s" % (status, log_path)}
-  return {"fps": float(found[-1]), "eval_s": float(eval_time[-1])}
+  compute = COMPUTE.findall(text)
+  return {"fps": float(found[-1]), "eval_s": float(eval_time[-1]),
+          "compute": compute[-1] if compute else None}
+
+
+def repeated(run_once):
+  """Runs a measurement --repeats times: the first error, or the last run's result with
+  "fps" and "eval_s" the means of all runs and "fps_runs" every run's FPS."""
+  results = [run_once() for _ in range(FLAGS.repeats)]
+  for result in results:
+    if "error" in result:
+      return result
+  return dict(results[-1], fps=statistics.mean(r["fps"] for r in results),
+              eval_s=statistics.mean(r["eval_s"] for r in results),
+              fps_runs=[r["fps"] for r in results])
 
 
 def run_training(model, ranks, *args, engine="horovod"):
-  """One job of `ranks` replicas with `engine`."""
+  """One job of `ranks` replicas with `engine` (--repeats times)."""
   tag = "np%d" % ranks if engine == "horovod" else "np%d-%s" % (ranks, engine)
-  return finish_training(*start_training(model, ranks, *args, tag=tag, engine=engine))
+  return repeated(lambda: finish_training(*start_training(model, ranks, *args, tag=tag,
+                                                          engine=engine)))
 
 
 def run_independent(model, copies, *args):
@@ -230,7 +255,7 @@ def run_independent(model, copies, *args):
   if errors:
     return {"error": errors[0]}
   return {"fps": sum(r["fps"] for r in results),
-          "eval_s": max(r["eval_s"] for r in results)}
+          "eval_s": max(r["eval_s"] for r in results), "compute": results[0]["compute"]}
 
 
 def model_settings(model, batch=None, amp=False):
@@ -248,8 +273,9 @@ def speed_runs(model, cache_dir, config_file, init_checkpoint):
       settings = model_settings(model, batch, amp=precision == "amp")
       for ranks in (1, 2):
         tag = "np%d-%s-b%d" % (ranks, precision, batch)
-        runs["%d-%s-%d" % (ranks, precision, batch)] = finish_training(*start_training(
-            model, ranks, cache_dir, config_file, init_checkpoint, settings, tag=tag))
+        runs["%d-%s-%d" % (ranks, precision, batch)] = repeated(
+            lambda ranks=ranks, settings=settings, tag=tag: finish_training(*start_training(
+                model, ranks, cache_dir, config_file, init_checkpoint, settings, tag=tag)))
   return runs
 
 
@@ -490,7 +516,7 @@ def main(argv):
       if "horovod" in FLAGS.engines:
         runs["2"] = run_training(model, 2, *args)
       if FLAGS.independent:
-        runs["2x1"] = run_independent(model, 2, *args)
+        runs["2x1"] = repeated(lambda: run_independent(model, 2, *args))
       for engine in FLAGS.engines:
         if engine != "horovod":
           runs["2-" + engine] = run_training(model, 2, *args, engine=engine)
@@ -515,6 +541,64 @@ def main(argv):
     f.write(table)
   with open(os.path.join(FLAGS.out_dir, "scaling.json"), "w") as f:
     json.dump(results, f, indent=1)
+  written = write_card(results, models)
+  for line in card.published_lines(written):
+    print("Published beside ours: " + line)
+  print("Written: %s/scaling.md, scaling.json, scaling_card.json" % FLAGS.out_dir)
+
+
+def run_config(model, config_file, init_checkpoint, ranks, engine, batch, precision, steps,
+               warmup, compute):
+  """What a run measured, as a user chooses it (the card's config)."""
+  with open(config_file) as f:
+    bert = json.load(f)
+  config = {"tool": "bench.scaling",
+            "model": {"name": model, "layers": bert["num_hidden_layers"],
+                      "hidden": bert["hidden_size"], "heads": bert["num_attention_heads"],
+                      "intermediate": bert["intermediate_size"], "vocab": bert["vocab_size"]},
+            "seq": 128, "predictions": PREDICTIONS[128], "batch_per_rank": batch,
+            "ranks": ranks, "engine": engine, "precision": precision, "compute": compute,
+            "steps": steps, "fps_warmup_steps": warmup,
+            "intra_op_threads": FLAGS.intra_op_threads,
+            "inter_op_threads": FLAGS.inter_op_threads,
+            "data": "the demo's TFRecords",
+            "weights": "the demo's init checkpoint" if init_checkpoint else "random"}
+  if engine == "horovod":
+    config["horovod_args"] = FLAGS.horovod_args
+  return config
+
+
+def write_card(results, models):
+  """scaling_card.json (bench/card.py): every run of the engines and speed tables, the
+  --repeats runs of each as its repeats."""
+  env = card.environment()
+  published = card.load_published()
+  entries = []
+
+  def add(name, measured, model, ranks, engine, batch, precision, steps, warmup):
+    if "error" in measured or "fps" not in measured:
+      return
+    config = run_config(model, models[model][0], models[model][1], ranks, engine, batch,
+                        precision, steps, warmup, measured.get("compute"))
+    entries.append(card.entry(name, config, measured.get("fps_runs", [measured["fps"]]),
+                              ranks, env, published))
+  for row in results["engines"]:
+    precision = "fp32"  # model_settings' default: the engines table runs --noamp
+    for key, measured in sorted(row["runs"].items()):
+      ranks = int(key[0])
+      engine = key.split("-", 1)[1] if "-" in key else (
+          "independent" if key == "2x1" else "horovod")
+      add("%s %s" % (row["model"], {"1": "1 rank", "2": "2 ranks", "2x1": "2 x 1 rank at once"}
+                     .get(key, "2 ranks " + engine)), measured, row["model"], ranks, engine,
+          row["batch"], precision, row["steps"], row["warmup"])
+  for row in results["speed"]:
+    for key, measured in sorted(row["runs"].items()):
+      ranks, precision, batch = key.split("-")
+      add("%s %s ranks %s batch %s" % (row["model"], ranks, precision, batch), measured,
+          row["model"], int(ranks), "horovod", int(batch), precision, row["steps"],
+          row["warmup"])
+  return card.write_card(os.path.join(FLAGS.out_dir, "scaling_card.json"), "bench.scaling",
+                         card.tool_flags(FLAGS, "models"), entries, env)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 
+from bench import card
 from bench import google_peer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,12 +89,15 @@ flags\t\t: fpu sse2 avx2 {flags}
      "Intel(R) Xeon(R) Platinum 8480+ (avx512f, avx512_bf16, amx_bf16)"),
     ("Intel(R) Core(TM) i7", "fma", "Intel(R) Core(TM) i7 (no AVX-512)"),
 ])
-def test_the_machine_line_names_the_cpu_and_its_matmul_extensions(bench_module, tmp_path,
-                                                                  model, flags, expected):
+def test_the_machine_line_names_the_cpu_and_its_matmul_extensions(tmp_path, model, flags,
+                                                                  expected):
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text(CPUINFO.format(model=model, flags=flags))
-  assert bench_module.cpu_description(str(cpuinfo)) == expected
-  assert bench_module.cpu_description(str(tmp_path / "missing")) == platform.machine()
+  assert card.cpu_description(str(cpuinfo)) == expected
+  assert card.cpu_description(str(tmp_path / "missing")) == platform.machine()
+  info = card.cpu_info(str(cpuinfo))
+  assert info["model"] == model and info["description"] == expected
+  assert info["flags"] == sorted(("fpu sse2 avx2 " + flags).split())
 
 
 def test_a_negative_window_sequences_is_refused_before_any_work(tmp_path):
@@ -176,6 +180,94 @@ def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
     assert row["ours_adam_over_google"] == row["ours_adam"]["fps"] / google["fps"]
   else:
     assert google_peer.HINT in result.stdout and row["google"] is None
+  # The card: the same measurements with their environment, config hash and spread.
+  assert "benchmark_card.json" in result.stdout
+  with open(os.path.join(out_dir, "benchmark_card.json")) as f:
+    written = json.load(f)
+  assert written["tool"] == "bench.benchmark" and written["flags"]["configs"] == ["tiny"]
+  assert written["flags"]["window_sequences"] == 48
+  env = written["environment"]
+  import tensorflow as tf
+  assert env["versions"]["tensorflow"] == tf.__version__
+  assert env["versions"]["horovod"] == __import__("horovod").__version__
+  assert env["cpu"]["cores"] == os.cpu_count() and "model" in env["cpu"]
+  assert set(card.MATMUL_FLAGS) & set(env["cpu"]["flags"]) or "no AVX-512" in \
+      env["cpu"]["description"]
+  entries = {e["name"]: e for e in written["entries"]}
+  lamb, adam = entries["tiny-seq128-fp32 ours LAMB"], entries["tiny-seq128-fp32 ours Adam"]
+  for e, side in ((lamb, "ours"), (adam, "ours_adam")):
+    assert e["stats"]["values"] == row[side]["windows"] and e["stats"]["n"] == 1
+    assert e["stats"]["mean"] == row[side]["fps"] and e["stats"]["stdev"] is None
+    assert e["config_hash"] == card.config_hash(e["config"])
+    assert e["published"] == []  # no anchor published BERT-tiny
+  assert lamb["config"]["optimizer"] == "lamb" and adam["config"]["optimizer"] == "adam"
+  assert lamb["config"]["compute"] == "float32" and lamb["config"]["batch"] == 16
+  assert lamb["config_hash"] != adam["config_hash"]
+  assert ("tiny-seq128-fp32 Google" in entries) == google_peer.available()
+
+
+def test_the_card_gives_spread_over_repeats_and_a_hash_of_the_config_alone():
+  stats = card.spread([10.0, 12.0, 14.0])
+  assert (stats["n"], stats["mean"], stats["stdev"], stats["min"], stats["max"]) == (
+      3, 12.0, 2.0, 10.0, 14.0)
+  config = {"seq": 512, "model": {"layers": 24, "hidden": 1024}}
+  assert card.config_hash(config) == card.config_hash(
+      {"model": {"hidden": 1024, "layers": 24}, "seq": 512})
+  assert card.config_hash(config) != card.config_hash(dict(config, seq=128))
+  assert len(card.config_hash(config)) == 16
+
+
+LARGE = {"layers": 24, "hidden": 1024, "heads": 16, "intermediate": 4096, "vocab": 30522}
+
+
+def test_the_bert_large_check_gets_the_anchors_rows_of_its_type_in_the_card(bench_module,
+                                                                           tmp_path):
+  row = dict(config="large", seq=512, preds=76, batch=1, precision="fp32", intra=2, inter=2,
+             xla=False)
+  results = {"rows": [], "large": [dict(row, ours={"windows_records": [0.4, 0.5],
+                                                    "steps_per_window": 1})]}
+  written = bench_module.write_card(results, str(tmp_path / "card.json"))
+  (entry,) = written["entries"]
+  assert entry["name"] == "large-seq512-fp32 ours LAMB (batch 1, 1 steps a window)"
+  assert entry["config"]["model"] == dict(LARGE, name="large")
+  assert entry["stats"]["mean"] == pytest.approx(0.45)
+  assert sorted((r["device"], r["devices"], r["compute"]) for r in entry["published"]) == [
+      ("A100-40G", 8, "tf32"), ("V100-16G", 8, "float32")]
+  assert all(r["ours_per_device"] == pytest.approx(0.45) for r in entry["published"])
+  with open(str(tmp_path / "card.json")) as f:
+    assert json.load(f) == json.loads(json.dumps(written))
+  assert any(line.startswith(entry["name"] + " (V100-16G x 8, float32): 8.69 sentences/s "
+                                             "per device published, ours 0.45")
+             for line in card.published_lines(written))
+
+
+def test_the_anchors_rows_of_the_same_model_length_and_type_sit_beside_ours():
+  published = card.load_published()
+  xeon = {"cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+"}, "gpus": None}
+  a100 = {"cpu": {"model": "AMD EPYC 7742"},
+          "gpus": {"model": "NVIDIA A100-SXM4-40GB", "count": 8}}
+
+  def beside(compute, env, seq=512, model=LARGE):
+    return card.published_beside({"model": model, "seq": seq, "compute": compute}, 80.0, 8,
+                                 env, published)
+  # bfloat16 BERT-Large at 512: Intel's MLPerf Xeon figure, per socket.
+  (intel,) = beside("bfloat16", xeon)
+  assert intel["source"] == "intel_mlperf_v3.0" and intel["same_device"]
+  assert intel["per_device"] == 32 and intel["approximate"] and intel["ours_per_device"] == 10
+  assert "Xeon Platinum 8480+" in intel["source_text"]
+  # float16: NVIDIA's mixed rows; float32: its fp32 V100 row and its TF32 A100 row.
+  mixed = beside("float16", a100)
+  assert sorted((r["device"], r["devices"], r["sentences_per_second"]) for r in mixed) == [
+      ("A100-40G", 1, 70.86), ("A100-40G", 8, 572.11), ("V100-16G", 1, 28.72),
+      ("V100-16G", 8, 190.65)]
+  assert [r["same_device"] for r in mixed if r["device"] == "A100-40G"] == [True, True]
+  assert not any(r["same_device"] for r in mixed if r["device"] == "V100-16G")
+  assert sorted((r["compute"], r["per_device"]) for r in beside("float32", a100)) == [
+      ("float32", 69.53 / 8), ("tf32", 316.51 / 8)]
+  # Another length or model: nothing published to compare with.
+  assert beside("float16", a100, seq=128) == []
+  assert beside("float16", a100, model=dict(LARGE, layers=12, hidden=768, heads=12,
+                                             intermediate=3072)) == []
 
 
 def run_google_worker(precision):

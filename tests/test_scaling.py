@@ -33,6 +33,11 @@ def test_scaling_table_gives_fps_and_eval_time_of_one_and_two_ranks_of_each_engi
   samples = [[line for line in log.splitlines() if "eval_samples = " in line][-1]
              for log in logs]
   assert len(set(line.split("=")[-1] for line in samples)) == 1, samples
+  with open(os.path.join(str(tmp_path), "scaling_card.json")) as f:
+    entries = json.load(f)["entries"]
+  assert sorted((e["config"]["ranks"], e["config"]["engine"]) for e in entries) == [
+      (1, "horovod"), (2, "horovod"), (2, "mirrored"), (2, "multi_worker_mirrored")]
+  assert all(e["config"]["compute"] == "float32" for e in entries)
 
 
 def scaling_run(tmp_path, *args):
@@ -61,6 +66,23 @@ def test_speed_table_gives_sentences_per_second_by_ranks_precision_and_batch(tmp
   assert AMP_ON_THIS_CPU in open(os.path.join(logs, "scaling-tiny-np2-amp-b4.log")).read()
   assert "compute float32" in open(os.path.join(logs, "scaling-tiny-np2-fp32-b4.log")).read()
   assert not results["engines"] and not results["max_batch"]
+  # The card: each run with what it computed in, its config hash and its environment.
+  assert "scaling_card.json" in out
+  with open(os.path.join(str(tmp_path), "scaling_card.json")) as f:
+    written = json.load(f)
+  assert written["tool"] == "bench.scaling" and written["flags"]["batch_sizes"] == ["4"]
+  assert written["environment"]["versions"]["horovod"] == __import__("horovod").__version__
+  entries = {e["name"]: e for e in written["entries"]}
+  assert sorted(entries) == ["tiny 1 ranks amp batch 4", "tiny 1 ranks fp32 batch 4",
+                             "tiny 2 ranks amp batch 4", "tiny 2 ranks fp32 batch 4"]
+  for name, entry in entries.items():
+    ranks, precision = int(name.split()[1]), name.split()[3]
+    assert entry["stats"]["values"] == [row["runs"]["%d-%s-4" % (ranks, precision)]["fps"]]
+    assert (entry["config"]["ranks"], entry["devices"]) == (ranks, ranks)
+    assert entry["config"]["compute"] == (AMP_ON_THIS_CPU.split()[1] if precision == "amp"
+                                          else "float32")
+    assert entry["config"]["model"]["layers"] == 2 and entry["published"] == []
+  assert len({e["config_hash"] for e in entries.values()}) == 4
 
 
 def test_largest_batch_search_catches_out_of_memory_in_real_trials_and_reports_it(tmp_path):
@@ -134,3 +156,19 @@ def test_a_gpu_device_file_leaves_the_trials_the_cards_memory_and_a_cpu_8_gib():
       "                  scaling.memory_limit_gib(3.5, ['/dev/iluvatar0']),\n"
       "                  scaling.memory_limit_gib(0, [])]))")
   assert limits == [0, 8, 3.5, 0]
+
+
+def test_repeated_runs_give_the_mean_and_every_run_or_the_first_error():
+  found = scaling_functions(
+      "import json, itertools\n"
+      "scaling.FLAGS(['scaling', '--repeats=3'])\n"
+      "fps = itertools.count(10, 2)\n"
+      "good = scaling.repeated(lambda: {'fps': float(next(fps)), 'eval_s': 1.0,\n"
+      "                                 'compute': 'float32'})\n"
+      "runs = iter([{'fps': 1.0, 'eval_s': 1.0}, {'error': 'exit status 1, see x.log'},\n"
+      "             {'fps': 1.0, 'eval_s': 1.0}])\n"
+      "bad = scaling.repeated(lambda: next(runs))\n"
+      "print(json.dumps([good, bad]))")
+  assert found[0] == {"fps": 12.0, "eval_s": 1.0, "compute": "float32",
+                      "fps_runs": [10.0, 12.0, 14.0]}
+  assert found[1] == {"error": "exit status 1, see x.log"}

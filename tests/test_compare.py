@@ -1,0 +1,151 @@
+"""bert_pretrain/compare.py: real short runs side by side, the band around the reference's
+loss, the throughput ratio, the picture, and one-line errors for bad run folders."""
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from bert_pretrain import compare
+from conftest import ROOT, base_flags, run_pretraining
+
+STEPS = 12
+
+
+def run_compare(*args, cwd=None):
+  return subprocess.run([sys.executable, "-m", "bert_pretrain.compare"] + list(args),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, cwd=cwd, timeout=300,
+                        env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+@pytest.fixture(scope="module")
+def runs(pretraining_data, equal_weight_data, tmp_path_factory):
+  """Short real runs on the fixture data from one checkpoint of a dropout-free config
+  (TensorFlow 1.15 draws other dropout masks in a graph of another compute type):
+  float32 and bfloat16 with seed 1, float32 with seed 2, and float32 with seed 1 at
+  twice the learning rate."""
+  root = tmp_path_factory.mktemp("runs")
+  made = {}
+  for name, overrides in (("fp32", {}), ("bf16", {"amp_dtype": "bfloat16"}),
+                          ("seed2", {"seed": 2}), ("lr2", {"learning_rate": 2e-3})):
+    values = dict(num_train_steps=STEPS, display_loss_steps=2, eval_at_start=None,
+                  seed=1, fps_warmup_steps=2, bert_config_file=equal_weight_data["config"],
+                  init_checkpoint=equal_weight_data["init"])
+    values.update(overrides)
+    out = root / name
+    result = run_pretraining(*base_flags(pretraining_data, out, **values))
+    assert result.returncode == 0, result.stderr
+    made[name] = str(out)
+  return made
+
+
+def _png_size(path):
+  with open(path, "rb") as f:
+    header = f.read(24)
+  assert header[:8] == b"\x89PNG\r\n\x1a\n"
+  return struct.unpack(">II", header[16:24])
+
+
+def table_row(out, name):
+  (line,) = [l for l in out.splitlines() if l.startswith(name + " ")]
+  return line
+
+
+def test_float32_and_bfloat16_runs_of_one_seed_stay_in_the_band_and_report_their_speed(
+    runs, tmp_path):
+  pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
+  report_png = os.path.join(runs["fp32"], "report.png")
+  drawn = subprocess.run([sys.executable, "-m", "bert_pretrain.report", runs["fp32"]],
+                         env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE)
+  assert drawn.returncode == 0
+  with open(report_png, "rb") as f:
+    report_before = f.read()
+  result = run_compare(runs["fp32"], runs["bf16"], cwd=str(tmp_path))
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert "left the 0.1% band at" in out.splitlines()[0]
+  assert "(reference)" in table_row(out, "fp32") and " float32 " in table_row(out, "fp32")
+  bf16 = table_row(out, "bf16")
+  assert " bfloat16 " in bf16 and " %d " % STEPS in bf16 and " %d " % (8 * STEPS) in bf16
+  assert "never, to step %d (at most " % STEPS in bf16
+  fp32_run, bf16_run = compare.Run(runs["fp32"], "fp32"), compare.Run(runs["bf16"], "bf16")
+  ratio = bf16_run.throughput() / fp32_run.throughput()
+  assert "%.3fx" % ratio in bf16
+  # The steady-state figure is the run's own summary line's.
+  assert bf16_run.throughput() == [r for r in bf16_run.records
+                                   if r["type"] == "summary"][-1]["throughput"]
+  assert "compare: compare.png" in out
+  assert _png_size(str(tmp_path / "compare.png")) == (1280, 640)
+  with open(report_png, "rb") as f:
+    assert f.read() == report_before  # a run's own picture stays as it was
+
+
+def test_a_run_of_another_seed_leaves_the_band_at_the_first_step_and_says_why(runs, tmp_path):
+  result = run_compare(runs["fp32"], runs["seed2"], "--png_path=" + str(tmp_path / "c.png"))
+  assert result.returncode == 0, result.stderr
+  assert "step 2 (" in table_row(result.stdout, "seed2")
+  assert "from the first step: not the same seed and data?" in result.stdout
+
+
+def test_a_run_of_another_learning_rate_is_not_compared_step_by_step(runs, tmp_path):
+  result = run_compare(runs["fp32"], runs["lr2"], runs["bf16"],
+                       "--png_path=" + str(tmp_path / "c.png"))
+  assert result.returncode == 0, result.stderr
+  assert "not compared: learning rate" in table_row(result.stdout, "lr2")
+  assert "never, to step" in table_row(result.stdout, "bf16")
+
+
+def test_the_band_is_left_at_the_first_common_step_outside_it(runs):
+  reference, run = compare.Run(runs["fp32"], "fp32"), compare.Run(runs["bf16"], "bf16")
+  losses = {r["step"]: r["total_loss"] for r in reference.train}
+  shares = [(r["step"], abs(r["total_loss"] - losses[r["step"]]) / losses[r["step"]])
+            for r in run.train]
+  assert len(shares) == STEPS // 2 and max(s for _, s in shares) > 0
+  # A band between the differences: the first step above it is where the run leaves it.
+  band = sorted(s for _, s in shares)[len(shares) // 2]
+  expected = [step for step, share in shares if share > band][0]
+  step, last, largest = compare.band_exit(run, reference, band)
+  assert (step, last) == (expected, expected)
+  assert largest == max(s for st, s in shares if st <= expected)
+  assert compare.band_exit(run, reference, 0.5) == (None, STEPS, max(s for _, s in shares))
+
+
+def test_bad_run_folders_are_one_line_errors(runs, tmp_path):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  cut = tmp_path / "cut"
+  cut.mkdir()
+  with open(os.path.join(runs["fp32"], "dllog.json")) as f:
+    text = f.read()
+  first_train = text.index('"type": "train"')
+  (cut / "dllog.json").write_text(text[:first_train + 20])
+  for args, message in (
+      ([runs["fp32"], str(empty)], "%s does not exist" % (empty / "dllog.json")),
+      ([runs["fp32"], str(cut)], "%s holds no training step (it is cut short at line "
+       % (cut / "dllog.json")),
+      ([str(tmp_path / "missing"), runs["fp32"]], "is not a folder"),
+      ([runs["fp32"]], "give two run folders or more")):
+    result = run_compare(*args, cwd=str(tmp_path))
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("compare: error: ")
+    assert message in result.stderr
+  assert not (tmp_path / "compare.png").exists()
+
+
+def test_a_log_cut_after_some_steps_is_compared_up_to_there(runs, tmp_path):
+  cut = tmp_path / "cut"
+  shutil.copytree(runs["bf16"], str(cut))
+  with open(os.path.join(runs["bf16"], "dllog.json")) as f:
+    lines = f.read().splitlines(True)
+  steps = [i for i, line in enumerate(lines) if '"type": "train"' in line]
+  # Killed while writing its third display step's record.
+  (cut / "dllog.json").write_text("".join(lines[:steps[2]]) + lines[steps[2]][:30])
+  result = run_compare(runs["fp32"], str(cut), "--png_path=" + str(tmp_path / "c.png"))
+  assert result.returncode == 0, result.stderr
+  assert ("compare: note: cut: line %d of its dllog.json is cut short (a killed run?)"
+          % (steps[2] + 1)) in result.stdout
+  assert "never, to step 4 (" in table_row(result.stdout, "cut")
