@@ -37,7 +37,7 @@ PUBLISHED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "published.
 
 # The CPU flags that decide how fast a matmul runs here: AVX-512, its bfloat16 dot
 # products, AMX's bfloat16 tiles. The same code measured 1.8x and 3.8x more bfloat16
-# than float32 matmul FLOP/s on CPUs without and with AMX (README, Benchmarks).
+# than float32 matmul FLOP/s on CPUs without and with AMX (docs/performance.md).
 MATMUL_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16")
 
 # float32 matmuls on an A100 run in TF32 unless TensorFlow is told otherwise: a

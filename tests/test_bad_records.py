@@ -266,7 +266,7 @@ def test_a_rank_alive_but_stuck_is_named_and_the_job_ends(pretraining_data, tmp_
   # Only rank 1's main thread is stopped (ptrace), as when it waits on a read that never
   # returns: its Horovod thread still negotiates, and Horovod's stall check sees rank 1
   # missing from the next all-reduce. That check works under MPI; under Gloo, Horovod
-  # 0.28.1 printed nothing here (see the README). If the main thread stopped while
+  # 0.28.1 printed nothing here (see docs/reliability.md). If the main thread stopped while
   # holding Python's lock, rank 1's heartbeat thread stops too, and the other rank's
   # watch may name it first: either way rank 1 is named and the job ends.
   proc, output, stuck = _start_two_ranks(pretraining_data, tmp_path, "--mpi")

@@ -181,7 +181,7 @@ def _horovod_run_args(hosts, engine):
 
 
 def _mpirun(hostfile):
-  """The README's mpirun command with a hostfile (root needs --allow-run-as-root)."""
+  """docs/distributed.md's mpirun command with a hostfile (root needs --allow-run-as-root)."""
   return ["mpirun", "--allow-run-as-root", "-np", "2", "--hostfile", hostfile, "--bind-to", "none",
           "--mca", "pml", "ob1", "--mca", "btl", "^openib",
           "--mca", "btl_tcp_if_include", INTERFACE, "--mca", "oob_tcp_if_include", INTERFACE,

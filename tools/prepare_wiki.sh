@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares the MLPerf BERT dataset from a Wikipedia dump (see README.md ("Preparing the dataset")):
+# Prepares the MLPerf BERT dataset from a Wikipedia dump (see docs/data.md):
 #   bash tools/prepare_wiki.sh --dump=enwiki-20200101-pages-articles-multistream.xml.bz2 \
 #       --vocab=vocab.txt --output_dir=/data/bert_wiki [--num_shards=500] [--jobs=N]
 # Everything is done by the package bert_pretrain/wiki; this only picks the interpreter.
