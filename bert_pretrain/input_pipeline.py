@@ -339,7 +339,8 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
   repeated or left out. The price: every process reads every record's bytes (and holds
   the shuffle buffer of serialized records) but parses only its own micro-batches, so
   each process reads at the job's rate rather than its own (with N processes, N times
-  the bytes; at BERT's training rates a few MB/s). A process that drives local_shards
+  the bytes: a record of sequence 512 is a few KB, so a job of 1000 sequences/s has
+  each process read a few MB/s). A process that drives local_shards
   replicas (mirrored) gets their micro-batches one after the other, as the strategy
   hands them out.
 

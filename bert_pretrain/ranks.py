@@ -151,6 +151,8 @@ class Ranks(object):
     stall_timeout_s prints a one-line error naming it and exits with status 3. On several
     hosts this needs an output_dir all hosts see; otherwise only ranks of the same host
     are named.
+  - Peers that never come: agree(), the run's first collective, gives up after
+    stall_timeout_s and names the processes without a heartbeat.
 
   Args:
     distribution: one of DISTRIBUTIONS (True: "horovod", False: "none").
