@@ -28,8 +28,14 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.errors import is_disk_full
 
 _CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
-# Written into output_dir by this recipe; a checkpoint without it is someone else's.
+# Written into output_dir by this recipe: the settings its checkpoints need and the
+# layout and data of the run that wrote them. A checkpoint without it is someone else's
+# unless it holds DATA_POSITION.
 RUN_MARKER = "bert_pretrain_run.json"
+# The int64 variable of pretraining.build_train_graph that counts the records of the
+# data order the updates consumed: in every checkpoint of this recipe (and no other's),
+# so that a resumed run continues the data order there.
+DATA_POSITION = "data_position"
 # This recipe's checkpoints: output_dir/model.ckpt-<global step>.
 CHECKPOINT_NAME = "model.ckpt"
 _CHECKPOINT_FILE = re.compile(r"^(model\.ckpt-(\d+))\.(index|data-(\d{5})-of-(\d{5}))$")
@@ -56,19 +62,20 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
     ValueError: output_dir holds a checkpoint that this recipe did not write (MLPerf's
       model.ckpt-28252 copied there, say): resuming from it would take a foreign
       global_step and optimizer state. Or its newest checkpoint holds NaN or Inf: the
-      message names the last good one and how to resume from it.
+      message names the last good one and how to resume from it. Or its RUN_MARKER is
+      damaged (read_run_marker).
   """
   if not tf.gfile.IsDirectory(output_dir) or \
       not tf.gfile.Glob(os.path.join(output_dir, "*.index")):
     return None
-  marker = os.path.join(output_dir, RUN_MARKER)
-  if not tf.gfile.Exists(marker):
+  earlier = read_run_marker(output_dir)
+  found = list_checkpoints(output_dir)
+  if earlier is None and not (found and DATA_POSITION in dict(
+      tf.train.list_variables(found[-1][1]))):
     raise ValueError("--output_dir=%s holds a checkpoint that is not a checkpoint of this "
                      "run's recipe; to start from its weights pass it as --init_checkpoint with "
                      "a new --output_dir" % output_dir)
-  if settings is not None:
-    with tf.gfile.GFile(marker, "r") as f:
-      earlier = json.load(f)
+  if settings is not None and earlier is not None:
     # run_classifier's settings name it (pretraining's do not): neither resumes the other's.
     if earlier.get("tool") != settings.get("tool"):
       raise ValueError("--output_dir=%s holds the checkpoints of %s, not of %s; pass another "
@@ -82,7 +89,6 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
                        % (output_dir, ", ".join(changed),
                           "; ".join("%s was %s" % (k, earlier[k]) for k in changed
                                     if k != "bert_config") or "bert_config.json differs"))
-  found = list_checkpoints(output_dir)
   if not found:
     return None
   if check_values:
@@ -121,10 +127,49 @@ def list_checkpoints(output_dir):
   return sorted(found)
 
 
-def write_run_marker(output_dir, settings):
-  """Marks output_dir as this recipe's, with the settings its checkpoints need."""
-  with tf.gfile.GFile(os.path.join(output_dir, RUN_MARKER), "w") as f:
-    f.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+def write_run_marker(output_dir, record):
+  """Marks output_dir as this recipe's: writes RUN_MARKER, the dict `record` (the
+  settings its checkpoints need, the layout, seed and data of the run that wrote them),
+  under a temporary name first and renamed into place, so a kill never leaves it cut."""
+  path = os.path.join(output_dir, RUN_MARKER)
+  with tf.gfile.GFile(path + ".tmp", "w") as f:
+    f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+  tf.gfile.Rename(path + ".tmp", path, overwrite=True)
+
+
+def read_run_marker(output_dir):
+  """The dict RUN_MARKER of output_dir holds, or None when there is none.
+
+  Raises:
+    ValueError: the file is not a JSON object (cut short by a full disk or an older
+      version killed while writing it, or edited); the message names it and the fix.
+  """
+  path = os.path.join(output_dir, RUN_MARKER)
+  if not tf.gfile.Exists(path):
+    return None
+  try:
+    with tf.gfile.GFile(path, "r") as f:
+      record = json.loads(f.read())
+    if not isinstance(record, dict):
+      raise ValueError("not a JSON object")
+  except (ValueError, UnicodeDecodeError) as e:
+    found = list_checkpoints(output_dir)
+    raise ValueError("%s is damaged (%s); it records the settings of the run whose "
+                     "checkpoints are in --output_dir=%s: restore it from a copy, or delete "
+                     "it (rm %s) and run again to resume from %s with this command's "
+                     "settings (the checkpoint's variables are still checked against them)"
+                     % (path, str(e).splitlines()[0] if str(e) else type(e).__name__,
+                        output_dir, path,
+                        os.path.basename(found[-1][1]) if found else "the newest checkpoint"))
+  return record
+
+
+def checkpoint_value(prefix, name):
+  """The value of variable `name` in checkpoint `prefix`, or None when it lacks it."""
+  reader = tf.train.load_checkpoint(prefix)
+  if not reader.has_tensor(name):
+    return None
+  return reader.get_tensor(name)
 
 
 def non_finite_variable(prefix):
@@ -434,7 +479,7 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
   return missing
 
 
-def check_resumable(prefix, variables, optional_prefixes=("loss_scale/",)):
+def check_resumable(prefix, variables, optional_prefixes=("loss_scale/", DATA_POSITION)):
   """Checks that `prefix` is a checkpoint of this recipe that holds `variables`.
 
   Raises:

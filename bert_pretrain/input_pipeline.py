@@ -314,9 +314,9 @@ def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vo
 
 
 def rank_files(files, num_shards, shard_index):
-  """The files one rank of make_dataset reads: every num_shards-th when there are at
-  least as many files as ranks, otherwise all of them (each rank reads every
-  num_shards-th record)."""
+  """The files one rank of an evaluation (make_dataset, is_training=False) reads: every
+  num_shards-th when there are at least as many files as ranks, otherwise all of them
+  (each rank reads every num_shards-th record)."""
   if num_shards > 1 and len(files) >= num_shards:
     return files[shard_index::num_shards]
   return files
@@ -324,39 +324,55 @@ def rank_files(files, num_shards, shard_index):
 
 def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_training,
                  num_shards=1, shard_index=0, shuffle_buffer=10000, seed=None,
-                 num_parallel_reads=4, vocab_size=None, skip_records=(), skip_batches=0):
+                 num_parallel_reads=4, vocab_size=None, skip_records=(), skip_samples=0,
+                 local_shards=1):
   """A tf.data.Dataset of parsed pretraining batches.
 
-  Training: files are shuffled and interleaved, records shuffled in a buffer, the set
-  repeats, batches are full (drop_remainder) so every step has the same shape.
-  Evaluation: files in order, one pass, the last batch may be smaller.
+  Training: one order of the records for the whole job, whatever its layout (ranks,
+  replicas, batch, accumulation): files shuffled and interleaved, records shuffled in
+  a buffer, the set repeated (training_records). It is cut into micro-batches of
+  batch_size records (full, so every step has the same shape), and the job's
+  num_shards replicas take them in turn: micro-batch w goes to replica w mod
+  num_shards. So each update consumes the next global batch of the order (batch_size x
+  accumulation x replicas records), and a run resumed on another layout, skipping the
+  records consumed so far (skip_samples), continues the same order with no record
+  repeated or left out. The price: every process reads every record's bytes (and holds
+  the shuffle buffer of serialized records) but parses only its own micro-batches, so
+  each process reads at the job's rate rather than its own (with N processes, N times
+  the bytes: a record of sequence 512 is a few KB, so a job of 1000 sequences/s has
+  each process read a few MB/s). A process that drives local_shards
+  replicas (mirrored) gets their micro-batches one after the other, as the strategy
+  hands them out.
 
-  With several ranks (num_shards > 1) each rank reads distinct records: whole files
-  when there are at least as many files as ranks, otherwise every num_shards-th record.
+  Evaluation: files in order, one pass, the last batch may be smaller; with several
+  ranks each reads distinct records: whole files when there are at least as many
+  files as ranks, otherwise every num_shards-th record.
 
   Files holding records of skip_records are not read by TFRecordDataset (it cannot go
   on past a corrupt record); their good records are cut out of the file's bytes and
   mixed into the stream in proportion to their size.
 
   The order is deterministic for a given seed (the parallel interleave and map keep
-  their input order), so a resumed run continues the data order of the run it resumes
-  by skipping the batches that run consumed (skip_batches): the skip happens after the
-  shuffle and before parsing, so it costs a read of the skipped records only.
+  their input order). Skipping happens after the shuffle and before parsing, so it
+  costs a read of the skipped records only.
 
   Args:
     files: list of TFRecord paths (list_record_files).
-    batch_size: examples per batch on this rank.
+    batch_size: examples per batch of one replica.
     max_seq_length, max_predictions_per_seq: the lengths of the records.
     is_training: training or evaluation order, as above.
-    num_shards, shard_index: number of ranks and this rank's index.
+    num_shards, shard_index: training: the job's replicas and the first replica of this
+      process; evaluation: the ranks and this rank.
     shuffle_buffer: records held for shuffling (training).
-    seed: (optional) shuffle seed.
-    num_parallel_reads: files read at once.
+    seed: (optional) shuffle seed; the same on every process of a job.
+    num_parallel_reads: files read at once (part of the order: the same in every run).
     vocab_size: (optional) every batch is checked in the graph for token ids outside
       [0, vocab_size); the error starts with TOKEN_ID_ERROR.
     skip_records: BadRecords to leave out (check_training_files).
-    skip_batches: (training) batches of this rank to skip first: an int or an int64
+    skip_samples: (training) records of the order to skip first: an int or an int64
       scalar Tensor (e.g. a placeholder fed when the iterator is initialized).
+    local_shards: (training) replicas this process drives: it takes the micro-batches
+      of replicas shard_index .. shard_index + local_shards - 1.
 
   Returns:
     A Dataset of dicts name -> Tensor: int32 [batch_size, max_seq_length] for input_ids,
@@ -365,49 +381,18 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
     for masked_lm_weights; int32 [batch_size, 1] for next_sentence_labels.
   """
   spec = records.feature_spec(max_seq_length, max_predictions_per_seq)
-  shard_files = num_shards > 1 and len(files) >= num_shards
-  files = rank_files(files, num_shards, shard_index)
-  skipped = collections.defaultdict(set)
-  for record in skip_records:
-    skipped[record.path].add(record.index)
-  damaged = [f for f in files if f in skipped]
-  files = [f for f in files if f not in skipped]
-
-  dataset = None
-  if not files:
-    pass
-  elif is_training and (num_shards == 1 or shard_files):
-    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(files))
-    dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
-    dataset = dataset.interleave(tf.data.TFRecordDataset,
-                                 cycle_length=min(num_parallel_reads, len(files)),
-                                 block_length=1,
-                                 num_parallel_calls=tf.data.experimental.AUTOTUNE)
-  else:
-    # Record sharding reads the files in one fixed order on every rank, so that
-    # shard() hands each rank distinct records.
-    dataset = tf.data.TFRecordDataset(files)
-    if num_shards > 1 and not shard_files:
-      dataset = dataset.shard(num_shards, shard_index)
-    if is_training:
-      dataset = dataset.repeat()
-  if damaged:
-    kept = _good_records(damaged, skipped)
-    if num_shards > 1 and not shard_files:
-      kept = kept.shard(num_shards, shard_index)
-    if is_training:
-      kept = kept.repeat()
-    if dataset is None:
-      dataset = kept
-    elif is_training:
-      sizes = [float(sum(tf.gfile.Stat(f).length for f in group)) for group in (files, damaged)]
-      dataset = tf.data.experimental.sample_from_datasets(
-          [dataset, kept], [size / sum(sizes) for size in sizes], seed=seed)
-    else:
-      dataset = dataset.concatenate(kept)
   if is_training:
-    dataset = dataset.shuffle(shuffle_buffer, seed=seed)
-    dataset = dataset.skip(tf.cast(skip_batches, tf.int64) * batch_size)
+    dataset = training_records(files, shuffle_buffer, seed, num_parallel_reads, skip_records)
+    dataset = dataset.skip(tf.cast(skip_samples, tf.int64))
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    if local_shards < num_shards:
+      # One micro-batch of every replica at a time; this process keeps its replicas'.
+      dataset = dataset.batch(num_shards, drop_remainder=True)
+      dataset = dataset.map(lambda group: group[shard_index:shard_index + local_shards])
+      dataset = dataset.apply(tf.data.experimental.unbatch())
+  else:
+    dataset = _evaluation_records(files, num_shards, shard_index, skip_records)
+    dataset = dataset.batch(batch_size)
 
   def parse(serialized):
     # Parsing a whole batch at once is much cheaper than one example at a time.
@@ -423,10 +408,68 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
     return {name: tf.cast(t, tf.int32) if t.dtype == tf.int64 else t
             for name, t in features.items()}
 
-  dataset = dataset.batch(batch_size, drop_remainder=is_training)
   dataset = dataset.map(parse, num_parallel_calls=tf.data.experimental.AUTOTUNE)
   dataset = dataset.prefetch(tf.data.experimental.AUTOTUNE)
   return dataset.with_options(without_autotune_thread())
+
+
+def training_records(files, shuffle_buffer=10000, seed=None, num_parallel_reads=4,
+                     skip_records=()):
+  """The serialized training records in the run's order, repeated without end: the
+  files shuffled (anew each pass) and read num_parallel_reads at a time, interleaved,
+  records shuffled in a buffer of shuffle_buffer. It depends on the files, the seed,
+  the buffer and num_parallel_reads only, not on the job's layout (make_dataset).
+
+  Returns:
+    A Dataset of string scalars.
+  """
+  skipped = collections.defaultdict(set)
+  for record in skip_records:
+    skipped[record.path].add(record.index)
+  damaged = [f for f in files if f in skipped]
+  files = [f for f in files if f not in skipped]
+  dataset = None
+  if files:
+    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(files))
+    dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
+    dataset = dataset.interleave(tf.data.TFRecordDataset,
+                                 cycle_length=min(num_parallel_reads, len(files)),
+                                 block_length=1,
+                                 num_parallel_calls=tf.data.experimental.AUTOTUNE)
+  if damaged:
+    kept = _good_records(damaged, skipped).repeat()
+    if dataset is None:
+      dataset = kept
+    else:
+      sizes = [float(sum(tf.gfile.Stat(f).length for f in group)) for group in (files, damaged)]
+      dataset = tf.data.experimental.sample_from_datasets(
+          [dataset, kept], [size / sum(sizes) for size in sizes], seed=seed)
+  return dataset.shuffle(shuffle_buffer, seed=seed)
+
+
+def _evaluation_records(files, num_shards, shard_index, skip_records):
+  """The serialized evaluation records of one rank, in file order, one pass (see
+  make_dataset)."""
+  shard_files = num_shards > 1 and len(files) >= num_shards
+  files = rank_files(files, num_shards, shard_index)
+  skipped = collections.defaultdict(set)
+  for record in skip_records:
+    skipped[record.path].add(record.index)
+  damaged = [f for f in files if f in skipped]
+  files = [f for f in files if f not in skipped]
+  dataset = None
+  if files:
+    # Record sharding reads the files in one fixed order on every rank, so that
+    # shard() hands each rank distinct records.
+    dataset = tf.data.TFRecordDataset(files)
+    if num_shards > 1 and not shard_files:
+      dataset = dataset.shard(num_shards, shard_index)
+  if damaged:
+    kept = _good_records(damaged, skipped)
+    if num_shards > 1 and not shard_files:
+      kept = kept.shard(num_shards, shard_index)
+    dataset = kept if dataset is None else dataset.concatenate(kept)
+  return dataset
 
 
 def without_autotune_thread():

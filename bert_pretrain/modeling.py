@@ -14,6 +14,7 @@ copy, so the math runs in low precision while the master weights stay float32.
 
 import collections
 import copy
+import hashlib
 import json
 import math
 import re
@@ -165,7 +166,8 @@ class BertModel(object):
                compute_type=tf.float32,
                masked_lm_positions=None,
                drop_padding=False,
-               attention_per_sequence=False):
+               attention_per_sequence=False,
+               dropout_seeds=None):
     """Constructor for BertModel.
 
     Args:
@@ -197,6 +199,10 @@ class BertModel(object):
         attention_per_sequence): faster where a sequence's few more ops cost less than
         the padding's attention (a CPU at sequence 512; see
         pretraining.attends_per_sequence).
+      dropout_seeds: (optional) DropoutSeeds: every dropout mask is then a function
+        of its seed, its site in the model and its position (a resumed run draws the
+        masks of the uninterrupted one). None: masks from stateful random ops, which a
+        new process draws anew.
 
     Raises:
       ValueError: The config is invalid or one of the input tensor shapes is invalid.
@@ -244,7 +250,8 @@ class BertModel(object):
             position_embedding_name="position_embeddings",
             initializer_range=config.initializer_range,
             max_position_embeddings=config.max_position_embeddings,
-            dropout_prob=config.hidden_dropout_prob)
+            dropout_prob=config.hidden_dropout_prob,
+            dropout_seeds=dropout_seeds)
         # Lookups and the first layer norm run in float32; the encoder in compute_type.
         self.embedding_output = tf.cast(self.embedding_output, compute_type)
 
@@ -270,7 +277,8 @@ class BertModel(object):
             do_return_all_layers=True,
             output_positions=output_positions,
             input_mask=input_mask if drop_padding else None,
-            attention_per_sequence=attention_per_sequence)
+            attention_per_sequence=attention_per_sequence,
+            dropout_seeds=dropout_seeds)
 
       self.sequence_output = self.all_encoder_layers[-1]
       self.masked_positions_output = None
@@ -440,16 +448,49 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint):
   return (assignment_map, initialized_variable_names)
 
 
-def dropout(input_tensor, dropout_prob):
+class DropoutSeeds(object):
+  """The seeds of a model's dropout masks, so that a mask is a function of the run's
+  seed, the dropout site (its place in the model: layer, sublayer, sequence) and the
+  micro-batch's position rather than of a random state that a new process draws anew.
+
+  Each call of next() (one per dropout site, in the order the model is built) gives the
+  stateless random ops' seed [key, position]: key mixes the run's seed and the site's
+  number, position tells the micro-batches apart (pretraining.build_train_graph passes
+  the place of the micro-batch's first record in the run's data order, which differs
+  for every update, micro-batch and replica). Philox takes key as its key and position
+  as the high half of its counter, so no two masks share random bits.
+
+  Args:
+    seed: Python int, the run's seed.
+    position: int64 scalar Tensor.
+  """
+
+  def __init__(self, seed, position):
+    self._seed = int(seed)
+    self._position = tf.cast(position, tf.int64)
+    self._site = 0
+
+  def next(self):
+    """int64 Tensor [2], the seed of the next dropout site's mask."""
+    self._site += 1
+    digest = hashlib.sha256(("%d/%d" % (self._seed, self._site)).encode()).hexdigest()
+    key = int(digest[:15], 16)  # 60 bits: a non-negative int64
+    return tf.stack([tf.constant(key, tf.int64), self._position])
+
+
+def dropout(input_tensor, dropout_prob, seeds=None):
   """Applies dropout; a no-op when dropout_prob is None or 0.
 
-  Kept values are scaled by 1 / (1 - dropout_prob). Where TensorFlow has the
-  StatelessRandomUniformFullInt op (2.x), the mask is random_keep_mask's; TensorFlow
-  1.15 uses tf.nn.dropout.
+  Kept values are scaled by 1 / (1 - dropout_prob). With `seeds` the mask comes from
+  stateless random ops seeded by seeds.next() (random_keep_mask), the same in every
+  process. Without, where TensorFlow has the StatelessRandomUniformFullInt op (2.x),
+  the mask is random_keep_mask's seeded by a stateful op; TensorFlow 1.15 uses
+  tf.nn.dropout.
 
   Args:
     input_tensor: float Tensor.
     dropout_prob: Python float, the probability of dropping out a value.
+    seeds: (optional) DropoutSeeds.
 
   Returns:
     A Tensor of the same shape and type as `input_tensor`, computed in
@@ -458,33 +499,40 @@ def dropout(input_tensor, dropout_prob):
   if dropout_prob is None or dropout_prob == 0.0:
     return input_tensor
   x = tf.cast(input_tensor, elementwise_dtype(input_tensor.dtype))
-  if hasattr(tf.raw_ops, "StatelessRandomUniformFullInt") and 0.0 < dropout_prob < 1.0:
-    keep = random_keep_mask(tf.shape(x), dropout_prob)
+  if 0.0 < dropout_prob < 1.0 and (
+      seeds is not None or hasattr(tf.raw_ops, "StatelessRandomUniformFullInt")):
+    keep = random_keep_mask(tf.shape(x), dropout_prob,
+                            seeds.next() if seeds is not None else None)
     output = tf.where_v2(keep, x * (1.0 / (1.0 - dropout_prob)), tf.zeros([], x.dtype))
   else:
     output = tf.nn.dropout(x, rate=dropout_prob)
   return tf.cast(output, input_tensor.dtype)
 
 
-def random_keep_mask(shape, dropout_prob):
-  """A random bool mask, False with probability dropout_prob (rounded to 1/65536).
+def random_keep_mask(shape, dropout_prob, seed=None):
+  """A random bool mask, False with probability dropout_prob.
 
-  Each value takes 16 random bits, two from each 32-bit Philox draw of a stateless op
-  seeded by a stateful one (so a graph seed makes the masks reproducible): half the
+  Where TensorFlow has StatelessRandomUniformFullInt (2.x), each value takes 16 random
+  bits, two from each 32-bit Philox draw (dropout_prob rounded to 1/65536): half the
   draws of tf.nn.dropout's float32 mask. The random numbers were a third of dropout's
   time, and dropout 6% of a BERT-small float32 step on a CPU; this made the step 2%
-  faster.
+  faster. TensorFlow 1.15 (reached only with `seed`) compares a float32 uniform draw.
 
   Args:
-    shape: int32 Tensor [rank], the mask's shape (TensorFlow 2.x only).
+    shape: int32 Tensor [rank], the mask's shape.
     dropout_prob: Python float in (0, 1).
+    seed: (optional) int Tensor [2], the stateless ops' seed; default: drawn by a
+      stateful op (so a graph seed makes the masks repeat within one process).
 
   Returns:
     bool Tensor of `shape`.
   """
   with tf.name_scope("random_keep_mask"):
+    if seed is None:
+      seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+    if not hasattr(tf.raw_ops, "StatelessRandomUniformFullInt"):
+      return tf.random.stateless_uniform(shape, seed, dtype=tf.float32) >= dropout_prob
     size = tf.reduce_prod(shape)
-    seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
     bits = tf.raw_ops.StatelessRandomUniformFullInt(  # tf-compat: guarded (dropout)
         shape=tf.reshape((size + 1) // 2, [1]), seed=seed, dtype=tf.uint32)
     halves = tf.reshape(tf.bitcast(bits, tf.uint16), [-1])[:size]
@@ -538,7 +586,7 @@ def normalize(x, gamma, beta):
   return x_hat * gamma + beta, grad
 
 
-def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None):
+def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seeds=None):
   """The end of a Transformer sublayer: layer_norm(dropout(input_tensor) + residual).
 
   Args:
@@ -546,21 +594,22 @@ def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None):
     residual: float Tensor [rows, width], the sublayer's input.
     dropout_prob: float, the dropout probability of `input_tensor`.
     name: (optional) variable scope of the layer norm (default "LayerNorm").
+    seeds: (optional) DropoutSeeds of the mask (see dropout).
 
   Returns:
     float Tensor [rows, width] in the type of `residual`, computed in
     elementwise_dtype of `input_tensor`'s type.
   """
   compute_type = elementwise_dtype(input_tensor.dtype)
-  summed = (dropout(tf.cast(input_tensor, compute_type), dropout_prob)
+  summed = (dropout(tf.cast(input_tensor, compute_type), dropout_prob, seeds)
             + tf.cast(residual, compute_type))
   return tf.cast(layer_norm(summed, name), residual.dtype)
 
 
-def layer_norm_and_dropout(input_tensor, dropout_prob, name=None):
-  """Runs layer normalization followed by dropout."""
+def layer_norm_and_dropout(input_tensor, dropout_prob, name=None, seeds=None):
+  """Runs layer normalization followed by dropout (seeds: see dropout)."""
   output_tensor = layer_norm(input_tensor, name)
-  output_tensor = dropout(output_tensor, dropout_prob)
+  output_tensor = dropout(output_tensor, dropout_prob, seeds)
   return output_tensor
 
 
@@ -698,7 +747,8 @@ def embedding_postprocessor(input_tensor,
                             position_embedding_name="position_embeddings",
                             initializer_range=0.02,
                             max_position_embeddings=512,
-                            dropout_prob=0.1):
+                            dropout_prob=0.1,
+                            dropout_seeds=None):
   """Adds token type and position embeddings to the word embeddings, then layer norm
   and dropout.
 
@@ -713,6 +763,7 @@ def embedding_postprocessor(input_tensor,
     initializer_range: float. Range of the weight initialization.
     max_position_embeddings: int. Rows of the position table; seq_length must not exceed it.
     dropout_prob: float. Dropout probability applied to the final output tensor.
+    dropout_seeds: (optional) DropoutSeeds of its mask (see dropout).
 
   Returns:
     float Tensor with the same shape as `input_tensor`.
@@ -743,7 +794,7 @@ def embedding_postprocessor(input_tensor,
     position_embeddings = tf.slice(full_position_embeddings, [0, 0], [seq_length, -1])
     output += tf.expand_dims(position_embeddings, 0)
 
-  output = layer_norm_and_dropout(output, dropout_prob)
+  output = layer_norm_and_dropout(output, dropout_prob, seeds=dropout_seeds)
   return output
 
 
@@ -777,7 +828,8 @@ def attention_layer(from_tensor,
                     from_seq_length=None,
                     to_seq_length=None,
                     to_rows=None,
-                    to_lengths=None):
+                    to_lengths=None,
+                    dropout_seeds=None):
   """Multi-headed attention from `from_tensor` to `to_tensor`.
 
   The query, key and value projections of the flattened [batch_size * seq_length,
@@ -816,6 +868,8 @@ def attention_layer(from_tensor,
       padding. from_tensor is to_tensor (the output then has its R rows, those after
       the sequences' zero), or holds from_seq_length rows a sequence ([batch_size *
       from_seq_length, from_width]). batch_size must be a Python int.
+    dropout_seeds: (optional) DropoutSeeds of the probabilities' masks, one a sequence
+      with to_lengths (see dropout).
 
   Returns:
     float Tensor of shape [batch_size * from_seq_length, num_attention_heads * size_per_head].
@@ -857,7 +911,7 @@ def attention_layer(from_tensor,
       key_layer, value_layer = split
       (query_layer,) = split_heads(query_rows, batch, from_length, query, *heads)
     context_layer = attend(query_layer, key_layer, value_layer, mask,
-                           attention_probs_dropout_prob)
+                           attention_probs_dropout_prob, dropout_seeds)
     # `context_layer` = [B, N, F, H] -> [B, F, N, H] -> [B*F, N*H]
     context_layer = tf.transpose(context_layer, [0, 2, 1, 3])
     return tf.reshape(context_layer, [-1, num_attention_heads * size_per_head])
@@ -896,7 +950,7 @@ def attention_layer(from_tensor,
     return context_layer
 
 
-def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob):
+def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob, seeds=None):
   """softmax(query key^T + mask) value, with dropout on the probabilities.
 
   Args:
@@ -904,6 +958,7 @@ def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob):
     key_layer, value_layer: float Tensors [B, N, T, H].
     attention_mask: (optional) Tensor [B, 1 or F, T], 1 where attention is allowed.
     dropout_prob: float.
+    seeds: (optional) DropoutSeeds of the mask (see dropout).
 
   Returns:
     float Tensor [B, N, F, H], in the type of the inputs.
@@ -921,7 +976,7 @@ def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob):
     attention_scores += adder
 
   attention_probs = tf.nn.softmax(attention_scores)
-  attention_probs = dropout(attention_probs, dropout_prob)
+  attention_probs = dropout(attention_probs, dropout_prob, seeds)
   attention_probs = tf.cast(attention_probs, compute_type)
   return tf.matmul(attention_probs, value_layer)
 
@@ -1000,7 +1055,8 @@ def transformer_model(input_tensor,
                       output_positions=None,
                       input_mask=None,
                       row_multiple=None,
-                      attention_per_sequence=False):
+                      attention_per_sequence=False,
+                      dropout_seeds=None):
   """The Transformer encoder of "Attention is All You Need" as BERT uses it (post-LN).
 
   Args:
@@ -1043,6 +1099,8 @@ def transformer_model(input_tensor,
       shape per length. attention_mask is then not read: the attention is within each
       sequence's real tokens. Ignored unless batch_size is known when the graph is
       built.
+    dropout_seeds: (optional) DropoutSeeds of every dropout mask, drawn in the order
+      of the layers (see dropout).
 
   Returns:
     float Tensor of shape [batch_size, seq_length, hidden_size], the final hidden layer,
@@ -1126,7 +1184,8 @@ def transformer_model(input_tensor,
               from_seq_length=from_seq_length,
               to_seq_length=seq_length,
               to_rows=None if attention_per_sequence else rows,
-              to_lengths=lengths if attention_per_sequence else None)
+              to_lengths=lengths if attention_per_sequence else None,
+              dropout_seeds=dropout_seeds)
         if rows is not None and not last_at_outputs and not attention_per_sequence:
           attention_output = tf.gather(attention_output, position_rows)
 
@@ -1135,7 +1194,7 @@ def transformer_model(input_tensor,
           attention_output = dense_layer(attention_output, hidden_size, "dense",
                                          initializer_range=initializer_range)
           attention_output = dropout_add_layer_norm(attention_output, query_input,
-                                                    hidden_dropout_prob)
+                                                    hidden_dropout_prob, seeds=dropout_seeds)
 
       # The activation is only applied to the "intermediate" hidden layer.
       with tf.variable_scope("intermediate"):
@@ -1148,7 +1207,7 @@ def transformer_model(input_tensor,
         layer_output = dense_layer(intermediate_output, hidden_size, "dense",
                                    initializer_range=initializer_range)
         layer_output = dropout_add_layer_norm(layer_output, attention_output,
-                                              hidden_dropout_prob)
+                                              hidden_dropout_prob, seeds=dropout_seeds)
         prev_output = layer_output
         if rows is not None and not last_at_outputs:
           layer_output = tf.gather(layer_output, rows)  # [B*S, H], for the outputs

@@ -17,6 +17,7 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import checkpoints
 from bert_pretrain import input_pipeline
 from bert_pretrain import modeling
 from bert_pretrain import optimization
@@ -43,7 +44,8 @@ def attends_per_sequence(seq_length, dtype, on_cpu, use_xla):
   return bool(on_cpu and not use_xla and seq_length >= PER_SEQUENCE_ATTENTION_FROM)
 
 
-def build_model(bert_config, features, is_training, dtype, attention_per_sequence=False):
+def build_model(bert_config, features, is_training, dtype, attention_per_sequence=False,
+                dropout_seeds=None):
   """BERT with its two pretraining heads on a batch of features.
 
   The heads read the last layer at the [CLS] token and the masked positions only, so
@@ -62,6 +64,7 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
     dtype: compute type (tf.float32, tf.bfloat16 or tf.float16); weights stay float32.
     attention_per_sequence: the attention too skips the padding, sequence by sequence
       (attends_per_sequence says when it pays).
+    dropout_seeds: (optional) modeling.DropoutSeeds of the dropout masks.
 
   Returns:
     dict of tensors: total_loss, mlm_loss, nsp_loss (float32 scalars) and the sums that
@@ -75,7 +78,8 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
                              compute_type=dtype,
                              masked_lm_positions=features["masked_lm_positions"],
                              drop_padding=True,
-                             attention_per_sequence=attention_per_sequence)
+                             attention_per_sequence=attention_per_sequence,
+                             dropout_seeds=dropout_seeds)
   with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
     (mlm_loss, mlm_example_loss, mlm_log_probs) = modeling.get_masked_lm_output(
         bert_config, model.get_masked_positions_output(), model.get_embedding_table(),
@@ -105,7 +109,8 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
 
 TrainGraph = collections.namedtuple("TrainGraph", [
     "outputs", "global_step", "loss_scale", "accumulate_op", "update_op", "step_fetches",
-    "display_fetches", "stop_feed", "stop_agreed", "rank_time", "rank_times"])
+    "display_fetches", "stop_feed", "stop_agreed", "rank_time", "rank_times",
+    "data_position", "micro_batch", "record_ids"])
 
 
 def build_train_graph(bert_config, features, dtype, learning_rate, num_train_steps,
@@ -114,7 +119,7 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
                       beta_2=0.999, epsilon=1e-6, num_accumulation_steps=1,
                       init_loss_scale=2.0 ** 15, ranks=None, allreduce_post_accumulation=True,
                       attention_per_sequence=False, adapt_every_variable=False,
-                      clipping=optimization.CLIP_PER_MICRO_BATCH):
+                      clipping=optimization.CLIP_PER_MICRO_BATCH, seed=None):
   """The ops of one training update: features -> model -> gradients -> (accumulation)
   -> all-reduce -> optimizer, and what the loop fetches with them.
 
@@ -138,6 +143,11 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       (otherwise every micro-batch's gradients).
     attention_per_sequence: build_model's (attends_per_sequence says when it pays).
     clipping: where the gradients are clipped (optimization.create_train_ops).
+    seed: (optional) Python int: the dropout masks are then a function of it, the
+      dropout site, and the place of the micro-batch's first record in the data order
+      (data_position + (micro_batch x replicas + replica) x batch_size), so a resumed
+      run draws the uninterrupted run's masks. None: stateful random masks, new in
+      every process.
 
   Returns:
     TrainGraph with
@@ -156,8 +166,21 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       stop_feed, stop_agreed: signals.agreed_signal's placeholder and its agreed value.
       rank_time, rank_times: with several processes, a float64 [1] placeholder (this
         rank's step time) and every rank's (float64 [ranks]); None otherwise.
+      data_position: int64 variable (checkpoints.DATA_POSITION), the records of the
+        data order consumed: update_op adds the global batch (batch_size x accumulation x
+        replicas), also when loss scaling skips the update (its data was read).
+      micro_batch: int64 placeholder (default 0) to feed with the micro-batch's index
+        within the update (0 .. num_accumulation_steps - 1) when accumulate_op and
+        update_op run: the dropout masks differ between micro-batches through it.
+      record_ids: int64 [micro-batch records of this process's replicas]: a
+        fingerprint of each record the micro-batch trained on (record_fingerprints),
+        to fetch with the ops above when checking which records a run trained on.
   """
   global_step = tf.train.get_or_create_global_step()
+  data_position = tf.get_variable(checkpoints.DATA_POSITION, [], tf.int64, trainable=False,
+                                  initializer=tf.zeros_initializer())
+  micro_batch = tf.placeholder_with_default(tf.constant(0, tf.int64), [], name="micro_batch")
+  replicas = ranks.replicas if ranks is not None else 1
   several = ranks is not None and ranks.replicas > 1
   all_reduce = ranks.all_reduce if several else None
   stop_feed = tf.placeholder_with_default(tf.constant(0.0), [], name="stop_signal")
@@ -167,7 +190,15 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
     rank_time = tf.placeholder(tf.float64, [1])
 
   def replica(features):
-    outputs = build_model(bert_config, features, True, dtype, attention_per_sequence)
+    batch_size = tf.shape(features["input_ids"], out_type=tf.int64)[0]
+    dropout_seeds = None
+    if seed is not None:
+      replica_index = ranks.replica_index() if ranks is not None else tf.constant(0, tf.int64)
+      first_record = data_position.read_value() + (
+          micro_batch * replicas + replica_index) * batch_size
+      dropout_seeds = modeling.DropoutSeeds(seed, first_record)
+    outputs = build_model(bert_config, features, True, dtype, attention_per_sequence,
+                          dropout_seeds)
     lr = optimization.learning_rate_schedule(global_step, learning_rate, num_train_steps,
                                              num_warmup_steps, poly_power, start_warmup_step)
     optimizer = optimization.create_optimizer(optimizer_name, lr, weight_decay_rate, beta_1,
@@ -181,6 +212,10 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
         loss_scale=loss_scale,
         pre_accumulation_fn=None if allreduce_post_accumulation else all_reduce,
         clipping=clipping)
+    with tf.control_dependencies([update_op]):
+      # After the update, whose forward pass read it for the dropout masks.
+      advance = data_position.assign_add(batch_size * num_accumulation_steps * replicas)
+    update_op = tf.group(update_op, advance)
     losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
     if several:
       losses = all_reduce([losses], name="display_losses")[0]
@@ -208,11 +243,32 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
           name="rank_step_times")
     return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op,
                       step_fetches, display_fetches, stop_feed, stop_agreed, rank_time,
-                      rank_times)
+                      rank_times, data_position, micro_batch, record_fingerprints(features))
 
   if ranks is None:
     return replica(features)
-  return ranks.merged(ranks.each_replica(replica, features))
+  graphs = ranks.each_replica(replica, features)
+  # Every replica's records, in the order of the replicas (merged keeps the first's).
+  record_ids = tf.concat([g.record_ids for g in graphs], axis=0)
+  return ranks.merged(graphs)._replace(record_ids=record_ids)
+
+
+def record_fingerprints(features):
+  """int64 [batch_size]: a number that tells the records of a batch apart (a weighted
+  sum of their input_ids, segment_ids and masked_lm_positions), the same for a record
+  in every run, whatever batch it is in. For tests and checks of which records were
+  trained on; it is computed only when fetched."""
+  with tf.name_scope("record_fingerprints"):
+    parts = [tf.cast(features[name], tf.int64) for name in
+             ("input_ids", "segment_ids", "masked_lm_positions")]
+    values = tf.concat(parts, axis=1)
+    # Weights 1, 31, 31^2, ... modulo a number below 2^31: with ids below 2^16 the sum
+    # stays below 2^63 up to 2^16 columns.
+    width = values.shape.as_list()[1]
+    weights = [1]
+    for _ in range(width - 1):
+      weights.append(weights[-1] * 31 % 2147483629)
+    return tf.reduce_sum(values * tf.constant(weights, tf.int64), axis=1)
 
 
 EVAL_SUMS = ("mlm_correct", "mlm_weight", "mlm_loss_sum", "nsp_correct", "nsp_count",

@@ -17,6 +17,7 @@ scope()), reduces with all_reduce() and process_sum(), and the loop fetches merg
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -113,6 +114,24 @@ def _merge(*values):
   return values[0]
 
 
+def _as_number(value):
+  """A setting as a float that agree() can compare: numbers and bools as they are,
+  anything else by a 52-bit hash of its JSON (exact in float64)."""
+  if isinstance(value, (bool, int, float)):
+    return float(value)
+  text = json.dumps(value, sort_keys=True)
+  return float(int(hashlib.sha256(text.encode()).hexdigest()[:13], 16))
+
+
+def _shown(number, like):
+  """A number of agree()'s rows as the setting `like` is written (an int as an int)."""
+  if isinstance(like, bool):
+    return str(bool(number)).lower()
+  if isinstance(like, int) or float(number).is_integer():
+    return "%d" % number
+  return "%g" % number
+
+
 class Ranks(object):
   """Who this process is: its rank among `size` processes, its local rank on the host,
   and `replicas`, the model replicas of the whole job (one per card: the global batch is
@@ -132,6 +151,8 @@ class Ranks(object):
     stall_timeout_s prints a one-line error naming it and exits with status 3. On several
     hosts this needs an output_dir all hosts see; otherwise only ranks of the same host
     are named.
+  - Peers that never come: agree(), the run's first collective, gives up after
+    stall_timeout_s and names the processes without a heartbeat.
 
   Args:
     distribution: one of DISTRIBUTIONS (True: "horovod", False: "none").
@@ -156,6 +177,7 @@ class Ranks(object):
     self._stop = threading.Event()
     self._seen = {}  # rank -> (file content, time it last changed)
     self._started = time.time()
+    self._server = None  # multi_worker_mirrored: this worker's tf.distribute.Server
     if distribution == "horovod":
       try:
         import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
@@ -239,6 +261,17 @@ class Ranks(object):
     results = []
     self.strategy.extended.call_for_each_replica(lambda *a: results.append(fn(*a)), args=args)
     return results
+
+  def replica_index(self):
+    """int64 scalar Tensor, in a replica's graph: this replica's place among the job's
+    replicas (0 .. replicas - 1; the rank under Horovod)."""
+    if self.strategy is None:
+      return tf.constant(self.rank, tf.int64)
+    # TensorFlow 2.x numbers a worker's replicas from rank x local_replicas on,
+    # TensorFlow 1.15 from 0 in every worker: the local index, placed by the rank.
+    local = tf.floormod(tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+                                tf.int64), self.local_replicas)
+    return self.rank * self.local_replicas + local
 
   @staticmethod
   def merged(results):
@@ -334,11 +367,128 @@ class Ranks(object):
       del rewrite.scoped_allocator_opts.enable_op[:]
     target = ""
     if self._workers:
-      server = tf.distribute.Server(tf.train.ClusterSpec({"worker": self._workers}),
-                                    job_name="worker", task_index=self.rank, config=config,
-                                    start=True)
-      target = server.target
+      if self._server is None:  # One server a process, for agree()'s session and the run's.
+        self._server = tf.distribute.Server(tf.train.ClusterSpec({"worker": self._workers}),
+                                            job_name="worker", task_index=self.rank,
+                                            config=config, start=True)
+      target = self._server.target
     return tf.Session(target, config=config)
+
+  def name(self, rank):
+    """How the messages name a process: "worker 1 (host2:2222)" or "rank 1"."""
+    if self._workers:
+      return "worker %d (%s)" % (rank, self._workers[rank])
+    return "rank %d" % rank
+
+  def agree(self, settings, config, shared=()):
+    """Checks that every process of the job runs with the same settings, the first
+    collective of the run, with the engine's own (Horovod's allgather, the strategy's
+    all-reduce). A process whose settings differ would wait in a collective the others
+    never start (a longer --num_train_steps, another evaluation schedule) or train its
+    replicas apart; every process gets the same answer, so all of them stop together.
+
+    With stall_timeout_s, a process whose peers have not all joined after that long
+    prints a one-line error naming those without a heartbeat and exits with status 3.
+
+    Args:
+      settings: dict name (as the message shows it, e.g. "--num_train_steps") ->
+        value: a number, a bool, or anything json.dumps takes (compared by a hash).
+      config: the tf.ConfigProto of the run's session.
+      shared: names in settings that are not compared: every process takes the first
+        process's value (e.g. a seed drawn at random); numbers below 2^53.
+
+    Returns:
+      dict name -> the first process's value, for the names in `shared`.
+
+    Raises:
+      ValueError: the processes disagree; the message names the settings and values.
+    """
+    names = sorted(settings)
+    mine = [_as_number(settings[n]) for n in names]
+    rows = [mine]
+    if self.size > 1:
+      timer = None
+      if self.stall_timeout_s > 0:
+        # Counted from this process's start in the job (Ranks()), as the stall check is.
+        timer = threading.Timer(max(0.0, self.stall_timeout_s - (time.time() - self._started)),
+                                self._not_joined)
+        timer.daemon = True
+        timer.start()
+      try:
+        rows = self._gather(mine, config)
+      finally:
+        if timer is not None:
+          timer.cancel()
+    differ = []
+    for i, name in enumerate(names):
+      if name in shared:
+        continue
+      others = [r for r in range(self.size) if rows[r][i] != rows[0][i]]
+      if others:
+        shown = lambda r: _shown(rows[r][i], settings[name]) if isinstance(
+            settings[name], (bool, int, float)) else "another"
+        differ.append("%s (%s)" % (name, ", ".join(
+            "%s: %s" % (self.name(r), shown(r)) for r in [0] + others)))
+    if differ:
+      raise ValueError("the job's processes disagree on %s; start every process with the "
+                       "same settings (nothing was trained)" % "; ".join(differ))
+    return {name: type(settings[name])(rows[0][names.index(name)]) for name in shared}
+
+  def _gather(self, values, config):
+    """Every process's `values` (a list of floats): a list of lists, by rank."""
+    with tf.Graph().as_default():
+      row = tf.constant([values], tf.float64)
+      if self.hvd is not None:
+        rows = self.hvd.allgather(row, name="job_settings")
+      else:
+        with self.scope():
+          def replica():
+            # Each process's row at its own place, zeros elsewhere, summed: all rows.
+            mine = tf.one_hot([self.rank], self.size, dtype=tf.float64, axis=0) * row
+            return self.all_reduce([self._from_first_local_replica(mine)], average=False)[0]
+          rows = self.merged(self.each_replica(replica))
+      if self.strategy is not None:
+        sess = self.session(config)
+      else:
+        sess = tf.Session(config=config)
+      with sess:
+        return sess.run(rows).tolist()
+
+  def _not_joined(self):
+    """agree()'s timeout: names the processes without a heartbeat and ends this one."""
+    absent = self.absent_ranks()
+    if absent:
+      what = "%s did not join the job" % ", ".join(self.name(r) for r in absent)
+      why = "no heartbeat from %s in %s" % ("it" if len(absent) == 1 else "them",
+                                           self._folder)
+    else:
+      what = "the job's processes did not all join"
+      why = "every heartbeat in %s is fresh: check that they reach each other" % self._folder
+    print("run_pretraining: error: %s within --stall_timeout_s=%d (%s); start every "
+          "process of the job (%d) with the same settings, or check its host and address; "
+          "nothing was trained" % (what, self.stall_timeout_s, why, self.size),
+          file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(3)  # pylint: disable=protected-access
+
+  def absent_ranks(self):
+    """The other processes whose heartbeat file is missing, says "done", or was not
+    rewritten within three heartbeats: not (or no longer) running."""
+    absent = []
+    for rank in range(self.size):
+      if rank == self.rank:
+        continue
+      path = os.path.join(self._folder or "", "rank-%d" % rank)
+      try:
+        with open(path) as f:
+          content = f.read()
+        age = time.time() - os.path.getmtime(path)
+      except OSError:
+        absent.append(rank)
+        continue
+      if content.startswith("done") or age > 3 * self._interval:
+        absent.append(rank)
+    return absent
 
   @property
   def is_chief(self):

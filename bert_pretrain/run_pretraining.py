@@ -148,11 +148,24 @@ flags.DEFINE_float("max_corrupt_share", 0.001, "With --skip_corrupt_records: sto
 flags.DEFINE_integer("full_record_check_mb", 256, "Data sets smaller than this (MB) are read "
                      "whole before training (CRCs, framing); larger ones check each file's "
                      "first record up front and locate a bad record when training meets it.")
-flags.DEFINE_integer("stall_timeout_s", 300, "With --horovod: a rank that does not take part "
-                     "for this long (stuck in I/O, stopped, frozen) is named and the job "
-                     "ends with an error; sets Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS "
+flags.DEFINE_integer("stall_timeout_s", 300, "With several processes: a rank that does not "
+                     "take part for this long (stuck in I/O, stopped, frozen), or has not "
+                     "joined the job this long after a process started, is named and the "
+                     "job ends with an error; sets Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS "
                      "and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS unless they are set (0: never).")
-flags.DEFINE_integer("seed", None, "Graph-level random seed (dropout, shuffling).")
+flags.DEFINE_integer("seed", None, "Random seed of the data order, the dropout masks and the "
+                     "initialization. Without it a run draws one and records it in "
+                     "output_dir/bert_pretrain_run.json, which a resumed run reuses.")
+flags.DEFINE_list("allow_resume_change", [], "Resume although the run in --output_dir had "
+                  "another: global_batch (continue at the same sample with updates of the "
+                  "new size; steps and schedules go on counting updates), seed (another data "
+                  "order and dropout masks), data (other training files). A changed layout "
+                  "of the same global batch (ranks, engine, per-card batch, accumulation) "
+                  "needs none: it continues at the same sample, re-sharded.")
+flags.DEFINE_bool("log_trained_records", False, "Append a fingerprint of every record each "
+                  "micro-batch trains on to output_dir/trained_records-rank-N.txt (N: the "
+                  "process; lines 'update micro-batch fingerprints...'), to check which "
+                  "records a run and its resumed runs trained on.")
 flags.DEFINE_bool("allow_random_heads", False, "With --nodo_train: evaluate even weights "
                   "without the masked-LM or next-sentence head (a fine-tuned encoder, or no "
                   "checkpoint at all); those heads are random, so is the accuracy.")
@@ -191,7 +204,8 @@ flags.DEFINE_bool("verbose_logging", False, "Accepted, no effect.")
 flags.DEFINE_bool("checkpoint_all_workers", False, "Accepted: rank 0 writes the checkpoints.")
 flags.DEFINE_bool("use_lightweight_checkpoint", False, "Accepted: checkpoints hold the "
                   "weights and the optimizer state.")
-flags.DEFINE_bool("deterministic_run", False, "Accepted: --seed fixes the data order.")
+flags.DEFINE_bool("deterministic_run", False, "Accepted: --seed fixes the data order and "
+                  "the dropout masks.")
 flags.DEFINE_bool("enable_habana_backend", False, "Accepted: --device chooses the device.")
 flags.DEFINE_bool("enable_packed_data_mode", False, "Accepted: records hold one sequence each.")
 flags.DEFINE_integer("avg_seq_per_pack", 1, "Accepted: records hold one sequence each.")
@@ -207,10 +221,28 @@ FLAGS = flags.FLAGS
 # What check_flags found: the BertConfig, the training and eval record files, the
 # training records to leave out (input_pipeline.SkippedRecords), and the checkpoint
 # prefixes to resume from (this recipe's newest in --output_dir) and of --init_checkpoint
-# (each None when there is none).
+# (each None when there is none); when resuming, the record of the run in --output_dir
+# (its bert_pretrain_run.json, None without), the checkpoint's step and its place in
+# the data order (None when an older version wrote it).
 Inputs = collections.namedtuple("Inputs", [
     "bert_config", "train_files", "eval_files", "skipped_records", "resume_checkpoint",
-    "init_checkpoint"])
+    "init_checkpoint", "earlier_run", "resume_step", "resume_position"])
+
+# What --allow_resume_change takes (see resume_plan).
+RESUME_CHANGES = ("global_batch", "seed", "data")
+
+# The flags every process of a job must share (checked by ranks.agree before the first
+# collective): those that decide which collectives run when (a process that differs
+# waits in one the others never start) and those that would train replicas apart.
+JOB_FLAGS = ("num_train_steps", "train_batch_size", "num_accumulation_steps",
+             "allreduce_post_accumulation", "do_train", "do_eval", "eval_at_start",
+             "eval_batch_size", "max_eval_steps", "samples_between_eval",
+             "samples_start_eval", "stop_threshold", "display_loss_steps",
+             "max_seq_length", "max_predictions_per_seq", "optimizer", "learning_rate",
+             "num_warmup_steps", "start_warmup_step", "poly_power", "scale_lr_by_ranks",
+             "weight_decay_rate", "beta_1", "beta_2", "epsilon", "init_loss_scale",
+             "shuffle_buffer", "seed", "lamb_adapt_layernorm_and_bias", "gradient_clipping",
+             "reference_hyperparameters")
 
 
 def check_flags():
@@ -254,6 +286,11 @@ def check_flags():
                      % FLAGS.initial_accuracy_tolerance)
   if FLAGS.init_loss_scale < 1:
     raise ValueError("--init_loss_scale=%g must be at least 1" % FLAGS.init_loss_scale)
+  unknown = sorted(set(FLAGS.allow_resume_change) - set(RESUME_CHANGES))
+  if unknown:
+    raise ValueError("--allow_resume_change=%s: %s is not one of %s; pass those to allow"
+                     % (",".join(FLAGS.allow_resume_change), ", ".join(unknown),
+                        ", ".join(RESUME_CHANGES)))
   if FLAGS.do_train and FLAGS.num_train_steps < 1:
     raise ValueError("--num_train_steps=%d must be at least 1 (or pass --nodo_train)"
                      % FLAGS.num_train_steps)
@@ -309,8 +346,16 @@ def check_flags():
   if not FLAGS.do_train:
     check_evaluated(resume_checkpoint or init_checkpoint, bert_config)
   _check_output_dir(FLAGS.output_dir)
+  earlier_run = resume_step = resume_position = None
+  if resume_checkpoint:
+    earlier_run = checkpoints.read_run_marker(FLAGS.output_dir)
+    resume_step = int(checkpoints.checkpoint_value(resume_checkpoint, "global_step"))
+    resume_position = checkpoints.checkpoint_value(resume_checkpoint,
+                                                   checkpoints.DATA_POSITION)
+    if resume_position is not None:
+      resume_position = int(resume_position)
   return Inputs(bert_config, train_files, eval_files, skipped_records, resume_checkpoint,
-                init_checkpoint)
+                init_checkpoint, earlier_run, resume_step, resume_position)
 
 
 # What this recipe does instead of an accepted anchor flag: (for the anchor's default or
@@ -342,7 +387,8 @@ _ANCHOR_NOTES = {
     "use_lightweight_checkpoint": (
         "checkpoints hold the weights and the optimizer state, so that a run resumes",) * 2,
     "deterministic_run": (
-        "no effect; --seed fixes the initialization and the data order (dropout stays on)",) * 2,
+        "no effect; --seed fixes the initialization, the data order and the dropout "
+        "masks (dropout stays on)",) * 2,
     "enable_habana_backend": ("no effect; --device=%(device)s chooses the device",) * 2,
     "enable_packed_data_mode": (
         "no effect: the records are read as one sequence each",
@@ -463,6 +509,174 @@ def resume_settings(bert_config):
           "optimizer": FLAGS.optimizer}
 
 
+def run_record(bert_config, ranks, seed, global_batch_size, train_files):
+  """What bert_pretrain_run.json records: the settings a resumed run must share
+  (resume_settings), the layout, the seed and the training files."""
+  record = resume_settings(bert_config)
+  record.update(layout={"distribution": ranks.distribution, "processes": ranks.size,
+                        "replicas": ranks.replicas,
+                        "train_batch_size": FLAGS.train_batch_size,
+                        "num_accumulation_steps": FLAGS.num_accumulation_steps,
+                        "global_batch_size": global_batch_size},
+                seed=seed, train_files=data_files(train_files))
+  return record
+
+
+def data_files(files):
+  """[name, bytes] of each training file: the data the order is made of (the folder
+  may move)."""
+  return [[os.path.basename(f), tf.gfile.Stat(f).length] for f in files]
+
+
+def describe_layout(layout):
+  """'horovod, 2 processes, 2 replicas x batch 4 x 1 accumulation = global batch 8'."""
+  return ("%s, %d process%s, %d replica%s x batch %d x %d accumulation = global batch %d"
+          % (layout["distribution"], layout["processes"],
+             "es" if layout["processes"] > 1 else "", layout["replicas"],
+             "s" if layout["replicas"] > 1 else "", layout["train_batch_size"],
+             layout["num_accumulation_steps"], layout["global_batch_size"]))
+
+
+def _files_change(earlier, now):
+  """How two data_files lists differ, in a few words (None: they do not)."""
+  if earlier == now:
+    return None
+  before, after = dict(map(tuple, earlier)), dict(map(tuple, now))
+  for name in sorted(set(before) | set(after)):
+    if name not in after:
+      return "%s is gone" % name
+    if name not in before:
+      return "%s is new" % name
+    if before[name] != after[name]:
+      return "%s was %d bytes, now %d" % (name, before[name], after[name])
+  return "the files are the same but listed in another order"
+
+
+# What resume_plan decided: the place in the data order to continue at, the lines to
+# log, and whether bert_pretrain_run.json may be written now (False: at the first save,
+# so that it describes the newest checkpoint until then).
+Resume = collections.namedtuple("Resume", ["position", "lines", "record_now"])
+
+
+def resume_plan(inputs, record, seed_flag):
+  """Where the data order continues and what a resumed run says about it.
+
+  The run records its layout, seed and training files (run_record); the checkpoint
+  holds the records of the data order consumed (checkpoints.DATA_POSITION), whatever
+  the layouts of the runs that made it. The order itself does not depend on the layout
+  (input_pipeline.make_dataset), so:
+  - the same layout continues exactly, as an uninterrupted run would;
+  - another layout of the same global batch (ranks, engine, per-card batch,
+    accumulation) continues at the same sample, re-sharded: each update still takes
+    the next global batch of the order, and the step count, learning-rate and
+    evaluation schedules, which count updates, keep their meaning;
+  - another global batch is refused unless --allow_resume_change=global_batch: those
+    schedules and --num_train_steps count updates, which would then hold another
+    number of samples than the run was planned with;
+  - another --seed or other training files are refused unless allowed: the place in
+    the order would then name other records (some repeated, others never trained on).
+
+  Args:
+    inputs: Inputs (check_flags).
+    record: run_record of this run.
+    seed_flag: --seed (None when not given).
+
+  Returns:
+    Resume.
+
+  Raises:
+    ValueError: a change that is not allowed; the message names it and the flag.
+  """
+  if not inputs.resume_checkpoint or not FLAGS.do_train:
+    return Resume(0, [], True)
+  earlier = inputs.earlier_run or {}
+  was, now = earlier.get("layout"), record["layout"]
+  step = inputs.resume_step
+  position = inputs.resume_position
+  if position is None:  # An older version's checkpoint: it consumed step global batches.
+    position = step * (was or now)["global_batch_size"]
+  allowed = set(FLAGS.allow_resume_change)
+  where = "sample %d of the data order" % position
+  change = _files_change(earlier.get("train_files", record["train_files"]),
+                         record["train_files"])
+  if change and "data" not in allowed:
+    raise ValueError("--output_dir=%s was trained on other data (%s): %s would name other "
+                     "records in these files; pass the run's --input_files_dir, or "
+                     "--allow_resume_change=data to continue at %s of these files' order"
+                     % (FLAGS.output_dir, change, where, where))
+  if seed_flag is not None and earlier.get("seed") not in (None, seed_flag) and \
+      "seed" not in allowed:
+    raise ValueError("--output_dir=%s was trained with seed %d and this run passes "
+                     "--seed=%d: the data order and dropout masks would be another's, and %s "
+                     "would repeat some records and skip others; pass --seed=%d (or no --seed) "
+                     "to continue the run, or --allow_resume_change=seed"
+                     % (FLAGS.output_dir, earlier["seed"], seed_flag, where, earlier["seed"]))
+  if was and was["global_batch_size"] != now["global_batch_size"] and \
+      "global_batch" not in allowed:
+    raise ValueError("--output_dir=%s was trained with a global batch of %d (%s) and this "
+                     "run's is %d (%s), while --num_train_steps and the learning-rate and "
+                     "evaluation schedules count updates; keep the global batch (batch x "
+                     "accumulation x replicas = %d) or pass --allow_resume_change=global_batch "
+                     "to continue at %s with updates of %d"
+                     % (FLAGS.output_dir, was["global_batch_size"], describe_layout(was),
+                        now["global_batch_size"], describe_layout(now),
+                        was["global_batch_size"], where, now["global_batch_size"]))
+  if was is None:
+    line = ("Data: %s holds no layout of the run that wrote %s (an older version, or a "
+            "deleted bert_pretrain_run.json): continuing at %s"
+            % (checkpoints.RUN_MARKER, os.path.basename(inputs.resume_checkpoint), where))
+  elif was == now:
+    line = ("Data: continuing at %s, the records the run consumed up to step %d (read, not "
+            "parsed)" % (where, step))
+  elif was["global_batch_size"] == now["global_batch_size"]:
+    line = ("Resuming on another layout: %s (was %s); the global batch stays %d, so the run "
+            "continues at %s, re-sharded over %d replica%s (the losses are not "
+            "bit-identical to an uninterrupted run's)"
+            % (describe_layout(now), describe_layout(was), now["global_batch_size"], where,
+               now["replicas"], "s" if now["replicas"] > 1 else ""))
+  else:
+    line = ("Resuming with another global batch (--allow_resume_change=global_batch): %s "
+            "(was %s); the run continues at %s in updates of %d, and the schedules go "
+            "on counting updates from step %d"
+            % (describe_layout(now), describe_layout(was), where, now["global_batch_size"],
+               step))
+  lines = [line]
+  if change:
+    lines.append("Data: the training files changed (%s; --allow_resume_change=data): "
+                 "continuing at %s of their order" % (change, where))
+  return Resume(position, lines, was == now and not change and
+                earlier.get("seed") == record["seed"])
+
+
+def choose_seed(inputs, ranks, device, config):
+  """The run's seed, the same in every process: --seed, else the one the run in
+  --output_dir recorded (a resumed run continues its data order and dropout masks),
+  else one the first process draws. Checks first that every process runs with the same
+  settings (ranks.agree: the first collective).
+
+  Returns:
+    (seed, line): line says where the seed came from (None with --seed).
+  """
+  recorded = (inputs.earlier_run or {}).get("seed") if inputs.resume_checkpoint else None
+  candidate = FLAGS.seed
+  if candidate is None:
+    candidate = recorded if recorded is not None else int.from_bytes(os.urandom(4), "big") >> 1
+  settings = {"--%s" % name: getattr(FLAGS, name) for name in JOB_FLAGS}
+  settings.update({"the model config": inputs.bert_config.to_dict(),
+                   "the training files": data_files(inputs.train_files),
+                   "the compute type": device.dtype.name,
+                   "seed": candidate})
+  seed = ranks.agree(settings, config, shared=("seed",))["seed"]
+  if FLAGS.seed is not None:
+    return seed, None
+  if recorded is not None and seed == recorded:
+    return seed, ("Seed: no --seed; the run's seed %d from %s (its data order and dropout "
+                  "masks continue)" % (seed, checkpoints.RUN_MARKER))
+  return seed, ("Seed: no --seed; drew %d for the data order, dropout masks and "
+                "initialization (recorded in %s, which a resumed run reuses; --seed=%d "
+                "repeats the run)" % (seed, checkpoints.RUN_MARKER, seed))
+
+
 def _check_output_dir(output_dir):
   """Creates output_dir if needed and checks that it can be written."""
   try:
@@ -563,12 +777,32 @@ def run(inputs, ranks, device, stop=None):
   if FLAGS.reference_hyperparameters:
     rcp_note = apply_reference_hyperparameters(rcp)
   learning_rate = FLAGS.learning_rate * (ranks.replicas if FLAGS.scale_lr_by_ranks else 1)
+  seed, seed_line = choose_seed(inputs, ranks, device, config)
+  record = run_record(inputs.bert_config, ranks, seed, global_batch_size, inputs.train_files)
+  resume = resume_plan(inputs, record, FLAGS.seed)
   eval_interval = FLAGS.samples_between_eval or mlperf.eval_interval_samples(global_batch_size)
   logger = start_logs(ranks, device, config, global_batch_size, learning_rate,
                       inputs.skipped_records, eval_interval, rcp_note)
+  if seed_line:
+    logger.print(seed_line)
 
   sess, train, evaluator, saver, all_finite = start_session(inputs, ranks, device, config,
-                                                           learning_rate, logger)
+                                                           learning_rate, seed,
+                                                           resume.position, logger)
+  for line in resume.lines:
+    logger.print(line)
+  record_pending = not resume.record_now
+  if ranks.is_chief and FLAGS.do_train and resume.record_now:
+    checkpoints.write_run_marker(FLAGS.output_dir, record)
+
+  def save(step):
+    """save_if_finite; the first save of a run on another layout records it."""
+    nonlocal record_pending
+    saved = save_if_finite(sess, saver, all_finite, step, logger, is_chief)
+    if saved and record_pending and is_chief:
+      checkpoints.write_run_marker(FLAGS.output_dir, record)
+      record_pending = False
+    return saved
   logger.mlperf(logs.mllog.constants.INIT_STOP, kind="end")
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
 
@@ -591,17 +825,29 @@ def run(inputs, ranks, device, stop=None):
   if FLAGS.do_train and step >= FLAGS.num_train_steps:
     logger.print("global_step %d already reached --num_train_steps=%d; nothing to train"
                  % (step, FLAGS.num_train_steps))
+  records_log = None
+  if FLAGS.do_train and FLAGS.log_trained_records:
+    records_log = open(os.path.join(FLAGS.output_dir,
+                                    "trained_records-rank-%d.txt" % ranks.rank), "a")
   stop.arm()
 
   while FLAGS.do_train and step < FLAGS.num_train_steps:
     evals.start_block(step)
     step_start = time.time()
-    for _ in range(FLAGS.num_accumulation_steps - 1):
-      sess.run(train.accumulate_op)
+    last = FLAGS.num_accumulation_steps - 1
+    for micro in range(last):
+      done = sess.run({"op": train.accumulate_op, "record_ids": train.record_ids}
+                      if records_log else train.accumulate_op, {train.micro_batch: micro})
+      if records_log:
+        log_records(records_log, step + 1, micro, done["record_ids"])
     display = step + 1 == FLAGS.num_train_steps or (step + 1) % FLAGS.display_loss_steps == 0
     # Losses are fetched (and averaged over ranks) on display steps only.
-    values = sess.run(train.display_fetches if display else train.step_fetches,
-                      {train.stop_feed: stop.signum})
+    fetches = train.display_fetches if display else train.step_fetches
+    if records_log:
+      fetches = dict(fetches, record_ids=train.record_ids)
+    values = sess.run(fetches, {train.stop_feed: stop.signum, train.micro_batch: last})
+    if records_log:
+      log_records(records_log, step + 1, last, values["record_ids"])
     meter.update(time.time() - step_start)
     if values["step"] == step:
       # Skipped by loss scaling (the scale is halved): this update is run again with
@@ -625,7 +871,7 @@ def run(inputs, ranks, device, stop=None):
       meter.new_window()
     if step % FLAGS.save_checkpoints_steps == 0:
       start = time.time()
-      loss_is_finite = save_if_finite(sess, saver, all_finite, step, logger, is_chief)
+      loss_is_finite = save(step)
       if not loss_is_finite:
         break
       meter.pause(time.time() - start, checkpoint=True)
@@ -648,8 +894,10 @@ def run(inputs, ranks, device, stop=None):
   meter.stop()
   evals.end_block()
 
+  if records_log:
+    records_log.close()
   if FLAGS.do_train and step != last_saved and loss_is_finite:
-    loss_is_finite = save_if_finite(sess, saver, all_finite, step, logger, is_chief)
+    loss_is_finite = save(step)
   if evaluator is not None and evals.last_eval_step != step and loss_is_finite \
       and not stopped_by:
     results = evals.evaluate(sess, step)
@@ -680,6 +928,13 @@ def run(inputs, ranks, device, stop=None):
   return 0 if loss_is_finite else 1
 
 
+def log_records(log, update, micro_batch, record_ids):
+  """One line of --log_trained_records: the update (global_step after it), the
+  micro-batch and the fingerprints of its records (pretraining.record_fingerprints)."""
+  log.write("%d %d %s\n" % (update, micro_batch, " ".join(str(i) for i in record_ids)))
+  log.flush()
+
+
 def attends_per_sequence(device):
   """Whether the training graph attends sequence by sequence, at the real tokens only
   (pretraining.attends_per_sequence decides; the evaluation attends at every position)."""
@@ -687,30 +942,35 @@ def attends_per_sequence(device):
                                           device.kind == "CPU", FLAGS.use_xla)
 
 
-def start_session(inputs, ranks, device, config, learning_rate, logger):
+def start_session(inputs, ranks, device, config, learning_rate, seed, position, logger):
   """Builds the graph (the training step, the evaluator, the checkpoint ops), then starts
   the session: the weights from the checkpoint to resume from, else --init_checkpoint,
   else random (the same on every rank), and the training data where the run stands.
+
+  seed: the run's (choose_seed). position: the place in the data order to continue
+  at (resume_plan), set into the data position of a checkpoint that lacks one.
 
   Returns:
     (sess, train, evaluator, saver, all_finite): train is a pretraining.TrainGraph
     (None without --do_train), evaluator a pretraining.Evaluator (None without
     --do_eval), all_finite the op of checkpoints.all_finite.
   """
-  if FLAGS.seed is not None:
-    tf.set_random_seed(FLAGS.seed)
+  tf.set_random_seed(seed)
   # Under a tf.distribute strategy the variables are mirrored over its replicas.
   with ranks.scope():
     global_step = tf.train.get_or_create_global_step()
-    train = None
+    train = set_position = None
     if FLAGS.do_train:
-      skip_batches = tf.placeholder_with_default(tf.constant(0, tf.int64), [])
+      skip_samples = tf.placeholder_with_default(tf.constant(0, tf.int64), [])
+      # The job's replicas take the micro-batches of one order in turn; this process's
+      # replicas are ranks.local_replicas consecutive ones.
       dataset = input_pipeline.make_dataset(
           inputs.train_files, FLAGS.train_batch_size, FLAGS.max_seq_length,
-          FLAGS.max_predictions_per_seq, is_training=True, num_shards=ranks.size,
-          shard_index=ranks.rank, shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed,
+          FLAGS.max_predictions_per_seq, is_training=True, num_shards=ranks.replicas,
+          shard_index=ranks.rank * ranks.local_replicas, local_shards=ranks.local_replicas,
+          shuffle_buffer=FLAGS.shuffle_buffer, seed=seed,
           vocab_size=inputs.bert_config.vocab_size,
-          skip_records=inputs.skipped_records.bad, skip_batches=skip_batches)
+          skip_records=inputs.skipped_records.bad, skip_samples=skip_samples)
       train_iterator = ranks.iterator(dataset)
       train = pretraining.build_train_graph(
           inputs.bert_config, train_iterator.get_next(), device.dtype, learning_rate,
@@ -723,7 +983,10 @@ def start_session(inputs, ranks, device, config, learning_rate, logger):
           allreduce_post_accumulation=FLAGS.allreduce_post_accumulation,
           attention_per_sequence=attends_per_sequence(device),
           adapt_every_variable=FLAGS.lamb_adapt_layernorm_and_bias,
-          clipping=FLAGS.gradient_clipping)
+          clipping=FLAGS.gradient_clipping, seed=seed)
+      if inputs.resume_checkpoint and inputs.resume_position is None:
+        # An older version's checkpoint has no data position: resume_plan's is set.
+        set_position = train.data_position.assign(tf.constant(position, tf.int64))
     evaluator = None
     if FLAGS.do_eval:
       evaluator = pretraining.Evaluator(inputs.bert_config, inputs.eval_files, ranks,
@@ -743,14 +1006,13 @@ def start_session(inputs, ranks, device, config, learning_rate, logger):
   sess = ranks.session(config)
   sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
   restore(sess, saver, global_step, model_variables, inputs, logger.print)
+  if set_position is not None:
+    sess.run(set_position)
   if broadcast_op is not None:
     sess.run(broadcast_op)
   if FLAGS.do_train:
-    sess.run(train_iterator.initializer,
-             {skip_batches: data_position(int(sess.run(global_step)), ranks.local_replicas,
-                                          logger.print)})
-  if ranks.is_chief and FLAGS.do_train:
-    checkpoints.write_run_marker(FLAGS.output_dir, resume_settings(inputs.bert_config))
+    # Every process continues the one order at the position rank 0 restored.
+    sess.run(train_iterator.initializer, {skip_samples: sess.run(train.data_position)})
   sess.graph.finalize()  # Nothing may add ops inside the loop.
   return sess, train, evaluator, saver, all_finite
 
@@ -980,27 +1242,6 @@ def check_initial_accuracy(logger, accuracy, init_checkpoint):
     logger.warning(0, warning)
 
 
-def data_position(step, local_replicas, log):
-  """Micro-batches of this rank's training data to skip when resuming at `step`.
-
-  With --seed the data order is the same in every run, so a resumed run skips what the
-  run it resumes consumed (step x num_accumulation_steps micro-batches per replica of
-  this process) and continues that order. Without --seed a resumed run starts a new
-  shuffled pass.
-  """
-  if step == 0:
-    return 0
-  if FLAGS.seed is None:
-    log("Data: no --seed, so the resumed run starts a new shuffled pass over the data "
-        "(with --seed it continues the data order where the run stopped)")
-    return 0
-  skip = step * FLAGS.num_accumulation_steps * local_replicas
-  log("Data: skipping the %d micro-batches (%d records) of each rank that the run consumed "
-      "up to step %d; the data order continues where it stopped"
-      % (skip, skip * FLAGS.train_batch_size, step))
-  return skip
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError("unexpected arguments: %s; flags take the form --name=value"
@@ -1091,10 +1332,9 @@ def main(argv):
 def bad_record_message(error, inputs, ranks):
   """The one-line error for a bad record met while training or evaluating: reads this
   rank's files to name the file and the record (the rest of the line says what to do)."""
-  where = []
-  for files in (inputs.train_files, inputs.eval_files):
-    where.extend(input_pipeline.rank_files(files, ranks.size if ranks else 1,
-                                           ranks.rank if ranks else 0))
+  # Every rank reads every training file (make_dataset), and its part of the eval set.
+  where = list(inputs.train_files) + input_pipeline.rank_files(
+      inputs.eval_files, ranks.size if ranks else 1, ranks.rank if ranks else 0)
   record = input_pipeline.locate_bad_record(where, FLAGS.max_seq_length,
                                             FLAGS.max_predictions_per_seq,
                                             inputs.bert_config.vocab_size, error.message)

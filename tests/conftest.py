@@ -144,7 +144,8 @@ def final_weights(output_dir):
 
 def ordered_flags(data, out, batch, accumulation):
   """Flags of 3 updates on equal_weight_data in record order (ranks x batch = one global batch)."""
-  # shuffle_buffer=1 with one file reads records in order; rank r gets records r::2.
+  # shuffle_buffer=1 with one file reads records in order; the replicas take the
+  # micro-batches of that order in turn, so each update trains on the same records.
   # Clipped after the all-reduce, ranks x accumulation x batch update as one batch (clipped
   # per micro-batch on each rank, MLPerf's reference order, they would not).
   return base_flags(data, out, input_files_dir=data["train"], bert_config_file=data["config"],

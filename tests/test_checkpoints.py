@@ -1,6 +1,7 @@
 """Checkpoints: --init_checkpoint path forms, foreign checkpoints, shape errors, resume."""
 
 import hashlib
+import json
 import os
 import re
 import socket
@@ -418,3 +419,30 @@ def test_a_skipped_float16_step_passes_the_check_before_saving():
         if scaled:
           assert sess.run(loss_scale.skipped_steps) == 1
         assert sess.run(check) == scaled
+
+
+def test_a_damaged_run_record_is_named_with_the_fix_that_then_resumes(pretraining_data,
+                                                                      tmp_path):
+  out = tmp_path / "out"
+  first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=2,
+                                      nodo_eval=None))
+  assert first.returncode == 0, first.stderr
+  marker = out / checkpoints.RUN_MARKER
+  text = marker.read_text()
+  marker.write_text(text[:text.index('"gelu"') + 3])  # cut inside a string
+  files_before = snapshot(out)
+  damaged = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                        nodo_eval=None))
+  assert damaged.returncode == 2
+  errors = damaged.stderr.strip().splitlines()
+  assert errors[-1].startswith("run_pretraining: error: %s is damaged (Unterminated string "
+                               "starting at: line " % marker), errors[-1]
+  assert "delete it (rm %s) and run again to resume from model.ckpt-2" % marker in errors[-1]
+  assert snapshot(out) == files_before
+  marker.unlink()
+  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                        nodo_eval=None))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resuming from %s at step 2" % (out / "model.ckpt-2") in resumed.stdout
+  assert "holds no layout of the run that wrote model.ckpt-2" in resumed.stdout
+  assert json.loads(marker.read_text())["layout"]["global_batch_size"] == 8

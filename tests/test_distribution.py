@@ -95,14 +95,15 @@ def test_mirrored_over_two_cpu_devices_trains_the_weights_of_one_card(
 
 def test_mirrored_resumes_where_it_stopped(equal_weight_data, one_card, tmp_path):
   """2 updates, then the same command for 3: the data order goes on where the first run
-  stopped (each replica's micro-batches skipped) and every replica starts from the
-  checkpoint, so the weights are those of one card's 3 updates."""
+  stopped (the 2 global batches skipped) and every replica starts from the checkpoint,
+  so the weights are those of one card's 3 updates."""
   mirrored = ["--distribution=mirrored", "--cpu_devices=2"]
   first = run_pretraining(*engine_flags(equal_weight_data, tmp_path, 4, steps=2) + mirrored)
   assert first.returncode == 0, first.stderr[-3000:]
   second = run_pretraining(*engine_flags(equal_weight_data, tmp_path, 4) + mirrored)
   assert second.returncode == 0, second.stderr[-3000:]
-  assert "Resuming from" in second.stdout and "skipping the 8 micro-batches" in second.stdout
+  assert "Resuming from" in second.stdout
+  assert "Data: continuing at sample 32 of the data order" in second.stdout
   assert_same_weights(one_card[0], tmp_path, equal_weight_data["init"])
 
 
@@ -163,6 +164,60 @@ def test_a_killed_worker_ends_the_multi_worker_job(pretraining_data, tmp_path):
     for p in procs:
       if p.poll() is None:
         p.kill()
+
+
+def test_a_worker_whose_peer_never_comes_ends_within_the_stall_timeout_naming_it(
+    pretraining_data, tmp_path):
+  flags = base_flags(pretraining_data, tmp_path / "out", nodo_eval=None, train_batch_size=4,
+                     stall_timeout_s=20)
+  workers = ["localhost:%d" % port for port in launch_plan.free_ports(2)]
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+             TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                   "task": {"type": "worker", "index": 0}}))
+  started = time.time()
+  lone = subprocess.run(MODULE + ["--distribution=multi_worker_mirrored"] + flags,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, env=env, timeout=300)
+  assert lone.returncode == 3, lone.stderr[-3000:]
+  errors = [l for l in lone.stderr.splitlines() if l.startswith("run_pretraining: error:")]
+  assert errors == [
+      "run_pretraining: error: worker 1 (%s) did not join the job within "
+      "--stall_timeout_s=20 (no heartbeat from it in %s); start every process of the job "
+      "(2) with the same settings, or check its host and address; nothing was trained"
+      % (workers[1], tmp_path / "out" / ".ranks")], lone.stderr[-3000:]
+  assert "Step 1," not in lone.stdout
+  print("a lone multi_worker_mirrored worker (--stall_timeout_s=20) ended after %.1f s "
+        "with: %s" % (time.time() - started, errors[0]))
+
+
+def test_workers_that_disagree_on_the_schedule_are_all_refused_at_start(pretraining_data,
+                                                                         tmp_path):
+  """--num_train_steps 6 and 12 made the workers wait before step 1 for ever."""
+  started = time.time()
+  procs = []
+  logs = tmp_path / "logs"
+  logs.mkdir()
+  workers = ["localhost:%d" % port for port in launch_plan.free_ports(2)]
+  for index, steps in enumerate((6, 12)):
+    flags = base_flags(pretraining_data, tmp_path / "out", nodo_eval=None,
+                       train_batch_size=4, num_train_steps=steps, stall_timeout_s=60)
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+               TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                     "task": {"type": "worker", "index": index}}))
+    with open(str(logs / ("worker-%d.log" % index)), "w") as log:
+      procs.append(subprocess.Popen(MODULE + ["--distribution=multi_worker_mirrored"] + flags,
+                                    stdout=log, stderr=subprocess.STDOUT, env=env))
+  results = finish(procs, logs, timeout=300)
+  line = ("run_pretraining: error: the job's processes disagree on --num_train_steps "
+          "(worker 0 (%s): 6, worker 1 (%s): 12); start every process with the same "
+          "settings (nothing was trained)" % tuple(workers))
+  for status, output in results:
+    assert status == 2, output[-3000:]
+    errors = [l for l in output.splitlines() if l.startswith("run_pretraining: error:")]
+    assert errors == [line], output[-3000:]
+  assert not os.path.exists(str(tmp_path / "out" / "model.ckpt-6.index"))
+  print("multi_worker_mirrored workers with --num_train_steps 6 and 12 ended after %.1f s "
+        "with: %s" % (time.time() - started, line))
 
 
 def _wait_for(path, text, procs, timeout=180):

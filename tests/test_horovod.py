@@ -260,3 +260,25 @@ def test_the_launcher_stops_on_a_contradiction_before_starting_anything(values, 
   errors = result.stderr.splitlines()
   assert len(errors) == 1 and errors[0].startswith(message), result.stderr
   assert os.listdir(str(tmp_path)) == []
+
+
+def test_ranks_that_disagree_on_the_schedule_are_all_refused_at_start(pretraining_data,
+                                                                     tmp_path):
+  """mpirun's MPMD form starts rank 0 with --num_train_steps=6 and rank 1 with 12."""
+  flags = lambda steps: base_flags(pretraining_data, tmp_path / "out", nodo_eval=None,
+                                   train_batch_size=4, num_train_steps=steps)
+  # --tag-output: each line of a rank whole, after "[job,rank]<stderr>:".
+  command = (MPIRUN[:1] + MPIRUN[3:] + ["--tag-output", "-x", "PYTHONPATH", "-x",
+                                         "TF_CPP_MIN_LOG_LEVEL", "-np", "1"] +
+             MODULE + ["--horovod"] + flags(6) +
+             [":", "-np", "1"] + MODULE + ["--horovod"] + flags(12))
+  result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, env=_env(), timeout=240)
+  assert result.returncode == 2, result.stdout[-3000:]
+  errors = sorted(re.findall(r"^\[\d+,(\d)\]<stderr>:(run_pretraining: error: .*)$",
+                             result.stdout, re.M))
+  line = ("run_pretraining: error: the job's processes disagree on --num_train_steps (rank "
+          "0: 6, rank 1: 12); start every process with the same settings (nothing was "
+          "trained)")
+  assert errors == [("0", line), ("1", line)], result.stdout[-3000:]
+  assert "Step 1," not in result.stdout

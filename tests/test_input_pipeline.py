@@ -59,3 +59,33 @@ def test_each_evaluation_pass_reads_the_whole_eval_set_in_the_same_order(pretrai
   assert len(first) == records > 8
   np.testing.assert_array_equal(first, second)
   np.testing.assert_array_equal(first, third)
+
+
+def _training_batches(pretraining_data, count, batch_size, **layout):
+  """The input_ids of the first `count` training batches of one process, as
+  make_dataset gives them for a job `layout` (num_shards, shard_index, local_shards,
+  skip_samples), seed 5."""
+  files = sorted(glob.glob(os.path.join(pretraining_data["train"], "*")))
+  with tf.Graph().as_default():
+    dataset = input_pipeline.make_dataset(files, batch_size, SEQ_LENGTH, PREDICTIONS,
+                                          is_training=True, shuffle_buffer=50, seed=5,
+                                          **layout)
+    ids = tf.data.make_one_shot_iterator(dataset).get_next()["input_ids"]
+    with tf.Session() as sess:
+      return [sess.run(ids) for _ in range(count)]
+
+
+def test_every_layout_trains_on_the_same_global_batches_of_one_order(pretraining_data):
+  """Update u of a job of global batch 8 trains on records 8u..8u+7 of one order, on one
+  replica of 8, two processes of 4 (Horovod, multi_worker_mirrored) or one process of two
+  replicas (mirrored); a resumed run skips to the same records."""
+  one = np.concatenate(_training_batches(pretraining_data, 4, 8))
+  assert len(set(map(tuple, one))) > 8  # the batches hold different records
+  rank_0, rank_1 = [_training_batches(pretraining_data, 4, 4, num_shards=2, shard_index=i)
+                    for i in (0, 1)]
+  two_ranks = np.concatenate([b for u in range(4) for b in (rank_0[u], rank_1[u])])
+  np.testing.assert_array_equal(two_ranks, one)
+  mirrored = _training_batches(pretraining_data, 8, 4, num_shards=2, local_shards=2)
+  np.testing.assert_array_equal(np.concatenate(mirrored), one)
+  resumed = _training_batches(pretraining_data, 2, 8, skip_samples=16)
+  np.testing.assert_array_equal(np.concatenate(resumed), one[16:])

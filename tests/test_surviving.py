@@ -1,10 +1,13 @@
 """Surviving what clusters do to a run: SIGTERM and SIGINT stop it after the current
-update with a checkpoint, and a run killed at any step and started again with the same
-command (and --seed) continues the loss curve of an uninterrupted run, bit for bit."""
+update with a checkpoint, a run killed at any step and started again with the same
+command continues the loss curve of an uninterrupted run, bit for bit (with dropout
+too), and a run resumed on another layout trains on the records the uninterrupted run
+would have."""
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,9 +34,8 @@ def _env():
 
 @pytest.fixture(scope="module")
 def dropout_free(pretraining_data, tmp_path_factory):
-  """The fixture data with a config without dropout: dropout masks come from stateful
-  random ops, which a restarted run draws anew, so only a dropout-free model can repeat
-  an uninterrupted run's losses exactly."""
+  """The fixture data with a config without dropout, for the tests of stopping (the
+  tests of dropout below use the fixture's config)."""
   root = tmp_path_factory.mktemp("dropout_free")
   config = dict(TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   (root / "bert_config.json").write_text(json.dumps(config))
@@ -173,15 +175,15 @@ def test_sigterm_stops_at_the_step_reached_with_a_checkpoint_and_the_rerun_conti
   assert _resumed_step(rerun.stdout) == stop_step
   print("SIGTERM after step 3 was logged: stopped after step %d, rerun resumed at step %d"
         % (stop_step, _resumed_step(rerun.stdout)))
-  assert ("Data: skipping the %d micro-batches (%d records) of each rank"
-          % (stop_step, stop_step * 8)) in rerun.stdout
+  assert ("Data: continuing at sample %d of the data order, the records the run consumed "
+          "up to step %d" % (stop_step * 8, stop_step)) in rerun.stdout
   assert re.search(r"^Step %d," % (stop_step + 1), rerun.stdout, re.M)
   assert not re.search(r"^Step %d," % stop_step, rerun.stdout, re.M)  # nothing redone
   _assert_same_curve(_losses(out / "dllog.json"), reference_curves("local", 1), 1)
 
 
 def test_sigint_stops_like_sigterm_without_a_traceback(dropout_free, tmp_path):
-  # Without --seed: the rerun says it starts a new pass over the data.
+  # Without --seed: the run draws one, and the rerun continues with it.
   out = tmp_path / "out"
   command = MODULE + _flags(dropout_free, out, without=("seed",))
   status, stdout, stderr, last_step = _run_and_signal(command, out, at_step=2,
@@ -195,7 +197,10 @@ def test_sigint_stops_like_sigterm_without_a_traceback(dropout_free, tmp_path):
   rerun = run_pretraining(*command[3:])
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert _resumed_step(rerun.stdout) == stop_step
-  assert "Data: no --seed, so the resumed run starts a new shuffled pass" in rerun.stdout
+  drawn = int(re.search(r"Seed: no --seed; drew (\d+) for the data order", stdout).group(1))
+  assert ("Seed: no --seed; the run's seed %d from bert_pretrain_run.json" % drawn
+          in rerun.stdout)
+  assert "Data: continuing at sample %d of the data order" % (stop_step * 8) in rerun.stdout
 
 
 def test_sigkilled_run_with_accumulation_resumes_the_loss_curve_bit_identically(
@@ -209,7 +214,7 @@ def test_sigkilled_run_with_accumulation_resumes_the_loss_curve_bit_identically(
   resumed = _resumed_step(rerun.stdout)
   assert resumed % SAVE_STEPS == 0 and last_step - resumed <= SAVE_STEPS
   print("SIGKILL after step %d was logged, rerun resumed at step %d" % (last_step, resumed))
-  assert "Data: skipping the %d micro-batches" % (2 * resumed) in rerun.stdout
+  assert "Data: continuing at sample %d of the data order" % (2 * 8 * resumed) in rerun.stdout
   # The rerun's dllog records (steps resumed+1..) were appended to the first run's.
   reference = reference_curves("local", 2)
   _assert_same_curve(_losses(out / "dllog.json"), reference, 1)
@@ -258,6 +263,167 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
   assert rerun.returncode == 0, rerun.stdout[-3000:]
   assert _resumed_step(rerun.stdout) == stop_step
   _assert_same_curve(_losses(out / "dllog.json"), reference_curves("gloo", 1), 1)
+
+
+# Exact resume with dropout: the masks are a function of the seed, the dropout site and
+# the place of the micro-batch in the data order (modeling.DropoutSeeds), so a rerun
+# draws the uninterrupted run's masks.
+
+@pytest.fixture(scope="module")
+def dropout_curves(pretraining_data, tmp_path_factory):
+  """Uninterrupted runs' loss curves with dropout (the fixture config's 0.1), by
+  (launcher, accumulation, compute type), made when first used."""
+  curves = {}
+
+  def get(launcher, accumulation, dtype):
+    key = (launcher, accumulation, dtype)
+    if key not in curves:
+      out = tmp_path_factory.mktemp("dropout_reference")
+      flags = _flags(pretraining_data, out, num_accumulation_steps=accumulation,
+                     **({} if dtype == "float32" else {"amp_dtype": dtype}))
+      if launcher == "gloo":
+        result = subprocess.run(GLOO + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, universal_newlines=True,
+                                env=_env(), timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:]
+      else:
+        result = run_pretraining(*flags, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+      curves[key] = _losses(out / "dllog.json")
+      assert sorted(curves[key]) == list(range(1, STEPS + 1))
+    return curves[key]
+  return get
+
+
+@pytest.mark.parametrize("launcher,accumulation,dtype", [
+    ("local", 1, "float32"), ("local", 2, "bfloat16"), ("gloo", 2, "float32"),
+    ("gloo", 1, "bfloat16")])
+def test_a_sigkilled_run_with_dropout_resumes_the_loss_curve_bit_identically(
+    pretraining_data, dropout_curves, tmp_path, launcher, accumulation, dtype):
+  out = tmp_path / "out"
+  flags = _flags(pretraining_data, out, num_accumulation_steps=accumulation,
+                 **({} if dtype == "float32" else {"amp_dtype": dtype}))
+  command = (GLOO + MODULE + ["--horovod"] if launcher == "gloo" else MODULE) + flags
+  status, _, _, last_step = _run_and_signal(
+      command, out, at_step=10, sig=signal.SIGKILL, dllog=out / "dllog.json",
+      target=_rank_1 if launcher == "gloo" else None)
+  assert status != 0
+  rerun = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True, env=_env(), timeout=600)
+  assert rerun.returncode == 0, rerun.stdout[-3000:]
+  resumed = _resumed_step(rerun.stdout)
+  assert 0 < resumed < STEPS and resumed % SAVE_STEPS == 0
+  print("%s, %d rank(s), accumulation %d: SIGKILL after step %d was logged, rerun resumed "
+        "at step %d" % (dtype, 2 if launcher == "gloo" else 1, accumulation, last_step,
+                        resumed))
+  _assert_same_curve(_losses(out / "dllog.json"),
+                     dropout_curves(launcher, accumulation, dtype), 1)
+
+
+# Resume on another layout: the data order is one for every layout, each update takes
+# its next global batch, and the checkpoint holds the records consumed.
+
+def _trained(out):
+  """update -> sorted fingerprints of the records trained on in that update, over every
+  process's output_dir/trained_records-rank-N.txt (--log_trained_records)."""
+  updates = {}
+  for name in sorted(os.listdir(str(out))):
+    if name.startswith("trained_records-rank-"):
+      for line in open(str(out / name)):
+        update, _, *ids = line.split()
+        updates.setdefault(int(update), []).extend(int(i) for i in ids)
+  return {update: sorted(ids) for update, ids in updates.items()}
+
+
+def _layout_flags(data, out, **overrides):
+  values = dict(num_train_steps=8, train_batch_size=4, save_checkpoints_steps=100,
+                log_trained_records=None)
+  values.update(overrides)
+  return _flags(data, out, **values)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_order(pretraining_data, tmp_path_factory):
+  """The records of the first 8 updates of 4 of one uninterrupted run (one rank, seed
+  7): update -> sorted fingerprints."""
+  out = tmp_path_factory.mktemp("uninterrupted")
+  result = run_pretraining(*_layout_flags(pretraining_data, out))
+  assert result.returncode == 0, result.stderr[-3000:]
+  order = _trained(out)
+  assert sorted(order) == list(range(1, 9)) and all(len(r) == 4 for r in order.values())
+  return order
+
+
+def test_a_two_rank_run_resumed_on_one_rank_or_mirrored_trains_the_next_records_once(
+    pretraining_data, uninterrupted_order, tmp_path):
+  """2 Horovod ranks of batch 2 for 4 updates, then the same output_dir resumed on one
+  rank of batch 4 and (a copy) on mirrored over 2 devices of batch 2, each to update 8:
+  over both runs every update trains on the records of that update of the uninterrupted
+  run, so they are its first 32 records, none left out, none repeated."""
+  two = tmp_path / "two"
+  first = subprocess.run(GLOO + MODULE + ["--horovod"] + _layout_flags(
+      pretraining_data, two, num_train_steps=4, train_batch_size=2),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True, env=_env(), timeout=600)
+  assert first.returncode == 0, first.stdout[-3000:]
+  assert _trained(two) == {u: uninterrupted_order[u] for u in range(1, 5)}
+  was = "was horovod, 2 processes, 2 replicas x batch 2 x 1 accumulation = global batch 4"
+  for name, layout, now, replicas in (
+      ("one_rank", dict(train_batch_size=4),
+       "none, 1 process, 1 replica x batch 4 x 1 accumulation = global batch 4", "1 replica"),
+      ("mirrored", dict(train_batch_size=2, distribution="mirrored", cpu_devices=2),
+       "mirrored, 1 process, 2 replicas x batch 2 x 1 accumulation = global batch 4",
+       "2 replicas")):
+    out = tmp_path / name
+    shutil.copytree(str(two), str(out))
+    for log in os.listdir(str(out)):
+      if log.startswith("trained_records-rank-"):
+        os.remove(str(out / log))
+    resumed = run_pretraining(*_layout_flags(pretraining_data, out, **layout))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    lines = [l for l in resumed.stdout.splitlines() if l.startswith("Resuming on another")]
+    assert lines == ["Resuming on another layout: %s (%s); the global batch stays 4, so the "
+                     "run continues at sample 16 of the data order, re-sharded over %s (the "
+                     "losses are not bit-identical to an uninterrupted run's)"
+                     % (now, was, replicas)]
+    assert _trained(out) == {u: uninterrupted_order[u] for u in range(5, 9)}
+    print("2 ranks for 4 updates, then %s to update 8: the records trained are the first 32 "
+          "of the uninterrupted order, update by update" % name.replace("_", " "))
+
+
+def test_another_global_batch_or_seed_is_refused_and_the_allowed_one_continues_the_order(
+    pretraining_data, uninterrupted_order, tmp_path):
+  out = tmp_path / "out"
+  first = run_pretraining(*_layout_flags(pretraining_data, out, num_train_steps=4))
+  assert first.returncode == 0, first.stderr[-3000:]
+  before = sorted(os.listdir(str(out)))
+  for overrides, message in (
+      (dict(train_batch_size=8),
+       "was trained with a global batch of 4 (none, 1 process, 1 replica x batch 4 x 1 "
+       "accumulation = global batch 4) and this run's is 8"),
+      (dict(seed=8), "was trained with seed 7 and this run passes --seed=8")):
+    refused = run_pretraining(*_layout_flags(pretraining_data, out, num_train_steps=6,
+                                             **overrides))
+    assert refused.returncode == 2
+    errors = refused.stderr.strip().splitlines()
+    assert errors[-1].startswith("run_pretraining: error: --output_dir=%s %s" % (out, message))
+    assert "--allow_resume_change=%s" % ("seed" if "seed" in overrides else "global_batch") \
+        in errors[-1]
+    assert sorted(os.listdir(str(out))) == before  # nothing written
+  allowed = run_pretraining(*_layout_flags(pretraining_data, out, num_train_steps=6,
+                                           train_batch_size=8,
+                                           allow_resume_change="global_batch"))
+  assert allowed.returncode == 0, allowed.stderr[-3000:]
+  assert ("Resuming with another global batch (--allow_resume_change=global_batch): none, 1 "
+          "process, 1 replica x batch 8 x 1 accumulation = global batch 8 (was none, 1 "
+          "process, 1 replica x batch 4 x 1 accumulation = global batch 4); the run continues "
+          "at sample 16 of the data order in updates of 8") in allowed.stdout
+  trained = _trained(out)
+  assert {u: trained[u] for u in range(1, 5)} == {u: uninterrupted_order[u]
+                                                  for u in range(1, 5)}
+  # Updates 5 and 6 of 8 records: the uninterrupted run's updates 5 + 6 and 7 + 8.
+  assert trained[5] == sorted(uninterrupted_order[5] + uninterrupted_order[6])
+  assert trained[6] == sorted(uninterrupted_order[7] + uninterrupted_order[8])
 
 
 STOP_SCRIPT = """
