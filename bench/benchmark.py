@@ -10,7 +10,7 @@ bfloat16 compute with float32 weights, as run_pretraining --amp_dtype=bfloat16) 
 measures, each side in its own subprocess (so the memory and threads are its own), the
 sides taking turns for --rounds rounds within the row:
 
-  - our training step, built by bert_pretrain.pretraining.build_train_graph as
+  - our training step, built by bert_pretrain.training.pretraining.build_train_graph as
     run_pretraining builds it (the model, LAMB, the learning-rate schedule, the update
     op), fed by input_pipeline.make_dataset from real TFRecords (its shuffle seeded, so
     every run trains on the same batches), and the same step fed those batches held in
@@ -241,7 +241,7 @@ def _import_tf():
 
 def session_config(row):
   """The session config of one CPU rank, with the row's thread counts."""
-  from bert_pretrain import pretraining  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.training import pretraining  # pylint: disable=g-import-not-at-top
   return pretraining.session_config(row["intra"], row["inter"], use_xla=row["xla"])
 
 
@@ -265,9 +265,9 @@ class TrainStep(object):
 
   def __init__(self, row):
     tf = _import_tf()
-    from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
-    from bert_pretrain import modeling  # pylint: disable=g-import-not-at-top
-    from bert_pretrain import pretraining  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.data import input_pipeline  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.model import modeling  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.training import pretraining  # pylint: disable=g-import-not-at-top
     self.graph = tf.Graph()
     with self.graph.as_default():
       def batches():
@@ -470,7 +470,7 @@ def peer_worker(row):
 def prepare_data(data_dir, seq_lengths):
   """WordPiece vocab (up to 30522 tokens) and TFRecords of the demo corpus, once."""
   from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
-  from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(data_dir):
     os.makedirs(data_dir)
   vocab_file = os.path.join(data_dir, "vocab.txt")

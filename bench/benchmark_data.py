@@ -47,7 +47,7 @@ from bert_pretrain.wiki import workdir
 import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 
 from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
-from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS

@@ -69,12 +69,12 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import device as device_lib
-from bert_pretrain import input_pipeline
-from bert_pretrain import modeling
-from bert_pretrain import pretraining
-from bert_pretrain import ranks as ranks_lib
+from bert_pretrain.training import checkpoints
+from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import modeling
+from bert_pretrain.training import pretraining
+from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain import run_pretraining  # its flags: a run's command line works here
 
 flags.DEFINE_integer("inject_fault_layer", -1, "Checks the checker: a second activation "

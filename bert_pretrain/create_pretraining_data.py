@@ -4,7 +4,7 @@
 Input: UTF-8 text files, one sentence a line, a blank line between documents.
 Output: TFRecord files of tf.train.Example protos with the features of Google's BERT
 (google-research/bert create_pretraining_data.py), consumed by run_pretraining; the
-format is bert_pretrain/records.py's (input_ids, input_mask, segment_ids of
+format is bert_pretrain/data/records.py's (input_ids, input_mask, segment_ids of
 max_seq_length values, masked_lm_positions, masked_lm_ids, masked_lm_weights of
 max_predictions_per_seq, next_sentence_labels).
 
@@ -54,8 +54,8 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import errors
-from bert_pretrain import records
-from bert_pretrain import tokenization
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 
 _REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
 # Lines tokenized per batch call: large enough to amortize the call, small enough that

@@ -34,14 +34,14 @@ from absl import app
 from absl import flags
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
+from bert_pretrain.training import checkpoints
 from bert_pretrain import create_pretraining_data
 from bert_pretrain import errors
-from bert_pretrain import input_pipeline
-from bert_pretrain import modeling
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import modeling
 from bert_pretrain import pack_records
-from bert_pretrain import pretraining
-from bert_pretrain import tokenization
+from bert_pretrain.training import pretraining
+from bert_pretrain.data import tokenization
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "corpus.txt")
 

@@ -44,9 +44,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
 
-from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
-from bert_pretrain import records  # pylint: disable=g-import-not-at-top
-from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+from bert_pretrain.data import input_pipeline  # pylint: disable=g-import-not-at-top
+from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
+from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
 
 # At most this many problems of one kind are listed; the rest are only counted.
 _MAX_LISTED = 10

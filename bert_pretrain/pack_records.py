@@ -357,7 +357,7 @@ class _Parser(object):
   batches with tf.io.parse_example (C++); names the first bad record of a batch."""
 
   def __init__(self, max_seq_length, max_predictions_per_seq):
-    from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
     import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
     self.max_seq_length = max_seq_length
     self.max_predictions_per_seq = max_predictions_per_seq
@@ -403,7 +403,7 @@ class _Parser(object):
       PackError: the first record that is not a valid pretraining example of the
         set's lengths, with where it is and what is wrong.
     """
-    from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
     import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
     try:
       values = self.session.run(self.parsed, {self.serialized: serialized})
@@ -444,7 +444,7 @@ def lengths_task(task):
     dict: the file number and its bytes.
   """
   root, settings, number, path, identity, max_seq_length, max_predictions_per_seq = task
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   layout = PackLayout(root)
   parser = _Parser(max_seq_length, max_predictions_per_seq)
@@ -638,7 +638,7 @@ def write_task(task):
     dict: the output name and its sequences.
   """
   root, settings, name, first, end, plan, files, identity = task
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   layout = PackLayout(root)
   members = np.load(layout.plan_file("members.npy"), mmap_mode="r")
@@ -756,7 +756,7 @@ def list_inputs(inputs):
   Raises:
     PackError: one is missing or holds no record file.
   """
-  from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import input_pipeline  # pylint: disable=g-import-not-at-top
   files = []
   for pattern in (inputs or "").split(","):
     if pattern.strip():
@@ -782,7 +782,7 @@ def _first_record(path):
     PackError: the file holds no record, or is not a TFRecord file.
   """
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   size = tf.gfile.Stat(path).length
   with tf.gfile.GFile(path, "rb") as reader:
     header = reader.read(records.HEADER_BYTES)
@@ -804,7 +804,7 @@ def check_inputs(files):
     PackError: a file is not pretraining records, holds packed ones, or has other
       lengths than the first file.
   """
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   first = None
   for path in files:
     serialized = _first_record(path)
@@ -930,7 +930,7 @@ def pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, seed
       "num_output_files": num_output_files or len(files),
       "max_seq_length": max_seq_length, "max_predictions_per_seq": max_predictions_per_seq,
       "max_predictions_per_pack": max_predictions_per_seq + max_sequences_per_pack}
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   assert settings["max_predictions_per_pack"] == records.max_predictions_per_pack(
       max_predictions_per_seq, max_sequences_per_pack)
   os.makedirs(output_dir, exist_ok=True)

@@ -32,17 +32,17 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import classifier
-from bert_pretrain import classifier_data
-from bert_pretrain import device as device_lib
+from bert_pretrain.training import checkpoints
+from bert_pretrain.finetune import classifier
+from bert_pretrain.finetune import classifier_data
+from bert_pretrain.distributed import device as device_lib
 from bert_pretrain import errors
-from bert_pretrain import meters
-from bert_pretrain import modeling
-from bert_pretrain import optimization
-from bert_pretrain import pretraining
-from bert_pretrain import ranks as ranks_lib
-from bert_pretrain import tokenization
+from bert_pretrain.training import meters
+from bert_pretrain.model import modeling
+from bert_pretrain.training import optimization
+from bert_pretrain.training import pretraining
+from bert_pretrain.distributed import ranks as ranks_lib
+from bert_pretrain.data import tokenization
 
 flags.DEFINE_enum("task_name", None, sorted(classifier_data.TASKS),
                   "GLUE task (its files as downloaded) or tsv: "

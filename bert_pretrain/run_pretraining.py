@@ -27,20 +27,20 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import device as device_lib
+from bert_pretrain.training import checkpoints
+from bert_pretrain.distributed import device as device_lib
 from bert_pretrain import errors
-from bert_pretrain import health
-from bert_pretrain import input_pipeline
-from bert_pretrain import logs
-from bert_pretrain import meters
-from bert_pretrain import mlperf
-from bert_pretrain import modeling
-from bert_pretrain import optimization
-from bert_pretrain import pretraining
-from bert_pretrain import ranks as ranks_lib
-from bert_pretrain import report
-from bert_pretrain import signals
+from bert_pretrain.training import health
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.training import logs
+from bert_pretrain.training import meters
+from bert_pretrain.training import mlperf
+from bert_pretrain.model import modeling
+from bert_pretrain.training import optimization
+from bert_pretrain.training import pretraining
+from bert_pretrain.distributed import ranks as ranks_lib
+from bert_pretrain.training import report
+from bert_pretrain.training import signals
 
 flags.DEFINE_string("input_files_dir", None, "Folder (or glob) of the training TFRecords.")
 flags.DEFINE_string("eval_files_dir", None, "Folder (or glob) of the evaluation TFRecords.")
@@ -915,7 +915,7 @@ def run(inputs, ranks, device, stop=None):
   if is_chief and stopped_by:
     # A launcher that forwarded the signal ends the job within seconds (horovodrun
     # --gloo after 5): the checkpoint and logs are written, the picture can wait.
-    print("report: not drawn after %s; python3 -m bert_pretrain.report %s draws it"
+    print("report: not drawn after %s; python3 -m bert_pretrain.training.report %s draws it"
           % (signals.name(stopped_by), FLAGS.output_dir), flush=True)
   elif is_chief:
     dllog_path = FLAGS.dllog_path or os.path.join(FLAGS.output_dir, "dllog.json")

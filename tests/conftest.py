@@ -11,8 +11,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import demo
-from bert_pretrain import device
-from bert_pretrain import modeling
+from bert_pretrain.distributed import device
+from bert_pretrain.model import modeling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
@@ -73,7 +73,8 @@ tf.disable_v2_behavior()
 @pytest.fixture(scope="session")
 def pretraining_data(tmp_path_factory):
   """Folders train/ (2 files) and eval/ (1 file) of real records, vocab and config."""
-  from bert_pretrain import create_pretraining_data, tokenization
+  from bert_pretrain import create_pretraining_data
+  from bert_pretrain.data import tokenization
   root = tmp_path_factory.mktemp("pretraining_data")
   vocab = str(root / "vocab.txt")
   tokenization.build_wordpiece_vocab([SAMPLE_TEXT], TINY_CONFIG["vocab_size"], vocab)

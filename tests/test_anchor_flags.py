@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bert_pretrain import checkpoints
+from bert_pretrain.training import checkpoints
 from bert_pretrain import run_pretraining as rp
 from conftest import AMP_ON_THIS_CPU, base_flags, run_pretraining
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
+from bert_pretrain.training import checkpoints
 from bert_pretrain import export
-from bert_pretrain import modeling
+from bert_pretrain.model import modeling
 from conftest import ROOT, TINY_CONFIG
 
 SEQ = 16

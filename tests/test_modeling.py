@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import modeling
-from bert_pretrain import pretraining
-from bert_pretrain import ranks as ranks_lib
+from bert_pretrain.model import modeling
+from bert_pretrain.training import pretraining
+from bert_pretrain.distributed import ranks as ranks_lib
 
 CONFIG = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
                              num_attention_heads=4, intermediate_size=37,

@@ -18,11 +18,11 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import demo
-from bert_pretrain import input_pipeline
+from bert_pretrain.data import input_pipeline
 from bert_pretrain import inspect_records
 from bert_pretrain import pack_records
-from bert_pretrain import records
-from bert_pretrain import tokenization
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 from bert_pretrain.wiki import pipeline
 from bert_pretrain.wiki import workdir
 

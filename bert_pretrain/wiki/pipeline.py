@@ -11,7 +11,7 @@ import os
 
 from bert_pretrain import errors
 from bert_pretrain import pack_records
-from bert_pretrain import tokenization
+from bert_pretrain.data import tokenization
 from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
 from bert_pretrain.wiki.evalset import run_eval
 from bert_pretrain.wiki.extract import run_extract

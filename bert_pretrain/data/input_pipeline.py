@@ -1,7 +1,7 @@
 """TFRecord input of BERT pretraining: file checks, bad records and the tf.data pipeline.
 
 The records' format (the feature spec, the framing, what makes a record valid) is
-bert_pretrain/records.py's; this module finds the files of a run, checks them before
+bert_pretrain/data/records.py's; this module finds the files of a run, checks them before
 training, locates a bad record met while training and builds the tf.data pipeline.
 """
 
@@ -11,7 +11,7 @@ import re
 
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import records
+from bert_pretrain.data import records
 
 # Folders whose records together are smaller than this are read whole before training,
 # so a corrupt record is reported before any step runs; larger sets check the first

@@ -25,7 +25,7 @@ import re
 
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
+from bert_pretrain.training import checkpoints
 
 EXCLUDE_FROM_WEIGHT_DECAY = ["LayerNorm", "layer_norm", "bias"]
 

@@ -17,11 +17,11 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import input_pipeline
-from bert_pretrain import modeling
-from bert_pretrain import optimization
-from bert_pretrain import signals
+from bert_pretrain.training import checkpoints
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import modeling
+from bert_pretrain.training import optimization
+from bert_pretrain.training import signals
 
 
 # From sequence 512 up, attending sequence by sequence made a training step faster on a

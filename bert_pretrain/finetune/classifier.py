@@ -10,7 +10,7 @@ Matthews' correlation. Reads no flags; run_classifier.py drives it.
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import modeling
+from bert_pretrain.model import modeling
 
 
 def build_classifier(bert_config, features, num_labels, is_training, dtype):
