@@ -265,6 +265,7 @@ class TrainStep(object):
 
   def __init__(self, row):
     tf = _import_tf()
+    from bert_pretrain import config  # pylint: disable=g-import-not-at-top
     from bert_pretrain.data import input_pipeline  # pylint: disable=g-import-not-at-top
     from bert_pretrain.model import modeling  # pylint: disable=g-import-not-at-top
     from bert_pretrain.training import pretraining  # pylint: disable=g-import-not-at-top
@@ -280,8 +281,9 @@ class TrainStep(object):
       bert_config = modeling.BertConfig.from_dict(bert_config_dict(row["config"]))
       dtype = tf.bfloat16 if row["precision"] == "amp" else tf.float32
       train = pretraining.build_train_graph(
-          bert_config, self.features, dtype, LEARNING_RATE, TRAIN_STEPS,
-          optimizer_name=row.get("optimizer", "lamb"),
+          bert_config, self.features, dtype,
+          config.Optimizer(optimizer=row.get("optimizer", "lamb"), learning_rate=LEARNING_RATE,
+                           num_train_steps=TRAIN_STEPS),
           attention_per_sequence=pretraining.attends_per_sequence(row["seq"], dtype, True,
                                                                   row["xla"]))
       self.fetches = [train.update_op, train.outputs["total_loss"]]

@@ -32,6 +32,7 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import config
 from bert_pretrain.training import checkpoints
 from bert_pretrain.finetune import classifier
 from bert_pretrain.finetune import classifier_data
@@ -67,19 +68,9 @@ flags.DEFINE_float("warmup_proportion", 0.1, "Share of the updates of linear war
 flags.DEFINE_enum("optimizer", "adam", ["adam", "lamb"], "Adam with weight decay (Google's "
                   "fine-tuning) or LAMB.")
 flags.DEFINE_integer("display_loss_steps", 50, "Log the loss every this many updates.")
-flags.DEFINE_enum("distribution", "none", list(ranks_lib.DISTRIBUTIONS),
-                  "As run_pretraining's --distribution: horovod, mirrored, "
-                  "multi_worker_mirrored (TF_CONFIG) or none.")
-flags.DEFINE_bool("horovod", False, "Same as --distribution=horovod.")
-flags.DEFINE_integer("cpu_devices", 1, "As run_pretraining's --cpu_devices: logical CPU "
-                     "devices of --distribution=mirrored on a CPU.")
-flags.DEFINE_bool("amp", False, "Mixed precision: float16 with loss scaling on GPUs, "
-                  "bfloat16 on CPUs where TensorFlow computes it faster than float32, float32 "
-                  "on others; weights stay float32.")
-flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"], "As run_pretraining's --device.")
-flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
-flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
 flags.DEFINE_integer("seed", None, "Random seed (head initialization, dropout, shuffling).")
+# Device, precision, engine and threads: the same flags as run_pretraining's.
+config.define_flags([config.Runtime])
 FLAGS = flags.FLAGS
 
 
@@ -192,11 +183,6 @@ def check_flags():
   return bert_config, init_checkpoint, labels, data
 
 
-def distribution():
-  """The engine: --distribution, or horovod for --horovod."""
-  return "horovod" if FLAGS.horovod else FLAGS.distribution
-
-
 def train_steps(num_examples, replicas):
   """The updates of --num_train_epochs over num_examples at the global batch (at least 1)."""
   return max(1, int(num_examples * FLAGS.num_train_epochs /
@@ -282,13 +268,15 @@ def main(argv):
   tf.disable_v2_behavior()
   try:
     bert_config, init_checkpoint, labels, data = check_flags()
-    device = device_lib.detect_device(FLAGS.device, FLAGS.amp, "auto")
-    if FLAGS.horovod and FLAGS.distribution not in ("none", "horovod"):
+    runtime = config.from_flags(config.Runtime)
+    device = device_lib.detect_device(runtime.device, config.mixed_precision(),
+                                      runtime.amp_dtype)
+    if runtime.horovod and runtime.distribution not in ("none", "horovod"):
       raise ValueError("--horovod and --distribution=%s disagree; pass one"
-                       % FLAGS.distribution)
-    device_lib.check_cpu_devices(FLAGS.cpu_devices, distribution())
-    ranks = ranks_lib.Ranks(distribution(),
-                            devices=device_lib.replica_devices(device, FLAGS.cpu_devices))
+                       % runtime.distribution)
+    device_lib.check_cpu_devices(runtime.cpu_devices, runtime.engine())
+    ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s,
+                            devices=device_lib.replica_devices(device, runtime.cpu_devices))
     num_train_steps = 0
     if FLAGS.do_train:
       if len(data["train"][0]) < FLAGS.train_batch_size * ranks.replicas:
@@ -378,7 +366,7 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
     gpu = "all" if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
   threads = FLAGS.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size)
   sess = ranks.session(pretraining.session_config(
-      threads, FLAGS.inter_op_threads or 2, gpu,
+      threads, FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla,
       cpu_devices=FLAGS.cpu_devices if device.kind == "CPU" else 1))
   sess.run(tf.global_variables_initializer())
   if earlier:

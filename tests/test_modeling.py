@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import config
 from bert_pretrain.model import modeling
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
@@ -538,9 +539,10 @@ def test_a_seeded_training_step_draws_every_mask_from_the_position_and_micro_bat
     feats["input_mask"] = tf.constant((np.arange(16) < lengths).astype(np.int32))
     feats["masked_lm_positions"] = tf.constant(
         np.random.RandomState(2).randint(1, 4, [4, 3]), tf.int32)
-    return pretraining.build_train_graph(CONFIG, feats, tf.float32, 0.1, 100,
-                                         num_accumulation_steps=2, seed=seed,
-                                         attention_per_sequence=per_sequence)
+    return pretraining.build_train_graph(
+        CONFIG, feats, tf.float32, config.Optimizer(learning_rate=0.1, num_train_steps=100,
+                                                    num_accumulation_steps=2),
+        seed=seed, attention_per_sequence=per_sequence)
   stateful = ("RandomUniform", "RandomUniformInt", "RandomStandardNormal")
   with tf.Graph().as_default() as unseeded:
     graph(None)
@@ -605,8 +607,9 @@ def test_training_that_attends_per_sequence_with_dropout_learns_a_batch(dtype):
     feats["input_mask"] = tf.constant((np.arange(16) < lengths).astype(np.int32))
     feats["masked_lm_positions"] = tf.constant(
         np.random.RandomState(2).randint(1, 4, [4, 3]), tf.int32)
-    train = pretraining.build_train_graph(CONFIG, feats, dtype, 0.1, 100,
-                                          attention_per_sequence=True)
+    train = pretraining.build_train_graph(
+        CONFIG, feats, dtype, config.Optimizer(learning_rate=0.1, num_train_steps=100),
+        attention_per_sequence=True)
     assert [op for op in graph.get_operations() if "within_sequences" in op.name]
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())

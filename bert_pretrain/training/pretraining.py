@@ -1,12 +1,12 @@
 """The BERT pretraining graph: the model with its two heads, the training step, the
 evaluator and the session config.
 
-Used alike by run_pretraining.py (the training loop), bench/ and the demo. It reads no
-flags: everything it needs is an argument.
+Used alike by the training loop (loop.py), bench/ and the demo. It reads no flags:
+everything it needs is an argument.
 
   features = tf.data.make_initializable_iterator(dataset).get_next()
-  train = build_train_graph(bert_config, features, tf.float32, learning_rate=1e-4,
-                            num_train_steps=1000)
+  train = build_train_graph(bert_config, features, tf.float32,
+                            config.Optimizer(learning_rate=1e-4, num_train_steps=1000))
   evaluator = Evaluator(bert_config, eval_files, ranks, tf.float32, 64, 128, 20)
   sess = tf.Session(config=session_config(intra_op_threads=2, inter_op_threads=2))
   ... sess.run(train.accumulate_op) x (k - 1), then sess.run(train.step_fetches) ...
@@ -113,13 +113,8 @@ TrainGraph = collections.namedtuple("TrainGraph", [
     "data_position", "micro_batch", "record_ids"])
 
 
-def build_train_graph(bert_config, features, dtype, learning_rate, num_train_steps,
-                      num_warmup_steps=0, poly_power=1.0, start_warmup_step=0,
-                      optimizer_name="lamb", weight_decay_rate=0.01, beta_1=0.9,
-                      beta_2=0.999, epsilon=1e-6, num_accumulation_steps=1,
-                      init_loss_scale=2.0 ** 15, ranks=None, allreduce_post_accumulation=True,
-                      attention_per_sequence=False, adapt_every_variable=False,
-                      clipping=optimization.CLIP_PER_MICRO_BATCH, seed=None):
+def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ranks=None,
+                      attention_per_sequence=False, seed=None):
   """The ops of one training update: features -> model -> gradients -> (accumulation)
   -> all-reduce -> optimizer, and what the loop fetches with them.
 
@@ -129,20 +124,16 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       build_model), e.g. an iterator's get_next() of input_pipeline.make_dataset (with
       ranks, of ranks.iterator(): one micro-batch per replica).
     dtype: compute type; tf.float16 brings dynamic loss scaling.
-    learning_rate, num_train_steps, num_warmup_steps, poly_power, start_warmup_step:
-      the schedule (optimization.learning_rate_schedule): linear warm-up to
-      learning_rate, then polynomial decay to 0 at num_train_steps.
-    optimizer_name, weight_decay_rate, beta_1, beta_2, epsilon, adapt_every_variable:
-      the optimizer (optimization.create_optimizer: "lamb" or "adam").
-    num_accumulation_steps: micro-batches summed into one update.
-    init_loss_scale: float16's first loss scale.
+    opt: config.Optimizer: the optimizer (optimization.create_optimizer), its schedule
+      (optimization.learning_rate_schedule: linear warm-up, then polynomial decay to 0
+      at num_train_steps), accumulation, all-reduce, clipping and float16's first loss
+      scale.
+    learning_rate: the schedule's peak (default: opt.learning_rate; a run may scale it
+      by its ranks).
     ranks: (optional) ranks.Ranks of a job of several replicas: the graph is built per
       replica (call this under ranks.scope()), gradients, display losses and the stop
       signal are all-reduced over the replicas.
-    allreduce_post_accumulation: all-reduce once per update, after accumulation
-      (otherwise every micro-batch's gradients).
     attention_per_sequence: build_model's (attends_per_sequence says when it pays).
-    clipping: where the gradients are clipped (optimization.create_train_ops).
     seed: (optional) Python int: the dropout masks are then a function of it, the
       dropout site, and the place of the micro-batch's first record in the data order
       (data_position + (micro_batch x replicas + replica) x batch_size), so a resumed
@@ -199,22 +190,23 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       dropout_seeds = modeling.DropoutSeeds(seed, first_record)
     outputs = build_model(bert_config, features, True, dtype, attention_per_sequence,
                           dropout_seeds)
-    lr = optimization.learning_rate_schedule(global_step, learning_rate, num_train_steps,
-                                             num_warmup_steps, poly_power, start_warmup_step)
-    optimizer = optimization.create_optimizer(optimizer_name, lr, weight_decay_rate, beta_1,
-                                              beta_2, epsilon, adapt_every_variable)
+    lr = optimization.learning_rate_schedule(
+        global_step, opt.learning_rate if learning_rate is None else learning_rate,
+        opt.num_train_steps, opt.num_warmup_steps, opt.poly_power, opt.start_warmup_step)
+    optimizer = optimization.create_optimizer(opt.optimizer, lr, opt.weight_decay_rate,
+                                              opt.beta_1, opt.beta_2, opt.epsilon,
+                                              opt.lamb_adapt_layernorm_and_bias)
     loss_scale = None
     if dtype == tf.float16:
-      loss_scale = optimization.DynamicLossScale(initial_scale=init_loss_scale)
+      loss_scale = optimization.DynamicLossScale(initial_scale=opt.init_loss_scale)
+    post = opt.allreduce_post_accumulation
     (accumulate_op, update_op) = optimization.create_train_ops(
-        outputs["total_loss"], optimizer, global_step, num_accumulation_steps,
-        allreduce_fn=all_reduce if allreduce_post_accumulation else None,
-        loss_scale=loss_scale,
-        pre_accumulation_fn=None if allreduce_post_accumulation else all_reduce,
-        clipping=clipping)
+        outputs["total_loss"], optimizer, global_step, opt.num_accumulation_steps,
+        allreduce_fn=all_reduce if post else None, loss_scale=loss_scale,
+        pre_accumulation_fn=None if post else all_reduce, clipping=opt.gradient_clipping)
     with tf.control_dependencies([update_op]):
       # After the update, whose forward pass read it for the dropout masks.
-      advance = data_position.assign_add(batch_size * num_accumulation_steps * replicas)
+      advance = data_position.assign_add(batch_size * opt.num_accumulation_steps * replicas)
     update_op = tf.group(update_op, advance)
     losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
     if several:
