@@ -141,7 +141,7 @@ def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_S
   (transform + vocabulary projection). At the real tokens, as our model computes them
   (modeling.transformer_model's input_mask): the dense layers at the `tokens` real
   tokens of a sequence (the rows that round a batch's up to
-  modeling.default_row_multiple are not counted), the attention among each sequence's
+  unpadded.default_row_multiple are not counted), the attention among each sequence's
   real tokens (`tokens_squared`: where our step attends at every position, at sequence
   128, the padding's share is not counted either), and the last layer's queries and all
   after them at the [CLS] and the `predictions` positions only (its output_positions).

@@ -35,7 +35,7 @@ Tolerance: K x sqrt(1 + depth) x (u x m + u32 x sqrt(n)), from the tested comput
   TF32, which has float16's mantissa), 2^-24 for float32. Each matmul rounds its inputs
   and output to it.
 - m is 1 where the elementwise math between the matmuls (GELU, softmax, residual, layer
-  norm's input) computes in float32, as it does for bfloat16 (modeling.elementwise_dtype),
+  norm's input) computes in float32, as it does for bfloat16 (precision.elementwise_dtype),
   and ELEMENTWISE_ROUNDINGS where it computes in the low-precision type too (float16):
   its roundings add to the matmuls'.
 - u32 x sqrt(n), with u32 = 2^-24 and n the longest dot product of an encoder layer
@@ -73,6 +73,7 @@ from bert_pretrain.training import checkpoints
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import modeling
+from bert_pretrain.model import precision
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain import run_pretraining  # its flags: a run's command line works here
@@ -342,7 +343,7 @@ def tolerance(section, depth, compute, bert_config):
     float.
   """
   low_precision_elementwise = compute in ("float16", "bfloat16") and (
-      modeling.elementwise_dtype(tf.as_dtype(compute)) != tf.float32)
+      precision.elementwise_dtype(tf.as_dtype(compute)) != tf.float32)
   rounding = UNIT_ROUNDOFF[compute] * (ELEMENTWISE_ROUNDINGS if low_precision_elementwise
                                        else 1.0)
   longest = max(bert_config.hidden_size, bert_config.intermediate_size)

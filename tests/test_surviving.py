@@ -266,7 +266,7 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
 
 
 # Exact resume with dropout: the masks are a function of the seed, the dropout site and
-# the place of the micro-batch in the data order (modeling.DropoutSeeds), so a rerun
+# the place of the micro-batch in the data order (dropout.DropoutSeeds), so a rerun
 # draws the uninterrupted run's masks.
 
 @pytest.fixture(scope="module")

@@ -4,23 +4,28 @@ Variable names and shapes are Google BERT's (bert/embeddings/word_embeddings,
 bert/encoder/layer_0/attention/self/query/kernel, ..., cls/predictions/output_bias,
 cls/seq_relationship/output_weights), so Google BERT checkpoints and the MLPerf
 checkpoint model.ckpt-28252 load by name. The public API is Google's: BertConfig,
-BertModel and its getters, get_assignment_map_from_checkpoint.
+BertModel and its getters, get_assignment_map_from_checkpoint, and the functions the
+model is made of (embedding_lookup, attention_layer, transformer_model, layer_norm, ...).
 
 Variables are made with tf.get_variable and plain ops (no tf.layers, no Keras), which
 works on TensorFlow 1.15 and on 2.x through tf.compat.v1. They are always float32;
 with compute_type=tf.bfloat16 or tf.float16 a custom getter hands the layers a cast
-copy, so the math runs in low precision while the master weights stay float32.
+copy, so the math runs in low precision while the master weights stay float32
+(precision.py, which also holds the gradients written out by hand). Beside this file:
+unpadded.py, the encoder on the real tokens only (BertModel's drop_padding), and
+dropout.py, dropout masks a resumed run can draw again.
 """
 
 import collections
 import copy
-import hashlib
 import json
 import math
 import re
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain.model import dropout as dropout_lib
+from bert_pretrain.model import precision
 
 class BertConfig(object):
   """Hyperparameters of a BertModel (the contents of bert_config.json).
@@ -93,7 +98,8 @@ class BertConfig(object):
         (no default is taken); the message names the file, the keys and the fix.
     """
     if not tf.gfile.Exists(json_file) or tf.gfile.IsDirectory(json_file):
-      raise ValueError("bert config %s does not exist; pass --bert_config_file=PATH/bert_config.json"
+      raise ValueError("bert config %s does not exist; pass "
+                       "--bert_config_file=PATH/bert_config.json"
                        % json_file)
     with tf.gfile.GFile(json_file, "r") as reader:
       text = reader.read()
@@ -189,13 +195,13 @@ class BertModel(object):
         are the full model's. get_sequence_output() then holds those 1 + num_positions
         rows of each sequence, get_masked_positions_output() the last num_positions.
       drop_padding: bool. The encoder's dense layers, layer norms and feed-forward run
-        on the real tokens only (input_mask 1; transformer_model's input_mask), the
+        on the real tokens only (input_mask 1; unpadded.transformer_model), the
         attention on every position (or see attention_per_sequence): the same outputs
         at the real tokens for fewer FLOPs. At padding positions the encoder's outputs
         are other rows' values; a sequence without real tokens (input_mask all 0) is not
         computed at all.
       attention_per_sequence: bool. With drop_padding, the attention too runs on the
-        real tokens only, sequence by sequence (transformer_model's
+        real tokens only, sequence by sequence (unpadded.transformer_model's
         attention_per_sequence): faster where a sequence's few more ops cost less than
         the padding's attention (a CPU at sequence 512; see
         pretraining.attends_per_sequence).
@@ -227,7 +233,8 @@ class BertModel(object):
 
     # A fixed name, not default_name: a second model in the graph (the evaluation
     # model) must find the same variables instead of making "bert_1".
-    with tf.variable_scope(scope or "bert", custom_getter=get_custom_getter(compute_type)):
+    with tf.variable_scope(scope or "bert",
+                           custom_getter=precision.get_custom_getter(compute_type)):
       with tf.variable_scope("embeddings"):
         # Perform embedding lookup on the word ids.
         (self.embedding_output, self.embedding_table) = embedding_lookup(
@@ -263,7 +270,7 @@ class BertModel(object):
           masked_lm_positions = tf.cast(masked_lm_positions, tf.int32)
           output_positions = tf.concat(
               [tf.zeros_like(masked_lm_positions[:, :1]), masked_lm_positions], axis=1)
-        self.all_encoder_layers = transformer_model(
+        layers = dict(
             input_tensor=self.embedding_output,
             attention_mask=attention_mask,
             hidden_size=config.hidden_size,
@@ -276,9 +283,14 @@ class BertModel(object):
             initializer_range=config.initializer_range,
             do_return_all_layers=True,
             output_positions=output_positions,
-            input_mask=input_mask if drop_padding else None,
-            attention_per_sequence=attention_per_sequence,
             dropout_seeds=dropout_seeds)
+        if drop_padding:
+          # Imported here: the fast path builds on this module's layers.
+          from bert_pretrain.model import unpadded  # pylint: disable=g-import-not-at-top
+          self.all_encoder_layers = unpadded.transformer_model(
+              input_mask=input_mask, attention_per_sequence=attention_per_sequence, **layers)
+        else:
+          self.all_encoder_layers = transformer_model(**layers)
 
       self.sequence_output = self.all_encoder_layers[-1]
       self.masked_positions_output = None
@@ -324,47 +336,6 @@ class BertModel(object):
     return self.embedding_table
 
 
-def get_custom_getter(compute_type):
-  """Returns a variable getter that keeps variables float32 and casts them for use.
-
-  Args:
-    compute_type: the dtype the graph computes in.
-
-  Returns:
-    None for float32; otherwise a custom getter for tf.variable_scope.
-  """
-  if compute_type == tf.float32:
-    return None
-
-  def float32_variable_getter(getter, name, *args, **kwargs):
-    requested_dtype = kwargs.get("dtype", tf.float32)
-    if requested_dtype == compute_type:
-      kwargs["dtype"] = tf.float32
-    variable = getter(name, *args, **kwargs)
-    if requested_dtype == compute_type and variable.dtype.base_dtype != compute_type:
-      return tf.cast(variable, compute_type)
-    return variable
-
-  return float32_variable_getter
-
-
-def elementwise_dtype(compute_type):
-  """The type the elementwise math (GELU, dropout, softmax, residual, layer norm)
-  computes in when the matmuls compute in `compute_type`: float32 for bfloat16, else
-  `compute_type`.
-
-  bfloat16 is the CPU's mixed precision (--amp on a CPU), where TensorFlow's
-  elementwise kernels are slower in bfloat16 than in float32 even with a cast on each
-  side: in float32 they made a BERT-medium bfloat16 training step 13% faster at
-  sequence 128 and 18% at 512 (an AMX CPU, 2 threads, both graphs in one process
-  taking turns). float16, the GPUs' type, keeps its own: a GPU's float16 elementwise
-  kernels are as fast as its float32 ones and move half the bytes.
-  """
-  if compute_type == tf.bfloat16:
-    return tf.float32
-  return compute_type
-
-
 def gelu(x):
   """Gaussian Error Linear Unit, the tanh approximation BERT was trained with.
 
@@ -374,7 +345,7 @@ def gelu(x):
   Returns:
     `x` with the GELU activation applied, computed in elementwise_dtype(x.dtype).
   """
-  y = tf.cast(x, elementwise_dtype(x.dtype))
+  y = tf.cast(x, precision.elementwise_dtype(x.dtype))
   cdf = 0.5 * (1.0 + tf.tanh(
       (math.sqrt(2 / math.pi) * (y + 0.044715 * tf.pow(y, 3)))))
   return tf.cast(y * cdf, x.dtype)
@@ -448,97 +419,6 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint):
   return (assignment_map, initialized_variable_names)
 
 
-class DropoutSeeds(object):
-  """The seeds of a model's dropout masks, so that a mask is a function of the run's
-  seed, the dropout site (its place in the model: layer, sublayer, sequence) and the
-  micro-batch's position rather than of a random state that a new process draws anew.
-
-  Each call of next() (one per dropout site, in the order the model is built) gives the
-  stateless random ops' seed [key, position]: key mixes the run's seed and the site's
-  number, position tells the micro-batches apart (pretraining.build_train_graph passes
-  the place of the micro-batch's first record in the run's data order, which differs
-  for every update, micro-batch and replica). Philox takes key as its key and position
-  as the high half of its counter, so no two masks share random bits.
-
-  Args:
-    seed: Python int, the run's seed.
-    position: int64 scalar Tensor.
-  """
-
-  def __init__(self, seed, position):
-    self._seed = int(seed)
-    self._position = tf.cast(position, tf.int64)
-    self._site = 0
-
-  def next(self):
-    """int64 Tensor [2], the seed of the next dropout site's mask."""
-    self._site += 1
-    digest = hashlib.sha256(("%d/%d" % (self._seed, self._site)).encode()).hexdigest()
-    key = int(digest[:15], 16)  # 60 bits: a non-negative int64
-    return tf.stack([tf.constant(key, tf.int64), self._position])
-
-
-def dropout(input_tensor, dropout_prob, seeds=None):
-  """Applies dropout; a no-op when dropout_prob is None or 0.
-
-  Kept values are scaled by 1 / (1 - dropout_prob). With `seeds` the mask comes from
-  stateless random ops seeded by seeds.next() (random_keep_mask), the same in every
-  process. Without, where TensorFlow has the StatelessRandomUniformFullInt op (2.x),
-  the mask is random_keep_mask's seeded by a stateful op; TensorFlow 1.15 uses
-  tf.nn.dropout.
-
-  Args:
-    input_tensor: float Tensor.
-    dropout_prob: Python float, the probability of dropping out a value.
-    seeds: (optional) DropoutSeeds.
-
-  Returns:
-    A Tensor of the same shape and type as `input_tensor`, computed in
-    elementwise_dtype of its type.
-  """
-  if dropout_prob is None or dropout_prob == 0.0:
-    return input_tensor
-  x = tf.cast(input_tensor, elementwise_dtype(input_tensor.dtype))
-  if 0.0 < dropout_prob < 1.0 and (
-      seeds is not None or hasattr(tf.raw_ops, "StatelessRandomUniformFullInt")):
-    keep = random_keep_mask(tf.shape(x), dropout_prob,
-                            seeds.next() if seeds is not None else None)
-    output = tf.where_v2(keep, x * (1.0 / (1.0 - dropout_prob)), tf.zeros([], x.dtype))
-  else:
-    output = tf.nn.dropout(x, rate=dropout_prob)
-  return tf.cast(output, input_tensor.dtype)
-
-
-def random_keep_mask(shape, dropout_prob, seed=None):
-  """A random bool mask, False with probability dropout_prob.
-
-  Where TensorFlow has StatelessRandomUniformFullInt (2.x), each value takes 16 random
-  bits, two from each 32-bit Philox draw (dropout_prob rounded to 1/65536): half the
-  draws of tf.nn.dropout's float32 mask. The random numbers were a third of dropout's
-  time, and dropout 6% of a BERT-small float32 step on a CPU; this made the step 2%
-  faster. TensorFlow 1.15 (reached only with `seed`) compares a float32 uniform draw.
-
-  Args:
-    shape: int32 Tensor [rank], the mask's shape.
-    dropout_prob: Python float in (0, 1).
-    seed: (optional) int Tensor [2], the stateless ops' seed; default: drawn by a
-      stateful op (so a graph seed makes the masks repeat within one process).
-
-  Returns:
-    bool Tensor of `shape`.
-  """
-  with tf.name_scope("random_keep_mask"):
-    if seed is None:
-      seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
-    if not hasattr(tf.raw_ops, "StatelessRandomUniformFullInt"):
-      return tf.random.stateless_uniform(shape, seed, dtype=tf.float32) >= dropout_prob
-    size = tf.reduce_prod(shape)
-    bits = tf.raw_ops.StatelessRandomUniformFullInt(  # tf-compat: guarded (dropout)
-        shape=tf.reshape((size + 1) // 2, [1]), seed=seed, dtype=tf.uint32)
-    halves = tf.reshape(tf.bitcast(bits, tf.uint16), [-1])[:size]
-    return tf.reshape(halves >= int(round(dropout_prob * 65536)), shape)
-
-
 def layer_norm(input_tensor, name=None):
   """Layer normalization over the last axis, with variables `name`/beta and `name`/gamma.
 
@@ -550,40 +430,9 @@ def layer_norm(input_tensor, name=None):
     width = input_tensor.shape.as_list()[-1:]
     beta = tf.get_variable("beta", shape=width, initializer=tf.zeros_initializer())
     gamma = tf.get_variable("gamma", shape=width, initializer=tf.ones_initializer())
-    normalized = normalize(tf.cast(input_tensor, tf.float32), tf.convert_to_tensor(gamma),
-                           tf.convert_to_tensor(beta))
+    normalized = precision.normalize(tf.cast(input_tensor, tf.float32),
+                                     tf.convert_to_tensor(gamma), tf.convert_to_tensor(beta))
     return tf.cast(normalized, input_tensor.dtype)
-
-
-@tf.custom_gradient
-def normalize(x, gamma, beta):
-  """(x - mean) / sqrt(variance + 1e-12) * gamma + beta, the statistics over the last axis.
-
-  Its gradient is written out: for x_hat, the normalized x, and g = upstream * gamma,
-  dx = (g - mean(g) - x_hat * mean(g * x_hat)) / sqrt(variance + 1e-12), means over the
-  last axis. That is fewer passes over the activations than TensorFlow derives from the
-  forward ops, and made a float32 BERT-small and BERT-medium training step 2-4% faster
-  on a CPU.
-
-  Args:
-    x: float32 Tensor [..., width].
-    gamma, beta: float32 Tensors [width].
-
-  Returns:
-    float32 Tensor of the shape of `x`.
-  """
-  mean, variance = tf.nn.moments(x, axes=[-1], keep_dims=True)
-  inverse_std = tf.rsqrt(variance + 1e-12)
-  x_hat = (x - mean) * inverse_std
-  rows = list(range(x.shape.ndims - 1))
-
-  def grad(upstream):
-    g = upstream * gamma
-    dx = inverse_std * (g - tf.reduce_mean(g, -1, keepdims=True)
-                        - x_hat * tf.reduce_mean(g * x_hat, -1, keepdims=True))
-    return dx, tf.reduce_sum(upstream * x_hat, rows), tf.reduce_sum(upstream, rows)
-
-  return x_hat * gamma + beta, grad
 
 
 def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seeds=None):
@@ -600,8 +449,8 @@ def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seed
     float Tensor [rows, width] in the type of `residual`, computed in
     elementwise_dtype of `input_tensor`'s type.
   """
-  compute_type = elementwise_dtype(input_tensor.dtype)
-  summed = (dropout(tf.cast(input_tensor, compute_type), dropout_prob, seeds)
+  compute_type = precision.elementwise_dtype(input_tensor.dtype)
+  summed = (dropout_lib.dropout(tf.cast(input_tensor, compute_type), dropout_prob, seeds)
             + tf.cast(residual, compute_type))
   return tf.cast(layer_norm(summed, name), residual.dtype)
 
@@ -609,7 +458,7 @@ def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seed
 def layer_norm_and_dropout(input_tensor, dropout_prob, name=None, seeds=None):
   """Runs layer normalization followed by dropout (seeds: see dropout)."""
   output_tensor = layer_norm(input_tensor, name)
-  output_tensor = dropout(output_tensor, dropout_prob, seeds)
+  output_tensor = dropout_lib.dropout(output_tensor, dropout_prob, seeds)
   return output_tensor
 
 
@@ -635,7 +484,7 @@ def dense_layer(input_tensor, units, name, activation=None, initializer_range=0.
   with tf.variable_scope(name):
     kernel, bias = dense_variables(input_tensor.shape.as_list()[-1], units,
                                    input_tensor.dtype, initializer_range)
-    output = tf.nn.bias_add(dense_matmul(input_tensor, kernel), bias)
+    output = tf.nn.bias_add(precision.dense_matmul(input_tensor, kernel), bias)
     if activation is not None:
       output = activation(output)
     return output
@@ -647,62 +496,6 @@ def dense_variables(input_width, units, dtype, initializer_range=0.02):
                            initializer=create_initializer(initializer_range))
   bias = tf.get_variable("bias", [units], dtype=dtype, initializer=tf.zeros_initializer())
   return kernel, bias
-
-
-def dense_matmul(input_tensor, kernel):
-  """input_tensor [..., input_width] @ kernel [input_width, units], with the gradient
-  of _dense_layer_matmul_grad."""
-  with tf.get_default_graph().gradient_override_map({"MatMul": "DenseLayerMatMul"}):
-    if input_tensor.shape.ndims == 2:
-      return tf.matmul(input_tensor, kernel)
-    return tf.tensordot(input_tensor, kernel, axes=1)
-
-
-@tf.RegisterGradient("DenseLayerMatMul")
-def _dense_layer_matmul_grad(op, grad):
-  """The gradient of dense_layer's y = x @ kernel: (grad @ kernel^T, x^T @ grad), each
-  product made by gradient_matmul."""
-  (x, kernel) = op.inputs
-  if op.get_attr("transpose_a") or op.get_attr("transpose_b"):
-    raise ValueError("dense_layer's gradient expects an untransposed MatMul")
-  # Through a tf.gather of the output (unpadded_rows), TensorFlow 1.15 passes the
-  # gradient on as IndexedSlices.
-  grad = tf.convert_to_tensor(grad)
-  return (gradient_matmul(grad, kernel, transpose_b=True),
-          gradient_matmul(x, grad, transpose_a=True))
-
-
-def gradient_matmul(a, b, transpose_a=False, transpose_b=False):
-  """a @ b (either transposed) for a gradient, by the op that computes it faster.
-
-  A float32 product whose result has at most half as many columns as the dimension it
-  sums over (in BERT: the gradient of the feed-forward input from its 4x wider output,
-  and of a kernel of hidden_size columns from batch_size * seq_length >= 2x as many
-  rows) is a BatchMatMulV2, which TensorFlow 2.15's oneDNN build runs with another
-  kernel than MatMul: 6-13% faster for the first, 24-44% for the second (BERT-small
-  and -medium, alone), and a float32 training step 2% faster for BERT-medium at
-  sequence 512, 1% for BERT-small at 128 (an AMX CPU, 2 threads, each graph in its
-  own process, taking turns). At other shapes MatMul was as fast or faster (2x for
-  BERT-Base's feed-forward input kernel), and in bfloat16 the step was not faster.
-  On an AMD Zen 4 CPU without AMX, alone, the first was 28% faster as BatchMatMulV2
-  and the second from 4% faster to 13% slower (BERT-medium shapes); the rule is the
-  same on every CPU. A dimension unknown when the graph is built counts as small: the
-  kernels' gradients of an encoder that skips the padding (its rows depend on the
-  batch) are MatMuls. Both ops compute the same product in any TensorFlow.
-
-  Args:
-    a: float Tensor [m, k] ([k, m] if transpose_a).
-    b: float Tensor [k, n] ([n, k] if transpose_b).
-    transpose_a, transpose_b: bool.
-
-  Returns:
-    float Tensor [m, n].
-  """
-  columns = b.shape.as_list()[0 if transpose_b else 1]
-  depth = a.shape.as_list()[0 if transpose_a else 1]
-  if a.dtype == tf.float32 and columns and depth and 2 * columns <= depth:
-    return tf.raw_ops.BatchMatMulV2(x=a, y=b, adj_x=transpose_a, adj_y=transpose_b)
-  return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
 def embedding_lookup(input_ids,
@@ -731,7 +524,8 @@ def embedding_lookup(input_ids,
       initializer=create_initializer(initializer_range))
 
   if use_one_hot_embeddings:
-    one_hot_input_ids = tf.one_hot(input_ids, depth=vocab_size, dtype=embedding_table.dtype.base_dtype)
+    one_hot_input_ids = tf.one_hot(input_ids, depth=vocab_size,
+                                   dtype=embedding_table.dtype.base_dtype)
     output = tf.tensordot(one_hot_input_ids, embedding_table, axes=1)
   else:
     output = tf.gather(embedding_table, input_ids)
@@ -827,8 +621,6 @@ def attention_layer(from_tensor,
                     batch_size=None,
                     from_seq_length=None,
                     to_seq_length=None,
-                    to_rows=None,
-                    to_lengths=None,
                     dropout_seeds=None):
   """Multi-headed attention from `from_tensor` to `to_tensor`.
 
@@ -855,21 +647,7 @@ def attention_layer(from_tensor,
     batch_size: int. Batch size of the flattened inputs.
     from_seq_length: int. Sequence length of `from_tensor`.
     to_seq_length: int. Sequence length of `to_tensor`.
-    to_rows: (optional) int32 Tensor [batch_size * to_seq_length]: the row of
-      `to_tensor` that holds each position, when `to_tensor` holds only some positions
-      (unpadded_rows: the real tokens). The others read any row, which attention_mask
-      must hide. When from_tensor is to_tensor it holds the same rows, and the output
-      has a row for every position all the same.
-    to_lengths: (optional) int32 Tensor [batch_size], in place of to_rows and
-      attention_mask: `to_tensor` holds the real tokens of the sequences one after the
-      other ([R, to_width], sequence b's to_lengths[b] rows after those of sequence
-      b - 1; rows after the last sequence's are not read), and each sequence's queries
-      attend to its own rows only, one batched matmul a sequence: no work at the
-      padding. from_tensor is to_tensor (the output then has its R rows, those after
-      the sequences' zero), or holds from_seq_length rows a sequence ([batch_size *
-      from_seq_length, from_width]). batch_size must be a Python int.
-    dropout_seeds: (optional) DropoutSeeds of the probabilities' masks, one a sequence
-      with to_lengths (see dropout).
+    dropout_seeds: (optional) DropoutSeeds of the probabilities' masks (see dropout).
 
   Returns:
     float Tensor of shape [batch_size * from_seq_length, num_attention_heads * size_per_head].
@@ -877,77 +655,77 @@ def attention_layer(from_tensor,
   Raises:
     ValueError: the tensors are not rank 2 or the lengths are not given.
   """
+  check_attention_inputs(from_tensor, to_tensor, batch_size, from_seq_length, to_seq_length)
+  projected = project_attention(from_tensor, to_tensor, num_attention_heads, size_per_head,
+                                query_act, key_act, value_act, initializer_range)
+  return attention_context(projected, projected.queries, projected.keys_values, batch_size,
+                           from_seq_length, to_seq_length, attention_mask,
+                           attention_probs_dropout_prob, dropout_seeds)
+
+
+def check_attention_inputs(from_tensor, to_tensor, batch_size, from_seq_length,
+                           to_seq_length):
+  """Raises ValueError unless the inputs are rank 2 and their lengths are given."""
   get_shape_list(from_tensor, expected_rank=2)
   get_shape_list(to_tensor, expected_rank=2)
   if batch_size is None or from_seq_length is None or to_seq_length is None:
     raise ValueError("batch_size, from_seq_length and to_seq_length must be given for "
                      "rank 2 inputs")
-  if to_lengths is not None and (to_rows is not None or not isinstance(batch_size, int)):
-    raise ValueError("attention_layer: to_lengths takes a Python int batch_size and no "
-                     "to_rows; pass one of to_rows and to_lengths")
 
+
+# The projections of an attention layer (project_attention): the query rows and the key
+# and value rows (one Tensor when the layer attends to its own input), the projected_rows
+# lists of each, and the heads.
+ProjectedAttention = collections.namedtuple("ProjectedAttention", [
+    "queries", "keys_values", "query", "to_projections", "self_attention",
+    "num_attention_heads", "size_per_head"])
+
+
+def project_attention(from_tensor, to_tensor, num_attention_heads, size_per_head,
+                      query_act=None, key_act=None, value_act=None, initializer_range=0.02):
+  """The query, key and value projections of an attention layer's inputs (variables
+  query/, key/, value/), as one matmul when from_tensor is to_tensor.
+
+  Returns:
+    ProjectedAttention: queries float [from rows, N * H] (or, when from_tensor is
+    to_tensor, keys_values itself), keys_values float [to rows, 2 or 3 x N * H].
+  """
   scale = 1.0 / math.sqrt(float(size_per_head))
   query = [("query", query_act, scale)]
   key_value = [("key", key_act, 1.0), ("value", value_act, 1.0)]
-  heads = (num_attention_heads, size_per_head)
   units = num_attention_heads * size_per_head
   if from_tensor is to_tensor:
     # One matmul for the three projections; `queries` and `keys_values` are one Tensor.
     queries = keys_values = projected_rows(from_tensor, query + key_value, units,
                                            initializer_range)
-    to_projections = query + key_value
+    return ProjectedAttention(queries, keys_values, query, query + key_value, True,
+                              num_attention_heads, size_per_head)
+  queries = projected_rows(from_tensor, query, units, initializer_range)
+  keys_values = projected_rows(to_tensor, key_value, units, initializer_range)
+  return ProjectedAttention(queries, keys_values, query, key_value, False,
+                            num_attention_heads, size_per_head)
+
+
+def attention_context(projected, query_rows, key_value_rows, batch, from_length, to_length,
+                      mask, dropout_prob, seeds=None):
+  """The attention of `batch` sequences over projected rows (project_attention's, or
+  rows taken from them).
+
+  Returns:
+    float Tensor [batch * from_length, N * H].
+  """
+  heads = (projected.num_attention_heads, projected.size_per_head)
+  # `query_layer` = [B, N, F, H], `key_layer`, `value_layer` = [B, N, T, H]
+  split = split_heads(key_value_rows, batch, to_length, projected.to_projections, *heads)
+  if projected.self_attention:
+    query_layer, key_layer, value_layer = split
   else:
-    queries = projected_rows(from_tensor, query, units, initializer_range)
-    keys_values = projected_rows(to_tensor, key_value, units, initializer_range)
-    to_projections = key_value
-
-  def context_of(query_rows, key_value_rows, batch, from_length, to_length, mask):
-    """[batch * from_length, N * H]: the attention of `batch` sequences."""
-    # `query_layer` = [B, N, F, H], `key_layer`, `value_layer` = [B, N, T, H]
-    split = split_heads(key_value_rows, batch, to_length, to_projections, *heads)
-    if from_tensor is to_tensor:
-      query_layer, key_layer, value_layer = split
-    else:
-      key_layer, value_layer = split
-      (query_layer,) = split_heads(query_rows, batch, from_length, query, *heads)
-    context_layer = attend(query_layer, key_layer, value_layer, mask,
-                           attention_probs_dropout_prob, dropout_seeds)
-    # `context_layer` = [B, N, F, H] -> [B, F, N, H] -> [B*F, N*H]
-    context_layer = tf.transpose(context_layer, [0, 2, 1, 3])
-    return tf.reshape(context_layer, [-1, num_attention_heads * size_per_head])
-
-  if to_lengths is None:
-    if to_rows is not None:
-      keys_values = tf.gather(keys_values, to_rows)
-      queries = keys_values if from_tensor is to_tensor else queries
-    return context_of(queries, keys_values, batch_size, from_seq_length, to_seq_length,
-                      attention_mask)
-
-  # Sequence after sequence, at its real tokens only: no mask.
-  with tf.name_scope("within_sequences"):
-    real = tf.reduce_sum(to_lengths)
-    if keys_values.dtype == tf.bfloat16 and tf.__version__.startswith("1."):
-      # TensorFlow 1.15 gives an unused bfloat16 part of a split no gradient, which
-      # the split's gradient (a concat) cannot take: split the real rows only.
-      sequences = tf.split(keys_values[:real], to_lengths, num=batch_size)
-    else:
-      # The rows after the sequences are a part of their own, unused (its gradient
-      # zeros). Slicing the real rows off first cost the slice's gradient, a pass that
-      # copies into zeros: 28 ms of a 2.0 s BERT-Base fp32 step at 512 in the profile;
-      # side by side, the step without it was 1.04-1.075x as fast (two runs' medians).
-      after = tf.shape(keys_values)[:1] - real
-      sequences = tf.split(keys_values, tf.concat([to_lengths, after], 0),
-                           num=batch_size + 1)[:batch_size]
-    query_groups = (sequences if from_tensor is to_tensor
-                    else tf.split(queries, batch_size, axis=0))
-    # One sequence a group: its length of queries (all of its rows, or from_seq_length).
-    from_length = -1 if from_tensor is to_tensor else from_seq_length
-    contexts = [context_of(query_rows, key_value_rows, 1, from_length, -1, None)
-                for query_rows, key_value_rows in zip(query_groups, sequences)]
-    context_layer = tf.concat(contexts, axis=0)
-    if from_tensor is to_tensor:
-      context_layer = tf.pad(context_layer, [[0, tf.shape(keys_values)[0] - real], [0, 0]])
-    return context_layer
+    key_layer, value_layer = split
+    (query_layer,) = split_heads(query_rows, batch, from_length, projected.query, *heads)
+  context_layer = attend(query_layer, key_layer, value_layer, mask, dropout_prob, seeds)
+  # `context_layer` = [B, N, F, H] -> [B, F, N, H] -> [B*F, N*H]
+  context_layer = tf.transpose(context_layer, [0, 2, 1, 3])
+  return tf.reshape(context_layer, [-1, heads[0] * heads[1]])
 
 
 def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob, seeds=None):
@@ -968,7 +746,7 @@ def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob, se
 
   # The mask, softmax and dropout compute in float32 when the matmuls are bfloat16.
   compute_type = attention_scores.dtype
-  attention_scores = tf.cast(attention_scores, elementwise_dtype(compute_type))
+  attention_scores = tf.cast(attention_scores, precision.elementwise_dtype(compute_type))
   if attention_mask is not None:
     # `attention_mask` = [B, 1, 1 or F, T]
     attention_mask = tf.expand_dims(attention_mask, axis=[1])
@@ -976,7 +754,7 @@ def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob, se
     attention_scores += adder
 
   attention_probs = tf.nn.softmax(attention_scores)
-  attention_probs = dropout(attention_probs, dropout_prob, seeds)
+  attention_probs = dropout_lib.dropout(attention_probs, dropout_prob, seeds)
   attention_probs = tf.cast(attention_probs, compute_type)
   return tf.matmul(attention_probs, value_layer)
 
@@ -1010,7 +788,7 @@ def projected_rows(input_tensor, projections, units, initializer_range):
   with tf.name_scope("_".join(name for name, _, _ in projections)):
     if len(projections) > 1:
       kernel, bias = tf.concat(kernels, axis=1), tf.concat(biases, axis=0)
-    return tf.nn.bias_add(dense_matmul(input_tensor, kernel), bias)
+    return tf.nn.bias_add(precision.dense_matmul(input_tensor, kernel), bias)
 
 
 def split_heads(rows, batch_size, seq_length, projections, num_heads, size_per_head):
@@ -1053,11 +831,11 @@ def transformer_model(input_tensor,
                       initializer_range=0.02,
                       do_return_all_layers=False,
                       output_positions=None,
-                      input_mask=None,
-                      row_multiple=None,
-                      attention_per_sequence=False,
                       dropout_seeds=None):
   """The Transformer encoder of "Attention is All You Need" as BERT uses it (post-LN).
+
+  Every position of every sequence is computed; unpadded.transformer_model computes the
+  real tokens only, with the same outputs there.
 
   Args:
     input_tensor: float Tensor of shape [batch_size, seq_length, hidden_size].
@@ -1075,30 +853,7 @@ def transformer_model(input_tensor,
     output_positions: (optional) int32 Tensor of shape [batch_size, num_outputs]: the
       positions of each sequence at which the final layer is computed. Its keys and
       values come from every position, its queries, output projection, feed-forward
-      and layer norms run at these only: a BERT-medium at sequence 128 with 20
-      predictions does 8% fewer FLOPs, a 4-layer BERT 17%.
-    input_mask: (optional) int Tensor of shape [batch_size, seq_length], 1 for real
-      tokens: when given, the dense layers, layer norms and feed-forward run on the
-      real tokens only (unpadded_rows), the attention on every position (unless
-      attention_per_sequence). The padding
-      is hidden by attention_mask (the -10000 before the softmax gives it a weight of
-      exactly 0), so the outputs at the real tokens are the same, for fewer FLOPs by
-      the share of padding. attention_mask must then hide every position where
-      input_mask is 0, and output_positions must be real tokens.
-    row_multiple: with input_mask, the rows computed are rounded up to a multiple of
-      this, so that the matmuls see few shapes (oneDNN and XLA prepare each new shape
-      once). None: default_row_multiple(batch_size * seq_length).
-    attention_per_sequence: with input_mask, the attention too runs on the real tokens
-      only: each sequence's queries, keys and values are its own rows, one batched
-      matmul of [num_heads, length, length] a sequence with no mask
-      (attention_layer's to_lengths), rather than every position of the batch padded
-      back ([batch_size, num_heads, seq_length, seq_length]). Its FLOPs and the
-      softmax's and dropout's elements drop to the mean square of each sequence's
-      share of real tokens (Wikipedia at sequence 512: 47%), for a few more ops per
-      sequence (the attention's ops are repeated batch_size times in the graph) and a
-      shape per length. attention_mask is then not read: the attention is within each
-      sequence's real tokens. Ignored unless batch_size is known when the graph is
-      built.
+      and layer norms run at these only (the pretraining heads read no others).
     dropout_seeds: (optional) DropoutSeeds of every dropout mask, drawn in the order
       of the layers (see dropout).
 
@@ -1106,160 +861,116 @@ def transformer_model(input_tensor,
     float Tensor of shape [batch_size, seq_length, hidden_size], the final hidden layer,
     or the list of all layers' outputs when do_return_all_layers, in the type of
     `input_tensor`. With output_positions the final layer's is [batch_size,
-    num_outputs, hidden_size]. With input_mask, padding positions hold other rows'
-    values.
+    num_outputs, hidden_size].
 
   Raises:
     ValueError: A Tensor shape or parameter is invalid.
   """
-  if hidden_size % num_attention_heads != 0:
-    raise ValueError(
-        "The hidden size (%d) is not a multiple of the number of attention "
-        "heads (%d)" % (hidden_size, num_attention_heads))
-
-  attention_head_size = int(hidden_size / num_attention_heads)
-  input_shape = get_shape_list(input_tensor, expected_rank=3)
-  batch_size = input_shape[0]
-  seq_length = input_shape[1]
-  input_width = input_shape[2]
-
-  # The residual additions need the input to be as wide as the hidden layers.
-  if input_width != hidden_size:
-    raise ValueError("The width of the input tensor (%d) != hidden size (%d)" %
-                     (input_width, hidden_size))
-
-  # Work on the 2D [batch_size * seq_length, width] form throughout: reshapes between 2D
-  # and 3D are not free, and the dense layers are plain matmuls on it.
-  compute_type = input_tensor.dtype
-  # The residual stream (each layer norm's output, the next sublayer's residual) is
-  # kept in elementwise_dtype: float32 when the matmuls, which get a cast, are bfloat16.
-  prev_output = tf.cast(tf.reshape(input_tensor, [-1, input_width]),
-                        elementwise_dtype(compute_type))
-  # The layers' rows: [B*S] every position, or with input_mask [R] the real tokens;
-  # `rows` maps each position to its row, `position_rows` each row to its position.
-  rows = None
-  if input_mask is None:
-    attention_per_sequence = False  # every position attends: there is no padding to skip
-  else:
-    if attention_mask is None:
-      raise ValueError("transformer_model: input_mask (skip the padding) needs the "
-                       "attention_mask that hides it; pass create_attention_mask_from_"
-                       "input_mask's")
-    if row_multiple is None:
-      row_multiple = default_row_multiple(batch_size * seq_length)
-    (position_rows, rows) = unpadded_rows(input_mask, row_multiple)
-    prev_output = tf.gather(prev_output, position_rows)
-    # Sequence by sequence needs the number of sequences when the graph is built.
-    attention_per_sequence = attention_per_sequence and isinstance(batch_size, int)
-    if attention_per_sequence:
-      lengths = tf.reduce_sum(tf.cast(tf.not_equal(input_mask, 0), tf.int32), axis=1)
-
+  (batch_size, seq_length, compute_type, prev_output) = encoder_input(
+      input_tensor, hidden_size, num_attention_heads)
   all_layer_outputs = []
   for layer_idx in range(num_hidden_layers):
     with tf.variable_scope("layer_%d" % layer_idx):
-      layer_input = prev_output
-      matmul_input = tf.cast(layer_input, compute_type)
       # The queries and all after them: every row, or in the last layer [B*F, H] at
       # output_positions only.
-      query_input, query_matmul_input, from_seq_length = layer_input, matmul_input, seq_length
-      last_at_outputs = output_positions is not None and layer_idx == num_hidden_layers - 1
-      if last_at_outputs:
-        positions = flat_positions(output_positions, seq_length)
-        query_input = tf.gather(layer_input,
-                                positions if rows is None else tf.gather(rows, positions))
-        query_matmul_input = tf.cast(query_input, compute_type)
+      query_input, from_seq_length = prev_output, seq_length
+      if output_positions is not None and layer_idx == num_hidden_layers - 1:
+        query_input = tf.gather(prev_output, flat_positions(output_positions, seq_length))
         from_seq_length = output_positions.shape.as_list()[1]
 
-      with tf.variable_scope("attention"):
-        with tf.variable_scope("self"):
-          attention_output = attention_layer(
-              from_tensor=query_matmul_input,
-              to_tensor=matmul_input,
-              attention_mask=attention_mask,
-              num_attention_heads=num_attention_heads,
-              size_per_head=attention_head_size,
-              attention_probs_dropout_prob=attention_probs_dropout_prob,
-              initializer_range=initializer_range,
-              batch_size=batch_size,
-              from_seq_length=from_seq_length,
-              to_seq_length=seq_length,
-              to_rows=None if attention_per_sequence else rows,
-              to_lengths=lengths if attention_per_sequence else None,
-              dropout_seeds=dropout_seeds)
-        if rows is not None and not last_at_outputs and not attention_per_sequence:
-          attention_output = tf.gather(attention_output, position_rows)
+      def self_attention(queries, values, from_seq_length=from_seq_length):
+        return attention_layer(
+            from_tensor=queries, to_tensor=values, attention_mask=attention_mask,
+            num_attention_heads=num_attention_heads,
+            size_per_head=hidden_size // num_attention_heads,
+            attention_probs_dropout_prob=attention_probs_dropout_prob,
+            initializer_range=initializer_range, batch_size=batch_size,
+            from_seq_length=from_seq_length, to_seq_length=seq_length,
+            dropout_seeds=dropout_seeds)
 
-        # Project back to hidden_size, then add the residual and normalize.
-        with tf.variable_scope("output"):
-          attention_output = dense_layer(attention_output, hidden_size, "dense",
-                                         initializer_range=initializer_range)
-          attention_output = dropout_add_layer_norm(attention_output, query_input,
-                                                    hidden_dropout_prob, seeds=dropout_seeds)
-
-      # The activation is only applied to the "intermediate" hidden layer.
-      with tf.variable_scope("intermediate"):
-        intermediate_output = dense_layer(tf.cast(attention_output, compute_type),
-                                          intermediate_size, "dense",
-                                          intermediate_act_fn, initializer_range)
-
-      # Down-project back to `hidden_size` then add the residual.
-      with tf.variable_scope("output"):
-        layer_output = dense_layer(intermediate_output, hidden_size, "dense",
-                                   initializer_range=initializer_range)
-        layer_output = dropout_add_layer_norm(layer_output, attention_output,
-                                              hidden_dropout_prob, seeds=dropout_seeds)
-        prev_output = layer_output
-        if rows is not None and not last_at_outputs:
-          layer_output = tf.gather(layer_output, rows)  # [B*S, H], for the outputs
-        all_layer_outputs.append(tf.reshape(tf.cast(layer_output, compute_type),
-                                            [batch_size, from_seq_length, hidden_size]))
-
+      prev_output = transformer_layer(prev_output, query_input, self_attention, compute_type,
+                                      hidden_size, intermediate_size, intermediate_act_fn,
+                                      hidden_dropout_prob, initializer_range, dropout_seeds)
+      all_layer_outputs.append(tf.reshape(tf.cast(prev_output, compute_type),
+                                          [batch_size, from_seq_length, hidden_size]))
   if do_return_all_layers:
     return all_layer_outputs
   return all_layer_outputs[-1]
 
 
-def default_row_multiple(positions):
-  """The multiple that transformer_model rounds its rows up to by default: the smallest
-  multiple of 16 that gives a batch of `positions` (batch_size * seq_length) at most 64
-  shapes: 16 up to 1024 positions, 32 up to 2048, 64 up to 4096, 128 at 8192.
-
-  16 rather than 64 made BERT-Base's float32 step 4% faster at 512 x 2 and at 128 x 8 on
-  a CPU (fewer padding rows computed), its bfloat16 step neither faster nor slower.
-  """
-  return ((positions + 63) // 64 + 15) // 16 * 16
-
-
-def unpadded_rows(input_mask, row_multiple=1):
-  """The rows of a batch that the layers compute when they skip the padding.
-
-  The real tokens come first, in order, then as many padding positions as round their
-  number up to a multiple of `row_multiple` (at most every position). Each padding
-  position not among them is mapped to the last row computed. Attention must hide the
-  padding: a sequence without real tokens would attend to other sequences' rows.
-
-  Args:
-    input_mask: int Tensor [batch_size, seq_length], 1 for real tokens.
-    row_multiple: int.
+def encoder_input(input_tensor, hidden_size, num_attention_heads):
+  """Checks an encoder's input and flattens it.
 
   Returns:
-    (position_rows, rows): int32 Tensors, position_rows [R] the flat position
-    (b * seq_length + s) of each row computed, rows [batch_size * seq_length] the row
-    of each position.
+    (batch_size, seq_length, compute_type, rows): rows float [batch_size * seq_length,
+    hidden_size] in elementwise_dtype(compute_type): the residual stream (each layer
+    norm's output, the next sublayer's residual) is float32 when the matmuls, which get
+    a cast, are bfloat16.
+
+  Raises:
+    ValueError: the hidden size is not a multiple of the heads or not the input's width.
   """
-  with tf.name_scope("unpadded_rows"):
-    real = tf.reshape(tf.not_equal(input_mask, 0), [-1])
-    # int32 row numbers: where() gives int64 ones, which gather on a CPU takes alike.
-    order = tf.cast(tf.concat([tf.where(real)[:, 0], tf.where(tf.logical_not(real))[:, 0]],
-                              axis=0), tf.int32)
-    total = tf.size(real)
-    count = tf.reduce_sum(tf.cast(real, tf.int32))
-    # At least one row, should a batch be all padding.
-    count = tf.minimum(tf.maximum((count + row_multiple - 1) // row_multiple * row_multiple,
-                                  1), total)
-    position_rows = order[:count]
-    rows = tf.minimum(tf.invert_permutation(order), count - 1)
-    return position_rows, rows
+  if hidden_size % num_attention_heads != 0:
+    raise ValueError(
+        "The hidden size (%d) is not a multiple of the number of attention "
+        "heads (%d)" % (hidden_size, num_attention_heads))
+  (batch_size, seq_length, input_width) = get_shape_list(input_tensor, expected_rank=3)
+  # The residual additions need the input to be as wide as the hidden layers.
+  if input_width != hidden_size:
+    raise ValueError("The width of the input tensor (%d) != hidden size (%d)" %
+                     (input_width, hidden_size))
+  # The 2D [batch_size * seq_length, width] form throughout: reshapes between 2D and 3D
+  # are not free, and the dense layers are plain matmuls on it.
+  compute_type = input_tensor.dtype
+  rows = tf.cast(tf.reshape(input_tensor, [-1, input_width]),
+                 precision.elementwise_dtype(compute_type))
+  return batch_size, seq_length, compute_type, rows
+
+
+def transformer_layer(layer_input, query_input, self_attention, compute_type, hidden_size,
+                      intermediate_size, intermediate_act_fn, hidden_dropout_prob,
+                      initializer_range, dropout_seeds=None):
+  """One Transformer block (variables attention/self, attention/output, intermediate,
+  output of the current layer_N scope): self-attention, its output projection, dropout,
+  the residual and layer norm; the feed-forward, dropout, the residual and layer norm.
+
+  Args:
+    layer_input: float Tensor [rows, hidden_size], the residual stream.
+    query_input: float Tensor [query rows, hidden_size]: layer_input, or the rows of it
+      that the block is computed at (its keys and values come from layer_input).
+    self_attention: function (queries, values) -> float Tensor [query rows, hidden_size]:
+      the attention of the rows, given in compute_type (queries is values when
+      query_input is layer_input).
+    compute_type: the matmuls' type.
+    hidden_size, intermediate_size, intermediate_act_fn, hidden_dropout_prob,
+    initializer_range, dropout_seeds: as transformer_model's.
+
+  Returns:
+    float Tensor [query rows, hidden_size] in the type of layer_input.
+  """
+  matmul_input = tf.cast(layer_input, compute_type)
+  query_matmul_input = (matmul_input if query_input is layer_input
+                        else tf.cast(query_input, compute_type))
+  with tf.variable_scope("attention"):
+    with tf.variable_scope("self"):
+      attention_output = self_attention(query_matmul_input, matmul_input)
+    # Project back to hidden_size, then add the residual and normalize.
+    with tf.variable_scope("output"):
+      attention_output = dense_layer(attention_output, hidden_size, "dense",
+                                     initializer_range=initializer_range)
+      attention_output = dropout_add_layer_norm(attention_output, query_input,
+                                                hidden_dropout_prob, seeds=dropout_seeds)
+  # The activation is only applied to the "intermediate" hidden layer.
+  with tf.variable_scope("intermediate"):
+    intermediate_output = dense_layer(tf.cast(attention_output, compute_type),
+                                      intermediate_size, "dense", intermediate_act_fn,
+                                      initializer_range)
+  # Down-project back to `hidden_size` then add the residual.
+  with tf.variable_scope("output"):
+    layer_output = dense_layer(intermediate_output, hidden_size, "dense",
+                               initializer_range=initializer_range)
+    return dropout_add_layer_norm(layer_output, attention_output, hidden_dropout_prob,
+                                  seeds=dropout_seeds)
 
 
 def get_masked_lm_output(bert_config, input_tensor, output_weights, positions, label_ids,
@@ -1311,7 +1022,7 @@ def get_masked_lm_output(bert_config, input_tensor, output_weights, positions, l
 
     label_ids = tf.reshape(label_ids, [-1])
     label_weights = tf.cast(tf.reshape(label_weights, [-1]), tf.float32)
-    per_example_loss = softmax_cross_entropy(logits, tf.cast(label_ids, tf.int32))
+    per_example_loss = precision.softmax_cross_entropy(logits, tf.cast(label_ids, tf.int32))
     # Padding predictions have weight 0; the epsilon keeps an all-padding batch at 0.
     numerator = tf.reduce_sum(label_weights * per_example_loss)
     denominator = tf.reduce_sum(label_weights) + 1e-5
@@ -1346,35 +1057,6 @@ def get_next_sentence_output(bert_config, input_tensor, labels):
                                                                       logits=logits)
     loss = tf.reduce_mean(per_example_loss)
     return (loss, per_example_loss, log_probs)
-
-
-@tf.custom_gradient
-def softmax_cross_entropy(logits, labels):
-  """-log softmax(logits)[label] per row, with the gradient softmax - one_hot(label).
-
-  The same numbers as tf.nn.sparse_softmax_cross_entropy_with_logits, about 3.5x faster
-  on CPUs over a 30522-word vocabulary: the one softmax goes to oneDNN, and the
-  log-sum-exp comes from it, since the largest probability is exp(max_logit) / sum_exp.
-  It is never below 1 / vocab_size, so its log is well conditioned.
-
-  Args:
-    logits: float32 Tensor [num_rows, vocab_size].
-    labels: int32 Tensor [num_rows].
-
-  Returns:
-    float32 Tensor [num_rows].
-  """
-  probs = tf.nn.softmax(logits)
-  rows = tf.range(tf.shape(logits)[0])
-  label_logits = tf.gather_nd(logits, tf.stack([rows, labels], axis=1))
-  log_sum_exp = tf.reduce_max(logits, axis=-1) - tf.log(tf.reduce_max(probs, axis=-1))
-  loss = log_sum_exp - label_logits
-
-  def grad(upstream):
-    one_hot = tf.one_hot(labels, tf.shape(logits)[1], dtype=probs.dtype)
-    return (probs - one_hot) * tf.expand_dims(upstream, -1), None
-
-  return loss, grad
 
 
 def gather_indexes(sequence_tensor, positions):

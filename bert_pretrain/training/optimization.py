@@ -68,8 +68,8 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
 
   Each variable is updated in place by TensorFlow's fused training kernels (ApplyAdam,
   ApplyGradientDescent: one pass over the weights and moments each), not by a chain of
-  elementwise ops, each of which reads and writes the whole tensor (on BERT-Base the
-  chain took 28% of the summed op time of a float32 step on a CPU, 35% in bfloat16).
+  elementwise ops, each of which reads and writes the whole tensor (docs/performance.md
+  has the profile).
   Under a tf.distribute strategy, or where an update may be skipped (`applied`), the
   same math runs as plain ops and assignments, which a strategy can mirror and a
   select can undo.

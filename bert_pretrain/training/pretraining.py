@@ -20,15 +20,14 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.training import checkpoints
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import modeling
+from bert_pretrain.model import precision
+from bert_pretrain.model import dropout as dropout_lib
 from bert_pretrain.training import optimization
 from bert_pretrain.training import signals
 
 
-# From sequence 512 up, attending sequence by sequence made a training step faster on a
-# 2-core CPU (both graphs in one process, taking turns on the same batches of the
-# benchmark's Wikipedia records, 288 real tokens of 512 on average: BERT-tiny 8%, -mini
-# and -medium 18%, -Base 9%); at 128 (106 real tokens) it gained nothing at any size,
-# BERT-tiny lost 5%: each sequence's extra ops cost about what the padding's attention did.
+# Attending sequence by sequence pays on a CPU from sequence 512 up; at 128 each
+# sequence's few more ops cost what the padding's attention did (docs/performance.md).
 PER_SEQUENCE_ATTENTION_FROM = 512
 
 
@@ -64,7 +63,7 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
     dtype: compute type (tf.float32, tf.bfloat16 or tf.float16); weights stay float32.
     attention_per_sequence: the attention too skips the padding, sequence by sequence
       (attends_per_sequence says when it pays).
-    dropout_seeds: (optional) modeling.DropoutSeeds of the dropout masks.
+    dropout_seeds: (optional) dropout_lib.DropoutSeeds of the dropout masks.
 
   Returns:
     dict of tensors: total_loss, mlm_loss, nsp_loss (float32 scalars) and the sums that
@@ -80,7 +79,7 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
                              drop_padding=True,
                              attention_per_sequence=attention_per_sequence,
                              dropout_seeds=dropout_seeds)
-  with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
+  with tf.variable_scope("", custom_getter=precision.get_custom_getter(dtype)):
     (mlm_loss, mlm_example_loss, mlm_log_probs) = modeling.get_masked_lm_output(
         bert_config, model.get_masked_positions_output(), model.get_embedding_table(),
         None, features["masked_lm_ids"], features["masked_lm_weights"])
@@ -187,7 +186,7 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       replica_index = ranks.replica_index() if ranks is not None else tf.constant(0, tf.int64)
       first_record = data_position.read_value() + (
           micro_batch * replicas + replica_index) * batch_size
-      dropout_seeds = modeling.DropoutSeeds(seed, first_record)
+      dropout_seeds = dropout_lib.DropoutSeeds(seed, first_record)
     outputs = build_model(bert_config, features, True, dtype, attention_per_sequence,
                           dropout_seeds)
     lr = optimization.learning_rate_schedule(
