@@ -1256,12 +1256,12 @@ def main(argv):
     device = device_lib.detect_device(FLAGS.device, mixed_precision(), FLAGS.amp_dtype)
     inputs = check_flags()
   except ValueError as e:
-    print("run_pretraining: error: %s" % e, file=sys.stderr)
+    errors.print_error("run_pretraining", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
-    print("run_pretraining: error: %s" % errors.os_error_message(e), file=sys.stderr)
+    errors.print_error("run_pretraining", errors.os_error_message(e))
     return 2
   ranks = None
   try:
@@ -1286,46 +1286,45 @@ def main(argv):
       os._exit(status)  # pylint: disable=protected-access
     return status
   except ValueError as e:
-    print("run_pretraining: error: %s" % e, file=sys.stderr)
+    errors.print_error("run_pretraining", e)
     return 2
   except EnvironmentError as e:
-    print("run_pretraining: error: %s" % errors.os_error_message(
-        e, lambda what: checkpoints.disk_full_message(FLAGS.output_dir, what)),
-          file=sys.stderr)
+    errors.print_error("run_pretraining", errors.os_error_message(
+        e, lambda what: checkpoints.disk_full_message(FLAGS.output_dir, what)))
     return 2
   except tf.errors.ResourceExhaustedError as e:
     if checkpoints.is_disk_full(e):
-      print("run_pretraining: error: %s" % checkpoints.disk_full_message(
-          FLAGS.output_dir, "its files"), file=sys.stderr)
+      errors.print_error("run_pretraining", checkpoints.disk_full_message(
+          FLAGS.output_dir, "its files"))
       return 2
-    print("run_pretraining: error: out of memory (%s); lower --train_batch_size and raise "
-          "--num_accumulation_steps to keep the global batch" % e.message.splitlines()[0],
-          file=sys.stderr)
+    errors.print_error("run_pretraining",
+                       "out of memory (%s); lower --train_batch_size and raise "
+                       "--num_accumulation_steps to keep the global batch"
+                       % e.message.splitlines()[0])
     return 2
   except tf.errors.DataLossError as e:
-    print("run_pretraining: error: %s" % bad_record_message(e, inputs, ranks),
-          file=sys.stderr)
+    errors.print_error("run_pretraining", bad_record_message(e, inputs, ranks))
     return 2
   except tf.errors.InvalidArgumentError as e:
     if input_pipeline.TOKEN_ID_ERROR not in e.message:
       raise
-    print("run_pretraining: error: %s" % bad_record_message(e, inputs, ranks),
-          file=sys.stderr)
+    errors.print_error("run_pretraining", bad_record_message(e, inputs, ranks))
     return 2
   except tf.errors.OpError as e:
     if errors.is_file_error(e):
-      print("run_pretraining: error: %s" % errors.os_error_message(e), file=sys.stderr)
+      errors.print_error("run_pretraining", errors.os_error_message(e))
       return 2
     if ranks is None or not _is_job_error(e, ranks):
       raise
     stalled = ranks.stalled_ranks()
-    print("run_pretraining: error: %s stopped the job (%s)%s; checkpoints in %s are "
-          "kept: rerun the same command to resume"
-          % ("Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
-             _error_line(e.message).split(". ")[0],
-             "; rank %s stopped answering" % ", ".join(str(r) for r in stalled) if stalled
-             else "; a rank stalled or failed: its number is in the lines above "
-             "('Missing ranks', or its own error)", FLAGS.output_dir), file=sys.stderr)
+    errors.print_error(
+        "run_pretraining",
+        "%s stopped the job (%s)%s; checkpoints in %s are kept: rerun the same command to "
+        "resume" % ("Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
+                    _error_line(e.message).split(". ")[0],
+                    "; rank %s stopped answering" % ", ".join(str(r) for r in stalled)
+                    if stalled else "; a rank stalled or failed: its number is in the lines "
+                    "above ('Missing ranks', or its own error)", FLAGS.output_dir))
     return 3
 
 
