@@ -41,6 +41,7 @@ import sys
 from absl import app
 from absl import flags
 
+from bert_pretrain import errors
 from bert_pretrain.training import report
 
 flags.DEFINE_string("png_path", "compare.png", "The picture to write.")
@@ -288,17 +289,18 @@ def run_names(folders):
 def main(argv):
   folders = argv[1:]
   if len(folders) < 2:
-    print("compare: error: give two run folders or more: python3 -m bert_pretrain.compare "
-          "RUN_DIR RUN_DIR ...", file=sys.stderr)
+    errors.print_error("compare",
+                       "give two run folders or more: python3 -m bert_pretrain.compare "
+                       "RUN_DIR RUN_DIR ...")
     return 2
   if not 0 < FLAGS.band < 1:
-    print("compare: error: --band=%g must be between 0 and 1 (a fraction of the loss, "
-          "e.g. 0.001)" % FLAGS.band, file=sys.stderr)
+    errors.print_error("compare", "--band=%g must be between 0 and 1 (a fraction of the "
+                       "loss, e.g. 0.001)" % FLAGS.band)
     return 2
   try:
     runs = [Run(folder, name) for folder, name in zip(folders, run_names(folders))]
   except ValueError as e:
-    print("compare: error: %s" % e, file=sys.stderr)
+    errors.print_error("compare", e)
     return 2
   for run in runs:
     if run.cut_lines:

@@ -69,6 +69,7 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import errors
 from bert_pretrain.training import checkpoints
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.data import input_pipeline
@@ -544,7 +545,7 @@ def main(argv):
         FLAGS.amp_dtype != "auto", FLAGS.amp_dtype)
     bert_config, batch, source, init_checkpoint, seed = inputs_from_flags()
   except ValueError as e:
-    print("conformance: error: %s" % e, file=sys.stderr)
+    errors.print_error("conformance", e)
     return 2
   gpu = 0 if device.kind == "GPU" else None
   config = pretraining.session_config(FLAGS.intra_op_threads or os.cpu_count() or 1,
@@ -567,7 +568,7 @@ def main(argv):
                           FLAGS.use_xla, FLAGS.init_loss_scale, FLAGS.inject_fault_layer,
                           log=log)
   except ValueError as e:
-    print("conformance: error: %s" % e, file=sys.stderr)
+    errors.print_error("conformance", e)
     return 2
   log("relative error = ||tested - reference|| / ||reference|| over the real tokens; "
       "tolerance from compute %s%s (bert_pretrain/conformance.py says how)" % (compute, ", loss scale %g" % FLAGS.init_loss_scale

@@ -384,12 +384,12 @@ def main(argv):
       prepare_packed(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
     output_dir = FLAGS.run_output_dir or new_output_dir()
   except (ValueError, pack_records.PackError) as e:
-    print("demo: error: %s" % e, file=sys.stderr)
+    errors.print_error("demo", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
-    print("demo: error: %s" % errors.os_error_message(e), file=sys.stderr)
+    errors.print_error("demo", errors.os_error_message(e))
     return 2
   print("\n".join(run_flags(paths, output_dir)))
   return 0

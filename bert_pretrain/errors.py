@@ -9,6 +9,7 @@ process runs without it.
 
 import errno
 import os
+import sys
 
 # What to do about an OS error, by errno.
 _FIXES = {
@@ -78,3 +79,10 @@ def os_error_message(error, disk_full=None):
   what = "%s: %s" % (filename, text) if filename else text
   fix = _FIXES.get(number)
   return "%s; %s" % (what, fix) if fix else what
+
+
+def print_error(tool, message):
+  """Prints `TOOL: error: MESSAGE` to stderr in one write: Python 3.7's stderr writes
+  each piece of a print at once, and mpirun --tag-output would tag the newline apart."""
+  sys.stderr.write("%s: error: %s\n" % (tool, message))
+  sys.stderr.flush()

@@ -266,12 +266,12 @@ def main(argv):
     count = export(FLAGS.checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file,
                    FLAGS.output_dir, FLAGS.do_lower_case)
   except ValueError as e:
-    print("export: error: %s" % e, file=sys.stderr)
+    errors.print_error("export", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
-    print("export: error: %s" % errors.os_error_message(e), file=sys.stderr)
+    errors.print_error("export", errors.os_error_message(e))
     return 2
   print("export: %d tensors -> %s (transformers: BertForPreTraining.from_pretrained(%r))"
         % (count, FLAGS.output_dir, FLAGS.output_dir))

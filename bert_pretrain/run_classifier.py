@@ -295,12 +295,12 @@ def main(argv):
     return run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps,
                settings, earlier)
   except ValueError as e:
-    print("run_classifier: error: %s" % e, file=sys.stderr)
+    errors.print_error("run_classifier", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
-    print("run_classifier: error: %s" % errors.os_error_message(e), file=sys.stderr)
+    errors.print_error("run_classifier", errors.os_error_message(e))
     return 2
 
 

@@ -52,12 +52,12 @@ def main(argv):
     cfg = config.settings_from_flags()
     inputs = inputs_lib.check_inputs(cfg)
   except ValueError as e:
-    print("run_pretraining: error: %s" % e, file=sys.stderr)
+    errors.print_error("run_pretraining", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
-    print("run_pretraining: error: %s" % errors.os_error_message(e), file=sys.stderr)
+    errors.print_error("run_pretraining", errors.os_error_message(e))
     return 2
   ranks = None
   try:
@@ -105,7 +105,7 @@ def error_status(e, cfg, inputs, ranks):
   """Prints the one-line error for what stopped the run and returns the exit status
   (2: the input or the machine, 3: the job), or None for an error it does not know."""
   def say(message):
-    print("run_pretraining: error: %s" % message, file=sys.stderr)
+    errors.print_error("run_pretraining", message)
   output_dir = cfg.run.output_dir
   if isinstance(e, ValueError):
     say(e)

@@ -239,8 +239,8 @@ def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
   assert lines[0] == (
       "Launching 16 ranks on 2 hosts (8 per host): horovodrun -np 16 -H host1:8,host2:8 --gloo "
       "--network-interface eth0 python3 -m bert_pretrain.run_pretraining --horovod --amp "
-      "--num_accumulation_steps=4 --num_train_steps=1000 --input_files_dir=/data/train "
-      "--output_dir=/ckpt\\ dir")
+      "--eval_at_start --num_accumulation_steps=4 --num_train_steps=1000 "
+      "--input_files_dir=/data/train --output_dir=/ckpt\\ dir")
   assert sorted(os.listdir(str(tmp_path))) == ["hosts"]
 
 

@@ -33,6 +33,8 @@ import shlex
 import socket
 import sys
 
+from bert_pretrain import errors
+
 Plan = collections.namedtuple("Plan", ["ranks", "hosts", "per_host", "args"])
 # The engines the script launches (run_pretraining's --distribution, but "none").
 DISTRIBUTIONS = ("horovod", "mirrored", "multi_worker_mirrored")
@@ -246,7 +248,7 @@ def run_horovodrun(args, run_commandline):
     failed = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(e))
     sys.stderr = errors.stream
     if not failed:
-      print("horovodrun: error: %s" % str(e).strip().splitlines()[0], file=sys.stderr)
+      errors.print_error("horovodrun", str(e).strip().splitlines()[0])
       return 1
     rank, status = int(failed.group(1)), int(failed.group(2))
     print("rank %d exited with status %d%s" % (rank, status, ": " + errors.errors[rank]
@@ -302,7 +304,7 @@ def main(argv):
                         "quotes" % e)
     job = plan(run_args, int(argv[1]), distribution)
   except LaunchError as e:
-    print("run_multi_card_FPS: error: %s" % e, file=sys.stderr)
+    errors.print_error("run_multi_card_FPS", e)
     return 2
   print("\n".join([summary(job, distribution)] + launcher(job, distribution, int(port))))
   return 0

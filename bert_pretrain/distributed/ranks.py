@@ -26,6 +26,8 @@ import time
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import errors
+
 DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 
 # The variables of the job's processes when launched by horovodrun or mpirun (also for
@@ -464,10 +466,11 @@ class Ranks(object):
     else:
       what = "the job's processes did not all join"
       why = "every heartbeat in %s is fresh: check that they reach each other" % self._folder
-    print("run_pretraining: error: %s within --stall_timeout_s=%d (%s); start every "
-          "process of the job (%d) with the same settings, or check its host and address; "
-          "nothing was trained" % (what, self.stall_timeout_s, why, self.size),
-          file=sys.stderr)
+    errors.print_error(
+        "run_pretraining",
+        "%s within --stall_timeout_s=%d (%s); start every process of the job (%d) with the "
+        "same settings, or check its host and address; nothing was trained"
+        % (what, self.stall_timeout_s, why, self.size))
     sys.stderr.flush()
     os._exit(3)  # pylint: disable=protected-access
 
@@ -510,12 +513,13 @@ class Ranks(object):
         continue  # The heartbeat is best effort; training goes on.
       stalled = self.stalled_ranks(self.stall_timeout_s)
       if stalled:
-        print("run_pretraining: error: rank %s stalled: no sign of life for %d s (stuck "
-              "in I/O, stopped, or its host frozen; --stall_timeout_s=%d); the job stops, "
-              "checkpoints in %s are kept: check that host and rerun the same command to "
-              "resume" % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
-                          self.stall_timeout_s, os.path.dirname(self._folder)),
-              file=sys.stderr)
+        errors.print_error(
+            "run_pretraining",
+            "rank %s stalled: no sign of life for %d s (stuck in I/O, stopped, or its host "
+            "frozen; --stall_timeout_s=%d); the job stops, checkpoints in %s are kept: check "
+            "that host and rerun the same command to resume"
+            % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
+               self.stall_timeout_s, os.path.dirname(self._folder)))
         sys.stderr.flush()
         os._exit(3)  # pylint: disable=protected-access
 

@@ -22,6 +22,8 @@ import sys
 from absl import app
 from absl import flags
 
+from bert_pretrain import errors
+
 FLAGS = flags.FLAGS
 
 
@@ -208,7 +210,7 @@ def main(argv):
   try:
     write_report(argv[1], FLAGS.dllog_path, FLAGS.png_path)
   except ValueError as e:
-    print("report: error: %s" % e, file=sys.stderr)
+    errors.print_error("report", e)
     return 2
   return 0
 
