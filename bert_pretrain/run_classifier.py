@@ -304,6 +304,46 @@ def main(argv):
     return 2
 
 
+def train_replica(bert_config, features, num_labels, dtype, global_step, num_train_steps,
+                  ranks):
+  """The update of one replica; returns what the loop fetches: "step" (global_step after
+  the update), "loss" (averaged over the replicas) and "learning_rate"."""
+  outputs = classifier.build_classifier(bert_config, features, num_labels, True, dtype)
+  learning_rate = optimization.learning_rate_schedule(
+      global_step, FLAGS.learning_rate, num_train_steps,
+      int(num_train_steps * FLAGS.warmup_proportion))
+  loss_scale = optimization.DynamicLossScale() if dtype == tf.float16 else None
+  several = ranks.replicas > 1
+  _, update_op = optimization.create_train_ops(
+      outputs["loss"], optimization.create_optimizer(FLAGS.optimizer, learning_rate),
+      global_step, allreduce_fn=ranks.all_reduce if several else None,
+      loss_scale=loss_scale)
+  with tf.control_dependencies([update_op]):
+    # One more, or the same when float16 loss scaling skipped an overflowing update.
+    new_step = global_step.read_value()
+  loss = outputs["loss"]
+  if several:
+    loss = ranks.all_reduce([loss], name="display_loss")[0]
+  return {"step": new_step, "loss": loss, "learning_rate": learning_rate}
+
+
+def initialize(sess, earlier, init_checkpoint, model_variables, broadcast_op, log):
+  """Initializes the variables, then loads earlier's weights (a finished fine-tune) or
+  init_checkpoint's, and broadcasts rank 0's."""
+  sess.run(tf.global_variables_initializer())
+  if earlier:
+    checkpoints.restore_model_weights(sess, earlier, model_variables, log=log)
+    if FLAGS.do_train:
+      log("--output_dir=%s already holds this fine-tune (%s, the same settings): nothing to "
+          "train, it is evaluated" % (FLAGS.output_dir, os.path.basename(earlier)))
+  elif init_checkpoint:
+    checkpoints.restore_model_weights(sess, init_checkpoint, model_variables, log=log)
+  else:
+    log("No --init_checkpoint: the model starts from random weights")
+  if broadcast_op is not None:
+    sess.run(broadcast_op)
+
+
 def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps, settings,
         earlier=None):
   """Builds the graphs, then trains, saves, evaluates and predicts. Returns the exit status.
@@ -322,34 +362,15 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
           ranks.replicas, FLAGS.train_batch_size, ranks.replicas, num_train_steps,
           device.dtype.name + (" (%s)" % device.why if device.why else "")))
   graphs = {}
-  several = ranks.replicas > 1
-
-  def replica(features):
-    """The update of one replica; returns what the loop fetches."""
-    outputs = classifier.build_classifier(bert_config, features, len(labels), True,
-                                          device.dtype)
-    learning_rate = optimization.learning_rate_schedule(
-        global_step, FLAGS.learning_rate, num_train_steps,
-        int(num_train_steps * FLAGS.warmup_proportion))
-    loss_scale = optimization.DynamicLossScale() if device.dtype == tf.float16 else None
-    _, update_op = optimization.create_train_ops(
-        outputs["loss"], optimization.create_optimizer(FLAGS.optimizer, learning_rate),
-        global_step, allreduce_fn=ranks.all_reduce if several else None,
-        loss_scale=loss_scale)
-    with tf.control_dependencies([update_op]):
-      # One more, or the same when float16 loss scaling skipped an overflowing update.
-      new_step = global_step.read_value()
-    loss = outputs["loss"]
-    if several:
-      loss = ranks.all_reduce([loss], name="display_loss")[0]
-    return {"step": new_step, "loss": loss, "learning_rate": learning_rate}
-
   with ranks.scope():  # Under a tf.distribute strategy, mirrored variables.
     global_step = tf.train.get_or_create_global_step()
     if FLAGS.do_train:
       train_iterator, train_feed = make_iterator(data["train"][1], FLAGS.train_batch_size,
                                                  ranks, FLAGS.seed)
-      display = ranks.merged(ranks.each_replica(replica, train_iterator.get_next()))
+      display = ranks.merged(ranks.each_replica(
+          lambda features: train_replica(bert_config, features, len(labels), device.dtype,
+                                         global_step, num_train_steps, ranks),
+          train_iterator.get_next()))
     for split in ("dev", "test"):
       # Rank 0 evaluates and predicts alone, but every rank builds the graphs: without
       # training they create the variables, which the ranks must all have alike.
@@ -368,18 +389,7 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
   sess = ranks.session(pretraining.session_config(
       threads, FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla,
       cpu_devices=FLAGS.cpu_devices if device.kind == "CPU" else 1))
-  sess.run(tf.global_variables_initializer())
-  if earlier:
-    checkpoints.restore_model_weights(sess, earlier, model_variables, log=log)
-    if FLAGS.do_train:
-      log("--output_dir=%s already holds this fine-tune (%s, the same settings): nothing to "
-          "train, it is evaluated" % (FLAGS.output_dir, os.path.basename(earlier)))
-  elif init_checkpoint:
-    checkpoints.restore_model_weights(sess, init_checkpoint, model_variables, log=log)
-  else:
-    log("No --init_checkpoint: the model starts from random weights")
-  if broadcast_op is not None:
-    sess.run(broadcast_op)
+  initialize(sess, earlier, init_checkpoint, model_variables, broadcast_op, log)
 
   if FLAGS.do_train and ranks.is_chief and not earlier:
     checkpoints.write_run_marker(FLAGS.output_dir, settings)

@@ -8,6 +8,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
+from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
 from bert_pretrain.model import unpadded
 from bert_pretrain.model import precision
@@ -275,10 +276,10 @@ def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gr
     with tf.variable_scope("", reuse=True):
       model = modeling.BertModel(CONFIG, False, feats["input_ids"], feats["input_mask"],
                                  feats["segment_ids"])
-      mlm_loss = modeling.get_masked_lm_output(
+      mlm_loss = heads.get_masked_lm_output(
           CONFIG, model.get_sequence_output(), model.get_embedding_table(),
           feats["masked_lm_positions"], feats["masked_lm_ids"], feats["masked_lm_weights"])[0]
-      nsp_loss = modeling.get_next_sentence_output(CONFIG, model.get_pooled_output(),
+      nsp_loss = heads.get_next_sentence_output(CONFIG, model.get_pooled_output(),
                                                    feats["next_sentence_labels"])[0]
     variables = tf.trainable_variables()
     ours_grads = [tf.convert_to_tensor(g) for g in tf.gradients(ours["total_loss"], variables)]

@@ -1,4 +1,4 @@
-"""The BERT model and its pretraining heads, in TensorFlow 1.x graph code.
+"""The BERT model, in TensorFlow 1.x graph code (its pretraining heads: heads.py).
 
 Variable names and shapes are Google BERT's (bert/embeddings/word_embeddings,
 bert/encoder/layer_0/attention/self/query/kernel, ..., cls/predictions/output_bias,
@@ -18,130 +18,17 @@ dropout.py, dropout masks a resumed run can draw again.
 
 import collections
 import copy
-import json
 import math
 import re
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain.model import bert_config
 from bert_pretrain.model import dropout as dropout_lib
 from bert_pretrain.model import precision
 
-class BertConfig(object):
-  """Hyperparameters of a BertModel (the contents of bert_config.json).
-
-  A bert_config.json must hold every key of Google's format (REQUIRED_KEYS): a file
-  without hidden_size would otherwise build a 768-wide model where 128 was meant.
-  """
-
-  # The keys of Google's bert_config.json, in its order.
-  REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                   "intermediate_size", "hidden_act", "hidden_dropout_prob",
-                   "attention_probs_dropout_prob", "max_position_embeddings",
-                   "type_vocab_size", "initializer_range")
-
-  def __init__(self,
-               vocab_size,
-               hidden_size=768,
-               num_hidden_layers=12,
-               num_attention_heads=12,
-               intermediate_size=3072,
-               hidden_act="gelu",
-               hidden_dropout_prob=0.1,
-               attention_probs_dropout_prob=0.1,
-               max_position_embeddings=512,
-               type_vocab_size=2,
-               initializer_range=0.02):
-    """Constructs a BertConfig.
-
-    Args:
-      vocab_size: Size of the WordPiece vocabulary (rows of the embedding table).
-      hidden_size: Width of the encoder layers and the embeddings.
-      num_hidden_layers: Number of Transformer layers.
-      num_attention_heads: Attention heads per layer; must divide hidden_size.
-      intermediate_size: Width of the feed-forward layer inside each Transformer layer.
-      hidden_act: Activation of the feed-forward layer: "gelu", "relu", "tanh" or "linear".
-      hidden_dropout_prob: Dropout on embeddings, encoder and pooler outputs.
-      attention_probs_dropout_prob: Dropout on the attention probabilities.
-      max_position_embeddings: Longest sequence the model accepts.
-      type_vocab_size: Number of segment ids (2 for sentence A / B).
-      initializer_range: Stddev of the truncated-normal weight initializer.
-    """
-    self.vocab_size = vocab_size
-    self.hidden_size = hidden_size
-    self.num_hidden_layers = num_hidden_layers
-    self.num_attention_heads = num_attention_heads
-    self.hidden_act = hidden_act
-    self.intermediate_size = intermediate_size
-    self.hidden_dropout_prob = hidden_dropout_prob
-    self.attention_probs_dropout_prob = attention_probs_dropout_prob
-    self.max_position_embeddings = max_position_embeddings
-    self.type_vocab_size = type_vocab_size
-    self.initializer_range = initializer_range
-
-  @classmethod
-  def from_dict(cls, json_object):
-    """Constructs a BertConfig from a dict; unknown keys are kept as attributes."""
-    if "vocab_size" not in json_object:
-      raise ValueError("bert config has no vocab_size; add it to bert_config.json")
-    config = BertConfig(vocab_size=None)
-    for (key, value) in json_object.items():
-      config.__dict__[key] = value
-    return config
-
-  @classmethod
-  def from_json_file(cls, json_file):
-    """Constructs a BertConfig from a json file of parameters.
-
-    Raises:
-      ValueError: the file is missing, not JSON, or lacks a key of REQUIRED_KEYS
-        (no default is taken); the message names the file, the keys and the fix.
-    """
-    if not tf.gfile.Exists(json_file) or tf.gfile.IsDirectory(json_file):
-      raise ValueError("bert config %s does not exist; pass "
-                       "--bert_config_file=PATH/bert_config.json"
-                       % json_file)
-    with tf.gfile.GFile(json_file, "r") as reader:
-      text = reader.read()
-    try:
-      values = json.loads(text)
-    except ValueError as e:
-      raise ValueError("bert config %s is not valid JSON (%s); fix the file or pass another "
-                       "--bert_config_file" % (json_file, e))
-    if not isinstance(values, dict):
-      raise ValueError("bert config %s must hold a JSON object; fix the file" % json_file)
-    missing = [key for key in cls.REQUIRED_KEYS if key not in values]
-    if missing:
-      raise ValueError("bert config %s lacks %s (no default is taken: Google's format has "
-                       "all of %s); add %s to the file"
-                       % (json_file, ", ".join(missing), ", ".join(cls.REQUIRED_KEYS),
-                          "it" if len(missing) == 1 else "them"))
-    config = cls.from_dict(values)
-    config.validate(json_file)
-    return config
-
-  def validate(self, source="bert config"):
-    """Raises ValueError when the hyperparameters cannot build a model."""
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-      value = getattr(self, key, None)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError("%s: %s must be a positive integer, got %r; fix bert_config.json"
-                         % (source, key, value))
-    if self.hidden_size % self.num_attention_heads:
-      raise ValueError("%s: hidden_size %d is not a multiple of num_attention_heads %d; fix "
-                       "bert_config.json" % (source, self.hidden_size, self.num_attention_heads))
-    if self.hidden_act not in ACTIVATIONS:
-      raise ValueError("%s: hidden_act %r is not one of %s; fix bert_config.json"
-                       % (source, self.hidden_act, sorted(ACTIVATIONS)))
-
-  def to_dict(self):
-    """Serializes this instance to a Python dictionary."""
-    return copy.deepcopy(self.__dict__)
-
-  def to_json_string(self):
-    """Serializes this instance to a JSON string."""
-    return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+# Google's modeling.BertConfig, kept in a module of its own.
+BertConfig = bert_config.BertConfig
 
 
 class BertModel(object):
@@ -235,62 +122,15 @@ class BertModel(object):
     # model) must find the same variables instead of making "bert_1".
     with tf.variable_scope(scope or "bert",
                            custom_getter=precision.get_custom_getter(compute_type)):
-      with tf.variable_scope("embeddings"):
-        # Perform embedding lookup on the word ids.
-        (self.embedding_output, self.embedding_table) = embedding_lookup(
-            input_ids=input_ids,
-            vocab_size=config.vocab_size,
-            embedding_size=config.hidden_size,
-            initializer_range=config.initializer_range,
-            word_embedding_name="word_embeddings",
-            use_one_hot_embeddings=use_one_hot_embeddings)
-
-        # Add positional embeddings and token type embeddings, then layer
-        # normalize and perform dropout.
-        self.embedding_output = embedding_postprocessor(
-            input_tensor=self.embedding_output,
-            use_token_type=True,
-            token_type_ids=token_type_ids,
-            token_type_vocab_size=config.type_vocab_size,
-            token_type_embedding_name="token_type_embeddings",
-            use_position_embeddings=True,
-            position_embedding_name="position_embeddings",
-            initializer_range=config.initializer_range,
-            max_position_embeddings=config.max_position_embeddings,
-            dropout_prob=config.hidden_dropout_prob,
-            dropout_seeds=dropout_seeds)
-        # Lookups and the first layer norm run in float32; the encoder in compute_type.
-        self.embedding_output = tf.cast(self.embedding_output, compute_type)
-
-      with tf.variable_scope("encoder"):
-        attention_mask = create_attention_mask_from_input_mask(
-            input_ids, input_mask, self.embedding_output.dtype)
-        output_positions = None
-        if masked_lm_positions is not None:
-          masked_lm_positions = tf.cast(masked_lm_positions, tf.int32)
-          output_positions = tf.concat(
-              [tf.zeros_like(masked_lm_positions[:, :1]), masked_lm_positions], axis=1)
-        layers = dict(
-            input_tensor=self.embedding_output,
-            attention_mask=attention_mask,
-            hidden_size=config.hidden_size,
-            num_hidden_layers=config.num_hidden_layers,
-            num_attention_heads=config.num_attention_heads,
-            intermediate_size=config.intermediate_size,
-            intermediate_act_fn=get_activation(config.hidden_act),
-            hidden_dropout_prob=config.hidden_dropout_prob,
-            attention_probs_dropout_prob=config.attention_probs_dropout_prob,
-            initializer_range=config.initializer_range,
-            do_return_all_layers=True,
-            output_positions=output_positions,
-            dropout_seeds=dropout_seeds)
-        if drop_padding:
-          # Imported here: the fast path builds on this module's layers.
-          from bert_pretrain.model import unpadded  # pylint: disable=g-import-not-at-top
-          self.all_encoder_layers = unpadded.transformer_model(
-              input_mask=input_mask, attention_per_sequence=attention_per_sequence, **layers)
-        else:
-          self.all_encoder_layers = transformer_model(**layers)
+      (self.embedding_output, self.embedding_table) = embeddings(
+          config, input_ids, token_type_ids, use_one_hot_embeddings, dropout_seeds)
+      # Lookups and the first layer norm run in float32; the encoder in compute_type.
+      self.embedding_output = tf.cast(self.embedding_output, compute_type)
+      if masked_lm_positions is not None:
+        masked_lm_positions = tf.cast(masked_lm_positions, tf.int32)
+      self.all_encoder_layers = encoder(config, self.embedding_output, input_ids, input_mask,
+                                        masked_lm_positions, drop_padding,
+                                        attention_per_sequence, dropout_seeds)
 
       self.sequence_output = self.all_encoder_layers[-1]
       self.masked_positions_output = None
@@ -334,6 +174,95 @@ class BertModel(object):
   def get_embedding_table(self):
     """float Tensor of shape [vocab_size, hidden_size]: the word embedding table."""
     return self.embedding_table
+
+
+def embeddings(config, input_ids, token_type_ids, use_one_hot_embeddings=False,
+               dropout_seeds=None):
+  """BERT's embeddings (scope "embeddings"): word + token type + position, layer norm
+  and dropout, in float32.
+
+  Args:
+    config: BertConfig.
+    input_ids: int Tensor [batch_size, seq_length].
+    token_type_ids: int Tensor [batch_size, seq_length].
+    use_one_hot_embeddings: bool, a one-hot matmul instead of tf.gather.
+    dropout_seeds: (optional) DropoutSeeds.
+
+  Returns:
+    (output, table): float32 Tensors [batch_size, seq_length, hidden_size] and
+    [vocab_size, hidden_size].
+  """
+  with tf.variable_scope("embeddings"):
+    (output, table) = embedding_lookup(
+        input_ids=input_ids,
+        vocab_size=config.vocab_size,
+        embedding_size=config.hidden_size,
+        initializer_range=config.initializer_range,
+        word_embedding_name="word_embeddings",
+        use_one_hot_embeddings=use_one_hot_embeddings)
+
+    # Add positional embeddings and token type embeddings, then layer
+    # normalize and perform dropout.
+    output = embedding_postprocessor(
+        input_tensor=output,
+        use_token_type=True,
+        token_type_ids=token_type_ids,
+        token_type_vocab_size=config.type_vocab_size,
+        token_type_embedding_name="token_type_embeddings",
+        use_position_embeddings=True,
+        position_embedding_name="position_embeddings",
+        initializer_range=config.initializer_range,
+        max_position_embeddings=config.max_position_embeddings,
+        dropout_prob=config.hidden_dropout_prob,
+        dropout_seeds=dropout_seeds)
+  return output, table
+
+
+def encoder(config, embedding_output, input_ids, input_mask, masked_lm_positions=None,
+            drop_padding=False, attention_per_sequence=False, dropout_seeds=None):
+  """BERT's encoder (scope "encoder"): the plain transformer_model, or with drop_padding
+  the unpadded one (unpadded.transformer_model); BertModel's arguments of those names.
+
+  Args:
+    config: BertConfig.
+    embedding_output: float Tensor [batch_size, seq_length, hidden_size] in the compute
+      type.
+    input_ids: int Tensor [batch_size, seq_length].
+    input_mask: int Tensor [batch_size, seq_length].
+    masked_lm_positions: (optional) int32 Tensor [batch_size, num_positions].
+    drop_padding, attention_per_sequence, dropout_seeds: as BertModel's.
+
+  Returns:
+    List of float Tensors, one per layer: [batch_size, seq_length, hidden_size], or
+    [batch_size, 1 + num_positions, hidden_size] with masked_lm_positions.
+  """
+  with tf.variable_scope("encoder"):
+    attention_mask = create_attention_mask_from_input_mask(
+        input_ids, input_mask, embedding_output.dtype)
+    output_positions = None
+    if masked_lm_positions is not None:
+      output_positions = tf.concat(
+          [tf.zeros_like(masked_lm_positions[:, :1]), masked_lm_positions], axis=1)
+    layers = dict(
+        input_tensor=embedding_output,
+        attention_mask=attention_mask,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        intermediate_act_fn=get_activation(config.hidden_act),
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        initializer_range=config.initializer_range,
+        do_return_all_layers=True,
+        output_positions=output_positions,
+        dropout_seeds=dropout_seeds)
+    if drop_padding:
+      # Imported here: the fast path builds on this module's layers.
+      from bert_pretrain.model import unpadded  # pylint: disable=g-import-not-at-top
+      return unpadded.transformer_model(
+          input_mask=input_mask, attention_per_sequence=attention_per_sequence, **layers)
+    return transformer_model(**layers)
 
 
 def gelu(x):
@@ -971,111 +900,6 @@ def transformer_layer(layer_input, query_input, self_attention, compute_type, hi
                                initializer_range=initializer_range)
     return dropout_add_layer_norm(layer_output, attention_output, hidden_dropout_prob,
                                   seeds=dropout_seeds)
-
-
-def get_masked_lm_output(bert_config, input_tensor, output_weights, positions, label_ids,
-                         label_weights):
-  """The masked-LM head (cls/predictions), evaluated at the masked positions only.
-
-  Gathering the masked positions first means the transform and the vocabulary
-  projection run on batch_size * max_predictions_per_seq rows instead of
-  batch_size * seq_length: the projection is the largest matmul of a small BERT.
-
-  Args:
-    bert_config: BertConfig.
-    input_tensor: float Tensor [batch_size, seq_length, hidden_size], the sequence
-      output; or, with positions None, [batch_size * max_predictions_per_seq,
-      hidden_size], the output at the masked positions (BertModel's
-      get_masked_positions_output()).
-    output_weights: float Tensor [vocab_size, hidden_size], the word embedding table
-      (the output projection shares it).
-    positions: int Tensor [batch_size, max_predictions_per_seq], masked positions, or
-      None.
-    label_ids: int Tensor [batch_size, max_predictions_per_seq], the true token ids.
-    label_weights: float Tensor [batch_size, max_predictions_per_seq], 1.0 for real
-      predictions, 0.0 for padding.
-
-  Returns:
-    (loss, per_example_loss, log_probs): float32 scalar, float32 [batch_size *
-    max_predictions_per_seq], float32 [batch_size * max_predictions_per_seq, vocab_size].
-  """
-  if positions is not None:
-    input_tensor = gather_indexes(input_tensor, positions)
-
-  with tf.variable_scope("cls/predictions"):
-    # One more non-linear transform before the output layer; it is not used after
-    # pretraining.
-    with tf.variable_scope("transform"):
-      input_tensor = dense_layer(input_tensor, bert_config.hidden_size, "dense",
-                                 get_activation(bert_config.hidden_act),
-                                 bert_config.initializer_range)
-      input_tensor = layer_norm(input_tensor)
-
-    # The output weights are the input embeddings, but there is an output-only bias
-    # for each token.
-    output_bias = tf.get_variable("output_bias", shape=[bert_config.vocab_size],
-                                  dtype=input_tensor.dtype, initializer=tf.zeros_initializer())
-    logits = tf.matmul(input_tensor, tf.cast(output_weights, input_tensor.dtype),
-                       transpose_b=True)
-    logits = tf.cast(tf.nn.bias_add(logits, output_bias), tf.float32)
-    log_probs = tf.nn.log_softmax(logits, axis=-1)
-
-    label_ids = tf.reshape(label_ids, [-1])
-    label_weights = tf.cast(tf.reshape(label_weights, [-1]), tf.float32)
-    per_example_loss = precision.softmax_cross_entropy(logits, tf.cast(label_ids, tf.int32))
-    # Padding predictions have weight 0; the epsilon keeps an all-padding batch at 0.
-    numerator = tf.reduce_sum(label_weights * per_example_loss)
-    denominator = tf.reduce_sum(label_weights) + 1e-5
-    loss = numerator / denominator
-
-  return (loss, per_example_loss, log_probs)
-
-
-def get_next_sentence_output(bert_config, input_tensor, labels):
-  """The next-sentence head (cls/seq_relationship): is sentence B the real next one?
-
-  Args:
-    bert_config: BertConfig.
-    input_tensor: float Tensor [batch_size, hidden_size], the pooled output.
-    labels: int Tensor [batch_size] or [batch_size, 1]: 0 = B follows A, 1 = random B.
-
-  Returns:
-    (loss, per_example_loss, log_probs): float32 scalar, [batch_size], [batch_size, 2].
-  """
-  with tf.variable_scope("cls/seq_relationship"):
-    output_weights = tf.get_variable(
-        "output_weights", shape=[2, bert_config.hidden_size], dtype=input_tensor.dtype,
-        initializer=create_initializer(bert_config.initializer_range))
-    output_bias = tf.get_variable("output_bias", shape=[2], dtype=input_tensor.dtype,
-                                  initializer=tf.zeros_initializer())
-
-    logits = tf.matmul(input_tensor, output_weights, transpose_b=True)
-    logits = tf.cast(tf.nn.bias_add(logits, output_bias), tf.float32)
-    log_probs = tf.nn.log_softmax(logits, axis=-1)
-    labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
-    per_example_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
-                                                                      logits=logits)
-    loss = tf.reduce_mean(per_example_loss)
-    return (loss, per_example_loss, log_probs)
-
-
-def gather_indexes(sequence_tensor, positions):
-  """Gathers the vectors at the given positions of each sequence of the batch.
-
-  Args:
-    sequence_tensor: float Tensor [batch_size, seq_length, width].
-    positions: int Tensor [batch_size, num_positions].
-
-  Returns:
-    float Tensor [batch_size * num_positions, width].
-  """
-  sequence_shape = get_shape_list(sequence_tensor, expected_rank=3)
-  batch_size = sequence_shape[0]
-  seq_length = sequence_shape[1]
-  width = sequence_shape[2]
-
-  flat_sequence_tensor = tf.reshape(sequence_tensor, [batch_size * seq_length, width])
-  return tf.gather(flat_sequence_tensor, flat_positions(positions, seq_length))
 
 
 def flat_positions(positions, seq_length):

@@ -19,6 +19,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain.training import checkpoints
 from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
 from bert_pretrain.model import precision
 from bert_pretrain.model import dropout as dropout_lib
@@ -80,10 +81,10 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
                              attention_per_sequence=attention_per_sequence,
                              dropout_seeds=dropout_seeds)
   with tf.variable_scope("", custom_getter=precision.get_custom_getter(dtype)):
-    (mlm_loss, mlm_example_loss, mlm_log_probs) = modeling.get_masked_lm_output(
+    (mlm_loss, mlm_example_loss, mlm_log_probs) = heads.get_masked_lm_output(
         bert_config, model.get_masked_positions_output(), model.get_embedding_table(),
         None, features["masked_lm_ids"], features["masked_lm_weights"])
-    (nsp_loss, nsp_example_loss, nsp_log_probs) = modeling.get_next_sentence_output(
+    (nsp_loss, nsp_example_loss, nsp_log_probs) = heads.get_next_sentence_output(
         bert_config, model.get_pooled_output(), features["next_sentence_labels"])
 
   mlm_ids = tf.reshape(features["masked_lm_ids"], [-1])
@@ -123,10 +124,8 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       build_model), e.g. an iterator's get_next() of input_pipeline.make_dataset (with
       ranks, of ranks.iterator(): one micro-batch per replica).
     dtype: compute type; tf.float16 brings dynamic loss scaling.
-    opt: config.Optimizer: the optimizer (optimization.create_optimizer), its schedule
-      (optimization.learning_rate_schedule: linear warm-up, then polynomial decay to 0
-      at num_train_steps), accumulation, all-reduce, clipping and float16's first loss
-      scale.
+    opt: config.Optimizer: the optimizer, its schedule, accumulation, all-reduce,
+      clipping and float16's first loss scale (train_ops).
     learning_rate: the schedule's peak (default: opt.learning_rate; a run may scale it
       by its ranks).
     ranks: (optional) ranks.Ranks of a job of several replicas: the graph is built per
@@ -134,10 +133,8 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       signal are all-reduced over the replicas.
     attention_per_sequence: build_model's (attends_per_sequence says when it pays).
     seed: (optional) Python int: the dropout masks are then a function of it, the
-      dropout site, and the place of the micro-batch's first record in the data order
-      (data_position + (micro_batch x replicas + replica) x batch_size), so a resumed
-      run draws the uninterrupted run's masks. None: stateful random masks, new in
-      every process.
+      site, and the micro-batch's first record in the data order, so a resumed run
+      draws the uninterrupted run's masks. None: stateful masks, new in every process.
 
   Returns:
     TrainGraph with
@@ -189,20 +186,9 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       dropout_seeds = dropout_lib.DropoutSeeds(seed, first_record)
     outputs = build_model(bert_config, features, True, dtype, attention_per_sequence,
                           dropout_seeds)
-    lr = optimization.learning_rate_schedule(
-        global_step, opt.learning_rate if learning_rate is None else learning_rate,
-        opt.num_train_steps, opt.num_warmup_steps, opt.poly_power, opt.start_warmup_step)
-    optimizer = optimization.create_optimizer(opt.optimizer, lr, opt.weight_decay_rate,
-                                              opt.beta_1, opt.beta_2, opt.epsilon,
-                                              opt.lamb_adapt_layernorm_and_bias)
-    loss_scale = None
-    if dtype == tf.float16:
-      loss_scale = optimization.DynamicLossScale(initial_scale=opt.init_loss_scale)
-    post = opt.allreduce_post_accumulation
-    (accumulate_op, update_op) = optimization.create_train_ops(
-        outputs["total_loss"], optimizer, global_step, opt.num_accumulation_steps,
-        allreduce_fn=all_reduce if post else None, loss_scale=loss_scale,
-        pre_accumulation_fn=None if post else all_reduce, clipping=opt.gradient_clipping)
+    (lr, loss_scale, accumulate_op, update_op) = train_ops(
+        opt, outputs["total_loss"], global_step, dtype,
+        opt.learning_rate if learning_rate is None else learning_rate, all_reduce)
     with tf.control_dependencies([update_op]):
       # After the update, whose forward pass read it for the dropout masks.
       advance = data_position.assign_add(batch_size * opt.num_accumulation_steps * replicas)
@@ -211,27 +197,12 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
     if several:
       losses = all_reduce([losses], name="display_losses")[0]
     stop_agreed = signals.agreed_signal(stop_feed, ranks if several else None)
-    with tf.control_dependencies([update_op]):
-      # global_step after the update: one more, or the same when loss scaling skipped
-      # an update whose gradients overflowed.
-      step_fetches = {"step": global_step.read_value()}
-      if loss_scale is not None:
-        step_fetches.update(loss_scale=loss_scale.scale.read_value(),
-                            skipped_steps=loss_scale.skipped_steps.read_value())
-    # The stop request agreed by all ranks, in the same session run as the update.
-    step_fetches["stop_signal"] = stop_agreed
-    # When this rank's forward pass ended (seconds since the epoch): what the step took
-    # here before waiting for the other ranks in the all-reduce.
-    with tf.control_dependencies([outputs["total_loss"]]):
-      forward_done = tf.timestamp()
-    display_fetches = dict(step_fetches, losses=losses, learning_rate=lr,
-                           forward_done=forward_done)
-    rank_times = None
-    if rank_time is not None:
-      # Each rank's time at its own place, summed: every rank's time.
-      rank_times = ranks.process_sum(
-          tf.one_hot(ranks.rank, ranks.size, dtype=tf.float64) * rank_time,
-          name="rank_step_times")
+    (step_fetches, display_fetches) = fetches(global_step, update_op, loss_scale,
+                                              stop_agreed, outputs, losses, lr)
+    # Each rank's time at its own place, summed: every rank's time.
+    rank_times = None if rank_time is None else ranks.process_sum(
+        tf.one_hot(ranks.rank, ranks.size, dtype=tf.float64) * rank_time,
+        name="rank_step_times")
     return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op,
                       step_fetches, display_fetches, stop_feed, stop_agreed, rank_time,
                       rank_times, data_position, micro_batch, record_fingerprints(features))
@@ -242,6 +213,57 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
   # Every replica's records, in the order of the replicas (merged keeps the first's).
   record_ids = tf.concat([g.record_ids for g in graphs], axis=0)
   return ranks.merged(graphs)._replace(record_ids=record_ids)
+
+
+def train_ops(opt, total_loss, global_step, dtype, learning_rate, all_reduce=None):
+  """The schedule, the optimizer and its ops for one replica's loss.
+
+  Args:
+    opt: config.Optimizer.
+    total_loss: float32 scalar Tensor of one micro-batch.
+    global_step: int64 variable.
+    dtype: compute type; tf.float16 brings dynamic loss scaling.
+    learning_rate: the schedule's peak.
+    all_reduce: (optional) function of a list of gradients -> their mean over the
+      replicas, applied before or after the accumulation (opt.allreduce_post_accumulation).
+
+  Returns:
+    (learning_rate Tensor, DynamicLossScale or None, accumulate_op or None, update_op).
+  """
+  lr = optimization.learning_rate_schedule(global_step, learning_rate, opt.num_train_steps,
+                                           opt.num_warmup_steps, opt.poly_power,
+                                           opt.start_warmup_step)
+  optimizer = optimization.create_optimizer(opt.optimizer, lr, opt.weight_decay_rate,
+                                            opt.beta_1, opt.beta_2, opt.epsilon,
+                                            opt.lamb_adapt_layernorm_and_bias)
+  loss_scale = None
+  if dtype == tf.float16:
+    loss_scale = optimization.DynamicLossScale(initial_scale=opt.init_loss_scale)
+  post = opt.allreduce_post_accumulation
+  (accumulate_op, update_op) = optimization.create_train_ops(
+      total_loss, optimizer, global_step, opt.num_accumulation_steps,
+      allreduce_fn=all_reduce if post else None, loss_scale=loss_scale,
+      pre_accumulation_fn=None if post else all_reduce, clipping=opt.gradient_clipping)
+  return lr, loss_scale, accumulate_op, update_op
+
+
+def fetches(global_step, update_op, loss_scale, stop_agreed, outputs, losses, lr):
+  """(step_fetches, display_fetches): TrainGraph's dicts (see build_train_graph)."""
+  with tf.control_dependencies([update_op]):
+    # global_step after the update: one more, or the same when loss scaling skipped
+    # an update whose gradients overflowed.
+    step_fetches = {"step": global_step.read_value()}
+    if loss_scale is not None:
+      step_fetches.update(loss_scale=loss_scale.scale.read_value(),
+                          skipped_steps=loss_scale.skipped_steps.read_value())
+  # The stop request agreed by all ranks, in the same session run as the update.
+  step_fetches["stop_signal"] = stop_agreed
+  # When this rank's forward pass ended (seconds since the epoch): what the step took
+  # here before waiting for the other ranks in the all-reduce.
+  with tf.control_dependencies([outputs["total_loss"]]):
+    forward_done = tf.timestamp()
+  return step_fetches, dict(step_fetches, losses=losses, learning_rate=lr,
+                            forward_done=forward_done)
 
 
 def record_fingerprints(features):
