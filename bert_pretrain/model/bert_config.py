@@ -8,6 +8,9 @@ import json
 
 import tensorflow.compat.v1 as tf
 
+# hidden_act values, modeling.ACTIVATIONS' names.
+ACTIVATION_NAMES = ("gelu", "relu", "tanh", "linear")
+
 
 class BertConfig(object):
   """Hyperparameters of a BertModel (the contents of bert_config.json).
@@ -113,9 +116,9 @@ class BertConfig(object):
     if self.hidden_size % self.num_attention_heads:
       raise ValueError("%s: hidden_size %d is not a multiple of num_attention_heads %d; fix "
                        "bert_config.json" % (source, self.hidden_size, self.num_attention_heads))
-    if self.hidden_act not in ACTIVATIONS:
+    if self.hidden_act not in ACTIVATION_NAMES:
       raise ValueError("%s: hidden_act %r is not one of %s; fix bert_config.json"
-                       % (source, self.hidden_act, sorted(ACTIVATIONS)))
+                       % (source, self.hidden_act, sorted(ACTIVATION_NAMES)))
 
   def to_dict(self):
     """Serializes this instance to a Python dictionary."""

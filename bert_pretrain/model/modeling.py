@@ -280,12 +280,7 @@ def gelu(x):
   return tf.cast(y * cdf, x.dtype)
 
 
-ACTIVATIONS = {
-    "gelu": gelu,
-    "relu": tf.nn.relu,
-    "tanh": tf.tanh,
-    "linear": None,
-}
+ACTIVATIONS = dict(zip(bert_config.ACTIVATION_NAMES, (gelu, tf.nn.relu, tf.tanh, None)))
 
 
 def get_activation(activation_string):
