@@ -31,6 +31,11 @@ DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 # MLPerf's sequence length and masked positions: the records' and the run's default.
 MAX_SEQ_LENGTH = 512
 MAX_PREDICTIONS_PER_SEQ = 76
+# Google's and MLPerf's data creation: create_pretraining_data's and the wiki pipeline's.
+MASKED_LM_PROB = 0.15
+SHORT_SEQ_PROB = 0.1
+DUPE_FACTOR = 10
+DATA_SEED = 12345
 CLIPPING = ("per_micro_batch", "after_allreduce")
 RESUME_CHANGES = ("global_batch", "seed", "data")
 

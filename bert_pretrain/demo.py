@@ -41,6 +41,7 @@ from absl import flags
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.training import checkpoints
+from bert_pretrain import config
 from bert_pretrain import create_pretraining_data
 from bert_pretrain import errors
 from bert_pretrain.data import input_pipeline
@@ -67,29 +68,13 @@ DEMO_CONFIG = {
     "type_vocab_size": 2,
     "initializer_range": 0.02,
 }
-MAX_SEQ_LENGTH = 128
-MAX_PREDICTIONS_PER_SEQ = 20
+MAX_SEQ_LENGTH = config.PRESETS["demo"]["max_seq_length"]
+MAX_PREDICTIONS_PER_SEQ = config.PRESETS["demo"]["max_predictions_per_seq"]
 EVAL_DOCUMENT_FRACTION = 0.1
 NUM_TRAIN_FILES = 4
-# The training run: 500 LAMB updates of 32 sequences, evaluated every 125 updates. Only
-# what differs from run_pretraining's flag defaults (LAMB, the whole eval set) or from
-# what the scripts pass (run_multi_card_FPS.sh accumulates 4 micro-batches otherwise).
-RUN_FLAGS = {
-    "max_seq_length": MAX_SEQ_LENGTH,
-    "max_predictions_per_seq": MAX_PREDICTIONS_PER_SEQ,
-    "train_batch_size": 32,
-    "num_accumulation_steps": 1,
-    "learning_rate": 5e-3,
-    "num_warmup_steps": 50,
-    "num_train_steps": 500,
-    "display_loss_steps": 50,
-    "save_checkpoints_steps": 250,
-    "stop_threshold": 0,
-    "eval_at_start": True,
-    "samples_start_eval": 0,
-    "samples_between_eval": 4000,
-    "eval_batch_size": 64,
-}
+# The training run: config.PRESETS["demo"] (500 LAMB updates of 32 sequences, evaluated
+# every 125), but for the precision, which the scripts choose (--amp; --noamp wins).
+RUN_FLAGS = {k: v for k, v in config.PRESETS["demo"].items() if k != "amp"}
 
 # The downstream step: is a sentence as written (label "original") or are its words
 # shuffled ("shuffled"), half of them at random. Not which book a passage comes from:
