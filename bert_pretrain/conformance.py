@@ -69,6 +69,7 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import config
 from bert_pretrain import errors
 from bert_pretrain.training import checkpoints
 from bert_pretrain.distributed import device as device_lib
@@ -95,8 +96,6 @@ UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 **
                  "tf32": 2.0 ** -11}
 # Fresh weights and the synthetic batch without --seed.
 DEFAULT_SEED = 12345
-# Share of a synthetic sequence's tokens that are masked, as in create_pretraining_data.
-MASKED_LM_PROB = 0.15
 
 # A compared quantity: its name (a scope of the graph, or a loss, or a variable group),
 # what it is, its depth in matmuls and the relative error with its tolerance.
@@ -131,7 +130,7 @@ def synthetic_batch(batch_size, seq_length, predictions, vocab_size, seed=DEFAUL
     batch["input_ids"][b, :length] = rng.randint(1, vocab_size, length)
     batch["input_mask"][b, :length] = 1
     batch["segment_ids"][b, length // 2:length] = 1
-    count = min(predictions, max(1, int(round(MASKED_LM_PROB * length))), length - 1)
+    count = min(predictions, max(1, int(round(config.MASKED_LM_PROB * length))), length - 1)
     positions = np.sort(rng.choice(np.arange(1, length), count, replace=False))
     batch["masked_lm_positions"][b, :count] = positions
     batch["masked_lm_ids"][b, :count] = rng.randint(1, vocab_size, count)
