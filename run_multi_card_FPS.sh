@@ -8,7 +8,7 @@
 # IX_NUM_CUDA_VISIBLE_DEVICES is the number of cards per host. HOROVOD_RUN_ARGS (default
 # --gloo) goes to horovodrun: --mpi, or hosts for several machines, e.g.
 # HOROVOD_RUN_ARGS="--gloo -H host1:8,host2:8" or "--gloo --hostfile hosts"; the script
-# computes -np (bert_pretrain/launch.py). DRY_RUN=1 prints the plan and the command only.
+# computes -np (bert_pretrain/distributed/launch.py). DRY_RUN=1 prints the plan and the command only.
 # DISTRIBUTION chooses TensorFlow's own engines instead of Horovod: mirrored (one process
 # drives the cards of this host) or multi_worker_mirrored (one process per host; on
 # several hosts of HOROVOD_RUN_ARGS horovodrun starts them and TF_CONFIG names them, at
@@ -19,7 +19,7 @@ source "$here/scripts/common.sh"
 
 per_host="$(count_ranks)"
 distribution="${DISTRIBUTION:-horovod}"
-plan="$(python3 -m bert_pretrain.launch "$per_host" "$distribution")"  # exits 2 on a contradiction
+plan="$(python3 -m bert_pretrain.distributed.launch "$per_host" "$distribution")"  # exits 2 on a contradiction
 mapfile -t launcher <<< "$plan"
 engine=(--horovod)  # one rank per card
 cards=()
@@ -61,4 +61,4 @@ if [ -n "${DRY_RUN:-}" ]; then
 fi
 # launch.py runs horovodrun so that a failed job ends with the rank's error, not
 # horovodrun's traceback; other commands it execs.
-exec python3 -m bert_pretrain.launch run "${command[@]}"
+exec python3 -m bert_pretrain.distributed.launch run "${command[@]}"

@@ -10,7 +10,7 @@ bfloat16 compute with float32 weights, as run_pretraining --amp_dtype=bfloat16) 
 measures, each side in its own subprocess (so the memory and threads are its own), the
 sides taking turns for --rounds rounds within the row:
 
-  - our training step, built by bert_pretrain.pretraining.build_train_graph as
+  - our training step, built by bert_pretrain.training.pretraining.build_train_graph as
     run_pretraining builds it (the model, LAMB, the learning-rate schedule, the update
     op), fed by input_pipeline.make_dataset from real TFRecords (its shuffle seeded, so
     every run trains on the same batches), and the same step fed those batches held in
@@ -141,7 +141,7 @@ def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_S
   (transform + vocabulary projection). At the real tokens, as our model computes them
   (modeling.transformer_model's input_mask): the dense layers at the `tokens` real
   tokens of a sequence (the rows that round a batch's up to
-  modeling.default_row_multiple are not counted), the attention among each sequence's
+  unpadded.default_row_multiple are not counted), the attention among each sequence's
   real tokens (`tokens_squared`: where our step attends at every position, at sequence
   128, the padding's share is not counted either), and the last layer's queries and all
   after them at the [CLS] and the `predictions` positions only (its output_positions).
@@ -241,7 +241,7 @@ def _import_tf():
 
 def session_config(row):
   """The session config of one CPU rank, with the row's thread counts."""
-  from bert_pretrain import pretraining  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.training import pretraining  # pylint: disable=g-import-not-at-top
   return pretraining.session_config(row["intra"], row["inter"], use_xla=row["xla"])
 
 
@@ -265,9 +265,10 @@ class TrainStep(object):
 
   def __init__(self, row):
     tf = _import_tf()
-    from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
-    from bert_pretrain import modeling  # pylint: disable=g-import-not-at-top
-    from bert_pretrain import pretraining  # pylint: disable=g-import-not-at-top
+    from bert_pretrain import config  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.data import input_pipeline  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.model import modeling  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.training import pretraining  # pylint: disable=g-import-not-at-top
     self.graph = tf.Graph()
     with self.graph.as_default():
       def batches():
@@ -280,8 +281,9 @@ class TrainStep(object):
       bert_config = modeling.BertConfig.from_dict(bert_config_dict(row["config"]))
       dtype = tf.bfloat16 if row["precision"] == "amp" else tf.float32
       train = pretraining.build_train_graph(
-          bert_config, self.features, dtype, LEARNING_RATE, TRAIN_STEPS,
-          optimizer_name=row.get("optimizer", "lamb"),
+          bert_config, self.features, dtype,
+          config.Optimizer(optimizer=row.get("optimizer", "lamb"), learning_rate=LEARNING_RATE,
+                           num_train_steps=TRAIN_STEPS),
           attention_per_sequence=pretraining.attends_per_sequence(row["seq"], dtype, True,
                                                                   row["xla"]))
       self.fetches = [train.update_op, train.outputs["total_loss"]]
@@ -470,7 +472,7 @@ def peer_worker(row):
 def prepare_data(data_dir, seq_lengths):
   """WordPiece vocab (up to 30522 tokens) and TFRecords of the demo corpus, once."""
   from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
-  from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(data_dir):
     os.makedirs(data_dir)
   vocab_file = os.path.join(data_dir, "vocab.txt")

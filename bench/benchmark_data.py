@@ -47,7 +47,7 @@ from bert_pretrain.wiki import workdir
 import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 
 from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
-from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -373,6 +373,25 @@ def _rate(amount, seconds):
   return amount / seconds if seconds > 0 else 0.0
 
 
+def train_vocab(dump, work):
+  """Trains a vocabulary of BERT's size on the dump's own extracted text; returns its
+  path (for a run given no --vocab)."""
+  vocab = os.path.join(work, "vocab.txt")
+  probe = os.path.join(work, "probe")
+  pipeline.run_pipeline(probe, dump=dump, steps="extract,clean", jobs=1,
+                        pages_per_chunk=FLAGS.pages_per_chunk)
+  text_file = os.path.join(work, "vocab_text.txt")
+  with open(text_file, "w", encoding="utf-8") as writer:
+    for name in sorted(os.listdir(os.path.join(probe, "work", "cleaned"))):
+      if name.endswith(".jsonl"):
+        with open(os.path.join(probe, "work", "cleaned", name), encoding="utf-8") as f:
+          for line in f:
+            writer.write(json.loads(line)["text"] + "\n")
+  tokenization.build_wordpiece_vocab([text_file], 30522, vocab)
+  shutil.rmtree(probe)
+  return vocab
+
+
 def main(argv):
   del argv
   tf.logging.set_verbosity(tf.logging.ERROR)
@@ -390,22 +409,7 @@ def main(argv):
         xml_bytes += len(block)
   else:
     xml_bytes = os.path.getsize(dump)
-  vocab = FLAGS.vocab
-  if not vocab:
-    # No vocab given: train one of BERT's size on the dump's own extracted text.
-    vocab = os.path.join(work, "vocab.txt")
-    probe = os.path.join(work, "probe")
-    pipeline.run_pipeline(probe, dump=dump, steps="extract,clean", jobs=1,
-                          pages_per_chunk=FLAGS.pages_per_chunk)
-    text_file = os.path.join(work, "vocab_text.txt")
-    with open(text_file, "w", encoding="utf-8") as writer:
-      for name in sorted(os.listdir(os.path.join(probe, "work", "cleaned"))):
-        if name.endswith(".jsonl"):
-          with open(os.path.join(probe, "work", "cleaned", name), encoding="utf-8") as f:
-            for line in f:
-              writer.write(json.loads(line)["text"] + "\n")
-    tokenization.build_wordpiece_vocab([text_file], 30522, vocab)
-    shutil.rmtree(probe)
+  vocab = FLAGS.vocab or train_vocab(dump, work)
   settings = dict(num_shards=FLAGS.num_shards, num_eval_articles=FLAGS.num_eval_articles,
                   num_eval_samples=FLAGS.num_eval_samples,
                   max_seq_length=FLAGS.max_seq_length,

@@ -65,7 +65,7 @@ from absl import app
 from absl import flags
 
 from bench import card
-from bert_pretrain import launch
+from bert_pretrain.distributed import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -28,7 +28,7 @@ compare.png has six panels against training samples: total loss; its difference 
 reference's, with the band; masked-LM accuracy at the evaluations; sentences/s of each
 display window; the learning rate (and the float16 loss scale); each run's steady-state
 sentences/s with its ratio to the reference's. A run's own report.png
-(python3 -m bert_pretrain.report) is not touched.
+(python3 -m bert_pretrain.training.report) is not touched.
 """
 
 import json
@@ -42,7 +42,7 @@ from absl import app
 from absl import flags
 
 from bert_pretrain import errors
-from bert_pretrain import report
+from bert_pretrain.training import report
 
 flags.DEFINE_string("png_path", "compare.png", "The picture to write.")
 flags.DEFINE_float("band", 0.001, "Half-width of the band around the reference's total "

@@ -35,7 +35,7 @@ Tolerance: K x sqrt(1 + depth) x (u x m + u32 x sqrt(n)), from the tested comput
   TF32, which has float16's mantissa), 2^-24 for float32. Each matmul rounds its inputs
   and output to it.
 - m is 1 where the elementwise math between the matmuls (GELU, softmax, residual, layer
-  norm's input) computes in float32, as it does for bfloat16 (modeling.elementwise_dtype),
+  norm's input) computes in float32, as it does for bfloat16 (precision.elementwise_dtype),
   and ELEMENTWISE_ROUNDINGS where it computes in the low-precision type too (float16):
   its roundings add to the matmuls'.
 - u32 x sqrt(n), with u32 = 2^-24 and n the longest dot product of an encoder layer
@@ -69,13 +69,15 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import device as device_lib
+from bert_pretrain import config
 from bert_pretrain import errors
-from bert_pretrain import input_pipeline
-from bert_pretrain import modeling
-from bert_pretrain import pretraining
-from bert_pretrain import ranks as ranks_lib
+from bert_pretrain.training import checkpoints
+from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import modeling
+from bert_pretrain.model import precision
+from bert_pretrain.training import pretraining
+from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain import run_pretraining  # its flags: a run's command line works here
 
 flags.DEFINE_integer("inject_fault_layer", -1, "Checks the checker: a second activation "
@@ -94,8 +96,6 @@ UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 **
                  "tf32": 2.0 ** -11}
 # Fresh weights and the synthetic batch without --seed.
 DEFAULT_SEED = 12345
-# Share of a synthetic sequence's tokens that are masked, as in create_pretraining_data.
-MASKED_LM_PROB = 0.15
 
 # A compared quantity: its name (a scope of the graph, or a loss, or a variable group),
 # what it is, its depth in matmuls and the relative error with its tolerance.
@@ -130,7 +130,7 @@ def synthetic_batch(batch_size, seq_length, predictions, vocab_size, seed=DEFAUL
     batch["input_ids"][b, :length] = rng.randint(1, vocab_size, length)
     batch["input_mask"][b, :length] = 1
     batch["segment_ids"][b, length // 2:length] = 1
-    count = min(predictions, max(1, int(round(MASKED_LM_PROB * length))), length - 1)
+    count = min(predictions, max(1, int(round(config.MASKED_LM_PROB * length))), length - 1)
     positions = np.sort(rng.choice(np.arange(1, length), count, replace=False))
     batch["masked_lm_positions"][b, :count] = positions
     batch["masked_lm_ids"][b, :count] = rng.randint(1, vocab_size, count)
@@ -343,7 +343,7 @@ def tolerance(section, depth, compute, bert_config):
     float.
   """
   low_precision_elementwise = compute in ("float16", "bfloat16") and (
-      modeling.elementwise_dtype(tf.as_dtype(compute)) != tf.float32)
+      precision.elementwise_dtype(tf.as_dtype(compute)) != tf.float32)
   rounding = UNIT_ROUNDOFF[compute] * (ELEMENTWISE_ROUNDINGS if low_precision_elementwise
                                        else 1.0)
   longest = max(bert_config.hidden_size, bert_config.intermediate_size)

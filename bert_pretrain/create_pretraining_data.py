@@ -4,7 +4,7 @@
 Input: UTF-8 text files, one sentence a line, a blank line between documents.
 Output: TFRecord files of tf.train.Example protos with the features of Google's BERT
 (google-research/bert create_pretraining_data.py), consumed by run_pretraining; the
-format is bert_pretrain/records.py's (input_ids, input_mask, segment_ids of
+format is bert_pretrain/data/records.py's (input_ids, input_mask, segment_ids of
 max_seq_length values, masked_lm_positions, masked_lm_ids, masked_lm_weights of
 max_predictions_per_seq, next_sentence_labels).
 
@@ -53,9 +53,10 @@ from absl import logging
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import config
 from bert_pretrain import errors
-from bert_pretrain import records
-from bert_pretrain import tokenization
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 
 _REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
 # Lines tokenized per batch call: large enough to amortize the call, small enough that
@@ -701,9 +702,12 @@ def _check_arguments(output_files, max_seq_length, max_predictions_per_seq,
 
 
 def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case=True,
-                            max_seq_length=512, max_predictions_per_seq=76,
-                            masked_lm_prob=0.15, short_seq_prob=0.1, dupe_factor=10,
-                            random_seed=12345, do_whole_word_mask=False):
+                            max_seq_length=config.MAX_SEQ_LENGTH,
+                            max_predictions_per_seq=config.MAX_PREDICTIONS_PER_SEQ,
+                            masked_lm_prob=config.MASKED_LM_PROB,
+                            short_seq_prob=config.SHORT_SEQ_PROB,
+                            dupe_factor=config.DUPE_FACTOR, random_seed=config.DATA_SEED,
+                            do_whole_word_mask=False):
   """Turns text files into BERT pretraining TFRecord files.
 
   Args:
@@ -885,14 +889,14 @@ def define_flags():
                     "Lower-case and strip accents (True for uncased models).")
   flags.DEFINE_bool("do_whole_word_mask", False,
                     "Mask whole words rather than single WordPieces.")
-  flags.DEFINE_integer("max_seq_length", 512, "Maximum sequence length.")
-  flags.DEFINE_integer("max_predictions_per_seq", 76,
+  flags.DEFINE_integer("max_seq_length", config.MAX_SEQ_LENGTH, "Maximum sequence length.")
+  flags.DEFINE_integer("max_predictions_per_seq", config.MAX_PREDICTIONS_PER_SEQ,
                        "Maximum number of masked LM predictions per sequence.")
-  flags.DEFINE_integer("random_seed", 12345, "Random seed for data generation.")
-  flags.DEFINE_integer("dupe_factor", 10,
+  flags.DEFINE_integer("random_seed", config.DATA_SEED, "Random seed for data generation.")
+  flags.DEFINE_integer("dupe_factor", config.DUPE_FACTOR,
                        "Number of passes over the input (each with different masks).")
-  flags.DEFINE_float("masked_lm_prob", 0.15, "Masked LM probability.")
-  flags.DEFINE_float("short_seq_prob", 0.1,
+  flags.DEFINE_float("masked_lm_prob", config.MASKED_LM_PROB, "Masked LM probability.")
+  flags.DEFINE_float("short_seq_prob", config.SHORT_SEQ_PROB,
                      "Probability of a shorter target length for a document.")
   for name in ("input_file", "output_file", "vocab_file"):
     flags.mark_flag_as_required(name)

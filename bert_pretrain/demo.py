@@ -18,13 +18,19 @@ interrupted preparation is redone, never half-used; the cache is built under a l
 second demo started meanwhile waits and then finds it built.
 
 After the pretraining run, the script calls it again with --finetune_from=OUTPUT_DIR for
-the downstream step: which book a passage comes from (books/train.tsv, books/dev.tsv, the
-held-out documents), fine-tuned with run_classifier from the run's checkpoint and from
-random weights, both accuracies printed side by side.
+the downstream step. It first prints the run's masked-LM accuracy beside what predicting
+the most frequent token everywhere scores on the same eval set; then it fine-tunes
+run_classifier on word order: is a sentence as written, or are its words shuffled
+(word_order/train.tsv, word_order/dev.tsv, the held-out documents). A bag of words
+cannot tell the two apart, so the task needs what pretraining learns about word order;
+it is fine-tuned from the run's checkpoint and from random weights, both accuracies
+printed side by side.
 """
 
+import collections
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -34,14 +40,16 @@ from absl import app
 from absl import flags
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
+from bert_pretrain.training import checkpoints
+from bert_pretrain import config
 from bert_pretrain import create_pretraining_data
 from bert_pretrain import errors
-from bert_pretrain import input_pipeline
-from bert_pretrain import modeling
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import modeling
 from bert_pretrain import pack_records
-from bert_pretrain import pretraining
-from bert_pretrain import tokenization
+from bert_pretrain.training import pretraining
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "corpus.txt")
 
@@ -60,42 +68,32 @@ DEMO_CONFIG = {
     "type_vocab_size": 2,
     "initializer_range": 0.02,
 }
-MAX_SEQ_LENGTH = 128
-MAX_PREDICTIONS_PER_SEQ = 20
+MAX_SEQ_LENGTH = config.PRESETS["demo"]["max_seq_length"]
+MAX_PREDICTIONS_PER_SEQ = config.PRESETS["demo"]["max_predictions_per_seq"]
 EVAL_DOCUMENT_FRACTION = 0.1
 NUM_TRAIN_FILES = 4
-# The training run: 500 LAMB updates of 32 sequences, evaluated every 125 updates. Only
-# what differs from run_pretraining's flag defaults (LAMB, the whole eval set) or from
-# what the scripts pass (run_multi_card_FPS.sh accumulates 4 micro-batches otherwise).
-RUN_FLAGS = {
-    "max_seq_length": MAX_SEQ_LENGTH,
-    "max_predictions_per_seq": MAX_PREDICTIONS_PER_SEQ,
-    "train_batch_size": 32,
-    "num_accumulation_steps": 1,
-    "learning_rate": 5e-3,
-    "num_warmup_steps": 50,
-    "num_train_steps": 500,
-    "display_loss_steps": 50,
-    "save_checkpoints_steps": 250,
-    "stop_threshold": 0,
-    "eval_at_start": True,
-    "samples_start_eval": 0,
-    "samples_between_eval": 4000,
-    "eval_batch_size": 64,
-}
+# The training run: config.PRESETS["demo"] (500 LAMB updates of 32 sequences, evaluated
+# every 125), but for the precision, which the scripts choose (--amp; --noamp wins).
+RUN_FLAGS = {k: v for k, v in config.PRESETS["demo"].items() if k != "amp"}
 
-# The downstream step: which book a passage (PASSAGE_SENTENCES sentences) comes from, the
-# books in corpus order with their number of documents (SOURCE.md); fine-tuned with these
-# run_classifier flags, once from the pretrained checkpoint and once from random weights.
-BOOKS = (("alice", 12), ("pride_and_prejudice", 25), ("aesop", 53))
-PASSAGE_SENTENCES = 2
+# The downstream step: is a sentence as written (label "original") or are its words
+# shuffled ("shuffled"), half of them at random. Not which book a passage comes from:
+# random weights learn that from the words alone as well as the pretrained model
+# (docs/performance.md). A sentence gives its first WORD_ORDER_MAX_WORDS words, which fit
+# max_seq_length but for a rare few; shorter than WORD_ORDER_MIN_WORDS it is left out.
+WORD_ORDER_LABELS = ("original", "shuffled")
+WORD_ORDER_MIN_WORDS = 6
+WORD_ORDER_MAX_WORDS = 30
+WORD_ORDER_SEED = 12345
+# Fine-tuned with these run_classifier flags, once from the pretrained checkpoint and once
+# from random weights.
 FINETUNE_FLAGS = {
     "task_name": "tsv",
     "max_seq_length": 64,
     "train_batch_size": 32,
     "eval_batch_size": 64,
     "learning_rate": 1e-4,
-    "num_train_epochs": 2,
+    "num_train_epochs": 3,
     "display_loss_steps": 25,
     "seed": 12345,
 }
@@ -104,8 +102,8 @@ flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts."
 flags.DEFINE_bool("packed", False, "Also pack the demo's training records into "
                   "<cache_dir>/train_packed (bert_pretrain.pack_records).")
 flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
-                    "demo's pretraining run, whose checkpoint is fine-tuned to tell the "
-                    "books apart (and random weights beside it).")
+                    "demo's pretraining run, whose checkpoint is fine-tuned to tell sentences "
+                    "from their words shuffled (and random weights beside it).")
 flags.DEFINE_string("finetune_bert_config_file", None, "With --finetune_from: the run's "
                     "--bert_config_file (default: the demo's).")
 flags.DEFINE_string("run_output_dir", None, "The pretraining run's --output_dir (default: a "
@@ -250,25 +248,28 @@ def write_fresh_checkpoint(bert_config, prefix, seed=12345):
   os.rename(tmp_dir, os.path.dirname(prefix))
 
 
-def write_book_task(folder):
-  """Writes the downstream task as a plain TSV task in folder (train.tsv, dev.tsv):
-  passages of PASSAGE_SENTENCES consecutive sentences labelled with their book; dev.tsv
-  holds the passages of the held-out documents (those of the pretraining eval set).
+def write_word_order_task(folder):
+  """Writes the downstream task as a plain TSV task in folder (train.tsv, dev.tsv): each
+  sentence of the corpus (its first WORD_ORDER_MAX_WORDS words) labelled "original", or,
+  chosen at random (always the same), its words shuffled and labelled "shuffled"; dev.tsv
+  holds the sentences of the held-out documents (those of the pretraining eval set).
 
   Returns:
-    (train examples, dev examples, the share of the dev set's most frequent book).
+    (train examples, dev examples, the share of the dev set's most frequent label).
   """
-  documents = read_documents(CORPUS)
-  if len(documents) != sum(n for _, n in BOOKS):
-    raise ValueError("the demo corpus %s has %d documents, BOOKS counts %d; restore it with "
-                     "git checkout" % (CORPUS, len(documents), sum(n for _, n in BOOKS)))
-  labels = [book for book, count in BOOKS for _ in range(count)]
+  rng = random.Random(WORD_ORDER_SEED)
   splits = {"train": [], "dev": []}
-  for i, (document, label) in enumerate(zip(documents, labels)):
-    split = "dev" if is_held_out(i) else "train"
-    for start in range(0, len(document) - PASSAGE_SENTENCES + 1, PASSAGE_SENTENCES):
-      passage = " ".join(document[start:start + PASSAGE_SENTENCES]).replace("\t", " ")
-      splits[split].append("%s\t%s" % (passage, label))
+  for i, document in enumerate(read_documents(CORPUS)):
+    for sentence in document:
+      words = sentence.split()[:WORD_ORDER_MAX_WORDS]
+      if len(words) < WORD_ORDER_MIN_WORDS:
+        continue
+      label = rng.choice(WORD_ORDER_LABELS)
+      if label == "shuffled":
+        original = list(words)
+        while words == original:  # Six words or more: another order comes soon.
+          rng.shuffle(words)
+      splits["dev" if is_held_out(i) else "train"].append("%s\t%s" % (" ".join(words), label))
   os.makedirs(folder, exist_ok=True)
   for split, lines in splits.items():
     # A name per process: two demos at once each write the same file whole.
@@ -276,14 +277,66 @@ def write_book_task(folder):
     with open(temporary, "w", encoding="utf-8") as f:
       f.write("".join(line + "\n" for line in lines))
     os.replace(temporary, os.path.join(folder, split + ".tsv"))
-  dev_labels = [line.rsplit("\t", 1)[1] for line in splits["dev"]]
-  majority = max(dev_labels.count(book) for book, _ in BOOKS) / float(len(dev_labels))
+  dev_labels = collections.Counter(line.rsplit("\t", 1)[1] for line in splits["dev"])
+  majority = max(dev_labels.values()) / float(len(splits["dev"]))
   return len(splits["train"]), len(splits["dev"]), majority
 
 
+def most_frequent_token(eval_files_dir):
+  """What predicting one token at every masked position scores on an eval set: the token
+  the eval set masks most often (the baseline a masked-LM accuracy must beat).
+
+  Args:
+    eval_files_dir: a folder of pretraining TFRecords (records.FEATURES).
+
+  Returns:
+    (token id, its share of the masked positions, sequences read); the positions are
+    those of masked_lm_weight 1, as the masked-LM accuracy counts them.
+  """
+  counts = collections.Counter()
+  sequences = 0
+  for path in input_pipeline.list_record_files(eval_files_dir, "--eval_files_dir"):
+    offsets, problem = records.record_offsets(path)
+    if problem:
+      raise ValueError("%s is %s; delete the demo's eval folder to have it made again"
+                       % (path, problem))
+    for _, _, serialized in records.read_records(path, offsets):
+      values = records.parse_example(serialized)
+      sequences += 1
+      for token, weight in zip(values["masked_lm_ids"], values["masked_lm_weights"]):
+        counts[int(token)] += float(weight)
+  token, count = counts.most_common(1)[0]
+  return token, count / sum(counts.values()), sequences
+
+
+def log_masked_lm_baseline(pretrained_dir, eval_files_dir, vocab_file, log):
+  """Logs the run's last masked-LM accuracy (its eval_results.txt) beside what the most
+  frequent token of the eval set scores, in one line."""
+  token, share, sequences = most_frequent_token(eval_files_dir)
+  vocab = {i: t for t, i in tokenization.load_vocab(vocab_file).items()}
+  baseline = "predicting the most frequent token (%s) at every masked position: %.4f" % (
+      json.dumps(vocab.get(token, str(token)), ensure_ascii=False), share)
+  path = os.path.join(pretrained_dir, "eval_results.txt")
+  results = {}
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      results = dict(line.strip().split(" = ") for line in f if " = " in line)
+  if "masked_lm_accuracy" not in results:
+    log("demo: %s has no evaluation; on the demo's eval set %s" % (pretrained_dir, baseline))
+    return
+  other = ""
+  if int(float(results.get("eval_samples", sequences))) != sequences:
+    other = " (the run evaluated %s of the %d sequences)" % (results["eval_samples"],
+                                                            sequences)
+  log("demo: masked-LM accuracy on held-out documents: %.4f after %s updates; %s%s"
+      % (float(results["masked_lm_accuracy"]), results.get("global_step", "?"), baseline,
+         other))
+
+
 def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
-  """The downstream step: fine-tunes the latest checkpoint in pretrained_dir on the book
-  task, then the same model from random weights, and prints both dev accuracies.
+  """The downstream step: logs the run's masked-LM accuracy beside the most frequent
+  token's, fine-tunes the latest checkpoint in pretrained_dir on the word-order task,
+  then the same model from random weights, and prints both dev accuracies.
 
   Args:
     cache_dir: the demo's artefacts.
@@ -310,11 +363,11 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
   paths = prepare(cache_dir, log=log)
   paths.update(model_files or {})
   checkpoint = checkpoints.resolve_checkpoint(pretrained_dir, "--finetune_from")
-  task_dir = os.path.join(cache_dir, "books")
-  num_train, num_dev, majority = write_book_task(task_dir)
-  log("demo: downstream task: which of %d books a passage of %d sentences comes from; %d "
-      "training passages, %d from held-out documents" % (len(BOOKS), PASSAGE_SENTENCES,
-                                                         num_train, num_dev))
+  log_masked_lm_baseline(pretrained_dir, paths["eval_files_dir"], paths["vocab_file"], log)
+  task_dir = os.path.join(cache_dir, "word_order")
+  num_train, num_dev, majority = write_word_order_task(task_dir)
+  log("demo: downstream task: is a sentence as written or are its words shuffled; %d "
+      "training sentences, %d from held-out documents" % (num_train, num_dev))
   accuracy = {}
   for start, init in (("pretrained", checkpoint), ("random", None)):
     # Named by the checkpoint: a run resumed to more steps fine-tunes its newer one anew.
@@ -339,8 +392,8 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
     with open(os.path.join(output_dir, "eval_results.txt"), encoding="utf-8") as f:
       results = dict(line.strip().split(" = ") for line in f if " = " in line)
     accuracy[start] = float(results["accuracy"])
-  log("demo: book accuracy on held-out documents: %.3f fine-tuned from the pretrained "
-      "checkpoint, %.3f from random weights (the most frequent book alone: %.3f)"
+  log("demo: word-order accuracy on held-out documents: %.3f fine-tuned from the pretrained "
+      "checkpoint, %.3f from random weights (the most frequent label alone: %.3f)"
       % (accuracy["pretrained"], accuracy["random"], majority))
   return accuracy
 

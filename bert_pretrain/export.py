@@ -38,9 +38,9 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
+from bert_pretrain.training import checkpoints
 from bert_pretrain import errors
-from bert_pretrain import modeling
+from bert_pretrain.model import modeling
 
 FLAGS = flags.FLAGS
 

@@ -44,9 +44,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
 
-from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
-from bert_pretrain import records  # pylint: disable=g-import-not-at-top
-from bert_pretrain import tokenization  # pylint: disable=g-import-not-at-top
+from bert_pretrain.data import input_pipeline  # pylint: disable=g-import-not-at-top
+from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
+from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
 
 # At most this many problems of one kind are listed; the rest are only counted.
 _MAX_LISTED = 10
@@ -87,6 +87,35 @@ def decode_example(values, inv_vocab, mask_id):
   return " ".join(words)
 
 
+def _read_vocab(vocab_file):
+  """(id -> token dict, the [MASK] id, the vocabulary size) of vocab_file, or Nones."""
+  if not vocab_file:
+    return None, None, None
+  if not os.path.isfile(vocab_file):
+    raise InspectError("vocab file %s does not exist; pass the vocab.txt the records "
+                       "were made with, or leave --vocab out" % vocab_file)
+  vocab = tokenization.load_vocab(vocab_file)
+  return ({v: k for k, v in vocab.items()}, vocab.get("[MASK]"),
+          max(vocab.values()) + 1)
+
+
+def _record_problem(values, packed, max_seq_length, max_predictions_per_seq, vocab_size):
+  """(what is wrong with a parsed record or None, max_predictions_per_seq): the
+  expected predictions per sequence, taken from this record when None."""
+  if packed:
+    sequences_per_pack = len(values["next_sentence_labels"])
+    if max_predictions_per_seq is None:
+      max_predictions_per_seq = len(values["masked_lm_ids"]) - sequences_per_pack
+    return records.packed_example_problem(
+        values, max_seq_length,
+        records.max_predictions_per_pack(max_predictions_per_seq, sequences_per_pack),
+        sequences_per_pack, vocab_size), max_predictions_per_seq
+  if max_predictions_per_seq is None:
+    max_predictions_per_seq = len(values["masked_lm_ids"])
+  return records.example_problem(values, max_seq_length, max_predictions_per_seq,
+                                 vocab_size), max_predictions_per_seq
+
+
 def inspect_files(files, vocab_file=None, max_seq_length=None,
                   max_predictions_per_seq=None, num_examples=2, stats_records=100000,
                   check_crc=True):
@@ -105,17 +134,7 @@ def inspect_files(files, vocab_file=None, max_seq_length=None,
     dict with files, records, bytes, problems (list of str), corrupt (list of dicts),
     lengths, statistics and examples.
   """
-  inv_vocab = None
-  mask_id = None
-  vocab_size = None
-  if vocab_file:
-    if not os.path.isfile(vocab_file):
-      raise InspectError("vocab file %s does not exist; pass the vocab.txt the records "
-                         "were made with, or leave --vocab out" % vocab_file)
-    vocab = tokenization.load_vocab(vocab_file)
-    inv_vocab = {v: k for k, v in vocab.items()}
-    mask_id = vocab.get("[MASK]")
-    vocab_size = max(vocab.values()) + 1
+  (inv_vocab, mask_id, vocab_size) = _read_vocab(vocab_file)
   report = {"files": [], "records": 0, "bytes": 0, "problems": [], "corrupt": [],
             "spec_errors": 0, "examples": [], "packed": None}
   packs = collections.Counter()
@@ -157,22 +176,11 @@ def inspect_files(files, vocab_file=None, max_seq_length=None,
             path, index, offset, "a packed record among unpacked ones" if packed else
             "an unpacked record among packed ones"))
         continue
-      if max_seq_length is None:
-        max_seq_length = len(values["input_ids"])
+      max_seq_length = max_seq_length or len(values["input_ids"])
       if packed:
-        sequences_per_pack = len(values["next_sentence_labels"])
-        if max_predictions_per_seq is None:
-          max_predictions_per_seq = len(values["masked_lm_ids"]) - sequences_per_pack
-        report["max_sequences_per_pack"] = sequences_per_pack
-        problem = records.packed_example_problem(
-            values, max_seq_length,
-            records.max_predictions_per_pack(max_predictions_per_seq, sequences_per_pack),
-            sequences_per_pack, vocab_size)
-      else:
-        if max_predictions_per_seq is None:
-          max_predictions_per_seq = len(values["masked_lm_ids"])
-        problem = records.example_problem(values, max_seq_length, max_predictions_per_seq,
-                                          vocab_size)
+        report["max_sequences_per_pack"] = len(values["next_sentence_labels"])
+      (problem, max_predictions_per_seq) = _record_problem(
+          values, packed, max_seq_length, max_predictions_per_seq, vocab_size)
       if problem:
         _add_problem(report, "%s record %d at byte %d: %s" % (path, index, offset, problem))
         continue

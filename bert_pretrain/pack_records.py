@@ -58,7 +58,6 @@ import collections
 import errno
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -68,6 +67,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from bert_pretrain.data import packing
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
                                         file_digest, locked, marker_is_valid, read_json,
                                         remove_quietly, remove_stale_temporaries,
@@ -93,235 +93,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 class PackError(PrepareError):
   """Bad input or output folder; the message names the problem and the fix."""
-
-
-# ----------------------------------------------------------------------------------------
-# Histogram packing.
-# ----------------------------------------------------------------------------------------
-
-
-def histogram_packing(histogram, max_predictions, max_predictions_per_pack,
-                      max_sequences_per_pack, shortest_first=True, fill_new=False):
-  """Packs a histogram of sequence lengths, longest lengths first.
-
-  Each length's sequences go, as many as fit, into the open packs with the most room
-  (shortest_first: SPFHP) or the least room that fits (best fit), the rest into new
-  packs: one each, or (fill_new) as many as fit in one pack, so that sequences of one
-  length can share a pack too. A pack is open while it has fewer than
-  max_sequences_per_pack sequences and room left; a sequence fits when its tokens and
-  the most predictions a sequence of its length has fit.
-
-  Args:
-    histogram: int array [max_seq_length + 1], histogram[L] sequences of L tokens
-      (histogram[0] is 0).
-    max_predictions: int array like histogram: the most masked-LM predictions a
-      sequence of each length has.
-    max_predictions_per_pack: int, the predictions a pack holds.
-    max_sequences_per_pack: int.
-    shortest_first: SPFHP; False: best fit.
-    fill_new: fill new packs with copies of the length.
-
-  Returns:
-    list of (lengths, count): `count` packs of sequences of these lengths (a tuple,
-    longest first), sorted by lengths.
-  """
-  max_seq_length = len(histogram) - 1
-  # Room left -> {lengths: [count, predictions]}, in the order the groups were made.
-  open_packs = collections.defaultdict(collections.OrderedDict)
-  finished = collections.Counter()
-
-  def add(lengths, count, predictions):
-    room = max_seq_length - sum(lengths)
-    if len(lengths) == max_sequences_per_pack or room == 0:
-      finished[lengths] += count
-      return
-    group = open_packs[room].setdefault(lengths, [0, predictions])
-    group[0] += count
-
-  for length in range(max_seq_length, 0, -1):
-    left = int(histogram[length])
-    need = int(max_predictions[length])
-    while left:
-      rooms = sorted((room for room in open_packs if room >= length),
-                     reverse=shortest_first)
-      chosen = None
-      for room in rooms:
-        # The newest group first, as SPFHP takes the last pack of its list.
-        for lengths, (count, predictions) in reversed(open_packs[room].items()):
-          if predictions + need <= max_predictions_per_pack:
-            chosen = room, lengths, count, predictions
-            break
-        if chosen:
-          break
-      if chosen is None:
-        copies = 1
-        if fill_new:
-          copies = min(max_sequences_per_pack, max_seq_length // length,
-                       max_predictions_per_pack // max(need, 1), left)
-        add((length,) * copies, left // copies, need * copies)
-        if left % copies:
-          add((length,) * (left % copies), 1, need * (left % copies))
-        break
-      room, lengths, count, predictions = chosen
-      taken = min(count, left)
-      if taken == count:
-        del open_packs[room][lengths]
-        if not open_packs[room]:
-          del open_packs[room]
-      else:
-        open_packs[room][lengths][0] -= taken
-      add(lengths + (length,), taken, predictions + need)
-      left -= taken
-  for groups in open_packs.values():
-    for lengths, (count, _) in groups.items():
-      finished[lengths] += count
-  return sorted(finished.items())
-
-
-def plan_strategies(histogram, max_predictions, max_predictions_per_pack,
-                    max_sequences_per_pack):
-  """SPFHP and best fit, each with and without filling new packs (histogram_packing),
-  on the histogram; the one with the fewest packs (the first of them on a tie).
-
-  Args:
-    histogram, max_predictions, max_predictions_per_pack, max_sequences_per_pack: as
-      histogram_packing.
-
-  Returns:
-    (strategies, name): the list of (lengths, count), and the variant's name, e.g.
-    "SPFHP" or "best fit, new packs filled".
-
-  Raises:
-    AssertionError: a strategy set that does not hold every sequence once.
-  """
-  results = []
-  for fill_new in (False, True):
-    for name, shortest_first in (("SPFHP", True), ("best fit", False)):
-      strategies = histogram_packing(histogram, max_predictions, max_predictions_per_pack,
-                                     max_sequences_per_pack, shortest_first, fill_new)
-      results.append((sum(count for _, count in strategies), len(results),
-                      name + (", new packs filled" if fill_new else ""), strategies))
-  packs, _, name, strategies = min(results, key=lambda result: result[:2])
-  used = np.zeros(len(histogram), np.int64)
-  for lengths, count in strategies:
-    for length in lengths:
-      used[length] += count
-  assert np.array_equal(used, np.asarray(histogram, np.int64)), "packing lost sequences"
-  del packs
-  return strategies, name
-
-
-# ----------------------------------------------------------------------------------------
-# Dealing the sequences to the packs.
-# ----------------------------------------------------------------------------------------
-
-
-def index_dtype(count):
-  """The smallest unsigned dtype of numpy that counts to `count`."""
-  return np.uint32 if count < 2 ** 32 else np.uint64
-
-
-class Slots(object):
-  """Where each strategy's packs sit: packs numbered strategy by strategy, their
-  sequences' slots pack by pack (a `members` array in that order)."""
-
-  def __init__(self, strategies):
-    self.sizes = np.array([len(lengths) for lengths, _ in strategies], np.int64)
-    counts = np.array([count for _, count in strategies], np.int64)
-    self.first_pack = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    self.first_slot = np.concatenate([[0], np.cumsum(counts * self.sizes)[:-1]]).astype(
-        np.int64)
-    self.num_packs = int(counts.sum())
-    self.num_slots = int((counts * self.sizes).sum())
-
-  def members(self, packs):
-    """The slots of some packs, pack by pack.
-
-    Args:
-      packs: int array of pack numbers.
-
-    Returns:
-      (slots, sizes): int64 arrays, the slots of the packs one after the other and
-      the number of sequences of each pack.
-    """
-    strategy = np.searchsorted(self.first_pack, packs, side="right") - 1
-    sizes = self.sizes[strategy]
-    starts = self.first_slot[strategy] + (packs - self.first_pack[strategy]) * sizes
-    ends = np.cumsum(sizes)
-    within = np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - sizes, sizes)
-    return np.repeat(starts, sizes) + within, sizes
-
-
-def deal_sequences(length_chunks, strategies, histogram, seed):
-  """Deals the sequences to the packs' slots: which sequences share a pack.
-
-  The sequences of length L, in input order, are numbered r = 0, 1, ...; r goes to the
-  (a r + b) mod n_L -th slot of length L (a coprime to n_L and b drawn with the seed),
-  the slots of L taken strategy by strategy, pack by pack. So neighbouring input
-  sequences land in packs far apart, and the seed changes who shares a pack.
-
-  Args:
-    length_chunks: iterable of uint16 arrays, the lengths of all sequences in input
-      order, in pieces (each at most ASSIGN_CHUNK long is best).
-    strategies: list of (lengths, count) from plan_strategies.
-    histogram: its histogram.
-    seed: int.
-
-  Returns:
-    (members, rng): members[slot] is the input index of the sequence in that slot
-    (Slots order); the RandomState after its draws, for the packs' order.
-  """
-  max_seq_length = len(histogram) - 1
-  total = int(np.sum(histogram))
-  rng = np.random.RandomState(seed)
-  multiplier = np.ones(max_seq_length + 1, np.int64)
-  shift = np.zeros(max_seq_length + 1, np.int64)
-  for length in range(1, max_seq_length + 1):
-    n = int(histogram[length])
-    if n > 1:
-      while True:
-        a = int(rng.randint(1, min(n, 2 ** 31)))
-        if math.gcd(a, n) == 1:
-          break
-      multiplier[length] = a
-      shift[length] = int(rng.randint(0, n))
-  # The slots of each length: one entry per (strategy, position in it), by length.
-  slots = Slots(strategies)
-  entries = []
-  for index, (lengths, count) in enumerate(strategies):
-    for position, length in enumerate(lengths):
-      entries.append((length, index, position, count))
-  entries.sort()
-  entry_length = np.array([e[0] for e in entries], np.int64)
-  entry_count = np.array([e[3] for e in entries], np.int64)
-  entry_strategy = np.array([e[1] for e in entries], np.int64)
-  entry_first = np.concatenate([[0], np.cumsum(entry_count)[:-1]]).astype(np.int64)
-  entry_base = slots.first_slot[entry_strategy] + np.array([e[2] for e in entries],
-                                                           np.int64)
-  entry_stride = slots.sizes[entry_strategy]
-  length_first = np.concatenate([[0], np.cumsum(histogram)[:-1]]).astype(np.int64)
-  assert np.array_equal(np.bincount(entry_length, entry_count, max_seq_length + 1),
-                        np.asarray(histogram, np.float64))
-  members = np.zeros(total, index_dtype(total))
-  seen = np.zeros(max_seq_length + 1, np.int64)
-  done = 0
-  for chunk in length_chunks:
-    chunk = np.asarray(chunk, np.int64)
-    order = np.argsort(chunk, kind="stable")
-    counts = np.bincount(chunk, minlength=max_seq_length + 1)
-    first = np.cumsum(counts) - counts
-    rank = np.empty(len(chunk), np.int64)
-    rank[order] = np.arange(len(chunk)) - first[chunk[order]]
-    number = seen[chunk] + rank
-    seen += counts
-    dealt = (multiplier[chunk] * number + shift[chunk]) % histogram[chunk]
-    place = length_first[chunk] + dealt
-    entry = np.searchsorted(entry_first, place, side="right") - 1
-    slot = entry_base[entry] + (place - entry_first[entry]) * entry_stride[entry]
-    members[slot] = np.arange(done, done + len(chunk))
-    done += len(chunk)
-  assert done == total and np.array_equal(seen, histogram)
-  return members, rng
 
 
 # ----------------------------------------------------------------------------------------
@@ -357,7 +128,7 @@ class _Parser(object):
   batches with tf.io.parse_example (C++); names the first bad record of a batch."""
 
   def __init__(self, max_seq_length, max_predictions_per_seq):
-    from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
     import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
     self.max_seq_length = max_seq_length
     self.max_predictions_per_seq = max_predictions_per_seq
@@ -403,7 +174,7 @@ class _Parser(object):
       PackError: the first record that is not a valid pretraining example of the
         set's lengths, with where it is and what is wrong.
     """
-    from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+    from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
     import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
     try:
       values = self.session.run(self.parsed, {self.serialized: serialized})
@@ -444,7 +215,7 @@ def lengths_task(task):
     dict: the file number and its bytes.
   """
   root, settings, number, path, identity, max_seq_length, max_predictions_per_seq = task
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   layout = PackLayout(root)
   parser = _Parser(max_seq_length, max_predictions_per_seq)
@@ -561,7 +332,7 @@ def run_plan(layout, settings, files, identities):
     sizes.append(identities[path]["bytes"])
   total = int(histogram.sum())
   max_per_pack = settings["max_predictions_per_pack"]
-  strategies, algorithm = plan_strategies(histogram, max_predictions, max_per_pack,
+  strategies, algorithm = packing.plan_strategies(histogram, max_predictions, max_per_pack,
                                           settings["max_sequences_per_pack"])
 
   def length_chunks():
@@ -571,9 +342,10 @@ def run_plan(layout, settings, files, identities):
       for start in range(0, len(lengths), ASSIGN_CHUNK):
         yield lengths[start:start + ASSIGN_CHUNK]
 
-  members, rng = deal_sequences(length_chunks(), strategies, histogram, settings["seed"])
-  slots = Slots(strategies)
-  order = np.arange(slots.num_packs, dtype=index_dtype(slots.num_packs))
+  members, rng = packing.deal_sequences(length_chunks(), strategies, histogram,
+                                        settings["seed"])
+  slots = packing.Slots(strategies)
+  order = np.arange(slots.num_packs, dtype=packing.index_dtype(slots.num_packs))
   rng.shuffle(order)
   offsets = np.zeros(total, np.uint32 if max(sizes) < 2 ** 32 else np.uint64)
   start = 0
@@ -638,13 +410,13 @@ def write_task(task):
     dict: the output name and its sequences.
   """
   root, settings, name, first, end, plan, files, identity = task
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   layout = PackLayout(root)
   members = np.load(layout.plan_file("members.npy"), mmap_mode="r")
   order = np.load(layout.plan_file("order.npy"), mmap_mode="r")
   offsets = np.load(layout.plan_file("offsets.npy"), mmap_mode="r")
-  slots = Slots([(tuple(lengths), count) for lengths, count in plan["strategies"]])
+  slots = packing.Slots([(tuple(lengths), count) for lengths, count in plan["strategies"]])
   file_starts = np.array(plan["file_starts"], np.int64)
   max_seq_length = settings["max_seq_length"]
   max_predictions_per_seq = settings["max_predictions_per_seq"]
@@ -719,7 +491,7 @@ def run_write(layout, settings, files, identities, jobs, plan):
   if not tasks:
     return
   # The sequences each task writes, from the packs' sizes (for the progress line).
-  slots = Slots([(tuple(lengths), count) for lengths, count in plan["strategies"]])
+  slots = packing.Slots([(tuple(lengths), count) for lengths, count in plan["strategies"]])
   order = np.load(layout.plan_file("order.npy"), mmap_mode="r")
   expected = {}
   for task in tasks:
@@ -756,7 +528,7 @@ def list_inputs(inputs):
   Raises:
     PackError: one is missing or holds no record file.
   """
-  from bert_pretrain import input_pipeline  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import input_pipeline  # pylint: disable=g-import-not-at-top
   files = []
   for pattern in (inputs or "").split(","):
     if pattern.strip():
@@ -782,7 +554,7 @@ def _first_record(path):
     PackError: the file holds no record, or is not a TFRecord file.
   """
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   size = tf.gfile.Stat(path).length
   with tf.gfile.GFile(path, "rb") as reader:
     header = reader.read(records.HEADER_BYTES)
@@ -804,7 +576,7 @@ def check_inputs(files):
     PackError: a file is not pretraining records, holds packed ones, or has other
       lengths than the first file.
   """
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   first = None
   for path in files:
     serialized = _first_record(path)
@@ -930,7 +702,7 @@ def pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, seed
       "num_output_files": num_output_files or len(files),
       "max_seq_length": max_seq_length, "max_predictions_per_seq": max_predictions_per_seq,
       "max_predictions_per_pack": max_predictions_per_seq + max_sequences_per_pack}
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   assert settings["max_predictions_per_pack"] == records.max_predictions_per_pack(
       max_predictions_per_seq, max_sequences_per_pack)
   os.makedirs(output_dir, exist_ok=True)

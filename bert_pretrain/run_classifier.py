@@ -32,17 +32,18 @@ from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import classifier
-from bert_pretrain import classifier_data
-from bert_pretrain import device as device_lib
+from bert_pretrain import config
+from bert_pretrain.training import checkpoints
+from bert_pretrain.finetune import classifier
+from bert_pretrain.finetune import classifier_data
+from bert_pretrain.distributed import device as device_lib
 from bert_pretrain import errors
-from bert_pretrain import meters
-from bert_pretrain import modeling
-from bert_pretrain import optimization
-from bert_pretrain import pretraining
-from bert_pretrain import ranks as ranks_lib
-from bert_pretrain import tokenization
+from bert_pretrain.training import meters
+from bert_pretrain.model import modeling
+from bert_pretrain.training import optimization
+from bert_pretrain.training import pretraining
+from bert_pretrain.distributed import ranks as ranks_lib
+from bert_pretrain.data import tokenization
 
 flags.DEFINE_enum("task_name", None, sorted(classifier_data.TASKS),
                   "GLUE task (its files as downloaded) or tsv: "
@@ -67,19 +68,9 @@ flags.DEFINE_float("warmup_proportion", 0.1, "Share of the updates of linear war
 flags.DEFINE_enum("optimizer", "adam", ["adam", "lamb"], "Adam with weight decay (Google's "
                   "fine-tuning) or LAMB.")
 flags.DEFINE_integer("display_loss_steps", 50, "Log the loss every this many updates.")
-flags.DEFINE_enum("distribution", "none", list(ranks_lib.DISTRIBUTIONS),
-                  "As run_pretraining's --distribution: horovod, mirrored, "
-                  "multi_worker_mirrored (TF_CONFIG) or none.")
-flags.DEFINE_bool("horovod", False, "Same as --distribution=horovod.")
-flags.DEFINE_integer("cpu_devices", 1, "As run_pretraining's --cpu_devices: logical CPU "
-                     "devices of --distribution=mirrored on a CPU.")
-flags.DEFINE_bool("amp", False, "Mixed precision: float16 with loss scaling on GPUs, "
-                  "bfloat16 on CPUs where TensorFlow computes it faster than float32, float32 "
-                  "on others; weights stay float32.")
-flags.DEFINE_enum("device", "auto", ["auto", "gpu", "cpu"], "As run_pretraining's --device.")
-flags.DEFINE_integer("intra_op_threads", 0, "Threads per op (0: cores / ranks on this host).")
-flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once (0: 2).")
 flags.DEFINE_integer("seed", None, "Random seed (head initialization, dropout, shuffling).")
+# Device, precision, engine and threads: the same flags as run_pretraining's.
+config.define_flags([config.Runtime])
 FLAGS = flags.FLAGS
 
 
@@ -192,11 +183,6 @@ def check_flags():
   return bert_config, init_checkpoint, labels, data
 
 
-def distribution():
-  """The engine: --distribution, or horovod for --horovod."""
-  return "horovod" if FLAGS.horovod else FLAGS.distribution
-
-
 def train_steps(num_examples, replicas):
   """The updates of --num_train_epochs over num_examples at the global batch (at least 1)."""
   return max(1, int(num_examples * FLAGS.num_train_epochs /
@@ -282,13 +268,15 @@ def main(argv):
   tf.disable_v2_behavior()
   try:
     bert_config, init_checkpoint, labels, data = check_flags()
-    device = device_lib.detect_device(FLAGS.device, FLAGS.amp, "auto")
-    if FLAGS.horovod and FLAGS.distribution not in ("none", "horovod"):
+    runtime = config.from_flags(config.Runtime)
+    device = device_lib.detect_device(runtime.device, config.mixed_precision(),
+                                      runtime.amp_dtype)
+    if runtime.horovod and runtime.distribution not in ("none", "horovod"):
       raise ValueError("--horovod and --distribution=%s disagree; pass one"
-                       % FLAGS.distribution)
-    device_lib.check_cpu_devices(FLAGS.cpu_devices, distribution())
-    ranks = ranks_lib.Ranks(distribution(),
-                            devices=device_lib.replica_devices(device, FLAGS.cpu_devices))
+                       % runtime.distribution)
+    device_lib.check_cpu_devices(runtime.cpu_devices, runtime.engine())
+    ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s,
+                            devices=device_lib.replica_devices(device, runtime.cpu_devices))
     num_train_steps = 0
     if FLAGS.do_train:
       if len(data["train"][0]) < FLAGS.train_batch_size * ranks.replicas:
@@ -316,6 +304,46 @@ def main(argv):
     return 2
 
 
+def train_replica(bert_config, features, num_labels, dtype, global_step, num_train_steps,
+                  ranks):
+  """The update of one replica; returns what the loop fetches: "step" (global_step after
+  the update), "loss" (averaged over the replicas) and "learning_rate"."""
+  outputs = classifier.build_classifier(bert_config, features, num_labels, True, dtype)
+  learning_rate = optimization.learning_rate_schedule(
+      global_step, FLAGS.learning_rate, num_train_steps,
+      int(num_train_steps * FLAGS.warmup_proportion))
+  loss_scale = optimization.DynamicLossScale() if dtype == tf.float16 else None
+  several = ranks.replicas > 1
+  _, update_op = optimization.create_train_ops(
+      outputs["loss"], optimization.create_optimizer(FLAGS.optimizer, learning_rate),
+      global_step, allreduce_fn=ranks.all_reduce if several else None,
+      loss_scale=loss_scale)
+  with tf.control_dependencies([update_op]):
+    # One more, or the same when float16 loss scaling skipped an overflowing update.
+    new_step = global_step.read_value()
+  loss = outputs["loss"]
+  if several:
+    loss = ranks.all_reduce([loss], name="display_loss")[0]
+  return {"step": new_step, "loss": loss, "learning_rate": learning_rate}
+
+
+def initialize(sess, earlier, init_checkpoint, model_variables, broadcast_op, log):
+  """Initializes the variables, then loads earlier's weights (a finished fine-tune) or
+  init_checkpoint's, and broadcasts rank 0's."""
+  sess.run(tf.global_variables_initializer())
+  if earlier:
+    checkpoints.restore_model_weights(sess, earlier, model_variables, log=log)
+    if FLAGS.do_train:
+      log("--output_dir=%s already holds this fine-tune (%s, the same settings): nothing to "
+          "train, it is evaluated" % (FLAGS.output_dir, os.path.basename(earlier)))
+  elif init_checkpoint:
+    checkpoints.restore_model_weights(sess, init_checkpoint, model_variables, log=log)
+  else:
+    log("No --init_checkpoint: the model starts from random weights")
+  if broadcast_op is not None:
+    sess.run(broadcast_op)
+
+
 def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps, settings,
         earlier=None):
   """Builds the graphs, then trains, saves, evaluates and predicts. Returns the exit status.
@@ -334,34 +362,15 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
           ranks.replicas, FLAGS.train_batch_size, ranks.replicas, num_train_steps,
           device.dtype.name + (" (%s)" % device.why if device.why else "")))
   graphs = {}
-  several = ranks.replicas > 1
-
-  def replica(features):
-    """The update of one replica; returns what the loop fetches."""
-    outputs = classifier.build_classifier(bert_config, features, len(labels), True,
-                                          device.dtype)
-    learning_rate = optimization.learning_rate_schedule(
-        global_step, FLAGS.learning_rate, num_train_steps,
-        int(num_train_steps * FLAGS.warmup_proportion))
-    loss_scale = optimization.DynamicLossScale() if device.dtype == tf.float16 else None
-    _, update_op = optimization.create_train_ops(
-        outputs["loss"], optimization.create_optimizer(FLAGS.optimizer, learning_rate),
-        global_step, allreduce_fn=ranks.all_reduce if several else None,
-        loss_scale=loss_scale)
-    with tf.control_dependencies([update_op]):
-      # One more, or the same when float16 loss scaling skipped an overflowing update.
-      new_step = global_step.read_value()
-    loss = outputs["loss"]
-    if several:
-      loss = ranks.all_reduce([loss], name="display_loss")[0]
-    return {"step": new_step, "loss": loss, "learning_rate": learning_rate}
-
   with ranks.scope():  # Under a tf.distribute strategy, mirrored variables.
     global_step = tf.train.get_or_create_global_step()
     if FLAGS.do_train:
       train_iterator, train_feed = make_iterator(data["train"][1], FLAGS.train_batch_size,
                                                  ranks, FLAGS.seed)
-      display = ranks.merged(ranks.each_replica(replica, train_iterator.get_next()))
+      display = ranks.merged(ranks.each_replica(
+          lambda features: train_replica(bert_config, features, len(labels), device.dtype,
+                                         global_step, num_train_steps, ranks),
+          train_iterator.get_next()))
     for split in ("dev", "test"):
       # Rank 0 evaluates and predicts alone, but every rank builds the graphs: without
       # training they create the variables, which the ranks must all have alike.
@@ -378,20 +387,9 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
     gpu = "all" if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
   threads = FLAGS.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size)
   sess = ranks.session(pretraining.session_config(
-      threads, FLAGS.inter_op_threads or 2, gpu,
+      threads, FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla,
       cpu_devices=FLAGS.cpu_devices if device.kind == "CPU" else 1))
-  sess.run(tf.global_variables_initializer())
-  if earlier:
-    checkpoints.restore_model_weights(sess, earlier, model_variables, log=log)
-    if FLAGS.do_train:
-      log("--output_dir=%s already holds this fine-tune (%s, the same settings): nothing to "
-          "train, it is evaluated" % (FLAGS.output_dir, os.path.basename(earlier)))
-  elif init_checkpoint:
-    checkpoints.restore_model_weights(sess, init_checkpoint, model_variables, log=log)
-  else:
-    log("No --init_checkpoint: the model starts from random weights")
-  if broadcast_op is not None:
-    sess.run(broadcast_op)
+  initialize(sess, earlier, init_checkpoint, model_variables, broadcast_op, log)
 
   if FLAGS.do_train and ranks.is_chief and not earlier:
     checkpoints.write_run_marker(FLAGS.output_dir, settings)

@@ -11,23 +11,22 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import demo
-from bert_pretrain import device
-from bert_pretrain import modeling
+from bert_pretrain.distributed import device
+from bert_pretrain.model import modeling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
 SEQ_LENGTH = 64
 PREDICTIONS = 10
-# The slowest files, longest first (TensorFlow 2.15, 2 workers, 2026-11-23: 660 s down to
-# 45 s); the others follow. pytest-xdist's --dist loadfile hands out files by their number
-# of tests, which started four of the five slowest after the quick ones: the suite ended
-# on one busy worker.
-SLOWEST_FIRST = ["test_run_pretraining.py", "test_checkpoints.py", "test_surviving.py",
-                 "test_horovod.py", "test_bad_records.py", "test_distribution.py",
-                 "test_multihost.py", "test_scaling.py", "test_run_classifier.py",
-                 "test_anchor_flags.py", "test_scripts.py", "test_bench.py",
-                 "test_optimization.py"]
-
+# The slowest files, longest first (their times: docs/performance.md); the others follow.
+# pytest-xdist's --dist loadfile hands out files by their number of tests, which started
+# slow files after the quick ones: the suite ended on one busy worker.
+SLOWEST_FIRST = ["test_surviving.py", "test_distribution.py", "test_run_pretraining.py",
+                 "test_scaling.py", "test_checkpoints.py", "test_bad_records.py",
+                 "test_horovod.py", "test_run_classifier.py", "test_multihost.py",
+                 "test_bench.py", "test_compare.py", "test_scripts.py", "test_demo.py",
+                 "test_conformance.py", "test_export.py", "test_pack_records.py",
+                 "test_anchor_flags.py", "test_optimization.py"]
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -73,7 +72,8 @@ tf.disable_v2_behavior()
 @pytest.fixture(scope="session")
 def pretraining_data(tmp_path_factory):
   """Folders train/ (2 files) and eval/ (1 file) of real records, vocab and config."""
-  from bert_pretrain import create_pretraining_data, tokenization
+  from bert_pretrain import create_pretraining_data
+  from bert_pretrain.data import tokenization
   root = tmp_path_factory.mktemp("pretraining_data")
   vocab = str(root / "vocab.txt")
   tokenization.build_wordpiece_vocab([SAMPLE_TEXT], TINY_CONFIG["vocab_size"], vocab)

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from bert_pretrain import checkpoints
+from bert_pretrain.training import checkpoints
+from bert_pretrain import config
 from bert_pretrain import run_pretraining as rp
 from conftest import AMP_ON_THIS_CPU, base_flags, run_pretraining
 
@@ -16,7 +17,7 @@ def anchor(*argv):
   notes = []
   try:
     rp.FLAGS(["run_pretraining"] + list(argv))
-    rp.anchor_flags(log=notes.append)
+    config.apply_anchor_flags(log=notes.append)
     values = {name: getattr(rp.FLAGS, name) for name in (
         "optimizer", "poly_power", "max_eval_steps", "init_checkpoint")}
     return values, notes

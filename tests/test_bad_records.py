@@ -19,8 +19,8 @@ import time
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import input_pipeline
-from bert_pretrain import records
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.data import records
 from conftest import (PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG, base_flags, rank_pid,
                       run_pretraining)
 

@@ -37,9 +37,9 @@ def bench_module():
 
 def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):
   import tensorflow.compat.v1 as tf
-  from bert_pretrain import input_pipeline
-  from bert_pretrain import modeling
-  from bert_pretrain import pretraining
+  from bert_pretrain.data import input_pipeline
+  from bert_pretrain.model import modeling
+  from bert_pretrain.training import pretraining
   seq, preds, batch = 16, 3, 2
   config = modeling.BertConfig.from_dict(bench_module.bert_config_dict("tiny", vocab_size=50))
   with tf.Graph().as_default():

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from bert_pretrain import demo
-from bert_pretrain import modeling
+from bert_pretrain.model import modeling
 from conftest import TINY_CONFIG, base_flags, run_pretraining
 
 

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import input_pipeline
-from bert_pretrain import modeling
+from bert_pretrain.training import checkpoints
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import modeling
 from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining
 
 
 def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
   """A checkpoint as Google's or MLPerf's recipes write it: the model, Adam slots,
   global_step and an unrelated variable. Returns (prefix, values by name)."""
-  from bert_pretrain import pretraining
+  from bert_pretrain.training import pretraining
   config = modeling.BertConfig.from_dict(config_dict)
   with tf.Graph().as_default():
     tf.set_random_seed(seed)
@@ -396,8 +396,8 @@ def test_a_skipped_float16_step_passes_the_check_before_saving():
   """float16 compute with a loss scale so large that the gradients overflow: the step is
   skipped, the variables stay finite and the check before a save passes. Without loss
   scaling the same overflow makes them NaN and the check fails."""
-  from bert_pretrain import optimization
-  from bert_pretrain import pretraining
+  from bert_pretrain.training import optimization
+  from bert_pretrain.training import pretraining
   config = modeling.BertConfig.from_dict(TINY_CONFIG)
   for scaled in (True, False):
     with tf.Graph().as_default():

@@ -59,7 +59,7 @@ def test_float32_and_bfloat16_runs_of_one_seed_stay_in_the_band_and_report_their
     runs, tmp_path):
   pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
   report_png = os.path.join(runs["fp32"], "report.png")
-  drawn = subprocess.run([sys.executable, "-m", "bert_pretrain.report", runs["fp32"]],
+  drawn = subprocess.run([sys.executable, "-m", "bert_pretrain.training.report", runs["fp32"]],
                          env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE)
   assert drawn.returncode == 0
   with open(report_png, "rb") as f:

@@ -10,10 +10,10 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import conformance
-from bert_pretrain import device as device_lib
-from bert_pretrain import input_pipeline
-from bert_pretrain import modeling
-from bert_pretrain import pretraining
+from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import modeling
+from bert_pretrain.training import pretraining
 from conftest import PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG
 
 ENCODER_ROWS = ["bert/embeddings/LayerNorm",

@@ -17,8 +17,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import create_pretraining_data as cpd
-from bert_pretrain import records
-from bert_pretrain import tokenization
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")

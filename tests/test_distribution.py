@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import launch as launch_plan
-from bert_pretrain import ranks as ranks_lib
+from bert_pretrain.distributed import launch as launch_plan
+from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (ROOT, assert_same_weights, base_flags, final_weights, ordered_flags,
                       run_pretraining)
 

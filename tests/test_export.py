@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
+from bert_pretrain.training import checkpoints
 from bert_pretrain import export
-from bert_pretrain import modeling
+from bert_pretrain.model import heads
+from bert_pretrain.model import modeling
 from conftest import ROOT, TINY_CONFIG
 
 SEQ = 16
@@ -26,10 +27,10 @@ def _model_log_probs(config, input_ids, input_mask, segment_ids):
   batch = input_ids.shape[0]
   positions = tf.tile(tf.range(SEQ)[None, :], [batch, 1])
   zeros = tf.zeros([batch, SEQ], tf.int32)
-  _, _, mlm = modeling.get_masked_lm_output(config, model.get_sequence_output(),
+  _, _, mlm = heads.get_masked_lm_output(config, model.get_sequence_output(),
                                             model.get_embedding_table(), positions, zeros,
                                             tf.ones([batch, SEQ]))
-  _, _, nsp = modeling.get_next_sentence_output(config, model.get_pooled_output(),
+  _, _, nsp = heads.get_next_sentence_output(config, model.get_pooled_output(),
                                                 tf.zeros([batch, 1], tf.int32))
   return mlm, nsp
 

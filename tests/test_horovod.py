@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bert_pretrain import launch as launch_plan
+from bert_pretrain.distributed import launch as launch_plan
 from conftest import ROOT, assert_same_weights, base_flags, ordered_flags, rank_pid, run_pretraining
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]

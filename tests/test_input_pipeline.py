@@ -6,7 +6,7 @@ import os
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import input_pipeline
+from bert_pretrain.data import input_pipeline
 from conftest import PREDICTIONS, SEQ_LENGTH
 
 

@@ -12,8 +12,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bert_pretrain import inspect_records as inspect_tfrecords
-from bert_pretrain import records
-from bert_pretrain import tokenization
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 from bert_pretrain.wiki import pipeline
 
 SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")

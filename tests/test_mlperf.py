@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bert_pretrain import demo
-from bert_pretrain import meters
-from bert_pretrain import mlperf
-from bert_pretrain import modeling
+from bert_pretrain.training import meters
+from bert_pretrain.training import mlperf
+from bert_pretrain.model import modeling
 from conftest import TINY_CONFIG, base_flags, run_pretraining
 
 

@@ -7,9 +7,14 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import modeling
-from bert_pretrain import pretraining
-from bert_pretrain import ranks as ranks_lib
+from bert_pretrain import config
+from bert_pretrain.model import heads
+from bert_pretrain.model import modeling
+from bert_pretrain.model import unpadded
+from bert_pretrain.model import precision
+from bert_pretrain.model import dropout as dropout_lib
+from bert_pretrain.training import pretraining
+from bert_pretrain.distributed import ranks as ranks_lib
 
 CONFIG = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
                              num_attention_heads=4, intermediate_size=37,
@@ -271,10 +276,10 @@ def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gr
     with tf.variable_scope("", reuse=True):
       model = modeling.BertModel(CONFIG, False, feats["input_ids"], feats["input_mask"],
                                  feats["segment_ids"])
-      mlm_loss = modeling.get_masked_lm_output(
+      mlm_loss = heads.get_masked_lm_output(
           CONFIG, model.get_sequence_output(), model.get_embedding_table(),
           feats["masked_lm_positions"], feats["masked_lm_ids"], feats["masked_lm_weights"])[0]
-      nsp_loss = modeling.get_next_sentence_output(CONFIG, model.get_pooled_output(),
+      nsp_loss = heads.get_next_sentence_output(CONFIG, model.get_pooled_output(),
                                                    feats["next_sentence_labels"])[0]
     variables = tf.trainable_variables()
     ours_grads = [tf.convert_to_tensor(g) for g in tf.gradients(ours["total_loss"], variables)]
@@ -292,9 +297,9 @@ def test_last_layer_at_the_masked_positions_gives_the_whole_models_losses_and_gr
 def test_unpadded_rows_puts_the_real_tokens_first_and_maps_every_position_to_a_row():
   mask = np.array([[1, 1, 0, 0], [1, 0, 0, 0]], np.int32)
   with tf.Graph().as_default(), tf.Session() as sess:
-    exact = sess.run(modeling.unpadded_rows(tf.constant(mask), 1))
-    rounded = sess.run(modeling.unpadded_rows(tf.constant(mask), 2))
-    empty = sess.run(modeling.unpadded_rows(tf.zeros([2, 4], tf.int32), 4))
+    exact = sess.run(unpadded.unpadded_rows(tf.constant(mask), 1))
+    rounded = sess.run(unpadded.unpadded_rows(tf.constant(mask), 2))
+    empty = sess.run(unpadded.unpadded_rows(tf.zeros([2, 4], tf.int32), 4))
   # Rows 0-2 are the real tokens (positions 0, 1, 4); the padding reads the last row.
   assert exact[0].tolist() == [0, 1, 4]
   assert exact[1].tolist() == [0, 1, 2, 2, 2, 2, 2, 2]
@@ -309,7 +314,7 @@ def test_unpadded_rows_puts_the_real_tokens_first_and_maps_every_position_to_a_r
     (128, 16), (1024, 16), (1025, 32), (2048, 32), (3072, 48), (4096, 64), (8192, 128)])
 def test_rows_are_rounded_to_a_multiple_of_16_that_gives_at_most_64_shapes(positions,
                                                                             multiple):
-  assert modeling.default_row_multiple(positions) == multiple
+  assert unpadded.default_row_multiple(positions) == multiple
   shapes = lambda m: -(-positions // m)  # row counts 1..positions rounded up to m
   # The smallest such multiple: 16 fewer would give more than 64 shapes.
   assert shapes(multiple) <= 64 and (multiple == 16 or shapes(multiple - 16) > 64)
@@ -339,16 +344,16 @@ def test_encoder_without_the_padding_gives_the_same_outputs_and_gradients_at_rea
     with tf.variable_scope("encoder"):
       whole = modeling.transformer_model(x, attention_mask, **args)
     with tf.variable_scope("encoder", reuse=True):
-      unpadded = modeling.transformer_model(x, attention_mask, input_mask=mask,
+      skipping = unpadded.transformer_model(x, attention_mask, mask,
                                             row_multiple=row_multiple,
                                             attention_per_sequence=per_sequence, **args)
     variables = tf.trainable_variables()
     grads = [tf.gradients(tf.reduce_sum(layers[-1] * weights), variables)
-             for layers in (whole, unpadded)]
+             for layers in (whole, skipping)]
     assert per_sequence == bool([op for op in sess.graph.get_operations()
                                  if "within_sequences" in op.name])
     sess.run(tf.global_variables_initializer())
-    (want, got), (want_grads, got_grads) = sess.run([(whole, unpadded), grads])
+    (want, got), (want_grads, got_grads) = sess.run([(whole, skipping), grads])
   assert len(variables) == 2 * 16
   real = mask_value.astype(bool)
   for layer_want, layer_got in zip(want, got):
@@ -372,8 +377,8 @@ def test_attention_per_sequence_without_a_known_batch_size_attends_at_every_posi
     outputs = []
     for per_sequence in (False, True):
       with tf.variable_scope("encoder", reuse=tf.AUTO_REUSE):
-        outputs.append(modeling.transformer_model(
-            x, attention_mask, input_mask=mask, attention_per_sequence=per_sequence,
+        outputs.append(unpadded.transformer_model(
+            x, attention_mask, mask, attention_per_sequence=per_sequence,
             **args))
     sess.run(tf.global_variables_initializer())
     want, got = sess.run(outputs, {x: x_value, mask: mask_value})
@@ -386,9 +391,9 @@ def test_attention_per_sequence_without_a_known_batch_size_attends_at_every_posi
 def test_encoder_skipping_the_padding_without_an_attention_mask_is_refused():
   with tf.Graph().as_default():
     with pytest.raises(ValueError, match="needs the attention_mask"):
-      modeling.transformer_model(tf.zeros([2, 4, 16]), None, hidden_size=16,
-                                 num_hidden_layers=1, num_attention_heads=2,
-                                 intermediate_size=8, input_mask=tf.ones([2, 4], tf.int32))
+      unpadded.transformer_model(tf.zeros([2, 4, 16]), None, tf.ones([2, 4], tf.int32),
+                                 hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=8)
 
 
 def test_layer_norms_written_out_gradient_equals_tensorflows_own():
@@ -401,7 +406,7 @@ def test_layer_norms_written_out_gradient_equals_tensorflows_own():
     x, gamma, beta = (tf.constant(v) for v in (x_value, gamma_value, beta_value))
     mean, variance = tf.nn.moments(x, axes=[-1], keep_dims=True)
     theirs = (x - mean) * tf.rsqrt(variance + 1e-12) * gamma + beta
-    ours = modeling.normalize(x, gamma, beta)
+    ours = precision.normalize(x, gamma, beta)
     grads = [tf.gradients(tf.reduce_sum(y * upstream), [x, gamma, beta]) for y in (ours, theirs)]
     (ours_v, theirs_v), (ours_g, theirs_g) = sess.run([(ours, theirs), grads])
   np.testing.assert_allclose(ours_v, theirs_v, rtol=1e-5, atol=1e-5)
@@ -421,7 +426,7 @@ def test_dense_layers_gradient_takes_batch_matmul_where_the_result_is_narrow(
   upstream = rng.randn(rows, units).astype(np.float32)
   with tf.Graph().as_default(), tf.Session() as sess:
     x = tf.constant(x_value)
-    with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
+    with tf.variable_scope("", custom_getter=precision.get_custom_getter(dtype)):
       y = modeling.dense_layer(tf.cast(x, dtype), units, "dense")
     kernel = tf.trainable_variables("dense/kernel")[0]
     before = set(tf.get_default_graph().get_operations())
@@ -437,14 +442,14 @@ def test_dense_layers_gradient_takes_batch_matmul_where_the_result_is_narrow(
 
 
 def _dropout_run(seed, dtype=tf.float32, prob=0.1):
-  """Two steps of modeling.dropout(ones [1000, 100], prob) in a graph seeded with `seed`
+  """Two steps of dropout_lib.dropout(ones [1000, 100], prob) in a graph seeded with `seed`
   (stateful masks): (outputs, gradient of the first), and the types the dropout's float
   ops compute in."""
   with tf.Graph().as_default():
     tf.set_random_seed(seed)
     x = tf.ones([1000, 100], dtype)
     before = set(tf.get_default_graph().get_operations())
-    y = modeling.dropout(x, prob)
+    y = dropout_lib.dropout(x, prob)
     types = {op.outputs[0].dtype for op in tf.get_default_graph().get_operations()
              if op not in before and op.outputs and op.outputs[0].dtype.is_floating}
     grad = tf.gradients(tf.reduce_sum(tf.cast(y, tf.float32) * 3.0), x)[0]
@@ -468,7 +473,7 @@ def test_dropout_drops_a_tenth_scales_the_rest_and_draws_a_new_mask_each_step():
 
 def test_dropout_keeps_any_shape():
   with tf.Graph().as_default(), tf.Session() as sess:
-    values = sess.run(modeling.dropout(tf.ones([3, 5, 7]), 0.5))
+    values = sess.run(dropout_lib.dropout(tf.ones([3, 5, 7]), 0.5))
   assert values.shape == (3, 5, 7) and set(np.unique(values)) <= {0.0, 2.0}
 
 
@@ -489,14 +494,14 @@ def test_dropout_of_bfloat16_computes_in_float32():
 
 
 def _seeded_masks(seed, position, prob=0.1, sites=2, dtype=tf.float32):
-  """modeling.dropout(ones [1000, 100], prob) at `sites` sites seeded by
+  """dropout_lib.dropout(ones [1000, 100], prob) at `sites` sites seeded by
   DropoutSeeds(seed, position), in a graph and session of their own (as a new process
   would build them)."""
   with tf.Graph().as_default():
     feed = tf.placeholder(tf.int64, [])
-    seeds = modeling.DropoutSeeds(seed, feed)
+    seeds = dropout_lib.DropoutSeeds(seed, feed)
     x = tf.ones([1000, 100], dtype)
-    outputs = [modeling.dropout(x, prob, seeds) for _ in range(sites)]
+    outputs = [dropout_lib.dropout(x, prob, seeds) for _ in range(sites)]
     with tf.Session() as sess:
       return [v.astype(np.float32) for v in sess.run(outputs, {feed: position})]
 
@@ -538,9 +543,10 @@ def test_a_seeded_training_step_draws_every_mask_from_the_position_and_micro_bat
     feats["input_mask"] = tf.constant((np.arange(16) < lengths).astype(np.int32))
     feats["masked_lm_positions"] = tf.constant(
         np.random.RandomState(2).randint(1, 4, [4, 3]), tf.int32)
-    return pretraining.build_train_graph(CONFIG, feats, tf.float32, 0.1, 100,
-                                         num_accumulation_steps=2, seed=seed,
-                                         attention_per_sequence=per_sequence)
+    return pretraining.build_train_graph(
+        CONFIG, feats, tf.float32, config.Optimizer(learning_rate=0.1, num_train_steps=100,
+                                                    num_accumulation_steps=2),
+        seed=seed, attention_per_sequence=per_sequence)
   stateful = ("RandomUniform", "RandomUniformInt", "RandomStandardNormal")
   with tf.Graph().as_default() as unseeded:
     graph(None)
@@ -576,7 +582,7 @@ def test_softmax_cross_entropy_matches_tensorflows():
     logits = tf.constant(logits_value)
     labels = tf.constant(labels_value)
     weights = tf.constant(rng.rand(6).astype(np.float32))
-    ours = modeling.softmax_cross_entropy(logits, labels)
+    ours = precision.softmax_cross_entropy(logits, labels)
     theirs = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     grads = [tf.gradients(tf.reduce_sum(loss * weights), logits)[0] for loss in (ours, theirs)]
     with tf.Session() as sess:
@@ -605,8 +611,9 @@ def test_training_that_attends_per_sequence_with_dropout_learns_a_batch(dtype):
     feats["input_mask"] = tf.constant((np.arange(16) < lengths).astype(np.int32))
     feats["masked_lm_positions"] = tf.constant(
         np.random.RandomState(2).randint(1, 4, [4, 3]), tf.int32)
-    train = pretraining.build_train_graph(CONFIG, feats, dtype, 0.1, 100,
-                                          attention_per_sequence=True)
+    train = pretraining.build_train_graph(
+        CONFIG, feats, dtype, config.Optimizer(learning_rate=0.1, num_train_steps=100),
+        attention_per_sequence=True)
     assert [op for op in graph.get_operations() if "within_sequences" in op.name]
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())
@@ -622,6 +629,6 @@ def test_attention_within_sequences_without_a_known_batch_size_or_beside_to_rows
     args = dict(num_attention_heads=2, size_per_head=8, from_seq_length=3, to_seq_length=3,
                 to_lengths=tf.constant([2, 1]))
     with pytest.raises(ValueError, match="to_lengths takes a Python int batch_size"):
-      modeling.attention_layer(rows, rows, batch_size=tf.constant(2), **args)
+      unpadded.attention_layer(rows, rows, batch_size=tf.constant(2), **args)
     with pytest.raises(ValueError, match="pass one of to_rows and to_lengths"):
-      modeling.attention_layer(rows, rows, batch_size=2, to_rows=tf.range(6), **args)
+      unpadded.attention_layer(rows, rows, batch_size=2, to_rows=tf.range(6), **args)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import modeling
-from bert_pretrain import optimization
-from bert_pretrain import pretraining
+from bert_pretrain.model import modeling
+from bert_pretrain.training import optimization
+from bert_pretrain.training import pretraining
 
 
 def schedule_values(steps, **kwargs):

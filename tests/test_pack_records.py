@@ -18,11 +18,12 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import demo
-from bert_pretrain import input_pipeline
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.data import packing
 from bert_pretrain import inspect_records
 from bert_pretrain import pack_records
-from bert_pretrain import records
-from bert_pretrain import tokenization
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 from bert_pretrain.wiki import pipeline
 from bert_pretrain.wiki import workdir
 
@@ -116,7 +117,7 @@ def test_histogram_packing_puts_every_sequence_in_one_pack_within_the_limits(
   histogram[5:] = rng.randint(0, 40, 124)
   histogram[128] = 500
   predictions = mlperf_like_predictions(128, 20)
-  strategies = pack_records.histogram_packing(histogram, predictions, 23, 3,
+  strategies = packing.histogram_packing(histogram, predictions, 23, 3,
                                               shortest_first)
   used = np.zeros_like(histogram)
   for lengths, count in strategies:
@@ -138,12 +139,12 @@ def test_shortest_pack_first_and_best_fit_choose_the_room_as_the_paper_says():
   histogram = np.zeros(11, np.int64)
   histogram[[3, 5, 7]] = 2
   predictions = np.ones(11, np.int64)
-  assert pack_records.histogram_packing(histogram, predictions, 10, 3, True) == [
+  assert packing.histogram_packing(histogram, predictions, 10, 3, True) == [
       ((5, 3), 2), ((7,), 2)]
-  assert pack_records.histogram_packing(histogram, predictions, 10, 3, False) == [
+  assert packing.histogram_packing(histogram, predictions, 10, 3, False) == [
       ((5,), 2), ((7, 3), 2)]
   # One sequence a pack at most: nothing is shared.
-  assert pack_records.histogram_packing(histogram, predictions, 10, 1, True) == [
+  assert packing.histogram_packing(histogram, predictions, 10, 1, True) == [
       ((3,), 2), ((5,), 2), ((7,), 2)]
 
 
@@ -154,12 +155,12 @@ def test_sequences_of_one_length_share_packs_within_the_prediction_limit():
   predictions[5] = 3
   # SPFHP opens a pack for each sequence of the longest length; filling new packs pairs
   # them, as far as the predictions allow.
-  assert pack_records.histogram_packing(histogram, predictions, 6, 3) == [((5,), 3)]
-  assert pack_records.histogram_packing(histogram, predictions, 6, 3, fill_new=True) == [
+  assert packing.histogram_packing(histogram, predictions, 6, 3) == [((5,), 3)]
+  assert packing.histogram_packing(histogram, predictions, 6, 3, fill_new=True) == [
       ((5,), 1), ((5, 5), 1)]
-  assert pack_records.plan_strategies(histogram, predictions, 6, 3) == (
+  assert packing.plan_strategies(histogram, predictions, 6, 3) == (
       [((5,), 1), ((5, 5), 1)], "SPFHP, new packs filled")
-  assert pack_records.plan_strategies(histogram, predictions, 5, 3) == (
+  assert packing.plan_strategies(histogram, predictions, 5, 3) == (
       [((5,), 3)], "SPFHP")
 
 
@@ -167,16 +168,16 @@ def test_dealing_gives_each_slot_one_sequence_of_its_length_and_depends_on_the_s
   rng = np.random.RandomState(0)
   lengths = rng.randint(3, 65, 5000).astype(np.uint16)
   histogram = np.bincount(lengths, minlength=65)
-  strategies, _ = pack_records.plan_strategies(histogram, mlperf_like_predictions(64, 10),
+  strategies, _ = packing.plan_strategies(histogram, mlperf_like_predictions(64, 10),
                                                13, 3)
   chunks = [lengths[i:i + 700] for i in range(0, len(lengths), 700)]
-  members, _ = pack_records.deal_sequences(chunks, strategies, histogram, 7)
+  members, _ = packing.deal_sequences(chunks, strategies, histogram, 7)
   np.testing.assert_array_equal(np.sort(members), np.arange(len(lengths)))
   slot_lengths = np.concatenate([np.tile(lengths_of, count)
                                  for lengths_of, count in strategies])
   np.testing.assert_array_equal(lengths[members], slot_lengths)
-  again, _ = pack_records.deal_sequences(chunks, strategies, histogram, 7)
-  other, _ = pack_records.deal_sequences(chunks, strategies, histogram, 8)
+  again, _ = packing.deal_sequences(chunks, strategies, histogram, 7)
+  other, _ = packing.deal_sequences(chunks, strategies, histogram, 8)
   np.testing.assert_array_equal(again, members)
   assert np.mean(other != members) > 0.5
 

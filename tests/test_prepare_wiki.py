@@ -16,9 +16,9 @@ import subprocess
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import input_pipeline
-from bert_pretrain import records
-from bert_pretrain import tokenization
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 from bert_pretrain.wiki import clean
 from bert_pretrain.wiki import extract
 from bert_pretrain.wiki import markup

@@ -1,4 +1,4 @@
-"""Tests of bert_pretrain/records.py on records create_pretraining_data makes from
+"""Tests of bert_pretrain/data/records.py on records create_pretraining_data makes from
 tests/data/sample_text.txt: the feature spec, the framing, parsing, validation and
 serialization of one example."""
 
@@ -9,9 +9,9 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import create_pretraining_data
-from bert_pretrain import input_pipeline
-from bert_pretrain import records
-from bert_pretrain import tokenization
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.data import records
+from bert_pretrain.data import tokenization
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from bert_pretrain import health
-from bert_pretrain import logs
-from bert_pretrain import report
+from bert_pretrain.training import health
+from bert_pretrain.training import logs
+from bert_pretrain.training import report
 from conftest import ROOT
 
 
 def run_report(*args):
-  return subprocess.run([sys.executable, "-m", "bert_pretrain.report"] + list(args),
+  return subprocess.run([sys.executable, "-m", "bert_pretrain.training.report"] + list(args),
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                         universal_newlines=True, env=dict(os.environ, PYTHONPATH=ROOT))
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import classifier_data
+from bert_pretrain.training import checkpoints
+from bert_pretrain.finetune import classifier_data
 from bert_pretrain import demo
-from bert_pretrain import modeling
-from bert_pretrain import classifier
-from bert_pretrain import tokenization
+from bert_pretrain.model import modeling
+from bert_pretrain.finetune import classifier
+from bert_pretrain.data import tokenization
 from conftest import ROOT, SAMPLE_TEXT, TINY_CONFIG
 
 

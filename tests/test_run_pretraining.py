@@ -14,10 +14,10 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import create_pretraining_data
-from bert_pretrain import device as device_lib
-from bert_pretrain import modeling
-from bert_pretrain import pretraining
-from bert_pretrain import ranks as ranks_lib
+from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.model import modeling
+from bert_pretrain.training import pretraining
+from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (PREDICTIONS, SAMPLE_TEXT, SEQ_LENGTH, TINY_CONFIG, base_flags,
                       run_pretraining)
 
@@ -42,7 +42,7 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
   assert "Throughput Average (sentences/sec) = " in stdout
   # The tests' runs skip the picture (tests/test_report.py draws one); the summary stays.
   assert "report: updates: 6, training samples: 48, runs logged: 1" in stdout
-  assert ("report: no picture (--nodraw_report); python3 -m bert_pretrain.report %s draws it"
+  assert ("report: no picture (--nodraw_report); python3 -m bert_pretrain.training.report %s draws it"
           % out) in stdout
   assert not (out / "report.png").exists()
   # Checkpoints at step 4 and the final one at 6; eval_results.txt of the last eval.
@@ -344,7 +344,7 @@ def test_random_heads_are_evaluated_when_the_flag_says_so(pretraining_data, tmp_
 
 
 def test_half_written_and_foreign_files_are_not_training_data(pretraining_data, tmp_path):
-  from bert_pretrain import input_pipeline
+  from bert_pretrain.data import input_pipeline
   folder = tmp_path / "records"
   shutil.copytree(pretraining_data["train"], str(folder))
   for name in ("part-9.tmp-1234", "README.md", "manifest.json", ".hidden", "part-8.tmp"):

@@ -2,7 +2,7 @@
 
 A fake python3 on PATH prints the arguments run_pretraining would get (the demo's flags
 come from the real bert_pretrain.demo.run_flags, the launch plan from the real
-bert_pretrain.launch); the multi-card script's DRY_RUN=1 prints its command. Each flag
+bert_pretrain.distributed.launch); the multi-card script's DRY_RUN=1 prints its command. Each flag
 must appear once, the user's value winning over the demo's and the script's, and --noamp
 must turn off the scripts' mixed precision.
 """

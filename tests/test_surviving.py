@@ -17,7 +17,7 @@ import time
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import signals
+from bert_pretrain.training import signals
 from conftest import ROOT, TINY_CONFIG, base_flags, rank_pid, run_pretraining
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
@@ -166,7 +166,7 @@ def test_sigterm_stops_at_the_step_reached_with_a_checkpoint_and_the_rerun_conti
   assert re.search(r"^\| 1 card \| acc n/a \| fps [\d.]+ \| status aborted \|$", stdout, re.M)
   assert "Throughput Average (sentences/sec) = " in stdout
   # The picture is left for later: a launcher may end the job seconds after a signal.
-  assert ("report: not drawn after SIGTERM; python3 -m bert_pretrain.report %s draws it"
+  assert ("report: not drawn after SIGTERM; python3 -m bert_pretrain.training.report %s draws it"
           % out) in stdout
   assert not (out / "report.png").exists()
 
@@ -266,7 +266,7 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
 
 
 # Exact resume with dropout: the masks are a function of the seed, the dropout site and
-# the place of the micro-batch in the data order (modeling.DropoutSeeds), so a rerun
+# the place of the micro-batch in the data order (dropout.DropoutSeeds), so a rerun
 # draws the uninterrupted run's masks.
 
 @pytest.fixture(scope="module")
@@ -428,7 +428,7 @@ def test_another_global_batch_or_seed_is_refused_and_the_allowed_one_continues_t
 
 STOP_SCRIPT = """
 import sys, time
-from bert_pretrain import signals
+from bert_pretrain.training import signals
 stop = signals.StopRequest()
 stop.install()
 if sys.argv[1] == "armed":

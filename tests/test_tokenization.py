@@ -1,5 +1,5 @@
 # coding=utf-8
-"""Tests of bert_pretrain.tokenization: Google's rules, the fast paths, vocab building."""
+"""Tests of bert_pretrain.data.tokenization: Google's rules, the fast paths, vocab building."""
 
 import os
 import random
@@ -7,7 +7,7 @@ import unicodedata
 
 import pytest
 
-from bert_pretrain import tokenization
+from bert_pretrain.data import tokenization
 
 SAMPLE_TEXT = os.path.join(os.path.dirname(__file__), "data", "sample_text.txt")
 

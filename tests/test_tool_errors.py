@@ -12,8 +12,8 @@ import pytest
 
 from bert_pretrain import demo
 from bert_pretrain import errors
-from bert_pretrain import modeling
-from bert_pretrain import tokenization
+from bert_pretrain.model import modeling
+from bert_pretrain.data import tokenization
 from conftest import (PREDICTIONS, ROOT, SAMPLE_TEXT, SEQ_LENGTH, TINY_CONFIG, base_flags)
 
 WIKI_SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")

@@ -36,7 +36,7 @@ def run_eval(layout, settings):
   # MLCommons picks records[int(i * ratio)], spread evenly over the shuffled instances.
   ratio = available / wanted
   picked = set(int(i * ratio) for i in range(wanted))
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   offsets, framing_error = records.record_offsets(layout.eval_all)
   if framing_error:

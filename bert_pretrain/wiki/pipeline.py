@@ -9,9 +9,10 @@ import collections
 import json
 import os
 
+from bert_pretrain import config
 from bert_pretrain import errors
 from bert_pretrain import pack_records
-from bert_pretrain import tokenization
+from bert_pretrain.data import tokenization
 from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
 from bert_pretrain.wiki.evalset import run_eval
 from bert_pretrain.wiki.extract import run_extract
@@ -34,12 +35,12 @@ DEFAULTS = collections.OrderedDict([
     ("num_eval_articles", 10000),
     ("num_eval_samples", 10000),
     ("do_lower_case", True),
-    ("max_seq_length", 512),
-    ("max_predictions_per_seq", 76),
-    ("masked_lm_prob", 0.15),
-    ("short_seq_prob", 0.1),
-    ("dupe_factor", 10),
-    ("random_seed", 12345),
+    ("max_seq_length", config.MAX_SEQ_LENGTH),
+    ("max_predictions_per_seq", config.MAX_PREDICTIONS_PER_SEQ),
+    ("masked_lm_prob", config.MASKED_LM_PROB),
+    ("short_seq_prob", config.SHORT_SEQ_PROB),
+    ("dupe_factor", config.DUPE_FACTOR),
+    ("random_seed", config.DATA_SEED),
     ("do_whole_word_mask", False),
     ("max_sequences_per_pack", pack_records.MAX_SEQUENCES_PER_PACK),
 ])

@@ -35,7 +35,7 @@ def tfrecord_task(task):
     os.environ["RAYON_NUM_THREADS"] = "1"
   # Imported here: TensorFlow is loaded only by the processes that need it.
   from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
-  from bert_pretrain import records  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   layout = Layout(root)
   try:

@@ -10,7 +10,8 @@ Matthews' correlation. Reads no flags; run_classifier.py drives it.
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import modeling
+from bert_pretrain.model import modeling
+from bert_pretrain.model import dropout as dropout_lib
 
 
 def build_classifier(bert_config, features, num_labels, is_training, dtype):
@@ -40,7 +41,7 @@ def build_classifier(bert_config, features, num_labels, is_training, dtype):
   output_bias = tf.get_variable("output_bias", [num_labels], initializer=tf.zeros_initializer())
   with tf.name_scope("loss"):
     if is_training:
-      pooled = modeling.dropout(pooled, 0.1)
+      pooled = dropout_lib.dropout(pooled, 0.1)
     logits = tf.nn.bias_add(tf.matmul(pooled, output_weights, transpose_b=True), output_bias)
     per_example_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=features["label_ids"], logits=logits)

@@ -1,12 +1,12 @@
 """The BERT pretraining graph: the model with its two heads, the training step, the
 evaluator and the session config.
 
-Used alike by run_pretraining.py (the training loop), bench/ and the demo. It reads no
-flags: everything it needs is an argument.
+Used alike by the training loop (loop.py), bench/ and the demo. It reads no flags:
+everything it needs is an argument.
 
   features = tf.data.make_initializable_iterator(dataset).get_next()
-  train = build_train_graph(bert_config, features, tf.float32, learning_rate=1e-4,
-                            num_train_steps=1000)
+  train = build_train_graph(bert_config, features, tf.float32,
+                            config.Optimizer(learning_rate=1e-4, num_train_steps=1000))
   evaluator = Evaluator(bert_config, eval_files, ranks, tf.float32, 64, 128, 20)
   sess = tf.Session(config=session_config(intra_op_threads=2, inter_op_threads=2))
   ... sess.run(train.accumulate_op) x (k - 1), then sess.run(train.step_fetches) ...
@@ -17,18 +17,18 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
-from bert_pretrain import input_pipeline
-from bert_pretrain import modeling
-from bert_pretrain import optimization
-from bert_pretrain import signals
+from bert_pretrain.training import checkpoints
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.model import heads
+from bert_pretrain.model import modeling
+from bert_pretrain.model import precision
+from bert_pretrain.model import dropout as dropout_lib
+from bert_pretrain.training import optimization
+from bert_pretrain.training import signals
 
 
-# From sequence 512 up, attending sequence by sequence made a training step faster on a
-# 2-core CPU (both graphs in one process, taking turns on the same batches of the
-# benchmark's Wikipedia records, 288 real tokens of 512 on average: BERT-tiny 8%, -mini
-# and -medium 18%, -Base 9%); at 128 (106 real tokens) it gained nothing at any size,
-# BERT-tiny lost 5%: each sequence's extra ops cost about what the padding's attention did.
+# Attending sequence by sequence pays on a CPU from sequence 512 up; at 128 each
+# sequence's few more ops cost what the padding's attention did (docs/performance.md).
 PER_SEQUENCE_ATTENTION_FROM = 512
 
 
@@ -64,7 +64,7 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
     dtype: compute type (tf.float32, tf.bfloat16 or tf.float16); weights stay float32.
     attention_per_sequence: the attention too skips the padding, sequence by sequence
       (attends_per_sequence says when it pays).
-    dropout_seeds: (optional) modeling.DropoutSeeds of the dropout masks.
+    dropout_seeds: (optional) dropout_lib.DropoutSeeds of the dropout masks.
 
   Returns:
     dict of tensors: total_loss, mlm_loss, nsp_loss (float32 scalars) and the sums that
@@ -80,11 +80,11 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
                              drop_padding=True,
                              attention_per_sequence=attention_per_sequence,
                              dropout_seeds=dropout_seeds)
-  with tf.variable_scope("", custom_getter=modeling.get_custom_getter(dtype)):
-    (mlm_loss, mlm_example_loss, mlm_log_probs) = modeling.get_masked_lm_output(
+  with tf.variable_scope("", custom_getter=precision.get_custom_getter(dtype)):
+    (mlm_loss, mlm_example_loss, mlm_log_probs) = heads.get_masked_lm_output(
         bert_config, model.get_masked_positions_output(), model.get_embedding_table(),
         None, features["masked_lm_ids"], features["masked_lm_weights"])
-    (nsp_loss, nsp_example_loss, nsp_log_probs) = modeling.get_next_sentence_output(
+    (nsp_loss, nsp_example_loss, nsp_log_probs) = heads.get_next_sentence_output(
         bert_config, model.get_pooled_output(), features["next_sentence_labels"])
 
   mlm_ids = tf.reshape(features["masked_lm_ids"], [-1])
@@ -113,13 +113,8 @@ TrainGraph = collections.namedtuple("TrainGraph", [
     "data_position", "micro_batch", "record_ids"])
 
 
-def build_train_graph(bert_config, features, dtype, learning_rate, num_train_steps,
-                      num_warmup_steps=0, poly_power=1.0, start_warmup_step=0,
-                      optimizer_name="lamb", weight_decay_rate=0.01, beta_1=0.9,
-                      beta_2=0.999, epsilon=1e-6, num_accumulation_steps=1,
-                      init_loss_scale=2.0 ** 15, ranks=None, allreduce_post_accumulation=True,
-                      attention_per_sequence=False, adapt_every_variable=False,
-                      clipping=optimization.CLIP_PER_MICRO_BATCH, seed=None):
+def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ranks=None,
+                      attention_per_sequence=False, seed=None):
   """The ops of one training update: features -> model -> gradients -> (accumulation)
   -> all-reduce -> optimizer, and what the loop fetches with them.
 
@@ -129,25 +124,17 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       build_model), e.g. an iterator's get_next() of input_pipeline.make_dataset (with
       ranks, of ranks.iterator(): one micro-batch per replica).
     dtype: compute type; tf.float16 brings dynamic loss scaling.
-    learning_rate, num_train_steps, num_warmup_steps, poly_power, start_warmup_step:
-      the schedule (optimization.learning_rate_schedule): linear warm-up to
-      learning_rate, then polynomial decay to 0 at num_train_steps.
-    optimizer_name, weight_decay_rate, beta_1, beta_2, epsilon, adapt_every_variable:
-      the optimizer (optimization.create_optimizer: "lamb" or "adam").
-    num_accumulation_steps: micro-batches summed into one update.
-    init_loss_scale: float16's first loss scale.
+    opt: config.Optimizer: the optimizer, its schedule, accumulation, all-reduce,
+      clipping and float16's first loss scale (train_ops).
+    learning_rate: the schedule's peak (default: opt.learning_rate; a run may scale it
+      by its ranks).
     ranks: (optional) ranks.Ranks of a job of several replicas: the graph is built per
       replica (call this under ranks.scope()), gradients, display losses and the stop
       signal are all-reduced over the replicas.
-    allreduce_post_accumulation: all-reduce once per update, after accumulation
-      (otherwise every micro-batch's gradients).
     attention_per_sequence: build_model's (attends_per_sequence says when it pays).
-    clipping: where the gradients are clipped (optimization.create_train_ops).
     seed: (optional) Python int: the dropout masks are then a function of it, the
-      dropout site, and the place of the micro-batch's first record in the data order
-      (data_position + (micro_batch x replicas + replica) x batch_size), so a resumed
-      run draws the uninterrupted run's masks. None: stateful random masks, new in
-      every process.
+      site, and the micro-batch's first record in the data order, so a resumed run
+      draws the uninterrupted run's masks. None: stateful masks, new in every process.
 
   Returns:
     TrainGraph with
@@ -196,51 +183,26 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
       replica_index = ranks.replica_index() if ranks is not None else tf.constant(0, tf.int64)
       first_record = data_position.read_value() + (
           micro_batch * replicas + replica_index) * batch_size
-      dropout_seeds = modeling.DropoutSeeds(seed, first_record)
+      dropout_seeds = dropout_lib.DropoutSeeds(seed, first_record)
     outputs = build_model(bert_config, features, True, dtype, attention_per_sequence,
                           dropout_seeds)
-    lr = optimization.learning_rate_schedule(global_step, learning_rate, num_train_steps,
-                                             num_warmup_steps, poly_power, start_warmup_step)
-    optimizer = optimization.create_optimizer(optimizer_name, lr, weight_decay_rate, beta_1,
-                                              beta_2, epsilon, adapt_every_variable)
-    loss_scale = None
-    if dtype == tf.float16:
-      loss_scale = optimization.DynamicLossScale(initial_scale=init_loss_scale)
-    (accumulate_op, update_op) = optimization.create_train_ops(
-        outputs["total_loss"], optimizer, global_step, num_accumulation_steps,
-        allreduce_fn=all_reduce if allreduce_post_accumulation else None,
-        loss_scale=loss_scale,
-        pre_accumulation_fn=None if allreduce_post_accumulation else all_reduce,
-        clipping=clipping)
+    (lr, loss_scale, accumulate_op, update_op) = train_ops(
+        opt, outputs["total_loss"], global_step, dtype,
+        opt.learning_rate if learning_rate is None else learning_rate, all_reduce)
     with tf.control_dependencies([update_op]):
       # After the update, whose forward pass read it for the dropout masks.
-      advance = data_position.assign_add(batch_size * num_accumulation_steps * replicas)
+      advance = data_position.assign_add(batch_size * opt.num_accumulation_steps * replicas)
     update_op = tf.group(update_op, advance)
     losses = tf.stack([outputs["total_loss"], outputs["mlm_loss"], outputs["nsp_loss"]])
     if several:
       losses = all_reduce([losses], name="display_losses")[0]
     stop_agreed = signals.agreed_signal(stop_feed, ranks if several else None)
-    with tf.control_dependencies([update_op]):
-      # global_step after the update: one more, or the same when loss scaling skipped
-      # an update whose gradients overflowed.
-      step_fetches = {"step": global_step.read_value()}
-      if loss_scale is not None:
-        step_fetches.update(loss_scale=loss_scale.scale.read_value(),
-                            skipped_steps=loss_scale.skipped_steps.read_value())
-    # The stop request agreed by all ranks, in the same session run as the update.
-    step_fetches["stop_signal"] = stop_agreed
-    # When this rank's forward pass ended (seconds since the epoch): what the step took
-    # here before waiting for the other ranks in the all-reduce.
-    with tf.control_dependencies([outputs["total_loss"]]):
-      forward_done = tf.timestamp()
-    display_fetches = dict(step_fetches, losses=losses, learning_rate=lr,
-                           forward_done=forward_done)
-    rank_times = None
-    if rank_time is not None:
-      # Each rank's time at its own place, summed: every rank's time.
-      rank_times = ranks.process_sum(
-          tf.one_hot(ranks.rank, ranks.size, dtype=tf.float64) * rank_time,
-          name="rank_step_times")
+    (step_fetches, display_fetches) = fetches(global_step, update_op, loss_scale,
+                                              stop_agreed, outputs, losses, lr)
+    # Each rank's time at its own place, summed: every rank's time.
+    rank_times = None if rank_time is None else ranks.process_sum(
+        tf.one_hot(ranks.rank, ranks.size, dtype=tf.float64) * rank_time,
+        name="rank_step_times")
     return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op,
                       step_fetches, display_fetches, stop_feed, stop_agreed, rank_time,
                       rank_times, data_position, micro_batch, record_fingerprints(features))
@@ -251,6 +213,57 @@ def build_train_graph(bert_config, features, dtype, learning_rate, num_train_ste
   # Every replica's records, in the order of the replicas (merged keeps the first's).
   record_ids = tf.concat([g.record_ids for g in graphs], axis=0)
   return ranks.merged(graphs)._replace(record_ids=record_ids)
+
+
+def train_ops(opt, total_loss, global_step, dtype, learning_rate, all_reduce=None):
+  """The schedule, the optimizer and its ops for one replica's loss.
+
+  Args:
+    opt: config.Optimizer.
+    total_loss: float32 scalar Tensor of one micro-batch.
+    global_step: int64 variable.
+    dtype: compute type; tf.float16 brings dynamic loss scaling.
+    learning_rate: the schedule's peak.
+    all_reduce: (optional) function of a list of gradients -> their mean over the
+      replicas, applied before or after the accumulation (opt.allreduce_post_accumulation).
+
+  Returns:
+    (learning_rate Tensor, DynamicLossScale or None, accumulate_op or None, update_op).
+  """
+  lr = optimization.learning_rate_schedule(global_step, learning_rate, opt.num_train_steps,
+                                           opt.num_warmup_steps, opt.poly_power,
+                                           opt.start_warmup_step)
+  optimizer = optimization.create_optimizer(opt.optimizer, lr, opt.weight_decay_rate,
+                                            opt.beta_1, opt.beta_2, opt.epsilon,
+                                            opt.lamb_adapt_layernorm_and_bias)
+  loss_scale = None
+  if dtype == tf.float16:
+    loss_scale = optimization.DynamicLossScale(initial_scale=opt.init_loss_scale)
+  post = opt.allreduce_post_accumulation
+  (accumulate_op, update_op) = optimization.create_train_ops(
+      total_loss, optimizer, global_step, opt.num_accumulation_steps,
+      allreduce_fn=all_reduce if post else None, loss_scale=loss_scale,
+      pre_accumulation_fn=None if post else all_reduce, clipping=opt.gradient_clipping)
+  return lr, loss_scale, accumulate_op, update_op
+
+
+def fetches(global_step, update_op, loss_scale, stop_agreed, outputs, losses, lr):
+  """(step_fetches, display_fetches): TrainGraph's dicts (see build_train_graph)."""
+  with tf.control_dependencies([update_op]):
+    # global_step after the update: one more, or the same when loss scaling skipped
+    # an update whose gradients overflowed.
+    step_fetches = {"step": global_step.read_value()}
+    if loss_scale is not None:
+      step_fetches.update(loss_scale=loss_scale.scale.read_value(),
+                          skipped_steps=loss_scale.skipped_steps.read_value())
+  # The stop request agreed by all ranks, in the same session run as the update.
+  step_fetches["stop_signal"] = stop_agreed
+  # When this rank's forward pass ended (seconds since the epoch): what the step took
+  # here before waiting for the other ranks in the all-reduce.
+  with tf.control_dependencies([outputs["total_loss"]]):
+    forward_done = tf.timestamp()
+  return step_fetches, dict(step_fetches, losses=losses, learning_rate=lr,
+                            forward_done=forward_done)
 
 
 def record_fingerprints(features):

@@ -1,7 +1,7 @@
 """TFRecord input of BERT pretraining: file checks, bad records and the tf.data pipeline.
 
 The records' format (the feature spec, the framing, what makes a record valid) is
-bert_pretrain/records.py's; this module finds the files of a run, checks them before
+bert_pretrain/data/records.py's; this module finds the files of a run, checks them before
 training, locates a bad record met while training and builds the tf.data pipeline.
 """
 
@@ -11,7 +11,7 @@ import re
 
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import records
+from bert_pretrain.data import records
 
 # Folders whose records together are smaller than this are read whole before training,
 # so a corrupt record is reported before any step runs; larger sets check the first
@@ -423,11 +423,7 @@ def training_records(files, shuffle_buffer=10000, seed=None, num_parallel_reads=
   Returns:
     A Dataset of string scalars.
   """
-  skipped = collections.defaultdict(set)
-  for record in skip_records:
-    skipped[record.path].add(record.index)
-  damaged = [f for f in files if f in skipped]
-  files = [f for f in files if f not in skipped]
+  (files, damaged, skipped) = _split_damaged(files, skip_records)
   dataset = None
   if files:
     dataset = tf.data.Dataset.from_tensor_slices(tf.constant(files))
@@ -447,16 +443,21 @@ def training_records(files, shuffle_buffer=10000, seed=None, num_parallel_reads=
   return dataset.shuffle(shuffle_buffer, seed=seed)
 
 
+def _split_damaged(files, skip_records):
+  """(files without skipped records, files with some, {path: indices to skip})."""
+  skipped = collections.defaultdict(set)
+  for record in skip_records:
+    skipped[record.path].add(record.index)
+  return ([f for f in files if f not in skipped], [f for f in files if f in skipped],
+          skipped)
+
+
 def _evaluation_records(files, num_shards, shard_index, skip_records):
   """The serialized evaluation records of one rank, in file order, one pass (see
   make_dataset)."""
   shard_files = num_shards > 1 and len(files) >= num_shards
   files = rank_files(files, num_shards, shard_index)
-  skipped = collections.defaultdict(set)
-  for record in skip_records:
-    skipped[record.path].add(record.index)
-  damaged = [f for f in files if f in skipped]
-  files = [f for f in files if f not in skipped]
+  (files, damaged, skipped) = _split_damaged(files, skip_records)
   dataset = None
   if files:
     # Record sharding reads the files in one fixed order on every rank, so that

@@ -25,14 +25,16 @@ import re
 
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import checkpoints
+from bert_pretrain import config
+from bert_pretrain.training import checkpoints
 
 EXCLUDE_FROM_WEIGHT_DECAY = ["LayerNorm", "layer_norm", "bias"]
 
 # Where the gradients are clipped to their global norm (create_train_ops).
-CLIP_PER_MICRO_BATCH = "per_micro_batch"
-CLIP_AFTER_ALLREDUCE = "after_allreduce"
-CLIPPING = (CLIP_PER_MICRO_BATCH, CLIP_AFTER_ALLREDUCE)
+CLIPPING = config.CLIPPING
+CLIP_PER_MICRO_BATCH, CLIP_AFTER_ALLREDUCE = CLIPPING
+# The optimizer's defaults, written once in the settings (config.Optimizer).
+_DEFAULTS = config.Optimizer()
 
 
 def learning_rate_schedule(global_step, init_lr, num_train_steps, num_warmup_steps,
@@ -66,15 +68,15 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
 
   Each variable is updated in place by TensorFlow's fused training kernels (ApplyAdam,
   ApplyGradientDescent: one pass over the weights and moments each), not by a chain of
-  elementwise ops, each of which reads and writes the whole tensor (on BERT-Base the
-  chain took 28% of the summed op time of a float32 step on a CPU, 35% in bfloat16).
+  elementwise ops, each of which reads and writes the whole tensor (docs/performance.md
+  has the profile).
   Under a tf.distribute strategy, or where an update may be skipped (`applied`), the
   same math runs as plain ops and assignments, which a strategy can mirror and a
   select can undo.
   """
 
-  def __init__(self, learning_rate, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999,
-               epsilon=1e-6, exclude_from_weight_decay=None, name="WeightDecayOptimizer"):
+  def __init__(self, learning_rate, weight_decay_rate, beta_1, beta_2, epsilon,
+               exclude_from_weight_decay=None, name="WeightDecayOptimizer"):
     super(_WeightDecayOptimizer, self).__init__(False, name)
     self.learning_rate = learning_rate
     self.weight_decay_rate = weight_decay_rate
@@ -303,7 +305,7 @@ class LAMBOptimizer(_WeightDecayOptimizer):
 class DynamicLossScale(object):
   """Dynamic loss scaling state for float16 training (variables in the graph)."""
 
-  def __init__(self, initial_scale=2.0 ** 15, growth_interval=1000):
+  def __init__(self, initial_scale=_DEFAULTS.init_loss_scale, growth_interval=1000):
     with tf.variable_scope("loss_scale"):
       self.scale = tf.get_variable("scale", initializer=float(initial_scale), trainable=False)
       self.good_steps = tf.get_variable("good_steps", shape=[], dtype=tf.int64,
@@ -324,8 +326,10 @@ class DynamicLossScale(object):
                     self.skipped_steps.assign(new_skipped))
 
 
-def create_optimizer(optimizer_name, learning_rate, weight_decay_rate=0.01, beta_1=0.9,
-                     beta_2=0.999, epsilon=1e-6, adapt_every_variable=False):
+def create_optimizer(optimizer_name, learning_rate,
+                     weight_decay_rate=_DEFAULTS.weight_decay_rate, beta_1=_DEFAULTS.beta_1,
+                     beta_2=_DEFAULTS.beta_2, epsilon=_DEFAULTS.epsilon,
+                     adapt_every_variable=_DEFAULTS.lamb_adapt_layernorm_and_bias):
   """Returns the LAMBOptimizer ("lamb") or AdamWeightDecayOptimizer ("adam").
 
   adapt_every_variable: (LAMB) the trust ratio for LayerNorm and bias variables too, as
@@ -344,7 +348,7 @@ def create_optimizer(optimizer_name, learning_rate, weight_decay_rate=0.01, beta
 
 def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
                      allreduce_fn=None, loss_scale=None, clip_norm=1.0,
-                     pre_accumulation_fn=None, clipping=CLIP_PER_MICRO_BATCH):
+                     pre_accumulation_fn=None, clipping=_DEFAULTS.gradient_clipping):
   """Builds the ops of one training step.
 
   Args:

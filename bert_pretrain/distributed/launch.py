@@ -13,12 +13,12 @@ horovodrun starts one process per host (it only starts them: TensorFlow's collec
 the all-reduce) and TF_CONFIG names the workers, host:MULTI_WORKER_PORT each, in the
 order of the host list, which is also the order of the ranks that give each its index.
 
-  python3 -m bert_pretrain.launch PER_HOST [DISTRIBUTION]
+  python3 -m bert_pretrain.distributed.launch PER_HOST [DISTRIBUTION]
 prints the summary line, then the launcher's words one a line (none for one process),
 with HOROVOD_RUN_ARGS and MULTI_WORKER_PORT read from the environment; on a contradiction
 it prints a one-line error and exits 2.
 
-  python3 -m bert_pretrain.launch run COMMAND...
+  python3 -m bert_pretrain.distributed.launch run COMMAND...
 runs the script's command: horovodrun in this process (Horovod's own run_commandline), so
 that a job a rank failed ends with that rank's one-line error and its exit status, where
 horovodrun --gloo would end with its RuntimeError's traceback; any other command replaces
@@ -285,7 +285,7 @@ def main(argv):
   if len(argv) > 2 and argv[1] == "run":
     return run(argv[2:])
   if len(argv) not in (2, 3) or not re.match(r"^[1-9][0-9]*$", argv[1]):
-    print("usage: python3 -m bert_pretrain.launch RANKS_PER_HOST [DISTRIBUTION]",
+    print("usage: python3 -m bert_pretrain.distributed.launch RANKS_PER_HOST [DISTRIBUTION]",
           file=sys.stderr)
     return 2
   distribution = argv[2] if len(argv) == 3 else "horovod"

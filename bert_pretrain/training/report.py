@@ -1,6 +1,6 @@
 """The run report: report.png and a short summary, drawn from a run's dllog.json.
 
-  python3 -m bert_pretrain.report OUTPUT_DIR
+  python3 -m bert_pretrain.training.report OUTPUT_DIR
 
 report.png has four panels against training samples: the losses (total, masked LM,
 next sentence), masked-LM accuracy at each evaluation, sentences per second of each
@@ -191,14 +191,14 @@ def write_report(output_dir, dllog_path=None, png_path=None, log=print, picture=
   for line in format_summary(summarize(records)):
     log("report: " + line)
   if not picture:
-    log("report: no picture (--nodraw_report); python3 -m bert_pretrain.report %s draws it"
+    log("report: no picture (--nodraw_report); python3 -m bert_pretrain.training.report %s draws it"
         % output_dir)
     return None
   try:
     draw(records, png_path, title=os.path.basename(os.path.abspath(output_dir)))
   except ImportError:
     log("report: matplotlib is not installed, so no report.png; pip install matplotlib (or "
-        "bash init_tf.sh), then python3 -m bert_pretrain.report %s" % output_dir)
+        "bash init_tf.sh), then python3 -m bert_pretrain.training.report %s" % output_dir)
     return None
   log("report: %s" % png_path)
   return png_path
@@ -206,7 +206,7 @@ def write_report(output_dir, dllog_path=None, png_path=None, log=print, picture=
 
 def main(argv):
   if len(argv) != 2:
-    raise app.UsageError("usage: python3 -m bert_pretrain.report OUTPUT_DIR")
+    raise app.UsageError("usage: python3 -m bert_pretrain.training.report OUTPUT_DIR")
   try:
     write_report(argv[1], FLAGS.dllog_path, FLAGS.png_path)
   except ValueError as e:

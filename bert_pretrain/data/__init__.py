@@ -1,0 +1,1 @@
+"""The pretraining records: their format, the input pipeline, tokenization."""

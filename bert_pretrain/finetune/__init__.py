@@ -1,0 +1,1 @@
+"""Fine-tuning a classifier on the pretrained encoder."""

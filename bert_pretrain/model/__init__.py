@@ -1,0 +1,1 @@
+"""BERT: Google's model and its pretraining heads."""

@@ -1,0 +1,157 @@
+"""Compute types and the gradients written out by hand: what makes the model fast and
+exact in low precision without changing its numbers.
+
+- get_custom_getter: variables stay float32 (master weights); the layers get a cast copy
+  in the compute type (bfloat16 or float16).
+- elementwise_dtype: the type of the math between the matmuls.
+- normalize, dense_matmul / gradient_matmul, softmax_cross_entropy: layer norm, the dense
+  layers' products and the masked-LM loss with gradients that take fewer passes over
+  the activations than TensorFlow derives (the measurements: docs/performance.md).
+"""
+
+import tensorflow.compat.v1 as tf
+
+
+def get_custom_getter(compute_type):
+  """Returns a variable getter that keeps variables float32 and casts them for use.
+
+  Args:
+    compute_type: the dtype the graph computes in.
+
+  Returns:
+    None for float32; otherwise a custom getter for tf.variable_scope.
+  """
+  if compute_type == tf.float32:
+    return None
+
+  def float32_variable_getter(getter, name, *args, **kwargs):
+    requested_dtype = kwargs.get("dtype", tf.float32)
+    if requested_dtype == compute_type:
+      kwargs["dtype"] = tf.float32
+    variable = getter(name, *args, **kwargs)
+    if requested_dtype == compute_type and variable.dtype.base_dtype != compute_type:
+      return tf.cast(variable, compute_type)
+    return variable
+
+  return float32_variable_getter
+
+
+def elementwise_dtype(compute_type):
+  """The type the elementwise math (GELU, dropout, softmax, residual, layer norm)
+  computes in when the matmuls compute in `compute_type`: float32 for bfloat16, else
+  `compute_type`.
+
+  bfloat16 is the CPU's mixed precision (--amp on a CPU), where TensorFlow's
+  elementwise kernels run faster in float32, casts included. float16, the GPUs' type,
+  keeps its own: a GPU's float16 elementwise kernels are as fast as its float32 ones and
+  move half the bytes.
+  """
+  if compute_type == tf.bfloat16:
+    return tf.float32
+  return compute_type
+
+
+@tf.custom_gradient
+def normalize(x, gamma, beta):
+  """(x - mean) / sqrt(variance + 1e-12) * gamma + beta, the statistics over the last axis.
+
+  Its gradient is written out: for x_hat, the normalized x, and g = upstream * gamma,
+  dx = (g - mean(g) - x_hat * mean(g * x_hat)) / sqrt(variance + 1e-12), means over the
+  last axis: fewer passes over the activations than TensorFlow derives from the forward
+  ops.
+
+  Args:
+    x: float32 Tensor [..., width].
+    gamma, beta: float32 Tensors [width].
+
+  Returns:
+    float32 Tensor of the shape of `x`.
+  """
+  mean, variance = tf.nn.moments(x, axes=[-1], keep_dims=True)
+  inverse_std = tf.rsqrt(variance + 1e-12)
+  x_hat = (x - mean) * inverse_std
+  rows = list(range(x.shape.ndims - 1))
+
+  def grad(upstream):
+    g = upstream * gamma
+    dx = inverse_std * (g - tf.reduce_mean(g, -1, keepdims=True)
+                        - x_hat * tf.reduce_mean(g * x_hat, -1, keepdims=True))
+    return dx, tf.reduce_sum(upstream * x_hat, rows), tf.reduce_sum(upstream, rows)
+
+  return x_hat * gamma + beta, grad
+
+
+def dense_matmul(input_tensor, kernel):
+  """input_tensor [..., input_width] @ kernel [input_width, units], with the gradient
+  of _dense_layer_matmul_grad."""
+  with tf.get_default_graph().gradient_override_map({"MatMul": "DenseLayerMatMul"}):
+    if input_tensor.shape.ndims == 2:
+      return tf.matmul(input_tensor, kernel)
+    return tf.tensordot(input_tensor, kernel, axes=1)
+
+
+@tf.RegisterGradient("DenseLayerMatMul")
+def _dense_layer_matmul_grad(op, grad):
+  """The gradient of dense_layer's y = x @ kernel: (grad @ kernel^T, x^T @ grad), each
+  product made by gradient_matmul."""
+  (x, kernel) = op.inputs
+  if op.get_attr("transpose_a") or op.get_attr("transpose_b"):
+    raise ValueError("dense_layer's gradient expects an untransposed MatMul")
+  # Through a tf.gather of the output (unpadded_rows), TensorFlow 1.15 passes the
+  # gradient on as IndexedSlices.
+  grad = tf.convert_to_tensor(grad)
+  return (gradient_matmul(grad, kernel, transpose_b=True),
+          gradient_matmul(x, grad, transpose_a=True))
+
+
+def gradient_matmul(a, b, transpose_a=False, transpose_b=False):
+  """a @ b (either transposed) for a gradient, by the op that computes it faster.
+
+  A float32 product whose result has at most half as many columns as the dimension it
+  sums over (the gradient of the feed-forward input from its 4x wider output, and of a
+  kernel from its batch_size * seq_length rows) is a BatchMatMulV2, which TensorFlow's
+  oneDNN build runs with a faster kernel than MatMul at those shapes; others stay MatMul.
+  A dimension unknown when the graph is built counts as small. Both ops compute the same
+  product.
+
+  Args:
+    a: float Tensor [m, k] ([k, m] if transpose_a).
+    b: float Tensor [k, n] ([n, k] if transpose_b).
+    transpose_a, transpose_b: bool.
+
+  Returns:
+    float Tensor [m, n].
+  """
+  columns = b.shape.as_list()[0 if transpose_b else 1]
+  depth = a.shape.as_list()[0 if transpose_a else 1]
+  if a.dtype == tf.float32 and columns and depth and 2 * columns <= depth:
+    return tf.raw_ops.BatchMatMulV2(x=a, y=b, adj_x=transpose_a, adj_y=transpose_b)
+  return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+@tf.custom_gradient
+def softmax_cross_entropy(logits, labels):
+  """-log softmax(logits)[label] per row, with the gradient softmax - one_hot(label).
+
+  The same numbers as tf.nn.sparse_softmax_cross_entropy_with_logits with one softmax
+  (oneDNN's, on a CPU) and the log-sum-exp taken from it: the largest probability is
+  exp(max_logit) / sum_exp, never below 1 / vocab_size, so its log is well conditioned.
+
+  Args:
+    logits: float32 Tensor [num_rows, vocab_size].
+    labels: int32 Tensor [num_rows].
+
+  Returns:
+    float32 Tensor [num_rows].
+  """
+  probs = tf.nn.softmax(logits)
+  rows = tf.range(tf.shape(logits)[0])
+  label_logits = tf.gather_nd(logits, tf.stack([rows, labels], axis=1))
+  log_sum_exp = tf.reduce_max(logits, axis=-1) - tf.log(tf.reduce_max(probs, axis=-1))
+  loss = log_sum_exp - label_logits
+
+  def grad(upstream):
+    one_hot = tf.one_hot(labels, tf.shape(logits)[1], dtype=probs.dtype)
+    return (probs - one_hot) * tf.expand_dims(upstream, -1), None
+
+  return loss, grad

@@ -1,0 +1,1 @@
+"""The pretraining run's parts: the graph, the optimizer, checkpoints, meters, logs."""

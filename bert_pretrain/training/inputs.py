@@ -1,0 +1,211 @@
+"""What a pretraining run reads, checked before any graph is built: the settings' numbers,
+the BERT config, the training and evaluation records, the checkpoints to resume from or
+start with, the output folder. Every problem is a ValueError whose message is the one line
+the user sees, with the fix.
+"""
+
+import collections
+import os
+
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import config
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.model import modeling
+from bert_pretrain.training import checkpoints
+from bert_pretrain.training import mlperf
+
+# What check_inputs found: the BertConfig, the training and eval record files, the
+# training records to leave out (input_pipeline.SkippedRecords), and the checkpoint
+# prefixes to resume from (this recipe's newest in --output_dir) and of --init_checkpoint
+# (each None when there is none); when resuming, the record of the run in --output_dir
+# (its bert_pretrain_run.json, None without), the checkpoint's step and its place in
+# the data order (None when an older version wrote it).
+Inputs = collections.namedtuple("Inputs", [
+    "bert_config", "train_files", "eval_files", "skipped_records", "resume_checkpoint",
+    "init_checkpoint", "earlier_run", "resume_step", "resume_position"])
+
+
+def check_settings(cfg):
+  """Checks the settings (config.Settings) that need no file.
+
+  Raises:
+    ValueError: with the one-line message the user sees.
+  """
+  values = config.as_flags(cfg)
+  for name in ("train_batch_size", "eval_batch_size", "num_accumulation_steps",
+               "max_seq_length", "max_predictions_per_seq", "display_loss_steps",
+               "save_checkpoints_steps", "shuffle_buffer"):
+    if values[name] < 1:
+      raise ValueError("--%s=%d must be at least 1" % (name, values[name]))
+  for name in ("num_warmup_steps", "start_warmup_step", "fps_warmup_steps",
+               "keep_checkpoint_max", "max_eval_steps", "samples_start_eval"):
+    if values[name] < 0:
+      raise ValueError("--%s=%d must not be negative" % (name, values[name]))
+  if cfg.runtime.horovod and cfg.runtime.distribution not in ("none", "horovod"):
+    raise ValueError("--horovod and --distribution=%s disagree; pass one (with "
+                     "run_multi_card_FPS.sh, which passes --horovod, set DISTRIBUTION=%s "
+                     "instead)" % (cfg.runtime.distribution, cfg.runtime.distribution))
+  device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine())
+  if not cfg.optimizer.learning_rate > 0:
+    raise ValueError("--learning_rate=%g must be positive (the peak of the schedule); pass "
+                     "e.g. --learning_rate=%g" % (cfg.optimizer.learning_rate,
+                                                 config.default(config.Optimizer, "learning_rate")))
+  if cfg.optimizer.reference_hyperparameters:
+    mlperf.rcp_file()  # raises when mlperf-logging has no RCPs
+  between = cfg.evaluation.samples_between_eval
+  if between is not None and between < 1:
+    raise ValueError("--samples_between_eval=%d must be at least 1 (or leave it out: "
+                     "MLPerf's interval for the global batch)" % between)
+  if cfg.evaluation.initial_accuracy_tolerance < 0:
+    raise ValueError("--initial_accuracy_tolerance=%g must not be negative"
+                     % cfg.evaluation.initial_accuracy_tolerance)
+  if cfg.optimizer.init_loss_scale < 1:
+    raise ValueError("--init_loss_scale=%g must be at least 1" % cfg.optimizer.init_loss_scale)
+  unknown = sorted(set(cfg.run.allow_resume_change) - set(config.RESUME_CHANGES))
+  if unknown:
+    raise ValueError("--allow_resume_change=%s: %s is not one of %s; pass those to allow"
+                     % (",".join(cfg.run.allow_resume_change), ", ".join(unknown),
+                        ", ".join(config.RESUME_CHANGES)))
+  if cfg.run.do_train and cfg.optimizer.num_train_steps < 1:
+    raise ValueError("--num_train_steps=%d must be at least 1 (or pass --nodo_train)"
+                     % cfg.optimizer.num_train_steps)
+
+
+def check_inputs(cfg):
+  """Checks the settings (check_settings) and what the run reads, cheaply, before any
+  graph is built.
+
+  Args:
+    cfg: config.Settings.
+
+  Returns:
+    Inputs.
+
+  Raises:
+    ValueError: with the one-line message the user sees.
+  """
+  check_settings(cfg)
+  if not cfg.model.bert_config_file:
+    raise ValueError("--bert_config_file is required; pass "
+                     "--bert_config_file=PATH/bert_config.json")
+  bert_config = modeling.BertConfig.from_json_file(cfg.model.bert_config_file)
+  if cfg.data.max_seq_length > bert_config.max_position_embeddings:
+    raise ValueError("--max_seq_length=%d is above max_position_embeddings=%d of %s; lower "
+                     "--max_seq_length or use a config with more positions"
+                     % (cfg.data.max_seq_length, bert_config.max_position_embeddings,
+                        cfg.model.bert_config_file))
+  if cfg.data.max_predictions_per_seq > cfg.data.max_seq_length:
+    raise ValueError("--max_predictions_per_seq=%d is above --max_seq_length=%d; lower it"
+                     % (cfg.data.max_predictions_per_seq, cfg.data.max_seq_length))
+  if cfg.model.vocab_file:
+    if not tf.gfile.Exists(cfg.model.vocab_file) or tf.gfile.IsDirectory(cfg.model.vocab_file):
+      raise ValueError("--vocab_file=%s does not exist; pass the vocab.txt of the data"
+                       % cfg.model.vocab_file)
+    with tf.gfile.GFile(cfg.model.vocab_file, "r") as f:
+      vocab_size = sum(1 for line in f if line.strip())
+    if vocab_size > bert_config.vocab_size:
+      raise ValueError("--vocab_file=%s has %d tokens but vocab_size in %s is %d; use the "
+                       "config that matches the vocab" % (cfg.model.vocab_file, vocab_size,
+                                                          cfg.model.bert_config_file,
+                                                          bert_config.vocab_size))
+  init_checkpoint = None
+  if cfg.model.init_checkpoint:
+    init_checkpoint = checkpoints.resolve_checkpoint(cfg.model.init_checkpoint)
+  if not cfg.run.do_train and not cfg.evaluation.do_eval:
+    raise ValueError("nothing to do: pass --do_train and/or --do_eval")
+
+  train_files = eval_files = []
+  if cfg.run.do_train:
+    train_files = input_pipeline.list_record_files(cfg.data.input_files_dir,
+                                                   "--input_files_dir")
+  if cfg.evaluation.do_eval:
+    if not cfg.data.eval_files_dir:
+      raise ValueError("--eval_files_dir is not set; pass --eval_files_dir=/path/to/eval "
+                       "records, or --nodo_eval to train without evaluation")
+    eval_files = input_pipeline.list_record_files(cfg.data.eval_files_dir, "--eval_files_dir")
+  if not 0 <= cfg.data.max_corrupt_share < 1:
+    raise ValueError("--max_corrupt_share=%g must be in [0, 1)" % cfg.data.max_corrupt_share)
+  full_check_bytes = cfg.data.full_record_check_mb * 1024 * 1024
+  skipped_records = input_pipeline.SkippedRecords(None, [])
+  if train_files:
+    skipped_records = input_pipeline.SkippedRecords(*input_pipeline.check_training_files(
+        train_files, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
+        bert_config.vocab_size, cfg.data.skip_corrupt_records, cfg.data.max_corrupt_share,
+        full_check_bytes))
+  if eval_files:
+    input_pipeline.check_record_files(eval_files, cfg.data.max_seq_length,
+                                      cfg.data.max_predictions_per_seq,
+                                      vocab_size=bert_config.vocab_size,
+                                      full_check_max_bytes=full_check_bytes)
+  resume_checkpoint = checkpoints.find_resume_checkpoint(cfg.run.output_dir,
+                                                         resume_settings(cfg, bert_config))
+  if not cfg.run.do_train:
+    check_evaluated(cfg, resume_checkpoint or init_checkpoint, bert_config)
+  _check_output_dir(cfg.run.output_dir)
+  earlier_run = resume_step = resume_position = None
+  if resume_checkpoint:
+    earlier_run = checkpoints.read_run_marker(cfg.run.output_dir)
+    resume_step = int(checkpoints.checkpoint_value(resume_checkpoint, "global_step"))
+    resume_position = checkpoints.checkpoint_value(resume_checkpoint,
+                                                   checkpoints.DATA_POSITION)
+    if resume_position is not None:
+      resume_position = int(resume_position)
+  return Inputs(bert_config, train_files, eval_files, skipped_records, resume_checkpoint,
+                init_checkpoint, earlier_run, resume_step, resume_position)
+
+
+def check_evaluated(cfg, prefix, bert_config):
+  """With --nodo_train: the checkpoint evaluated must hold the whole model, the
+  masked-LM and next-sentence heads included, unless --allow_random_heads.
+
+  Args:
+    cfg: config.Settings.
+    prefix: the checkpoint to evaluate (resumed or --init_checkpoint), None for none.
+    bert_config: modeling.BertConfig.
+
+  Raises:
+    ValueError: the one-line error.
+  """
+  if prefix is None:
+    if not cfg.evaluation.allow_random_heads:
+      raise ValueError("--nodo_train evaluates a checkpoint but none is given, so every "
+                       "weight would be random; pass --init_checkpoint (or "
+                       "--eval_checkpoint_path), or --allow_random_heads to evaluate random "
+                       "weights on purpose")
+    return
+  checkpoints.check_config(prefix, bert_config,
+                           "--bert_config_file=%s" % cfg.model.bert_config_file)
+  names = [name for name, _ in tf.train.list_variables(prefix)]
+  missing = ["%s head (%s)" % (head, scope) for head, scope in (
+      ("masked-LM", "cls/predictions/"), ("next-sentence", "cls/seq_relationship/"))
+             if not any(name.startswith(scope) for name in names)]
+  if missing and not cfg.evaluation.allow_random_heads:
+    raise ValueError("--nodo_train evaluates %s, which has no %s: those weights would be "
+                     "random, and so would the accuracy (a fine-tuned classifier?); pass a "
+                     "pretraining checkpoint, or --allow_random_heads to evaluate it anyway"
+                     % (prefix, " and no ".join(missing)))
+
+
+def resume_settings(cfg, bert_config):
+  """What a run resuming from output_dir must share with the run that wrote it."""
+  return {"bert_config": bert_config.to_dict(), "max_seq_length": cfg.data.max_seq_length,
+          "max_predictions_per_seq": cfg.data.max_predictions_per_seq,
+          "optimizer": cfg.optimizer.optimizer}
+
+
+def _check_output_dir(output_dir):
+  """Creates output_dir if needed and checks that it can be written."""
+  try:
+    tf.gfile.MakeDirs(output_dir)
+    # Named per process: all ranks probe the same folder at once.
+    probe = os.path.join(output_dir, ".write_test.%d" % os.getpid())
+    with tf.gfile.GFile(probe, "w") as f:
+      f.write("ok")
+    tf.gfile.Remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    raise ValueError("--output_dir=%s cannot be written (%s); pass a folder you can write to"
+                     % (output_dir, getattr(e, "message", e)))
+
+

@@ -1,0 +1,373 @@
+"""The pretraining run, top to bottom: set up, train, finish.
+
+  run()          the whole run: start() the graph, session and logs; evaluate at the start;
+                 train(); finish() with the last checkpoint, evaluation and summary
+  train()        the loop: get batch -> forward -> backward -> (accumulate) -> all-reduce
+                 -> LAMB step -> log -> checkpoint -> evaluate, until --num_train_steps,
+                 the target accuracy or a signal
+
+It reads no flags: the settings come as a config.Settings (cfg), what the run reads as
+inputs.Inputs, the device and ranks as chosen by the entry point (run_pretraining.py).
+The graph is built by pretraining.py, the lines printed by runlog.py, the throughput and
+MLPerf's evaluation schedule kept by meters.py, the resume decided by resume.py.
+"""
+
+import os
+import time
+
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain.data import input_pipeline
+from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.training import checkpoints
+from bert_pretrain.training import health
+from bert_pretrain.training import logs
+from bert_pretrain.training import meters
+from bert_pretrain.training import mlperf
+from bert_pretrain.training import pretraining
+from bert_pretrain.training import report
+from bert_pretrain.training import resume as resume_lib
+from bert_pretrain.training import runlog
+from bert_pretrain.training import signals
+
+
+def run(cfg, inputs, ranks, device, stop=None, notes=()):
+  """Builds the graph, then trains and evaluates. Returns the process exit status.
+
+  Args:
+    cfg: config.Settings.
+    inputs: inputs.Inputs (inputs.check_inputs).
+    ranks: ranks.Ranks.
+    device: device.Device (device.detect_device).
+    stop: (optional) the installed signals.StopRequest: SIGTERM or SIGINT then stop the
+      training after the current update, on every rank, with a checkpoint.
+    notes: lines to log after the run's description (e.g. the RCP taken).
+  """
+  stop = stop or signals.StopRequest()
+  run_start = time.time()
+  job = start(cfg, inputs, ranks, device, notes)
+  results = results_at_start = {}
+  if job.evaluator is not None and (cfg.evaluation.eval_at_start or not cfg.run.do_train):
+    results = results_at_start = job.evals.evaluate(job.sess, job.step)
+    if job.step == 0 and inputs.init_checkpoint and not inputs.resume_checkpoint:
+      runlog.check_initial_accuracy(cfg, job.logger, results["masked_lm_accuracy"],
+                                    inputs.init_checkpoint)
+  stop.arm()
+  step, finite, stopped_by, results = train(cfg, job, stop, results)
+  return finish(cfg, job, step, finite, stopped_by, results, results_at_start,
+                time.time() - run_start)
+
+
+def train(cfg, job, stop, results):
+  """The training loop, from job.step to --num_train_steps. Returns (step, whether the
+  losses and weights stayed finite, the signal that stopped it or 0, the last
+  evaluation's results)."""
+  step = job.step
+  last_scale = job.loss_scale()
+  if cfg.run.do_train and step >= cfg.optimizer.num_train_steps:
+    job.logger.print("global_step %d already reached --num_train_steps=%d; nothing to train"
+                     % (step, cfg.optimizer.num_train_steps))
+  while cfg.run.do_train and step < cfg.optimizer.num_train_steps:
+    job.evals.start_block(step)
+    step_start = time.time()
+    values = job.update(step, stop)
+    job.meter.update(time.time() - step_start)
+    if values["step"] == step:
+      # Skipped by loss scaling (the scale is halved): this update is run again with
+      # new data, and only applied updates count towards --num_train_steps.
+      if last_scale <= 1.0:
+        job.logger.print("Gradients are not finite at step %d even with loss scale 1: "
+                         "stopping without saving. Lower --learning_rate or raise "
+                         "--num_warmup_steps" % (step + 1))
+        return step, False, 0, results
+      last_scale = values["loss_scale"]
+      continue
+    step = int(values["step"])
+    if job.train.loss_scale is not None:
+      last_scale = values["loss_scale"]
+    if step % cfg.run.display_loss_steps == 0 or step == cfg.optimizer.num_train_steps:
+      if not runlog.log_step(job.logger, job.monitor, job.sess, job.train, values, step,
+                             job.meter, step_start):
+        return step, False, 0, results
+      job.meter.new_window()
+    if step % cfg.run.save_checkpoints_steps == 0:
+      save_start = time.time()
+      if not job.save(step):
+        return step, False, 0, results
+      job.meter.pause(time.time() - save_start, checkpoint=True)
+    stopped_by = int(values["stop_signal"])
+    if stopped_by:
+      # Every rank says where it stopped: the ranks agree on the step.
+      print("%s: rank %d stops after step %d; to resume, run the same command with "
+            "--output_dir=%s" % (signals.name(stopped_by), job.ranks.rank, step,
+                                 cfg.run.output_dir), flush=True)
+      return step, True, stopped_by, results
+    if step < cfg.optimizer.num_train_steps and job.evals.due(step):
+      job.evals.end_block()
+      results = job.evals.evaluate(job.sess, step)
+      job.meter.pause(results["eval_time_s"])
+      if reached_target(cfg, results):
+        job.logger.print("masked_lm_accuracy %.4f reached --stop_threshold=%g at step %d"
+                         % (results["masked_lm_accuracy"], cfg.evaluation.stop_threshold,
+                            step))
+        break
+  return step, True, 0, results
+
+
+def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_time):
+  """The last checkpoint and evaluation, MLPerf's closing keys, the summary and the
+  report. Returns the process exit status."""
+  job.meter.stop()
+  job.evals.end_block()
+  if job.records_log:
+    job.records_log.close()
+  if cfg.run.do_train and step != job.last_saved and finite:
+    finite = job.save(step)
+  if job.evaluator is not None and job.evals.last_eval_step != step and finite \
+      and not stopped_by:
+    results = job.evals.evaluate(job.sess, step)
+  status = "success" if results and reached_target(cfg, results) else "aborted"
+  job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, step * job.global_batch_size)
+  job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
+  runlog.log_summary(cfg, job.logger, step, job.meter, job.evals, results, results_at_start,
+                     status, job.ranks.replicas, e2e_time, job.rcp)
+  job.logger.close()
+  if stopped_by and job.ranks.size > 1:
+    # A barrier: no rank exits (which makes the launcher end the others) before rank 0
+    # has saved and written its logs.
+    job.sess.run(job.train.stop_agreed)
+  job.sess.close()
+  if job.ranks.is_chief and stopped_by:
+    # A launcher that forwarded the signal ends the job within seconds (horovodrun
+    # --gloo after 5): the checkpoint and logs are written, the picture can wait.
+    print("report: not drawn after %s; python3 -m bert_pretrain.training.report %s draws it"
+          % (signals.name(stopped_by), cfg.run.output_dir), flush=True)
+  elif job.ranks.is_chief:
+    dllog_path = cfg.run.dllog_path or os.path.join(cfg.run.output_dir, "dllog.json")
+    try:
+      report.write_report(cfg.run.output_dir, dllog_path, picture=cfg.run.draw_report)
+    except (ValueError, EnvironmentError, RuntimeError) as e:
+      print("report: not drawn (%s); the run itself is complete" % e)
+  if stopped_by:
+    return signals.exit_status(stopped_by)
+  return 0 if finite else 1
+
+
+def reached_target(cfg, results):
+  """Whether an evaluation's masked-LM accuracy reached --stop_threshold."""
+  threshold = cfg.evaluation.stop_threshold
+  return threshold > 0 and results["masked_lm_accuracy"] >= threshold
+
+
+def attends_per_sequence(cfg, device):
+  """Whether the training graph attends sequence by sequence, at the real tokens only
+  (pretraining.attends_per_sequence decides; the evaluation attends at every position)."""
+  return pretraining.attends_per_sequence(cfg.data.max_seq_length, device.dtype,
+                                          device.kind == "CPU", cfg.runtime.use_xla)
+
+
+class Job(object):
+  """What the loop works with, set up by start(): the session and graph (sess, train: a
+  pretraining.TrainGraph or None, evaluator: a pretraining.Evaluator or None), the logs
+  (logger), the meters (meter, evals, monitor), and the step the run starts at."""
+
+  def __init__(self, cfg, ranks, **parts):
+    self.cfg = cfg
+    self.ranks = ranks
+    self.__dict__.update(parts)
+    self.step = self.last_saved = int(self.sess.run(tf.train.get_global_step()))
+    self.monitor = health.HealthMonitor()
+    self.evals = meters.EvalSchedule(
+        self.logger, self.evaluator, self.monitor, self.global_batch_size,
+        self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
+        cfg.run.output_dir if ranks.is_chief else None)
+    self.meter = meters.Throughput(self.global_batch_size, cfg.run.fps_warmup_steps)
+    self.records_log = None
+    if cfg.run.do_train and cfg.data.log_trained_records:
+      self.records_log = open(os.path.join(cfg.run.output_dir,
+                                           "trained_records-rank-%d.txt" % ranks.rank), "a")
+
+  def loss_scale(self):
+    """float16's loss scale now, None without loss scaling."""
+    if self.train is None or self.train.loss_scale is None:
+      return None
+    return self.sess.run(self.train.loss_scale.scale)
+
+  def update(self, step, stop):
+    """Runs one update: the accumulated micro-batches, then the last one with the
+    optimizer's step (and on display steps the losses). Returns its fetched values."""
+    cfg, train = self.cfg, self.train
+    last = cfg.optimizer.num_accumulation_steps - 1
+    for micro in range(last):
+      done = self.sess.run({"op": train.accumulate_op, "record_ids": train.record_ids}
+                           if self.records_log else train.accumulate_op,
+                           {train.micro_batch: micro})
+      if self.records_log:
+        runlog.log_records(self.records_log, step + 1, micro, done["record_ids"])
+    display = (step + 1 == cfg.optimizer.num_train_steps or
+               (step + 1) % cfg.run.display_loss_steps == 0)
+    # Losses are fetched (and averaged over ranks) on display steps only.
+    fetches = train.display_fetches if display else train.step_fetches
+    if self.records_log:
+      fetches = dict(fetches, record_ids=train.record_ids)
+    values = self.sess.run(fetches, {train.stop_feed: stop.signum, train.micro_batch: last})
+    if self.records_log:
+      runlog.log_records(self.records_log, step + 1, last, values["record_ids"])
+    return values
+
+  def save(self, step):
+    """Saves model.ckpt-<step> (the chief does) unless the weights or the optimizer
+    state hold NaN or Inf; the first save of a run on another layout also records the
+    layout. Returns False when they do (and says so): the run must stop."""
+    if not self.sess.run(self.all_finite):
+      saved = checkpoints.list_checkpoints(self.cfg.run.output_dir)
+      self.logger.print(
+          "NaN or Inf in the weights or optimizer state after step %d: stopping without "
+          "saving. Lower --learning_rate or raise --num_warmup_steps and run again: %s"
+          % (step, "it resumes from %s" % os.path.basename(saved[-1][1]) if saved
+             else "it starts anew"))
+      return False
+    if self.ranks.is_chief:
+      checkpoints.save_checkpoint(self.saver, self.sess, self.cfg.run.output_dir, step)
+      if self.record_pending:
+        checkpoints.write_run_marker(self.cfg.run.output_dir, self.record)
+        self.record_pending = False
+    self.last_saved = step
+    return True
+
+
+def start(cfg, inputs, ranks, device, notes):
+  """Sets the run up: the session's config, the global batch, MLPerf's RCP and
+  evaluation interval, the seed and the resume plan (resume.py), the logs, the graph
+  and session (start_session). Returns a Job."""
+  gpu = None
+  if device.kind == "GPU":
+    gpu = "all" if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
+  config = pretraining.session_config(
+      cfg.runtime.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size),
+      cfg.runtime.inter_op_threads or 2, gpu, cfg.runtime.use_xla,
+      cfg.runtime.cpu_devices if device.kind == "CPU" else 1)
+  global_batch_size = (cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps *
+                       ranks.replicas)
+  notes = list(notes)
+  rcp = None
+  try:
+    rcp = mlperf.choose_rcp(global_batch_size, mlperf.load_rcps())
+  except ValueError as e:
+    notes.append("MLPerf's RCPs: %s; no projected time to train" % e)
+  learning_rate = cfg.optimizer.learning_rate * (
+      ranks.replicas if cfg.optimizer.scale_lr_by_ranks else 1)
+  seed, seed_line = resume_lib.choose_seed(cfg, inputs, ranks, device, config)
+  record = resume_lib.run_record(cfg, inputs.bert_config, ranks, seed, global_batch_size,
+                                 inputs.train_files)
+  plan = resume_lib.resume_plan(cfg, inputs, record)
+  eval_interval = (cfg.evaluation.samples_between_eval or
+                   mlperf.eval_interval_samples(global_batch_size))
+  logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
+                             inputs.skipped_records, eval_interval,
+                             attends_per_sequence(cfg, device), notes)
+  if seed_line:
+    logger.print(seed_line)
+  sess, train, evaluator, saver, all_finite = start_session(
+      cfg, inputs, ranks, device, config, learning_rate, seed, plan.position, logger)
+  for line in plan.lines:
+    logger.print(line)
+  if ranks.is_chief and cfg.run.do_train and plan.record_now:
+    checkpoints.write_run_marker(cfg.run.output_dir, record)
+  logger.mlperf(logs.mllog.constants.INIT_STOP, kind="end")
+  logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
+  return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
+             all_finite=all_finite, logger=logger, rcp=rcp, record=record,
+             record_pending=not plan.record_now, global_batch_size=global_batch_size,
+             eval_interval=eval_interval)
+
+
+def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, position,
+                  logger):
+  """Builds the graph (the training step, the evaluator, the checkpoint ops), then starts
+  the session: the weights from the checkpoint to resume from, else --init_checkpoint,
+  else random (the same on every rank), and the training data where the run stands.
+
+  seed: the run's (resume.choose_seed). position: the place in the data order to
+  continue at (resume.resume_plan), set into the data position of a checkpoint that
+  lacks one.
+
+  Returns:
+    (sess, train, evaluator, saver, all_finite): train is a pretraining.TrainGraph
+    (None without --do_train), evaluator a pretraining.Evaluator (None without
+    --do_eval), all_finite the op of checkpoints.all_finite.
+  """
+  tf.set_random_seed(seed)
+  # Under a tf.distribute strategy the variables are mirrored over its replicas.
+  with ranks.scope():
+    global_step = tf.train.get_or_create_global_step()
+    train = set_position = None
+    if cfg.run.do_train:
+      skip_samples = tf.placeholder_with_default(tf.constant(0, tf.int64), [])
+      # The job's replicas take the micro-batches of one order in turn; this process's
+      # replicas are ranks.local_replicas consecutive ones.
+      dataset = input_pipeline.make_dataset(
+          inputs.train_files, cfg.run.train_batch_size, cfg.data.max_seq_length,
+          cfg.data.max_predictions_per_seq, is_training=True, num_shards=ranks.replicas,
+          shard_index=ranks.rank * ranks.local_replicas, local_shards=ranks.local_replicas,
+          shuffle_buffer=cfg.data.shuffle_buffer, seed=seed,
+          vocab_size=inputs.bert_config.vocab_size,
+          skip_records=inputs.skipped_records.bad, skip_samples=skip_samples)
+      train_iterator = ranks.iterator(dataset)
+      train = pretraining.build_train_graph(
+          inputs.bert_config, train_iterator.get_next(), device.dtype, cfg.optimizer,
+          learning_rate, ranks=ranks,
+          attention_per_sequence=attends_per_sequence(cfg, device), seed=seed)
+      if inputs.resume_checkpoint and inputs.resume_position is None:
+        # An older version's checkpoint has no data position: resume_plan's is set.
+        set_position = train.data_position.assign(tf.constant(position, tf.int64))
+    evaluator = None
+    if cfg.evaluation.do_eval:
+      evaluator = pretraining.Evaluator(inputs.bert_config, inputs.eval_files, ranks,
+                                        device.dtype, cfg.evaluation.eval_batch_size,
+                                        cfg.data.max_seq_length,
+                                        cfg.data.max_predictions_per_seq,
+                                        cfg.evaluation.max_eval_steps)
+    model_variables = tf.trainable_variables()
+    # max_to_keep=0 keeps every checkpoint. Relative paths in the `checkpoint` file keep a
+    # copied or moved output_dir pointing at its own files.
+    saver = tf.train.Saver(max_to_keep=cfg.run.keep_checkpoint_max or None,
+                           save_relative_paths=True)
+    # Checked before every save: nothing with NaN or Inf is written. Weights are the same
+    # on every rank, so every rank gets the same answer and they stop together.
+    all_finite = checkpoints.all_finite(tf.global_variables())
+    broadcast_op = ranks.broadcast_op()
+
+  sess = ranks.session(config)
+  sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+  restore(cfg, sess, saver, global_step, model_variables, inputs, logger.print)
+  if set_position is not None:
+    sess.run(set_position)
+  if broadcast_op is not None:
+    sess.run(broadcast_op)
+  if cfg.run.do_train:
+    # Every process continues the one order at the position rank 0 restored.
+    sess.run(train_iterator.initializer, {skip_samples: sess.run(train.data_position)})
+  sess.graph.finalize()  # Nothing may add ops inside the loop.
+  return sess, train, evaluator, saver, all_finite
+
+
+def restore(cfg, sess, saver, global_step, model_variables, inputs, log):
+  """Starts the weights: all variables from the checkpoint to resume from, else the
+  model's from --init_checkpoint, else the random ones the session initialized."""
+  prefix = inputs.resume_checkpoint
+  if prefix:
+    checkpoints.check_resumable(prefix, tf.global_variables())
+    present = dict(tf.train.list_variables(prefix))
+    tf.train.Saver(var_list=[v for v in tf.global_variables()
+                             if checkpoints.variable_name(v) in present]).restore(sess, prefix)
+    # The earlier run's checkpoints in this output_dir (never those the `checkpoint`
+    # file may name elsewhere) stay in the rotation of --keep_checkpoint_max.
+    saver.recover_last_checkpoints(
+        [p for _, p in checkpoints.list_checkpoints(cfg.run.output_dir)])
+    log("Resuming from %s at step %d (weights, optimizer state, learning-rate "
+        "schedule); --init_checkpoint is not applied" % (prefix, sess.run(global_step)))
+  elif inputs.init_checkpoint:
+    checkpoints.restore_model_weights(sess, inputs.init_checkpoint, model_variables, log=log)
+  else:
+    log("No --init_checkpoint: the model starts from random weights")

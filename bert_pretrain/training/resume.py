@@ -1,0 +1,202 @@
+"""Where a resumed pretraining run continues, and what every process of a job must share.
+
+The run records its layout, seed and training files in output_dir/bert_pretrain_run.json
+(run_record); each checkpoint holds the records of the data order consumed. resume_plan
+decides where the data order continues, or refuses a change the run cannot honour;
+choose_seed agrees on the seed and checks, as the job's first collective, that every
+process runs with the same settings.
+"""
+
+import collections
+import os
+
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import config
+from bert_pretrain.training import checkpoints
+from bert_pretrain.training import inputs as inputs_lib
+
+# The settings every process of a job must share (checked by ranks.agree before the first
+# collective): those that decide which collectives run when (a process that differs
+# waits in one the others never start) and those that would train replicas apart.
+JOB_SETTINGS = ("num_train_steps", "train_batch_size", "num_accumulation_steps",
+             "allreduce_post_accumulation", "do_train", "do_eval", "eval_at_start",
+             "eval_batch_size", "max_eval_steps", "samples_between_eval",
+             "samples_start_eval", "stop_threshold", "display_loss_steps",
+             "max_seq_length", "max_predictions_per_seq", "optimizer", "learning_rate",
+             "num_warmup_steps", "start_warmup_step", "poly_power", "scale_lr_by_ranks",
+             "weight_decay_rate", "beta_1", "beta_2", "epsilon", "init_loss_scale",
+             "shuffle_buffer", "seed", "lamb_adapt_layernorm_and_bias", "gradient_clipping",
+             "reference_hyperparameters")
+
+
+def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files):
+  """What bert_pretrain_run.json records: the settings a resumed run must share
+  (inputs.resume_settings), the layout, the seed and the training files."""
+  record = inputs_lib.resume_settings(cfg, bert_config)
+  record.update(layout={"distribution": ranks.distribution, "processes": ranks.size,
+                        "replicas": ranks.replicas,
+                        "train_batch_size": cfg.run.train_batch_size,
+                        "num_accumulation_steps": cfg.optimizer.num_accumulation_steps,
+                        "global_batch_size": global_batch_size},
+                seed=seed, train_files=data_files(train_files))
+  return record
+
+
+def data_files(files):
+  """[name, bytes] of each training file: the data the order is made of (the folder
+  may move)."""
+  return [[os.path.basename(f), tf.gfile.Stat(f).length] for f in files]
+
+
+def describe_layout(layout):
+  """'horovod, 2 processes, 2 replicas x batch 4 x 1 accumulation = global batch 8'."""
+  return ("%s, %d process%s, %d replica%s x batch %d x %d accumulation = global batch %d"
+          % (layout["distribution"], layout["processes"],
+             "es" if layout["processes"] > 1 else "", layout["replicas"],
+             "s" if layout["replicas"] > 1 else "", layout["train_batch_size"],
+             layout["num_accumulation_steps"], layout["global_batch_size"]))
+
+
+def _files_change(earlier, now):
+  """How two data_files lists differ, in a few words (None: they do not)."""
+  if earlier == now:
+    return None
+  before, after = dict(map(tuple, earlier)), dict(map(tuple, now))
+  for name in sorted(set(before) | set(after)):
+    if name not in after:
+      return "%s is gone" % name
+    if name not in before:
+      return "%s is new" % name
+    if before[name] != after[name]:
+      return "%s was %d bytes, now %d" % (name, before[name], after[name])
+  return "the files are the same but listed in another order"
+
+
+# What resume_plan decided: the place in the data order to continue at, the lines to
+# log, and whether bert_pretrain_run.json may be written now (False: at the first save,
+# so that it describes the newest checkpoint until then).
+Resume = collections.namedtuple("Resume", ["position", "lines", "record_now"])
+
+
+def resume_plan(cfg, inputs, record):
+  """Where the data order continues and what a resumed run says about it.
+
+  The run records its layout, seed and training files (run_record); the checkpoint
+  holds the records of the data order consumed (checkpoints.DATA_POSITION), whatever
+  the layouts of the runs that made it. The order itself does not depend on the layout
+  (input_pipeline.make_dataset), so:
+  - the same layout continues exactly, as an uninterrupted run would;
+  - another layout of the same global batch (ranks, engine, per-card batch,
+    accumulation) continues at the same sample, re-sharded: each update still takes
+    the next global batch of the order, and the step count, learning-rate and
+    evaluation schedules, which count updates, keep their meaning;
+  - another global batch is refused unless --allow_resume_change=global_batch: those
+    schedules and --num_train_steps count updates, which would then hold another
+    number of samples than the run was planned with;
+  - another --seed or other training files are refused unless allowed: the place in
+    the order would then name other records (some repeated, others never trained on).
+
+  Args:
+    cfg: config.Settings (cfg.run.seed: --seed, None when not given).
+    inputs: inputs.Inputs.
+    record: run_record of this run.
+
+  Returns:
+    Resume.
+
+  Raises:
+    ValueError: a change that is not allowed; the message names it and the flag.
+  """
+  if not inputs.resume_checkpoint or not cfg.run.do_train:
+    return Resume(0, [], True)
+  earlier = inputs.earlier_run or {}
+  was, now = earlier.get("layout"), record["layout"]
+  step = inputs.resume_step
+  position = inputs.resume_position
+  if position is None:  # An older version's checkpoint: it consumed step global batches.
+    position = step * (was or now)["global_batch_size"]
+  allowed = set(cfg.run.allow_resume_change)
+  where = "sample %d of the data order" % position
+  change = _files_change(earlier.get("train_files", record["train_files"]),
+                         record["train_files"])
+  if change and "data" not in allowed:
+    raise ValueError("--output_dir=%s was trained on other data (%s): %s would name other "
+                     "records in these files; pass the run's --input_files_dir, or "
+                     "--allow_resume_change=data to continue at %s of these files' order"
+                     % (cfg.run.output_dir, change, where, where))
+  if cfg.run.seed is not None and earlier.get("seed") not in (None, cfg.run.seed) and \
+      "seed" not in allowed:
+    raise ValueError("--output_dir=%s was trained with seed %d and this run passes "
+                     "--seed=%d: the data order and dropout masks would be another's, and %s "
+                     "would repeat some records and skip others; pass --seed=%d (or no --seed) "
+                     "to continue the run, or --allow_resume_change=seed"
+                     % (cfg.run.output_dir, earlier["seed"], cfg.run.seed, where, earlier["seed"]))
+  if was and was["global_batch_size"] != now["global_batch_size"] and \
+      "global_batch" not in allowed:
+    raise ValueError("--output_dir=%s was trained with a global batch of %d (%s) and this "
+                     "run's is %d (%s), while --num_train_steps and the learning-rate and "
+                     "evaluation schedules count updates; keep the global batch (batch x "
+                     "accumulation x replicas = %d) or pass --allow_resume_change=global_batch "
+                     "to continue at %s with updates of %d"
+                     % (cfg.run.output_dir, was["global_batch_size"], describe_layout(was),
+                        now["global_batch_size"], describe_layout(now),
+                        was["global_batch_size"], where, now["global_batch_size"]))
+  if was is None:
+    line = ("Data: %s holds no layout of the run that wrote %s (an older version, or a "
+            "deleted bert_pretrain_run.json): continuing at %s"
+            % (checkpoints.RUN_MARKER, os.path.basename(inputs.resume_checkpoint), where))
+  elif was == now:
+    line = ("Data: continuing at %s, the records the run consumed up to step %d (read, not "
+            "parsed)" % (where, step))
+  elif was["global_batch_size"] == now["global_batch_size"]:
+    line = ("Resuming on another layout: %s (was %s); the global batch stays %d, so the run "
+            "continues at %s, re-sharded over %d replica%s (the losses are not "
+            "bit-identical to an uninterrupted run's)"
+            % (describe_layout(now), describe_layout(was), now["global_batch_size"], where,
+               now["replicas"], "s" if now["replicas"] > 1 else ""))
+  else:
+    line = ("Resuming with another global batch (--allow_resume_change=global_batch): %s "
+            "(was %s); the run continues at %s in updates of %d, and the schedules go "
+            "on counting updates from step %d"
+            % (describe_layout(now), describe_layout(was), where, now["global_batch_size"],
+               step))
+  lines = [line]
+  if change:
+    lines.append("Data: the training files changed (%s; --allow_resume_change=data): "
+                 "continuing at %s of their order" % (change, where))
+  return Resume(position, lines, was == now and not change and
+                earlier.get("seed") == record["seed"])
+
+
+def choose_seed(cfg, inputs, ranks, device, session_config):
+  """The run's seed, the same in every process: --seed, else the one the run in
+  --output_dir recorded (a resumed run continues its data order and dropout masks),
+  else one the first process draws. Checks first that every process runs with the same
+  settings (ranks.agree: the first collective).
+
+  Returns:
+    (seed, line): line says where the seed came from (None with --seed).
+  """
+  recorded = (inputs.earlier_run or {}).get("seed") if inputs.resume_checkpoint else None
+  candidate = cfg.run.seed
+  if candidate is None:
+    candidate = (recorded if recorded is not None
+                 else int.from_bytes(os.urandom(4), "big") >> 1)
+  values = config.as_flags(cfg)
+  settings = {"--%s" % name: values[name] for name in JOB_SETTINGS}
+  settings.update({"the model config": inputs.bert_config.to_dict(),
+                   "the training files": data_files(inputs.train_files),
+                   "the compute type": device.dtype.name,
+                   "seed": candidate})
+  seed = ranks.agree(settings, session_config, shared=("seed",))["seed"]
+  if cfg.run.seed is not None:
+    return seed, None
+  if recorded is not None and seed == recorded:
+    return seed, ("Seed: no --seed; the run's seed %d from %s (its data order and dropout "
+                  "masks continue)" % (seed, checkpoints.RUN_MARKER))
+  return seed, ("Seed: no --seed; drew %d for the data order, dropout masks and "
+                "initialization (recorded in %s, which a resumed run reuses; --seed=%d "
+                "repeats the run)" % (seed, checkpoints.RUN_MARKER, seed))
+
+

@@ -1,0 +1,126 @@
+"""The demo's downstream step (bert_pretrain/demo.py): the word-order task it writes, the
+most-frequent-token baseline of the masked-LM accuracy, and the lines it prints after a
+real (short) pretraining run of the demo."""
+
+import collections
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain import demo
+from bert_pretrain.data import records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_task(folder):
+  """{split: [(text, label)]} of a TSV task folder."""
+  task = {}
+  for split in ("train", "dev"):
+    with open(os.path.join(str(folder), split + ".tsv"), encoding="utf-8") as f:
+      task[split] = [tuple(line.rstrip("\n").rsplit("\t", 1)) for line in f]
+  return task
+
+
+def test_the_word_order_task_shuffles_about_half_the_sentences_of_the_held_out_documents(
+    tmp_path):
+  num_train, num_dev, majority = demo.write_word_order_task(str(tmp_path / "task"))
+  task = read_task(tmp_path / "task")
+  assert (len(task["train"]), len(task["dev"])) == (num_train, num_dev)
+  documents = demo.read_documents(demo.CORPUS)
+  sentences = {split: [s.split()[:demo.WORD_ORDER_MAX_WORDS] for i, d in enumerate(documents)
+                       for s in d if len(s.split()) >= demo.WORD_ORDER_MIN_WORDS
+                       and demo.is_held_out(i) == (split == "dev")]
+               for split in ("train", "dev")}
+  for split in ("train", "dev"):
+    # One line per long enough sentence, in corpus order, of its own split's documents.
+    assert len(task[split]) == len(sentences[split])
+    for (text, label), words in zip(task[split], sentences[split]):
+      assert sorted(text.split()) == sorted(words)
+      assert (text.split() == words) == (label == "original"), (text, label)
+    labels = collections.Counter(label for _, label in task[split])
+    assert set(labels) == set(demo.WORD_ORDER_LABELS)
+    assert 0.4 < labels["shuffled"] / float(len(task[split])) < 0.6
+  dev_labels = collections.Counter(label for _, label in task["dev"])
+  assert majority == max(dev_labels.values()) / float(num_dev)
+  # The same sentences are shuffled the same way on every run.
+  demo.write_word_order_task(str(tmp_path / "again"))
+  assert read_task(tmp_path / "again") == task
+
+
+def write_records(path, masked):
+  """Writes one pretraining record per (masked_lm_ids, masked_lm_weights) of `masked`."""
+  with tf.io.TFRecordWriter(path) as writer:
+    for ids, weights in masked:
+      writer.write(records.serialize_example({
+          "input_ids": [2, 5, 3] + [0] * 5, "input_mask": [1] * 3 + [0] * 5,
+          "segment_ids": [0] * 8, "masked_lm_positions": [1, 2, 0, 0],
+          "masked_lm_ids": ids, "masked_lm_weights": weights, "next_sentence_labels": [0]}))
+
+
+def test_the_most_frequent_token_counts_only_the_positions_the_accuracy_counts(tmp_path):
+  """Padding (weight 0) outnumbers every token but is no prediction: token 9 is masked 3
+  times with weight 1, token 7 twice."""
+  (tmp_path / "eval").mkdir()
+  write_records(str(tmp_path / "eval" / "part-0"), [
+      ([7, 7, 9, 0], [1.0, 1.0, 1.0, 0.0]),
+      ([9, 9, 0, 0], [1.0, 1.0, 0.0, 0.0]),
+      ([7, 0, 0, 0], [0.0, 0.0, 0.0, 0.0])])
+  assert demo.most_frequent_token(str(tmp_path / "eval")) == (9, 3 / 5.0, 3)
+
+
+@pytest.fixture(scope="module")
+def short_demo_run(tmp_path_factory):
+  """The demo's cache and a pretraining run with the demo's flags, 2 updates long."""
+  root = tmp_path_factory.mktemp("demo")
+  paths = demo.prepare(str(root / "cache"), log=lambda line: None)
+  output_dir = str(root / "results" / "demo-test")
+  flags = demo.run_flags(paths, output_dir) + ["--num_train_steps=2", "--nodraw_report",
+                                               "--intra_op_threads=1"]
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_pretrain.run_pretraining"] + flags, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, universal_newlines=True, timeout=300,
+      env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stdout[-3000:]
+  return {"cache": str(root / "cache"), "output_dir": output_dir, "paths": paths}
+
+
+def test_the_downstream_step_prints_the_baseline_and_both_word_order_accuracies(
+    short_demo_run, monkeypatch):
+  # A few updates each: the lines, not the accuracies, are under test here.
+  monkeypatch.setitem(demo.FINETUNE_FLAGS, "num_train_epochs", 0.03)
+  lines = []
+  accuracy = demo.finetune(short_demo_run["cache"], short_demo_run["output_dir"],
+                           log=lines.append)
+  demo_lines = [line for line in lines if line.startswith("demo: ")]
+  with open(os.path.join(short_demo_run["output_dir"], "eval_results.txt")) as f:
+    results = dict(line.strip().split(" = ") for line in f)
+  token, share, _ = demo.most_frequent_token(short_demo_run["paths"]["eval_files_dir"])
+  vocab = open(short_demo_run["paths"]["vocab_file"], encoding="utf-8").read().splitlines()
+  assert demo_lines[0] == (
+      "demo: masked-LM accuracy on held-out documents: %.4f after 2 updates; predicting the "
+      "most frequent token (\"%s\") at every masked position: %.4f"
+      % (float(results["masked_lm_accuracy"]), vocab[token], share))
+  task = read_task(os.path.join(short_demo_run["cache"], "word_order"))
+  assert demo_lines[1] == (
+      "demo: downstream task: is a sentence as written or are its words shuffled; %d "
+      "training sentences, %d from held-out documents" % (len(task["train"]),
+                                                          len(task["dev"])))
+  assert [line.split(": -m ", 1)[0] for line in demo_lines[2:4]] == [
+      "demo: fine-tuning from %s" % os.path.join(short_demo_run["output_dir"],
+                                                 "model.ckpt-2"),
+      "demo: fine-tuning from random weights"]
+  dev_labels = collections.Counter(label for _, label in task["dev"])
+  assert demo_lines[-1] == (
+      "demo: word-order accuracy on held-out documents: %.3f fine-tuned from the pretrained "
+      "checkpoint, %.3f from random weights (the most frequent label alone: %.3f)"
+      % (accuracy["pretrained"], accuracy["random"],
+         max(dev_labels.values()) / float(len(task["dev"]))))
+  assert re.search(r"^  accuracy = [\d.]+$", "\n".join(lines), re.M)
+  for name in ("finetune-model.ckpt-2", "finetune-random"):
+    assert os.path.isfile(os.path.join(short_demo_run["output_dir"], name,
+                                       "eval_results.txt"))
