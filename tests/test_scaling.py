@@ -87,9 +87,9 @@ def test_speed_table_gives_sentences_per_second_by_ranks_precision_and_batch(tmp
 
 def test_largest_batch_search_catches_out_of_memory_in_real_trials_and_reports_it(tmp_path):
   out, results = scaling_run(tmp_path, "--tables=max_batch", "--max_batch_seq_lengths=128",
-                             "--memory_limit_gib=0.1", "--max_batch_limit=256")
+                             "--memory_limit_gib=0.04", "--max_batch_limit=256")
   (row,) = results["max_batch"]
-  assert (row["model"], row["seq"], row["limit_gib"]) == ("tiny", 128, 0.1)
+  assert (row["model"], row["seq"], row["limit_gib"]) == ("tiny", 128, 0.04)
   assert "error" not in row and not row["capped"], row
   tried = {int(b): outcome for b, outcome in row["tried"].items()}
   assert 1 <= row["batch"] < 256 and tried[row["batch"]] == "fits", row
@@ -109,7 +109,7 @@ def test_largest_batch_search_catches_out_of_memory_in_real_trials_and_reports_i
       assert outcome == "out of memory (crash)" and "Segmentation fault" in text, (b, outcome)
       with open(os.path.join(logs, "scaling-tiny-seq128-b%d-nolimit.log" % b)) as f:
         assert "Throughput Average" in f.read(), b
-  assert "| tiny | 128 | 0.1 GiB of tensors | %d |" % row["batch"] in out
+  assert "| tiny | 128 | 0.04 GiB of tensors | %d |" % row["batch"] in out
 
 
 def scaling_functions(code):
