@@ -52,10 +52,12 @@ def pytest_xdist_make_scheduler(config, log):
 # float32 and why where TensorFlow computes bfloat16 slower (device.detect_device).
 AMP_ON_THIS_CPU = device.compute_text(device.detect_device("cpu", True, "auto"))
 
+# One layer: most of a test's time is its runs' start-up, which grows with the graph; the
+# tests of how layers stack and are named use TWO_LAYER_CONFIG.
 TINY_CONFIG = {
     "vocab_size": 600,
     "hidden_size": 32,
-    "num_hidden_layers": 2,
+    "num_hidden_layers": 1,
     "num_attention_heads": 2,
     "intermediate_size": 64,
     "hidden_act": "gelu",
@@ -65,6 +67,7 @@ TINY_CONFIG = {
     "type_vocab_size": 2,
     "initializer_range": 0.02,
 }
+TWO_LAYER_CONFIG = dict(TINY_CONFIG, num_hidden_layers=2)
 
 tf.disable_v2_behavior()
 

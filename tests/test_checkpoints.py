@@ -242,7 +242,7 @@ def test_resume_refuses_a_non_finite_checkpoint_and_names_the_last_good_one(
                                       save_checkpoints_steps=2, nodo_eval=None))
   assert first.returncode == 0, first.stderr
   # Two checkpoints after step 4 as an older version saved them when a run diverged.
-  nan_in = "bert/encoder/layer_1/output/dense/kernel"
+  nan_in = "bert/encoder/layer_0/output/dense/kernel"
   for step in (6, 8):
     write_changed_checkpoint(
         str(out / "model.ckpt-4"), str(out / ("model.ckpt-%d" % step)),

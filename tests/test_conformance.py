@@ -14,7 +14,7 @@ from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import modeling
 from bert_pretrain.training import pretraining
-from conftest import PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG
+from conftest import PREDICTIONS, ROOT, SEQ_LENGTH, TWO_LAYER_CONFIG
 
 ENCODER_ROWS = ["bert/embeddings/LayerNorm",
                 "bert/encoder/layer_0/attention/output/LayerNorm",
@@ -37,14 +37,14 @@ def model_flags(data):
 
 
 def check_on_cpu(dtype, batch, fault_layer=-1):
-  return conformance.check(modeling.BertConfig.from_dict(TINY_CONFIG), batch,
+  return conformance.check(modeling.BertConfig.from_dict(TWO_LAYER_CONFIG), batch,
                            device_lib.Device("CPU", [], dtype),
                            pretraining.session_config(1, 2), fault_layer=fault_layer,
                            log=lambda line: None)
 
 
 def test_the_cpu_in_float32_against_itself_is_exact_in_every_row():
-  batch = conformance.synthetic_batch(4, SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"])
+  batch = conformance.synthetic_batch(4, SEQ_LENGTH, PREDICTIONS, TWO_LAYER_CONFIG["vocab_size"])
   rows, compute = check_on_cpu(tf.float32, batch)
   assert compute == "float32"
   assert [r.name for r in rows if r.section == "forward"][:5] == ENCODER_ROWS
@@ -61,7 +61,7 @@ def test_the_cpu_in_float32_against_itself_is_exact_in_every_row():
 def test_bfloat16_and_float16_on_the_cpu_stay_within_their_tolerances(pretraining_data,
                                                                        dtype):
   batch = conformance.read_batch(input_pipeline.list_record_files(pretraining_data["train"]),
-                                 8, SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"])
+                                 8, SEQ_LENGTH, PREDICTIONS, TWO_LAYER_CONFIG["vocab_size"])
   rows, compute = check_on_cpu(dtype, batch)
   assert compute == dtype.name
   assert conformance.first_failure(rows) is None, conformance.format_table(rows)
@@ -75,7 +75,7 @@ def test_bfloat16_and_float16_on_the_cpu_stay_within_their_tolerances(pretrainin
 
 
 def test_a_second_gelu_in_the_last_layer_is_named_at_its_feed_forward_output():
-  batch = conformance.synthetic_batch(4, SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"])
+  batch = conformance.synthetic_batch(4, SEQ_LENGTH, PREDICTIONS, TWO_LAYER_CONFIG["vocab_size"])
   rows, _ = check_on_cpu(tf.float32, batch, fault_layer=1)
   failed = conformance.first_failure(rows)
   assert failed.name == "bert/encoder/layer_1/output/LayerNorm"
@@ -105,9 +105,9 @@ def test_the_command_compares_a_checkpoint_in_float16_and_passes(pretraining_dat
   assert "compute float16; reference: the CPU, compute float32" in out
   assert "conformance: batch: the first 8 records of %s: 8 x %d" % (
       pretraining_data["train"], SEQ_LENGTH) in out
-  assert "Loaded 46 of 46 model variables from %s" % equal_weight_data["init"] in out
+  assert "Loaded 30 of 30 model variables from %s" % equal_weight_data["init"] in out
   assert "loss scale 32768" in out
-  for name in ENCODER_ROWS + ["cls/predictions/logits", "total_loss", "bert/embeddings"]:
+  for name in ENCODER_ROWS[:3] + ["cls/predictions/logits", "total_loss", "bert/embeddings"]:
     assert "\n%s " % name in out
   assert "conformance: PASS: every layer and gradient group within its tolerance" in out
 
@@ -115,8 +115,8 @@ def test_the_command_compares_a_checkpoint_in_float16_and_passes(pretraining_dat
 def test_bad_inputs_are_one_line_errors_before_any_graph(pretraining_data, tmp_path):
   for flags, message in (
       ([], "--bert_config_file is required"),
-      (model_flags(pretraining_data) + ["--inject_fault_layer=2"],
-       "--inject_fault_layer=2: the model has layers 0 to 1"),
+      (model_flags(pretraining_data) + ["--inject_fault_layer=1"],
+       "--inject_fault_layer=1: the model has layers 0 to 0"),
       (model_flags(pretraining_data) + ["--init_checkpoint=" + str(tmp_path / "none")],
        "no checkpoint there")):
     result = run_conformance(*flags)

@@ -15,7 +15,7 @@ from bert_pretrain.training import checkpoints
 from bert_pretrain import export
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
-from conftest import ROOT, TINY_CONFIG
+from conftest import ROOT, TWO_LAYER_CONFIG
 
 SEQ = 16
 
@@ -41,8 +41,8 @@ def trained_like(tmp_path_factory):
   after training, with Adam slots and global_step beside the weights; the inputs and
   our model's outputs on them."""
   root = tmp_path_factory.mktemp("export")
-  config = modeling.BertConfig.from_dict(TINY_CONFIG)
-  (root / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
+  config = modeling.BertConfig.from_dict(TWO_LAYER_CONFIG)
+  (root / "bert_config.json").write_text(json.dumps(TWO_LAYER_CONFIG))
   (root / "vocab.txt").write_text("".join("tok%d\n" % i for i in range(config.vocab_size)))
   rng = np.random.RandomState(3)
   inputs = {"input_ids": rng.randint(5, config.vocab_size, (2, SEQ)).astype(np.int32),
@@ -168,7 +168,7 @@ def test_a_folder_with_files_or_holding_an_input_is_not_written_over(trained_lik
   root = trained_like["root"]
   held = tmp_path / "held"
   held.mkdir()
-  (held / "config.json").write_text(json.dumps(TINY_CONFIG))
+  (held / "config.json").write_text(json.dumps(TWO_LAYER_CONFIG))
   (held / "vocab.txt").write_text((root / "vocab.txt").read_text())
   before = _contents(held)
   for config, message in (
@@ -211,7 +211,7 @@ def test_a_folder_with_files_or_holding_an_input_is_not_written_over(trained_lik
 def test_a_config_that_does_not_describe_the_checkpoint_writes_nothing(trained_like, tmp_path,
                                                                        changes, named):
   config = tmp_path / "bert_config.json"
-  config.write_text(json.dumps(dict(TINY_CONFIG, **changes)))
+  config.write_text(json.dumps(dict(TWO_LAYER_CONFIG, **changes)))
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("".join("tok%d\n" % i for i in range(changes.get("vocab_size", 600))))
   result = _run_export(trained_like["prefix"], config, vocab, tmp_path / "out")
@@ -230,9 +230,9 @@ def test_the_heads_are_checked_against_the_run_marker_beside_the_checkpoint(trai
   for name in os.listdir(str(trained_like["root"])):
     if name.startswith("model.ckpt-7."):
       shutil.copy(str(trained_like["root"] / name), str(run))
-  checkpoints.write_run_marker(str(run), {"bert_config": TINY_CONFIG})
+  checkpoints.write_run_marker(str(run), {"bert_config": TWO_LAYER_CONFIG})
   config = tmp_path / "bert_config.json"
-  config.write_text(json.dumps(dict(TINY_CONFIG, num_attention_heads=4)))
+  config.write_text(json.dumps(dict(TWO_LAYER_CONFIG, num_attention_heads=4)))
   result = _run_export(run / "model.ckpt-7", config, trained_like["root"] / "vocab.txt",
                        tmp_path / "out")
   assert result.returncode == 2

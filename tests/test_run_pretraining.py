@@ -311,7 +311,7 @@ BAD_INPUTS = [
     ("evaluation with a config of more layers", lambda d, t: dict(
         do_train="false", init_checkpoint=_encoder_checkpoint(t),
         bert_config_file=_config_with(t, num_hidden_layers=3)),
-     r"--init_checkpoint=\S+ holds a model with num_hidden_layers=2 but "
+     r"--init_checkpoint=\S+ holds a model with num_hidden_layers=1 but "
      r"--bert_config_file=\S+ says num_hidden_layers=3"),
 ]
 
