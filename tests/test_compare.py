@@ -1,6 +1,7 @@
 """bert_pretrain/compare.py: real short runs side by side, the band around the reference's
 loss, the throughput ratio, the picture, and one-line errors for bad run folders."""
 
+import json
 import os
 import shutil
 import struct
@@ -10,7 +11,9 @@ import sys
 import pytest
 
 from bert_pretrain import compare
-from conftest import ROOT, base_flags, run_pretraining
+from bert_pretrain import demo
+from bert_pretrain.model import modeling
+from conftest import ROOT, TWO_LAYER_CONFIG, base_flags, run_pretraining
 
 STEPS = 12
 
@@ -23,18 +26,23 @@ def run_compare(*args, cwd=None):
 
 
 @pytest.fixture(scope="module")
-def runs(pretraining_data, equal_weight_data, tmp_path_factory):
+def runs(pretraining_data, tmp_path_factory):
   """Short real runs on the fixture data from one checkpoint of a dropout-free config
-  (TensorFlow 1.15 draws other dropout masks in a graph of another compute type):
-  float32 and bfloat16 with seed 1, float32 with seed 2, and float32 with seed 1 at
-  twice the learning rate."""
+  (TensorFlow 1.15 draws other dropout masks in a graph of another compute type) of two
+  layers (one layer's loss moved too little for another data order to leave the 0.1%
+  band at the first step): float32 and bfloat16 with seed 1, float32 with seed 2, and
+  float32 with seed 1 at twice the learning rate."""
   root = tmp_path_factory.mktemp("runs")
+  config = dict(TWO_LAYER_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  (root / "bert_config.json").write_text(json.dumps(config))
+  init = str(root / "init" / "model.ckpt-0")
+  demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(config), init)
   made = {}
   for name, overrides in (("fp32", {}), ("bf16", {"amp_dtype": "bfloat16"}),
                           ("seed2", {"seed": 2}), ("lr2", {"learning_rate": 2e-3})):
     values = dict(num_train_steps=STEPS, display_loss_steps=2, eval_at_start=None,
-                  seed=1, fps_warmup_steps=2, bert_config_file=equal_weight_data["config"],
-                  init_checkpoint=equal_weight_data["init"])
+                  seed=1, fps_warmup_steps=2, bert_config_file=str(root / "bert_config.json"),
+                  init_checkpoint=init)
     values.update(overrides)
     out = root / name
     result = run_pretraining(*base_flags(pretraining_data, out, **values))
