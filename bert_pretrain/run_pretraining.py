@@ -127,11 +127,12 @@ def error_status(e, cfg, inputs, ranks):
   elif isinstance(e, tf.errors.OpError) and ranks is not None and _is_job_error(e, ranks):
     stalled = ranks.stalled_ranks()
     say("%s stopped the job (%s)%s; checkpoints in %s are kept: rerun the same command to "
-        "resume" % ("Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
-                    _error_line(e.message).split(". ")[0],
-                    "; rank %s stopped answering" % ", ".join(str(r) for r in stalled)
-                    if stalled else "; a rank stalled or failed: its number is in the lines "
-                    "above ('Missing ranks', or its own error)", output_dir))
+        "resume%s" % ("Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
+                      _error_line(e.message).split(". ")[0],
+                      "; rank %s stopped answering" % ", ".join(str(r) for r in stalled)
+                      if stalled else "; a rank stalled or failed: its number is in the "
+                      "lines above ('Missing ranks', or its own error)", output_dir,
+                      ranks.stall_reports(stalled)))
     return 3
   else:
     return None

@@ -246,6 +246,22 @@ def test_a_stalled_rank_is_named_and_the_job_ends(pretraining_data, tmp_path):
     assert elapsed < STALL_TIMEOUT_S + 40
     assert ("run_pretraining: error: rank 1 stalled: no sign of life for %d s"
             % STALL_TIMEOUT_S) in text
+    # What each rank was doing, in a file a rank named by the error line: the stopped
+    # one's last heartbeat (it cannot answer), the other's own stack.
+    out = tmp_path / "out"
+    assert "what each rank was doing: %s, %s" % (
+        out / "stall-rank-0.txt", out / "stall-rank-1.txt") in text
+    stopped_report = (out / "stall-rank-1.txt").read_text()
+    print(stopped_report)
+    assert "stalled, its last heartbeat" in stopped_report
+    assert re.search(r"doing: update \d+: input, forward, backward, the gradients' "
+                     r"all-reduce", stopped_report), stopped_report
+    assert "no answer to SIGUSR2" in stopped_report
+    own_report = (out / "stall-rank-0.txt").read_text()
+    print(own_report)
+    assert "running" in own_report.splitlines()[0] and "doing: " in own_report
+    assert re.search(r'File ".*loop\.py", line \d+ in train', own_report), own_report
+    assert re.search(r'File ".*ranks\.py", line \d+ in _watch', own_report), own_report
   finally:
     _end(proc, stopped)
 
@@ -297,5 +313,12 @@ def test_a_rank_alive_but_stuck_is_named_and_the_job_ends(pretraining_data, tmp_
     assert by_horovod or by_watch, text[-3000:]
     if not by_watch:
       assert "run_pretraining: error: Horovod stopped the job" in text
+    # The stuck rank answers with its stack (faulthandler runs in its other threads): its
+    # main thread inside the training loop.
+    stuck_report = (tmp_path / "out" / "stall-rank-1.txt").read_text()
+    print(stuck_report)
+    assert "stall-rank-1.txt" in text
+    assert re.search(r"doing: update \d+: ", stuck_report), stuck_report
+    assert re.search(r'File ".*loop\.py", line \d+ in train', stuck_report), stuck_report
   finally:
     _end(proc, stuck)

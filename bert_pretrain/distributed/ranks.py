@@ -27,6 +27,7 @@ import time
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import errors
+from bert_pretrain.distributed import stacks
 
 DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 
@@ -152,7 +153,9 @@ class Ranks(object):
     every few seconds from a thread; a rank that sees another's file unchanged for
     stall_timeout_s prints a one-line error naming it and exits with status 3. On several
     hosts this needs an output_dir all hosts see; otherwise only ranks of the same host
-    are named.
+    are named. Before it exits, it writes what each rank of its host was doing (`doing`,
+    the step and collective, and its Python stack) to output_dir/stall-rank-N.txt
+    (stacks.py), as run_pretraining does when Horovod's stall check ends the job.
   - Peers that never come: agree(), the run's first collective, gives up after
     stall_timeout_s and names the processes without a heartbeat.
 
@@ -180,6 +183,8 @@ class Ranks(object):
     self._seen = {}  # rank -> (file content, time it last changed)
     self._started = time.time()
     self._server = None  # multi_worker_mirrored: this worker's tf.distribute.Server
+    # What this rank does now ("update 12: ..."), in its heartbeat and stall report.
+    self.doing = "starting"
     if distribution == "horovod":
       try:
         import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
@@ -224,6 +229,7 @@ class Ranks(object):
     if self.size > 1 and stall_timeout_s > 0 and output_dir:
       self._folder = os.path.join(output_dir, ".ranks")
       self._interval = max(1.0, min(10.0, stall_timeout_s / 10.0))
+      stacks.arm(self._folder, self.rank)
       self._thread = threading.Thread(target=self._watch, name="stall_watchdog", daemon=True)
       self._thread.start()
 
@@ -405,6 +411,7 @@ class Ranks(object):
     Raises:
       ValueError: the processes disagree; the message names the settings and values.
     """
+    self.doing = "agreeing on the settings: the run's first collective"
     names = sorted(settings)
     mine = [_as_number(settings[n]) for n in names]
     rows = [mine]
@@ -507,7 +514,7 @@ class Ranks(object):
           os.makedirs(self._folder, exist_ok=True)
         path = os.path.join(self._folder, "rank-%d" % self.rank)
         with open(path + ".tmp", "w") as f:
-          f.write("%d %d\n" % (os.getpid(), beats))
+          f.write(stacks.heartbeat_text(os.getpid(), beats, self.doing))
         os.replace(path + ".tmp", path)
       except OSError:
         continue  # The heartbeat is best effort; training goes on.
@@ -517,11 +524,23 @@ class Ranks(object):
             "run_pretraining",
             "rank %s stalled: no sign of life for %d s (stuck in I/O, stopped, or its host "
             "frozen; --stall_timeout_s=%d); the job stops, checkpoints in %s are kept: check "
-            "that host and rerun the same command to resume"
+            "that host and rerun the same command to resume%s"
             % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
-               self.stall_timeout_s, os.path.dirname(self._folder)))
+               self.stall_timeout_s, os.path.dirname(self._folder),
+               self.stall_reports(stalled)))
         sys.stderr.flush()
         os._exit(3)  # pylint: disable=protected-access
+
+  def stall_reports(self, stalled):
+    """Writes output_dir/stall-rank-N.txt (stacks.write_reports): what each rank was
+    doing. Returns the error line's words naming them ("" without heartbeats)."""
+    if self._folder is None:
+      return ""
+    written = stacks.write_reports(self._folder, os.path.dirname(self._folder), self.size,
+                                   self.rank, stalled)
+    if not written:
+      return ""
+    return "; what each rank was doing: %s" % ", ".join(p for _, p in sorted(written.items()))
 
   def stalled_ranks(self, min_age_s=None):
     """Other ranks whose heartbeat was written during this job, then not for min_age_s

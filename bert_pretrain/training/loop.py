@@ -70,6 +70,8 @@ def train(cfg, job, stop, results):
   while cfg.run.do_train and step < cfg.optimizer.num_train_steps:
     job.evals.start_block(step)
     step_start = time.time()
+    job.ranks.doing = ("update %d: input, forward, backward, the gradients' all-reduce and "
+                       "the optimizer's step" % (step + 1))
     values = job.update(step, stop)
     job.meter.update(time.time() - step_start)
     if values["step"] == step:
@@ -86,11 +88,13 @@ def train(cfg, job, stop, results):
     if job.train.loss_scale is not None:
       last_scale = values["loss_scale"]
     if step % cfg.run.display_loss_steps == 0 or step == cfg.optimizer.num_train_steps:
+      job.ranks.doing = "log line after update %d: the losses' average over the ranks" % step
       if not runlog.log_step(job.logger, job.monitor, job.sess, job.train, values, step,
                              job.meter, step_start):
         return step, False, 0, results
       job.meter.new_window()
     if step % cfg.run.save_checkpoints_steps == 0:
+      job.ranks.doing = "checkpoint after update %d (the chief writes it)" % step
       save_start = time.time()
       if not job.save(step):
         return step, False, 0, results
@@ -104,6 +108,7 @@ def train(cfg, job, stop, results):
       return step, True, stopped_by, results
     if step < cfg.optimizer.num_train_steps and job.evals.due(step):
       job.evals.end_block()
+      job.ranks.doing = "evaluation after update %d (its counts summed over the ranks)" % step
       results = job.evals.evaluate(job.sess, step)
       job.meter.pause(results["eval_time_s"])
       if reached_target(cfg, results):
@@ -117,6 +122,7 @@ def train(cfg, job, stop, results):
 def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_time):
   """The last checkpoint and evaluation, MLPerf's closing keys, the summary and the
   report. Returns the process exit status."""
+  job.ranks.doing = "finishing after update %d: last checkpoint, evaluation, summary" % step
   job.meter.stop()
   job.evals.end_block()
   if job.records_log:
@@ -268,6 +274,7 @@ def start(cfg, inputs, ranks, device, notes):
                              attends_per_sequence(cfg, device), notes)
   if seed_line:
     logger.print(seed_line)
+  ranks.doing = "building the graph, then the session: the weights' broadcast from rank 0"
   sess, train, evaluator, saver, all_finite = start_session(
       cfg, inputs, ranks, device, config, learning_rate, seed, plan.position, logger)
   for line in plan.lines:

@@ -1,0 +1,72 @@
+"""distributed/stacks.py: the stall reports, from processes that answer with their stack
+and from one that is stopped."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from bert_pretrain.distributed import stacks
+from conftest import ROOT
+
+# A rank stand-in: arms the stack signal, writes its heartbeat, then waits inside
+# a function whose name the report must show.
+CHILD = """
+import os, sys, time
+from bert_pretrain.distributed import stacks
+folder, rank = sys.argv[1], int(sys.argv[2])
+stacks.arm(folder, rank)
+with open(os.path.join(folder, "rank-%d" % rank), "w") as f:
+  f.write(stacks.heartbeat_text(os.getpid(), 1, "update 7: the gradients' all-reduce"))
+def waiting_in_the_all_reduce():
+  print("ready", flush=True)
+  time.sleep(600)
+waiting_in_the_all_reduce()
+"""
+
+
+def _start(folder, rank):
+  child = subprocess.Popen([sys.executable, "-c", CHILD, str(folder), str(rank)],
+                           stdout=subprocess.PIPE, universal_newlines=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+  assert child.stdout.readline().strip() == "ready"
+  return child
+
+
+def test_each_rank_of_the_host_reports_its_stack_and_a_stopped_one_its_last_heartbeat(
+    tmp_path):
+  folder = tmp_path / ".ranks"
+  folder.mkdir()
+  children = [_start(folder, 0), _start(folder, 1)]
+  try:
+    os.kill(children[1].pid, signal.SIGSTOP)
+    started = time.time()
+    written = stacks.write_reports(str(folder), str(tmp_path), 3, seen_by=0, stalled=[1],
+                                   wait_s=2.0)
+    # Rank 2 never wrote a heartbeat: nothing to report of it.
+    assert sorted(written) == [0, 1]
+    assert written[0] == str(tmp_path / "stall-rank-0.txt")
+    answered = (tmp_path / "stall-rank-0.txt").read_text()
+    stopped = (tmp_path / "stall-rank-1.txt").read_text()
+    print(answered, stopped)
+    assert answered.startswith("rank 0 (pid %d on " % children[0].pid)
+    assert answered.splitlines()[0].endswith("seen by rank 0: running")
+    assert "doing: update 7: the gradients' all-reduce" in answered
+    assert "in waiting_in_the_all_reduce" in answered
+    assert "stalled, its last heartbeat" in stopped.splitlines()[0]
+    assert "doing: update 7: the gradients' all-reduce" in stopped
+    assert "no answer to SIGUSR2 within 2 s" in stopped
+    assert "waiting_in_the_all_reduce" not in stopped
+    assert time.time() - started < 10
+  finally:
+    for child in children:
+      child.kill()
+      child.wait()
+
+
+def test_a_heartbeat_says_pid_host_and_what_the_rank_does():
+  text = stacks.heartbeat_text(42, 3, "evaluation after update 8")
+  pid, host, doing = stacks.parse_heartbeat(text)
+  assert (pid, doing) == (42, "evaluation after update 8") and host
+  assert stacks.parse_heartbeat("done\n") is None
