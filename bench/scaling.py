@@ -223,7 +223,7 @@ def finish_training(processes, log_path, output_dir):
     return {"error": "exit status %d, see %s" % (status, log_path)}
   compute = COMPUTE.findall(text)
   return {"fps": float(found[-1]), "eval_s": float(eval_time[-1]),
-          "compute": compute[-1] if compute else None}
+          "compute": compute[-1] if compute else None, "log": log_path}
 
 
 def repeated(run_once):
@@ -238,11 +238,22 @@ def repeated(run_once):
               fps_runs=[r["fps"] for r in results])
 
 
-def run_training(model, ranks, *args, engine="horovod"):
-  """One job of `ranks` replicas with `engine` (--repeats times)."""
-  tag = "np%d" % ranks if engine == "horovod" else "np%d-%s" % (ranks, engine)
-  return repeated(lambda: finish_training(*start_training(model, ranks, *args, tag=tag,
-                                                          engine=engine)))
+_DONE = {}  # (model, ranks, engine, args) -> the result: a run two tables share runs once
+
+
+def run_training(model, ranks, *args, engine="horovod", tag=None):
+  """One job of `ranks` replicas with `engine` (--repeats times); args: start_training's
+  (cache_dir, config_file, init_checkpoint, settings). A job already run gives its result
+  again."""
+  tag = tag or ("np%d" % ranks if engine == "horovod" else "np%d-%s" % (ranks, engine))
+  key = (model, ranks, engine) + args
+  if key in _DONE:
+    log("%s, %s: the same run as %s, its result taken"
+        % (model, tag, _DONE[key].get("log", "an earlier one")))
+  else:
+    _DONE[key] = repeated(lambda: finish_training(*start_training(
+        model, ranks, *args, tag=tag, engine=engine)))
+  return _DONE[key]
 
 
 def run_independent(model, copies, *args):
@@ -272,10 +283,9 @@ def speed_runs(model, cache_dir, config_file, init_checkpoint):
     for precision in FLAGS.precisions:
       settings = model_settings(model, batch, amp=precision == "amp")
       for ranks in (1, 2):
-        tag = "np%d-%s-b%d" % (ranks, precision, batch)
-        runs["%d-%s-%d" % (ranks, precision, batch)] = repeated(
-            lambda ranks=ranks, settings=settings, tag=tag: finish_training(*start_training(
-                model, ranks, cache_dir, config_file, init_checkpoint, settings, tag=tag)))
+        runs["%d-%s-%d" % (ranks, precision, batch)] = run_training(
+            model, ranks, cache_dir, config_file, init_checkpoint, settings,
+            tag="np%d-%s-b%d" % (ranks, precision, batch))
   return runs
 
 

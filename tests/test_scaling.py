@@ -17,13 +17,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def scaling(tmp_path_factory):
   """One run of bench/scaling.py making its three tables on the tiny model: 1 and 2 ranks
-  of each engine, the speed table (ranks x amp and fp32 at batch 4), and the largest
-  batch under a 0.04 GiB limit (the demo's data prepared once for the three).
+  of each engine, the speed table (ranks x amp and fp32 at batch 4, whose fp32 runs are
+  the engine table's Horovod ones), and the largest batch under a 0.04 GiB limit (the
+  demo's data prepared once for the three).
   Returns (its output, scaling.json, scaling_card.json, the folder)."""
   out_dir = str(tmp_path_factory.mktemp("scaling"))
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, "bench", "scaling.py"), "--models=tiny",
-       "--num_train_steps=4", "--fps_warmup_steps=1", "--noindependent",
+       "--train_batch_size=4", "--num_train_steps=4", "--fps_warmup_steps=1",
+       "--noindependent",
        "--tables=engines,speed,max_batch", "--batch_sizes=4", "--precisions=amp,fp32",
        "--max_batch_seq_lengths=128", "--memory_limit_gib=0.04", "--max_batch_limit=256",
        "--out_dir=" + out_dir],
@@ -69,7 +71,13 @@ def test_speed_table_gives_sentences_per_second_by_ranks_precision_and_batch(sca
   # fp32 ones float32.
   logs = os.path.join(out_dir, "logs")
   assert AMP_ON_THIS_CPU in open(os.path.join(logs, "scaling-tiny-np2-amp-b4.log")).read()
-  assert "compute float32" in open(os.path.join(logs, "scaling-tiny-np2-fp32-b4.log")).read()
+  # The fp32 runs are the engine table's: run once, their result taken again.
+  for ranks in (1, 2):
+    assert row["runs"]["%d-fp32-4" % ranks] == results["engines"][0]["runs"][str(ranks)]
+    assert ("tiny, np%d-fp32-b4: the same run as %s, its result taken"
+            % (ranks, os.path.join(logs, "scaling-tiny-np%d.log" % ranks))) in out
+    assert not os.path.exists(os.path.join(logs, "scaling-tiny-np%d-fp32-b4.log" % ranks))
+  assert "compute float32" in open(row["runs"]["2-fp32-4"]["log"]).read()
   # The card: each run with what it computed in, its config hash and its environment.
   assert "scaling_card.json" in out
   assert written["tool"] == "bench.scaling" and written["flags"]["batch_sizes"] == ["4"]
