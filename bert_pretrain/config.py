@@ -178,6 +178,12 @@ class Run(object):
       True, "Draw output_dir/report.png at the end (losses, accuracy, throughput, learning "
       "rate); the summary lines are printed either way. --nodraw_report saves the 1.5 s "
       "of matplotlib in short runs.")
+  peak_tflops: float = setting(
+      0.0, "A card's matmul peak in TFLOPS in the run's compute type, for the model FLOPs "
+      "utilization (MFU) in the summary (0: none, or measured with --measure_peak).")
+  measure_peak: bool = setting(
+      False, "Measure the matmul peak at the start (square matmuls in the compute type, "
+      "about 2 s) for the MFU, when --peak_tflops is not given.")
   submission_org: str = setting("unknown", "MLPerf log: submitting organization.")
   submission_platform: str = setting("unknown", "MLPerf log: system name.")
 

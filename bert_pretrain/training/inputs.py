@@ -61,6 +61,9 @@ def check_settings(cfg):
   if cfg.evaluation.initial_accuracy_tolerance < 0:
     raise ValueError("--initial_accuracy_tolerance=%g must not be negative"
                      % cfg.evaluation.initial_accuracy_tolerance)
+  if cfg.run.peak_tflops < 0:
+    raise ValueError("--peak_tflops=%g must not be negative (a card's matmul peak in TFLOPS; "
+                     "0: none)" % cfg.run.peak_tflops)
   if cfg.optimizer.init_loss_scale < 1:
     raise ValueError("--init_loss_scale=%g must be at least 1" % cfg.optimizer.init_loss_scale)
   unknown = sorted(set(cfg.run.allow_resume_change) - set(config.RESUME_CHANGES))

@@ -9,7 +9,8 @@
 It reads no flags: the settings come as a config.Settings (cfg), what the run reads as
 inputs.Inputs, the device and ranks as chosen by the entry point (run_pretraining.py).
 The graph is built by pretraining.py, the lines printed by runlog.py, the throughput and
-MLPerf's evaluation schedule kept by meters.py, the resume decided by resume.py.
+MLPerf's evaluation schedule kept by meters.py, the resume decided by resume.py, where
+the time went (one traced update, the padding, the MFU) by timing.py.
 """
 
 import os
@@ -29,6 +30,7 @@ from bert_pretrain.training import report
 from bert_pretrain.training import resume as resume_lib
 from bert_pretrain.training import runlog
 from bert_pretrain.training import signals
+from bert_pretrain.training import timing
 
 
 def run(cfg, inputs, ranks, device, stop=None, notes=()):
@@ -72,8 +74,12 @@ def train(cfg, job, stop, results):
     step_start = time.time()
     job.ranks.doing = ("update %d: input, forward, backward, the gradients' all-reduce and "
                        "the optimizer's step" % (step + 1))
-    values = job.update(step, stop)
-    job.meter.update(time.time() - step_start)
+    # One update is traced for the time split: the first after the FPS warm-up, else the
+    # last; tracing slows it, so it stays out of the steady FPS.
+    trace = job.split is None and (job.meter.updates == cfg.run.fps_warmup_steps or
+                                   step + 1 == cfg.optimizer.num_train_steps)
+    values = job.update(step, stop, trace)
+    job.meter.update(time.time() - step_start, steady=not trace)
     if values["step"] == step:
       # Skipped by loss scaling (the scale is halved): this update is run again with
       # new data, and only applied updates count towards --num_train_steps.
@@ -136,7 +142,11 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
   job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, step * job.global_batch_size)
   job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
   runlog.log_summary(cfg, job.logger, step, job.meter, job.evals, results, results_at_start,
-                     status, job.ranks.replicas, e2e_time, job.rcp)
+                     status, job.ranks.replicas, e2e_time, job.rcp, where=dict(
+                         tokens=job.tokens, split=job.split, peak=job.peak,
+                         flops_per_sentence=timing.training_flops_per_sentence(
+                             job.bert_config, cfg.data.max_seq_length,
+                             cfg.data.max_predictions_per_seq)))
   job.logger.close()
   if stopped_by and job.ranks.size > 1:
     # A barrier: no rank exits (which makes the launcher end the others) before rank 0
@@ -175,7 +185,8 @@ def attends_per_sequence(cfg, device):
 class Job(object):
   """What the loop works with, set up by start(): the session and graph (sess, train: a
   pretraining.TrainGraph or None, evaluator: a pretraining.Evaluator or None), the logs
-  (logger), the meters (meter, evals, monitor), and the step the run starts at."""
+  (logger), the meters (meter, evals, monitor, tokens, split), and the step the run
+  starts at."""
 
   def __init__(self, cfg, ranks, **parts):
     self.cfg = cfg
@@ -188,6 +199,8 @@ class Job(object):
         self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
         cfg.run.output_dir if ranks.is_chief else None)
     self.meter = meters.Throughput(self.global_batch_size, cfg.run.fps_warmup_steps)
+    self.tokens = timing.Tokens(cfg.data.max_seq_length)
+    self.split = None  # the traced update's parts (timing.split_update), once traced
     self.records_log = None
     if cfg.run.do_train and cfg.data.log_trained_records:
       self.records_log = open(os.path.join(cfg.run.output_dir,
@@ -199,15 +212,28 @@ class Job(object):
       return None
     return self.sess.run(self.train.loss_scale.scale)
 
-  def update(self, step, stop):
+  def update(self, step, stop, trace=False):
     """Runs one update: the accumulated micro-batches, then the last one with the
-    optimizer's step (and on display steps the losses). Returns its fetched values."""
+    optimizer's step (and on display steps the losses). Returns its fetched values.
+    With trace, its session runs are traced and self.split says where its time went."""
     cfg, train = self.cfg, self.train
     last = cfg.optimizer.num_accumulation_steps - 1
+    options = tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE) if trace else None
+    traces = []
+
+    def run(fetches, feed):
+      metadata = tf.RunMetadata() if trace else None
+      values = self.sess.run(dict(fetches, real_tokens=train.real_tokens), feed,
+                             options=options, run_metadata=metadata)
+      self.tokens.add(values["real_tokens"], cfg.run.train_batch_size)
+      if trace:
+        traces.append(metadata.step_stats)
+      return values
+
     for micro in range(last):
-      done = self.sess.run({"op": train.accumulate_op, "record_ids": train.record_ids}
-                           if self.records_log else train.accumulate_op,
-                           {train.micro_batch: micro})
+      done = run({"op": train.accumulate_op, "record_ids": train.record_ids}
+                 if self.records_log else {"op": train.accumulate_op},
+                 {train.micro_batch: micro})
       if self.records_log:
         runlog.log_records(self.records_log, step + 1, micro, done["record_ids"])
     display = (step + 1 == cfg.optimizer.num_train_steps or
@@ -216,9 +242,12 @@ class Job(object):
     fetches = train.display_fetches if display else train.step_fetches
     if self.records_log:
       fetches = dict(fetches, record_ids=train.record_ids)
-    values = self.sess.run(fetches, {train.stop_feed: stop.signum, train.micro_batch: last})
+    values = run(fetches, {train.stop_feed: stop.signum, train.micro_batch: last})
     if self.records_log:
       runlog.log_records(self.records_log, step + 1, last, values["record_ids"])
+    if trace:
+      self.split = dict(timing.split_update(traces, timing.graph_op_types(self.sess.graph)),
+                        update=step + 1)
     return values
 
   def save(self, step):
@@ -274,6 +303,15 @@ def start(cfg, inputs, ranks, device, notes):
                              attends_per_sequence(cfg, device), notes)
   if seed_line:
     logger.print(seed_line)
+  peak = None  # (a card's matmul TFLOPS, where it comes from), for the MFU
+  if cfg.run.peak_tflops > 0:
+    peak = (cfg.run.peak_tflops, "--peak_tflops")
+  elif cfg.run.measure_peak and cfg.run.do_train:
+    ranks.doing = "measuring the matmul peak (--measure_peak)"
+    peak = (timing.measure_peak_tflops(device.dtype, config=config),
+            "measured in %s" % device.dtype.name)
+    logger.print("Matmul peak: %.3g TFLOPS a card in %s (--measure_peak)"
+                 % (peak[0], device.dtype.name))
   ranks.doing = "building the graph, then the session: the weights' broadcast from rank 0"
   sess, train, evaluator, saver, all_finite = start_session(
       cfg, inputs, ranks, device, config, learning_rate, seed, plan.position, logger)
@@ -286,7 +324,7 @@ def start(cfg, inputs, ranks, device, notes):
   return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
              all_finite=all_finite, logger=logger, rcp=rcp, record=record,
              record_pending=not plan.record_now, global_batch_size=global_batch_size,
-             eval_interval=eval_interval)
+             eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config)
 
 
 def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, position,

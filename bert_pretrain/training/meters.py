@@ -33,11 +33,12 @@ class Throughput(object):
     self.train_time = None
     self.window_start, self.window_steps = time.time(), 0
 
-  def update(self, seconds):
-    """Counts an update (skipped or not) that took `seconds`."""
+  def update(self, seconds, steady=True):
+    """Counts an update (skipped or not) that took `seconds`; steady=False leaves it
+    out of the steady-state average (a traced update)."""
     self.updates += 1
     self.sentences += self.batch_size
-    if self.updates > self.warmup_steps:
+    if self.updates > self.warmup_steps and steady:
       self.steady_sentences += self.batch_size
       self.steady_time += seconds
     self.window_steps += 1

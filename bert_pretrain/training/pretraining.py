@@ -110,7 +110,7 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
 TrainGraph = collections.namedtuple("TrainGraph", [
     "outputs", "global_step", "loss_scale", "accumulate_op", "update_op", "step_fetches",
     "display_fetches", "stop_feed", "stop_agreed", "rank_time", "rank_times",
-    "data_position", "micro_batch", "record_ids"])
+    "data_position", "micro_batch", "record_ids", "real_tokens"])
 
 
 def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ranks=None,
@@ -162,6 +162,8 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       record_ids: int64 [micro-batch records of this process's replicas]: a
         fingerprint of each record the micro-batch trained on (record_fingerprints),
         to fetch with the ops above when checking which records a run trained on.
+      real_tokens: int32 scalar, the real tokens (input_mask) of the first replica's
+        micro-batch, to fetch with the ops above for the padding share.
   """
   global_step = tf.train.get_or_create_global_step()
   data_position = tf.get_variable(checkpoints.DATA_POSITION, [], tf.int64, trainable=False,
@@ -205,7 +207,8 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
         name="rank_step_times")
     return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op,
                       step_fetches, display_fetches, stop_feed, stop_agreed, rank_time,
-                      rank_times, data_position, micro_batch, record_fingerprints(features))
+                      rank_times, data_position, micro_batch, record_fingerprints(features),
+                      tf.reduce_sum(features["input_mask"]))
 
   if ranks is None:
     return replica(features)

@@ -87,9 +87,29 @@ def summarize(records):
       "min_fps": min(fps) if fps else None,
       "max_fps": max(fps) if fps else None,
       "throughput": summaries[-1].get("throughput") if summaries else None,
+      "where": where_time_went(summaries[-1]) if summaries else None,
       "runs": len(summaries),
       "warnings": [r.get("message", "") for r in warnings],
   }
+
+
+def where_time_went(record):
+  """A summary record's padding share, update time split and MFU as one line ("" when
+  the run logged none of them)."""
+  parts = []
+  if record.get("padding_share") is not None:
+    parts.append("padding %.1f%% of the positions" % (100 * record["padding_share"]))
+  shares = [(name, record.get("time_%s_share" % key)) for name, key in (
+      ("input", "input"), ("compute", "compute"), ("all-reduce", "allreduce"))]
+  if shares[0][1] is not None:
+    parts.append("update time: " + ", ".join("%s %.1f%%" % (name, 100 * share)
+                                              for name, share in shares
+                                              if share is not None and
+                                              (share > 0 or name != "all-reduce")))
+  if record.get("mfu") is not None:
+    parts.append("MFU %.1f%% of %.3g TFLOPS a card" % (100 * record["mfu"],
+                                                      record["peak_tflops"]))
+  return "; ".join(parts)
 
 
 def format_summary(summary):
@@ -107,6 +127,8 @@ def format_summary(summary):
       % (number(summary["median_fps"], "%.2f"), number(summary["min_fps"], "%.2f"),
          number(summary["max_fps"], "%.2f"), number(summary["throughput"], "%.2f")),
   ]
+  if summary.get("where"):
+    lines.append("where the time went: " + summary["where"])
   lines.append("warnings: %d" % len(summary["warnings"]))
   lines.extend("  " + message for message in summary["warnings"])
   return lines
@@ -168,7 +190,9 @@ def draw(records, png_path, title=None):
     ax.set_xlabel(x_label)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=8)
-  figure.suptitle(title or "BERT pretraining run")
+  summaries = [r for r in records if r.get("type") == "summary"]
+  where = where_time_went(summaries[-1]) if summaries else ""
+  figure.suptitle((title or "BERT pretraining run") + ("\n" + where if where else ""))
   figure.tight_layout()
   figure.savefig(png_path, dpi=80)
   plt.close(figure)

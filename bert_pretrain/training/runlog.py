@@ -17,6 +17,7 @@ from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.training import logs
 from bert_pretrain.training import mlperf
 from bert_pretrain.training import optimization
+from bert_pretrain.training import timing
 
 def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, skipped_records,
                eval_interval, per_sequence, notes):
@@ -162,8 +163,9 @@ def log_step(logger, monitor, sess, train, values, step, meter, step_start):
 
 
 def log_summary(cfg, logger, step, meter, evals, results, results_at_start, status,
-                num_ranks, e2e_time, rcp):
-  """The run's closing lines: time, throughput, the one-line table row
+                num_ranks, e2e_time, rcp, where=None):
+  """The run's closing lines: time, throughput, where the time went (where: the keyword
+  arguments of log_where_time_goes but fps and replicas), the one-line table row
   "| 1 card | acc ... | fps ... | status ... |" and the projected time to train (rcp:
   mlperf.RcpChoice); also a dllog record of type summary."""
   eval_time = evals.eval_time
@@ -180,6 +182,8 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
                "time included, evaluation excluded)" % fps_all)
   logger.print("Throughput Average (sentences/sec) = %.2f (after %d warm-up steps, without "
                "checkpoint and eval time)" % (fps_steady, cfg.run.fps_warmup_steps))
+  if where is not None and cfg.run.do_train:
+    summary.update(log_where_time_goes(logger, fps_steady, replicas=num_ranks, **where))
   accuracy = results.get("masked_lm_accuracy") if results else None
   cards = "1 card" if num_ranks == 1 else "%d cards" % num_ranks
   logger.print("| %s | acc %s | fps %.2f | status %s |"
@@ -189,6 +193,39 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
     summary.update(log_time_to_train(logger, fps_steady, evals, rcp, status, step,
                                      meter.batch_size))
   logger.metrics(step, summary, prefix="summary")
+
+
+def log_where_time_goes(logger, fps, tokens, split, flops_per_sentence, peak, replicas):
+  """Prints where the run's time went: real and padded tokens per second and the padding
+  share (tokens: timing.Tokens), the traced update's split (split: timing.split_update's
+  dict with "update", or None), the MFU (peak: (TFLOPS a card, where it comes from) or
+  None) and a hint when one part dominates. Returns the figures for the summary record."""
+  figures = {}
+  padding = tokens.padding_share()
+  if padding is not None and fps:
+    padded = fps * tokens.max_seq_length
+    figures.update(padding_share=padding, real_tokens_per_s=padded * (1 - padding),
+                   padded_tokens_per_s=padded)
+    logger.print("Tokens per second: %.0f real, %.0f with the padding (padding %.1f%% of "
+                 "the positions)" % (padded * (1 - padding), padded, 100 * padding))
+  if split is not None and split["step"] > 0:
+    shares = {part: split[part] / split["step"] for part in ("input", "compute", "allreduce")}
+    figures.update({"time_%s_share" % part: share for part, share in shares.items()})
+    logger.print("Update time (update %d traced, %.3f s): input %.1f%%, compute %.1f%%%s"
+                 % (split["update"], split["step"], 100 * shares["input"],
+                    100 * shares["compute"], ", all-reduce %.1f%%" % (100 * shares["allreduce"])
+                    if replicas > 1 else ""))
+    for hint in timing.hints(shares, replicas):
+      logger.print("Hint: " + hint)
+  utilization = timing.mfu(fps, flops_per_sentence, peak[0] if peak else None, replicas)
+  if utilization is None:
+    logger.print("MFU: not computed (%.3g GFLOP a sentence); pass --peak_tflops=<a card's "
+                 "matmul peak> or --measure_peak" % (flops_per_sentence / 1e9))
+  else:
+    figures.update(mfu=utilization, peak_tflops=peak[0])
+    logger.print("MFU: %.1f%% of %.3g TFLOPS a card (%s), %.3g GFLOP a sentence"
+                 % (100 * utilization, peak[0], peak[1], flops_per_sentence / 1e9))
+  return figures
 
 
 def log_time_to_train(logger, throughput, evals, rcp, status, step, batch_size):
