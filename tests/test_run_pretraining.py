@@ -292,6 +292,8 @@ BAD_INPUTS = [
      r"--learning_rate=-1 must be positive \(the peak of the schedule\); pass e.g. "
      r"--learning_rate=5e-05$"),
     ("learning rate 0", lambda d, t: dict(learning_rate=0), r"--learning_rate=0 must be positive"),
+    ("negative matmul peak", lambda d, t: dict(peak_tflops=-5),
+     r"--peak_tflops=-5 must not be negative \(a card's matmul peak in TFLOPS; 0: none\)$"),
     ("float16 and --noamp", lambda d, t: dict(amp_dtype="float16", amp="false"),
      r"--amp_dtype=float16 asks for float16 compute and --noamp for float32; pass one$"),
     ("--use_fp16 and --noamp", lambda d, t: dict(use_fp16="true", amp="false"),

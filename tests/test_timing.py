@@ -3,6 +3,7 @@ traced update split into input, compute and all-reduce, the MFU), with the hints
 
 import json
 import os
+import re
 
 import pytest
 import tensorflow.compat.v1 as tf
@@ -12,6 +13,7 @@ from bert_pretrain.model import bert_config as bert_config_lib
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
 from bert_pretrain.training import report
+from bert_pretrain.training import runlog
 from bert_pretrain.training import timing
 from conftest import SEQ_LENGTH, TINY_CONFIG, base_flags, run_pretraining
 
@@ -77,15 +79,40 @@ def test_a_run_reports_its_padding_its_update_time_split_and_its_mfu(padded_data
       result.stdout)
 
 
-def test_without_a_peak_the_mfu_line_says_how_to_get_one(pretraining_data, tmp_path):
-  # The last update is traced when the run ends within its FPS warm-up.
+def test_a_measured_peak_gives_the_mfu_and_the_last_update_is_traced_within_warm_up(
+    pretraining_data, tmp_path):
   result = run_pretraining(*base_flags(pretraining_data, tmp_path / "out",
-                                       fps_warmup_steps=10))
+                                       fps_warmup_steps=10, measure_peak=None))
   assert result.returncode == 0, result.stderr[-3000:]
+  dtype = device.detect_device("cpu", False, "auto").dtype.name
+  peak = re.search(r"Matmul peak: ([\d.e+]+) TFLOPS a card in %s \(--measure_peak\)" % dtype,
+                   result.stdout)
+  assert peak, result.stdout[-3000:]
+  summary = _summary(tmp_path / "out")
+  assert summary["peak_tflops"] == pytest.approx(float(peak.group(1)), rel=1e-2)
+  assert "(measured in %s)" % dtype in result.stdout
   assert "Update time (update 4 traced, " in result.stdout
-  assert "MFU: not computed (" in result.stdout
-  assert "pass --peak_tflops=<a card's matmul peak> or --measure_peak" in result.stdout
-  assert "mfu" not in _summary(tmp_path / "out")
+
+
+class _Lines(object):
+  def __init__(self):
+    self.lines = []
+
+  def print(self, line):
+    self.lines.append(line)
+
+
+def test_without_a_peak_the_mfu_line_says_how_to_get_one():
+  tokens = timing.Tokens(SEQ_LENGTH)
+  tokens.add(48 * 8, 8)
+  logger = _Lines()
+  figures = runlog.log_where_time_goes(logger, 100.0, tokens, None, 2e9, None, 1)
+  assert logger.lines == [
+      "Tokens per second: 4800 real, 6400 with the padding (padding 25.0% of the positions)",
+      "MFU: not computed (2 GFLOP a sentence); pass --peak_tflops=<a card's matmul peak> or "
+      "--measure_peak"]
+  assert figures == {"padding_share": 0.25, "real_tokens_per_s": 4800.0,
+                     "padded_tokens_per_s": 6400.0}
 
 
 def test_the_flops_of_a_sentence_are_those_of_the_models_matmuls():
