@@ -43,7 +43,7 @@ def test_each_rank_of_the_host_reports_its_stack_and_a_stopped_one_its_last_hear
     os.kill(children[1].pid, signal.SIGSTOP)
     started = time.time()
     written = stacks.write_reports(str(folder), str(tmp_path), 3, seen_by=0, stalled=[1],
-                                   wait_s=2.0)
+                                   since=started - 60, wait_s=2.0)
     # Rank 2 never wrote a heartbeat: nothing to report of it.
     assert sorted(written) == [0, 1]
     assert written[0] == str(tmp_path / "stall-rank-0.txt")
@@ -70,3 +70,25 @@ def test_a_heartbeat_says_pid_host_and_what_the_rank_does():
   pid, host, doing = stacks.parse_heartbeat(text)
   assert (pid, doing) == (42, "evaluation after update 8") and host
   assert stacks.parse_heartbeat("done\n") is None
+
+
+def test_a_heartbeat_left_by_an_earlier_run_or_naming_another_process_gets_no_signal(
+    tmp_path):
+  # Another program under a pid a heartbeat names (pids are reused): the signal's
+  # default action would end it.
+  folder = tmp_path / ".ranks"
+  folder.mkdir()
+  other = subprocess.Popen(["sleep", "60"])
+  try:
+    (folder / "rank-0").write_text(stacks.heartbeat_text(other.pid, 5, "update 3: ..."))
+    (folder / "rank-1").write_text(stacks.heartbeat_text(other.pid, 5, "update 3: ..."))
+    os.utime(str(folder / "rank-1"), (time.time() - 600, time.time() - 600))
+    written = stacks.write_reports(str(folder), str(tmp_path), 2, seen_by=1, stalled=[0],
+                                   since=time.time() - 60, wait_s=0.5)
+    assert sorted(written) == [0]  # rank 1's heartbeat is from before the job
+    assert other.poll() is None  # not signalled
+    assert ("(no stack: pid %d no longer runs bert_pretrain)" % other.pid) in (
+        tmp_path / "stall-rank-0.txt").read_text()
+  finally:
+    other.kill()
+    other.wait()

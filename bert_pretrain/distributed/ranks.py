@@ -537,7 +537,8 @@ class Ranks(object):
     if self._folder is None:
       return ""
     written = stacks.write_reports(self._folder, os.path.dirname(self._folder), self.size,
-                                   self.rank, stalled)
+                                   self.rank, stalled,
+                                   since=self._started - self.stall_timeout_s)
     if not written:
       return ""
     return "; what each rank was doing: %s" % ", ".join(p for _, p in sorted(written.items()))

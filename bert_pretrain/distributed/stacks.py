@@ -48,7 +48,7 @@ def parse_heartbeat(content):
   return int(words[0]), words[2], doing.strip()
 
 
-def write_reports(folder, output_dir, size, seen_by, stalled, wait_s=3.0):
+def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0):
   """Asks each rank of this host for its stack (STACK_SIGNAL, to its pid in its
   heartbeat), waits up to wait_s for the answers, and writes output_dir/stall-rank-N.txt
   for those ranks and for the stalled ones of other hosts.
@@ -59,6 +59,8 @@ def write_reports(folder, output_dir, size, seen_by, stalled, wait_s=3.0):
     size: the number of ranks.
     seen_by: the rank writing the reports.
     stalled: the ranks named as stalled.
+    since: heartbeats written before this time (time.time()) were left by an earlier
+      run: their pid may be another process now, which the signal would end.
     wait_s: how long to wait for the stacks.
 
   Returns:
@@ -70,15 +72,18 @@ def write_reports(folder, output_dir, size, seen_by, stalled, wait_s=3.0):
     try:
       with open(os.path.join(folder, "rank-%d" % rank)) as f:
         content = f.read()
-      age = time.time() - os.path.getmtime(os.path.join(folder, "rank-%d" % rank))
+      written = os.path.getmtime(os.path.join(folder, "rank-%d" % rank))
     except OSError:
       continue
+    age = time.time() - written
     beat = parse_heartbeat(content)
+    if written < since:
+      continue
     if beat is not None:
       beats[rank] = beat + (age,)
   asked = {}
   for rank, (pid, rank_host, _, _) in sorted(beats.items()):
-    if rank_host != host:
+    if rank_host != host or not _runs_bert_pretrain(pid):
       continue
     stack_path = os.path.join(folder, "stack-rank-%d" % rank)
     try:
@@ -107,6 +112,8 @@ def write_reports(folder, output_dir, size, seen_by, stalled, wait_s=3.0):
       lines.append("Python stack of each thread (most recent call first):")
       lines.append(stack or "(no answer to SIGUSR2 within %.0f s: the process is stopped "
                    "(SIGSTOP, a debugger) or frozen)" % wait_s)
+    elif rank_host == host:
+      lines.append("(no stack: pid %d no longer runs bert_pretrain)" % pid)
     else:
       lines.append("(no stack: the rank runs on %s; its own host's ranks write it)"
                    % rank_host)
@@ -119,6 +126,16 @@ def write_reports(folder, output_dir, size, seen_by, stalled, wait_s=3.0):
     except OSError:
       pass  # The error line still names the stalled rank.
   return written
+
+
+def _runs_bert_pretrain(pid):
+  """Whether process `pid` runs this package (its command line names it): only such a
+  process has the signal armed."""
+  try:
+    with open("/proc/%d/cmdline" % pid, "rb") as f:
+      return b"bert_pretrain" in f.read()
+  except OSError:
+    return False
 
 
 def _size(path):
