@@ -57,6 +57,7 @@ try:
 except ImportError:
   import card  # python3 bench/benchmark.py: bench/ is the script's own folder
   import google_peer
+from bert_pretrain.training import timing  # the FLOP count the runs' MFU uses too
 
 CORPUS = os.path.join(ROOT, "bert_pretrain", "demo_data", "corpus.txt")
 
@@ -133,46 +134,11 @@ FLAGS = flags.FLAGS
 
 def train_flops_per_sequence(config, seq_length, predictions, vocab_size=VOCAB_SIZE,
                              tokens=None, tokens_squared=None):
-  """Forward + backward FLOPs of one training sequence of our step, by part of the model.
-
-  A multiply-add is 2 FLOPs; backward costs twice the forward. Counted: the dense layers
-  of the encoder (Q, K, V, output, two feed-forward), the attention score and context
-  matmuls, the pooler, and the masked-LM head at the `predictions` gathered positions
-  (transform + vocabulary projection). At the real tokens, as our model computes them
-  (modeling.transformer_model's input_mask): the dense layers at the `tokens` real
-  tokens of a sequence (the rows that round a batch's up to
-  unpadded.default_row_multiple are not counted), the attention among each sequence's
-  real tokens (`tokens_squared`: where our step attends at every position, at sequence
-  128, the padding's share is not counted either), and the last layer's queries and all
-  after them at the [CLS] and the `predictions` positions only (its output_positions).
-  Google's and HF's compute every position of every layer. Embedding look-ups, softmax,
-  layer norm and the optimizer are not matmuls and count 0.
-
-  Args:
-    tokens: mean real tokens a sequence (None: seq_length, no padding).
-    tokens_squared: mean of the square of a sequence's real tokens (None: tokens^2).
-
-  Returns:
-    dict: encoder_dense, attention, mlm_head, pooler_nsp, total.
-  """
+  """Forward + backward FLOPs of one training sequence of our step by part of the model,
+  for a size of CONFIGS: training/timing.py's count, which the runs' MFU uses too."""
   layers, hidden, _, intermediate = CONFIGS[config]
-  tokens = seq_length if tokens is None else tokens
-  tokens_squared = tokens * tokens if tokens_squared is None else tokens_squared
-  # Rows at which each layer's queries and what follows them are computed.
-  dense_rows = (layers - 1) * tokens + 1 + predictions
-  forward = {
-      "encoder_dense": 2 * (layers * tokens * 2 * hidden * hidden
-                            + dense_rows * (2 * hidden * hidden + 2 * hidden * intermediate)),
-      # Scores and context: the queries of each layer (the last's at 1 + predictions
-      # rows) against the sequence's keys.
-      "attention": 2 * 2 * hidden * ((layers - 1) * tokens_squared
-                                     + (1 + predictions) * tokens),
-      "mlm_head": predictions * 2 * (hidden * hidden + hidden * vocab_size),
-      "pooler_nsp": 2 * (hidden * hidden + hidden * 2),
-  }
-  flops = {part: 3 * value for part, value in forward.items()}
-  flops["total"] = sum(flops.values())
-  return flops
+  return timing.training_flops_per_sequence(layers, hidden, intermediate, vocab_size,
+                                            seq_length, predictions, tokens, tokens_squared)
 
 
 def bert_config_dict(config, vocab_size=VOCAB_SIZE):

@@ -5,13 +5,13 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.distributed import device
 from bert_pretrain.model import bert_config as bert_config_lib
-from bert_pretrain.model import heads
-from bert_pretrain.model import modeling
+from bert_pretrain.training import pretraining
 from bert_pretrain.training import report
 from bert_pretrain.training import runlog
 from bert_pretrain.training import timing
@@ -23,7 +23,8 @@ PADDED = 16  # the last positions of every record made padding below
 @pytest.fixture(scope="module")
 def padded_data(pretraining_data, tmp_path_factory):
   """The fixture records with their last PADDED positions turned into padding (mask and
-  ids 0, no prediction there): a known padding share of PADDED / SEQ_LENGTH."""
+  ids 0, no prediction there) and the others real: every record SEQ_LENGTH - PADDED real
+  tokens, a padding share of PADDED / SEQ_LENGTH."""
   root = tmp_path_factory.mktemp("padded")
   (root / "train").mkdir()
   with tf.io.TFRecordWriter(str(root / "train" / "part-0")) as writer:
@@ -35,6 +36,9 @@ def padded_data(pretraining_data, tmp_path_factory):
           values = feature[key].int64_list.value
           for i in range(SEQ_LENGTH - PADDED, SEQ_LENGTH):
             values[i] = 0
+        mask = feature["input_mask"].int64_list.value
+        for i in range(SEQ_LENGTH - PADDED):
+          mask[i] = 1  # every record exactly SEQ_LENGTH - PADDED real tokens
         positions = feature["masked_lm_positions"].int64_list.value
         for i, position in enumerate(positions):
           if position >= SEQ_LENGTH - PADDED:
@@ -70,11 +74,15 @@ def test_a_run_reports_its_padding_its_update_time_split_and_its_mfu(padded_data
   assert summary["time_allreduce_share"] == 0
   assert summary["time_input_share"] + summary["time_compute_share"] == pytest.approx(1)
   assert 0 < summary["time_compute_share"] <= 1
-  flops = timing.training_flops_per_sentence(
-      bert_config_lib.BertConfig.from_dict(TINY_CONFIG), SEQ_LENGTH, 10)
+  # The FLOPs at the real tokens: 48 a sequence.
+  real = SEQ_LENGTH - PADDED
+  flops = timing.training_flops_per_sequence(
+      TINY_CONFIG["num_hidden_layers"], TINY_CONFIG["hidden_size"],
+      TINY_CONFIG["intermediate_size"], TINY_CONFIG["vocab_size"], SEQ_LENGTH, 10, real,
+      real * real)["total"]
   assert summary["mfu"] == pytest.approx(summary["throughput"] * flops / 0.5e12)
-  assert "MFU: %.1f%% of 0.5 TFLOPS a card (--peak_tflops)" % (100 * summary["mfu"]) in (
-      result.stdout)
+  assert "MFU: %.1f%% of 0.5 TFLOPS a card (--peak_tflops), %.3g GFLOP a sequence" % (
+      100 * summary["mfu"], flops / 1e9) in result.stdout
   assert "report: where the time went: padding 25.0% of the positions; update time: input " in (
       result.stdout)
 
@@ -104,53 +112,60 @@ class _Lines(object):
 
 def test_without_a_peak_the_mfu_line_says_how_to_get_one():
   tokens = timing.Tokens(SEQ_LENGTH)
-  tokens.add(48 * 8, 8)
+  tokens.add((48 * 8, 48 * 48 * 8), 8)
+  assert tokens.per_sequence() == (48, 48 * 48)
   logger = _Lines()
   figures = runlog.log_where_time_goes(logger, 100.0, tokens, None, 2e9, None, 1)
   assert logger.lines == [
       "Tokens per second: 4800 real, 6400 with the padding (padding 25.0% of the positions)",
-      "MFU: not computed (2 GFLOP a sentence); pass --peak_tflops=<a card's matmul peak> or "
-      "--measure_peak"]
+      "MFU: not computed (2 GFLOP a sequence at its real tokens); pass "
+      "--peak_tflops=<a card's matmul peak> or --measure_peak"]
   assert figures == {"padding_share": 0.25, "real_tokens_per_s": 4800.0,
                      "padded_tokens_per_s": 6400.0}
 
 
-def test_the_flops_of_a_sentence_are_those_of_the_models_matmuls():
-  """Counted from the graph: every MatMul and BatchMatMul of Google's plain model and
-  its heads at every position, 2 x m x n x k each, times 3 for the backward pass."""
+def _matmul_flops(graph, skip_scope):
+  """2 x m x n x k of every MatMul and BatchMatMul in graph outside skip_scope, at the
+  shapes the graph computes (the unpadded rows are known when it runs)."""
+  ops = [op for op in graph.get_operations() if not op.name.startswith(skip_scope) and
+         (op.type == "MatMul" or op.type.startswith("BatchMatMul"))]
+  with tf.Session(graph=graph) as sess:
+    sess.run(tf.global_variables_initializer())
+    shapes = sess.run([[tf.shape(t) for t in op.inputs[:2]] for op in ops])
+  counted = 0
+  for op, (a, b) in zip(ops, shapes):
+    if op.type == "MatMul":
+      flip_a, flip_b = op.get_attr("transpose_a"), op.get_attr("transpose_b")
+    else:
+      flip_a, flip_b = op.get_attr("adj_x"), op.get_attr("adj_y")
+    m, k = (a[-1], a[-2]) if flip_a else (a[-2], a[-1])
+    n = b[-2] if flip_b else b[-1]
+    counted += 2 * int(np.prod(a[:-2])) * int(m) * int(n) * int(k)
+  return counted
+
+
+def test_the_flops_of_a_sequence_are_those_of_the_training_graphs_matmuls():
+  """Counted from the graph of our model and heads (build_model) on a batch without
+  padding: every MatMul and BatchMatMul, 2 x m x n x k each, times 3 for the backward
+  pass; the token-type embedding's one-hot matmul is a look-up and counts 0."""
   config = bert_config_lib.BertConfig.from_dict(dict(TINY_CONFIG, num_hidden_layers=2))
   batch, seq, predictions = 2, 32, 5
   with tf.Graph().as_default() as graph:
-    ids = tf.zeros([batch, seq], tf.int32)
-    model = modeling.BertModel(config, False, ids, tf.ones([batch, seq], tf.int32),
-                               tf.zeros([batch, seq], tf.int32))
-    positions = tf.zeros([batch, predictions], tf.int32)
-    heads.get_masked_lm_output(config, model.get_sequence_output(),
-                               model.get_embedding_table(), positions,
-                               tf.zeros([batch, predictions], tf.int32),
-                               tf.ones([batch, predictions]))
-    heads.get_next_sentence_output(config, model.get_pooled_output(),
-                                   tf.zeros([batch, 1], tf.int32))
-    counted = 0
-    for op in graph.get_operations():
-      if op.type == "MatMul":
-        a, b = [t.shape.as_list() for t in op.inputs]
-        m = a[1] if op.get_attr("transpose_a") else a[0]
-        k = a[0] if op.get_attr("transpose_a") else a[1]
-        n = b[0] if op.get_attr("transpose_b") else b[1]
-        counted += 2 * m * n * k
-      elif op.type.startswith("BatchMatMul"):
-        a, b = [t.shape.as_list() for t in op.inputs]
-        adj_x = op.get_attr("adj_x")
-        adj_y = op.get_attr("adj_y")
-        m, k = (a[-1], a[-2]) if adj_x else (a[-2], a[-1])
-        n = b[-2] if adj_y else b[-1]
-        batches = 1
-        for d in a[:-2]:
-          batches *= d
-        counted += 2 * batches * m * n * k
+    features = {
+        "input_ids": tf.ones([batch, seq], tf.int32),
+        "input_mask": tf.ones([batch, seq], tf.int32),
+        "segment_ids": tf.zeros([batch, seq], tf.int32),
+        "masked_lm_positions": tf.ones([batch, predictions], tf.int32),
+        "masked_lm_ids": tf.ones([batch, predictions], tf.int32),
+        "masked_lm_weights": tf.ones([batch, predictions]),
+        "next_sentence_labels": tf.zeros([batch, 1], tf.int32)}
+    pretraining.build_model(config, features, False, tf.float32)
+  counted = _matmul_flops(graph, "bert/embeddings/")
   assert counted > 0
-  assert timing.training_flops_per_sentence(config, seq, predictions) == 3 * counted / batch
+  flops = timing.training_flops_per_sequence(
+      config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+      config.vocab_size, seq, predictions)
+  assert flops["total"] == 3 * counted / batch
 
 
 def _step_stats(*nodes):
@@ -166,19 +181,23 @@ def _step_stats(*nodes):
 
 
 def test_a_traced_update_splits_into_input_all_reduce_and_compute():
-  # Two session runs (micro-batches); times in microseconds. The all-reduce overlaps the
-  # input for 100 us, which counts as input.
+  # Two session runs (micro-batches); times in microseconds.
   first = _step_stats(("IteratorGetNext_1", 0, 200), ("MatMul_1", 200, 900))
   second = _step_stats(("IteratorGetNext_2", 1000, 1300), ("MatMul_2", 1300, 1800),
                        ("HorovodAllreduce_grads", 1200, 2000))
   parts = timing.split_update([first, second], lambda name: None)
   assert parts["step"] == pytest.approx(0.0009 + 0.001)
   assert parts["input"] == pytest.approx(0.0002 + 0.0003)
-  assert parts["allreduce"] == pytest.approx(0.0007)
-  assert parts["compute"] == pytest.approx(0.0019 - 0.0005 - 0.0007)
-  # The graph's op type wins over the label.
-  parts = timing.split_update([second], lambda name: "MatMul")
+  # Queued at 1200: only 1800-2000 has no input or compute beside it.
+  assert parts["allreduce"] == pytest.approx(0.0002)
+  assert parts["compute"] == pytest.approx(0.0019 - 0.0005 - 0.0002)
+  # The graph's op type wins over the label; a GPU stream's "node:op" is the node.
+  names = []
+  parts = timing.split_update([second], lambda name: names.append(name) or "MatMul")
   assert (parts["input"], parts["allreduce"]) == (0, 0)
+  gpu = _step_stats(("MatMul_2:MatMul", 0, 100))
+  timing.split_update([gpu], lambda name: names.append(name))
+  assert names[-1] == "MatMul_2"
 
 
 def test_a_dominant_part_gets_a_hint_and_one_rank_no_communication_hint():
@@ -198,7 +217,7 @@ def test_the_matmul_probe_measures_a_positive_rate_in_each_compute_type_of_this_
 def test_the_report_says_where_the_time_went():
   line = report.where_time_went({"padding_share": 0.25, "time_input_share": 0.1,
                                  "time_compute_share": 0.7, "time_allreduce_share": 0.2,
-                                 "mfu": 0.31, "peak_tflops": 100.0})
+                                 "ranks": 2, "mfu": 0.31, "peak_tflops": 100.0})
   assert line == ("padding 25.0% of the positions; update time: input 10.0%, compute 70.0%, "
                   "all-reduce 20.0%; MFU 31.0% of 100 TFLOPS a card")
   assert report.where_time_went({"throughput": 5.0}) == ""

@@ -488,15 +488,9 @@ class Ranks(object):
     for rank in range(self.size):
       if rank == self.rank:
         continue
-      path = os.path.join(self._folder or "", "rank-%d" % rank)
-      try:
-        with open(path) as f:
-          content = f.read()
-        age = time.time() - os.path.getmtime(path)
-      except OSError:
-        absent.append(rank)
-        continue
-      if content.startswith("done") or age > 3 * self._interval:
+      heartbeat = stacks.read_heartbeat(self._folder or "", rank)
+      if (heartbeat is None or heartbeat[0].startswith("done") or
+          time.time() - heartbeat[1] > 3 * self._interval):
         absent.append(rank)
     return absent
 
@@ -538,10 +532,15 @@ class Ranks(object):
       return ""
     written = stacks.write_reports(self._folder, os.path.dirname(self._folder), self.size,
                                    self.rank, stalled,
-                                   since=self._started - self.stall_timeout_s)
+                                   since=self._job_start())
     if not written:
       return ""
     return "; what each rank was doing: %s" % ", ".join(p for _, p in sorted(written.items()))
+
+  def _job_start(self):
+    """The earliest a heartbeat of this job can have been written: the ranks of a job
+    start within the stall timeout of each other."""
+    return self._started - self.stall_timeout_s
 
   def stalled_ranks(self, min_age_s=None):
     """Other ranks whose heartbeat was written during this job, then not for min_age_s
@@ -557,19 +556,14 @@ class Ranks(object):
     for rank in range(self.size):
       if rank == self.rank:
         continue
-      path = os.path.join(self._folder, "rank-%d" % rank)
-      try:
-        with open(path) as f:
-          content = f.read()
-        written = os.path.getmtime(path)
-      except OSError:
+      heartbeat = stacks.read_heartbeat(self._folder, rank)
+      if heartbeat is None or heartbeat[0].startswith("done"):
         continue
-      if content.startswith("done"):
-        continue
+      content, written = heartbeat
       previous = self._seen.get(rank)
       if previous is None:
         # A rank killed right after its first heartbeat never changes its file again.
-        this_job = written >= self._started - self.stall_timeout_s
+        this_job = written >= self._job_start()
         self._seen[rank] = (content, written if this_job else None)
       elif previous[0] != content:
         self._seen[rank] = (content, now)

@@ -39,6 +39,17 @@ def heartbeat_text(pid, beats, doing):
   return "%d %d %s\n%s\n" % (pid, beats, socket.gethostname(), doing)
 
 
+def read_heartbeat(folder, rank):
+  """(content, time written) of rank's heartbeat file in folder; None when there is none."""
+  path = os.path.join(folder, "rank-%d" % rank)
+  try:
+    with open(path) as f:
+      content = f.read()
+    return content, os.path.getmtime(path)
+  except OSError:
+    return None
+
+
 def parse_heartbeat(content):
   """(pid, host, doing) of a heartbeat_text; None for another content ("done")."""
   head, _, doing = content.partition("\n")
@@ -69,21 +80,13 @@ def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0)
   host = socket.gethostname()
   beats = {}
   for rank in range(size):
-    try:
-      with open(os.path.join(folder, "rank-%d" % rank)) as f:
-        content = f.read()
-      written = os.path.getmtime(os.path.join(folder, "rank-%d" % rank))
-    except OSError:
-      continue
-    age = time.time() - written
-    beat = parse_heartbeat(content)
-    if written < since:
-      continue
-    if beat is not None:
-      beats[rank] = beat + (age,)
+    heartbeat = read_heartbeat(folder, rank)
+    beat = parse_heartbeat(heartbeat[0]) if heartbeat else None
+    if beat is not None and heartbeat[1] >= since:
+      beats[rank] = beat + (time.time() - heartbeat[1],)
   asked = {}
   for rank, (pid, rank_host, _, _) in sorted(beats.items()):
-    if rank_host != host or not _runs_bert_pretrain(pid):
+    if rank_host != host or not _catches_stack_signal(pid):
       continue
     stack_path = os.path.join(folder, "stack-rank-%d" % rank)
     try:
@@ -98,8 +101,9 @@ def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0)
   time.sleep(0.2)  # a dump being written finishes
   written = {}
   for rank, (pid, rank_host, doing, age) in sorted(beats.items()):
-    if rank_host != host and rank not in stalled:
-      continue  # Its own host's ranks write it.
+    path = os.path.join(output_dir, REPORT_NAME % rank)
+    if rank_host != host and (rank not in stalled or os.path.exists(path)):
+      continue  # Its own host's ranks write it, with its stack.
     lines = ["rank %d (pid %d on %s), seen by rank %d: %s" % (
         rank, pid, rank_host, seen_by,
         "stalled, its last heartbeat %.0f s ago" % age if rank in stalled else "running"),
@@ -113,29 +117,33 @@ def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0)
       lines.append(stack or "(no answer to SIGUSR2 within %.0f s: the process is stopped "
                    "(SIGSTOP, a debugger) or frozen)" % wait_s)
     elif rank_host == host:
-      lines.append("(no stack: pid %d no longer runs bert_pretrain)" % pid)
+      lines.append("(no stack: pid %d is gone or not armed for SIGUSR2)" % pid)
     else:
       lines.append("(no stack: the rank runs on %s; its own host's ranks write it)"
                    % rank_host)
-    path = os.path.join(output_dir, REPORT_NAME % rank)
+    # Each rank that sees the stall writes: a temporary file of its own, the last wins.
+    temporary = "%s.tmp-%d" % (path, os.getpid())
     try:
-      with open(path + ".tmp", "w") as f:
+      with open(temporary, "w") as f:
         f.write("\n".join(lines) + "\n")
-      os.replace(path + ".tmp", path)
+      os.replace(temporary, path)
       written[rank] = path
     except OSError:
       pass  # The error line still names the stalled rank.
   return written
 
 
-def _runs_bert_pretrain(pid):
-  """Whether process `pid` runs this package (its command line names it): only such a
-  process has the signal armed."""
+def _catches_stack_signal(pid):
+  """Whether process `pid` has a handler for STACK_SIGNAL (SigCgt in /proc): an armed
+  rank does, a reused pid most likely not, and the signal would end it."""
   try:
-    with open("/proc/%d/cmdline" % pid, "rb") as f:
-      return b"bert_pretrain" in f.read()
-  except OSError:
-    return False
+    with open("/proc/%d/status" % pid) as f:
+      for line in f:
+        if line.startswith("SigCgt:"):
+          return bool(int(line.split()[1], 16) >> (STACK_SIGNAL - 1) & 1)
+  except (OSError, ValueError):
+    pass
+  return False
 
 
 def _size(path):

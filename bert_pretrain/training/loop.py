@@ -74,9 +74,9 @@ def train(cfg, job, stop, results):
     step_start = time.time()
     job.ranks.doing = ("update %d: input, forward, backward, the gradients' all-reduce and "
                        "the optimizer's step" % (step + 1))
-    # One update is traced for the time split: the first after the FPS warm-up, else the
-    # last; tracing slows it, so it stays out of the steady FPS.
-    trace = job.split is None and (job.meter.updates == cfg.run.fps_warmup_steps or
+    # One update is traced for the time split: the first after the FPS warm-up (never the
+    # very first), else the last; tracing slows it, so it stays out of the steady FPS.
+    trace = job.split is None and (job.meter.updates == max(cfg.run.fps_warmup_steps, 1) or
                                    step + 1 == cfg.optimizer.num_train_steps)
     values = job.update(step, stop, trace)
     job.meter.update(time.time() - step_start, steady=not trace)
@@ -142,11 +142,9 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
   job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, step * job.global_batch_size)
   job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
   runlog.log_summary(cfg, job.logger, step, job.meter, job.evals, results, results_at_start,
-                     status, job.ranks.replicas, e2e_time, job.rcp, where=dict(
-                         tokens=job.tokens, split=job.split, peak=job.peak,
-                         flops_per_sentence=timing.training_flops_per_sentence(
-                             job.bert_config, cfg.data.max_seq_length,
-                             cfg.data.max_predictions_per_seq)))
+                     status, job.ranks.replicas, e2e_time, job.rcp,
+                     where=dict(tokens=job.tokens, split=job.split, peak=job.peak,
+                                flops_per_sequence=job.flops_per_sequence()))
   job.logger.close()
   if stopped_by and job.ranks.size > 1:
     # A barrier: no rank exits (which makes the launcher end the others) before rank 0
@@ -205,6 +203,18 @@ class Job(object):
     if cfg.run.do_train and cfg.data.log_trained_records:
       self.records_log = open(os.path.join(cfg.run.output_dir,
                                            "trained_records-rank-%d.txt" % ranks.rank), "a")
+
+  def flops_per_sequence(self):
+    """The matmul FLOPs of training one sequence at the mean real tokens of those
+    trained (timing.training_flops_per_sequence), None before any."""
+    tokens, squared = self.tokens.per_sequence()
+    if tokens is None:
+      return None
+    c = self.bert_config
+    return timing.training_flops_per_sequence(
+        c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
+        self.cfg.data.max_seq_length, self.cfg.data.max_predictions_per_seq, tokens,
+        squared)["total"]
 
   def loss_scale(self):
     """float16's loss scale now, None without loss scaling."""

@@ -162,8 +162,9 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       record_ids: int64 [micro-batch records of this process's replicas]: a
         fingerprint of each record the micro-batch trained on (record_fingerprints),
         to fetch with the ops above when checking which records a run trained on.
-      real_tokens: int32 scalar, the real tokens (input_mask) of the first replica's
-        micro-batch, to fetch with the ops above for the padding share.
+      real_tokens: int32 [2], the real tokens (input_mask) of the first replica's
+        micro-batch and the sum of its sequences' squared real tokens, to fetch with
+        the ops above (timing.Tokens).
   """
   global_step = tf.train.get_or_create_global_step()
   data_position = tf.get_variable(checkpoints.DATA_POSITION, [], tf.int64, trainable=False,
@@ -208,7 +209,7 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
     return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op,
                       step_fetches, display_fetches, stop_feed, stop_agreed, rank_time,
                       rank_times, data_position, micro_batch, record_fingerprints(features),
-                      tf.reduce_sum(features["input_mask"]))
+                      real_token_counts(features["input_mask"]))
 
   if ranks is None:
     return replica(features)
@@ -267,6 +268,12 @@ def fetches(global_step, update_op, loss_scale, stop_agreed, outputs, losses, lr
     forward_done = tf.timestamp()
   return step_fetches, dict(step_fetches, losses=losses, learning_rate=lr,
                             forward_done=forward_done)
+
+
+def real_token_counts(input_mask):
+  """int32 [2]: a batch's real tokens and the sum of its sequences' squared real tokens."""
+  lengths = tf.reduce_sum(tf.cast(input_mask, tf.int32), axis=1)
+  return tf.stack([tf.reduce_sum(lengths), tf.reduce_sum(lengths * lengths)])
 
 
 def record_fingerprints(features):

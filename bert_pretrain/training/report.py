@@ -23,6 +23,7 @@ from absl import app
 from absl import flags
 
 from bert_pretrain import errors
+from bert_pretrain.training import timing
 
 FLAGS = flags.FLAGS
 
@@ -99,13 +100,9 @@ def where_time_went(record):
   parts = []
   if record.get("padding_share") is not None:
     parts.append("padding %.1f%% of the positions" % (100 * record["padding_share"]))
-  shares = [(name, record.get("time_%s_share" % key)) for name, key in (
-      ("input", "input"), ("compute", "compute"), ("all-reduce", "allreduce"))]
-  if shares[0][1] is not None:
-    parts.append("update time: " + ", ".join("%s %.1f%%" % (name, 100 * share)
-                                              for name, share in shares
-                                              if share is not None and
-                                              (share > 0 or name != "all-reduce")))
+  if record.get("time_input_share") is not None:
+    shares = {part: record["time_%s_share" % part] for part in ("input", "compute", "allreduce")}
+    parts.append("update time: " + timing.format_shares(shares, record.get("ranks", 1)))
   if record.get("mfu") is not None:
     parts.append("MFU %.1f%% of %.3g TFLOPS a card" % (100 * record["mfu"],
                                                       record["peak_tflops"]))

@@ -195,36 +195,38 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
   logger.metrics(step, summary, prefix="summary")
 
 
-def log_where_time_goes(logger, fps, tokens, split, flops_per_sentence, peak, replicas):
+def log_where_time_goes(logger, fps, tokens, split, flops_per_sequence, peak, replicas):
   """Prints where the run's time went: real and padded tokens per second and the padding
   share (tokens: timing.Tokens), the traced update's split (split: timing.split_update's
-  dict with "update", or None), the MFU (peak: (TFLOPS a card, where it comes from) or
-  None) and a hint when one part dominates. Returns the figures for the summary record."""
+  dict with "update", or None) and a hint when one part dominates, the MFU (flops:
+  Job.flops_per_sequence; peak: (TFLOPS a card, where it comes from) or None). Returns
+  the figures for the summary record."""
   figures = {}
   padding = tokens.padding_share()
-  if padding is not None and fps:
-    padded = fps * tokens.max_seq_length
-    figures.update(padding_share=padding, real_tokens_per_s=padded * (1 - padding),
-                   padded_tokens_per_s=padded)
-    logger.print("Tokens per second: %.0f real, %.0f with the padding (padding %.1f%% of "
-                 "the positions)" % (padded * (1 - padding), padded, 100 * padding))
+  if padding is None or not fps:
+    return figures  # nothing trained in this process
+  padded = fps * tokens.max_seq_length
+  figures.update(padding_share=padding, real_tokens_per_s=padded * (1 - padding),
+                 padded_tokens_per_s=padded)
+  logger.print("Tokens per second: %.0f real, %.0f with the padding (padding %.1f%% of "
+               "the positions)" % (padded * (1 - padding), padded, 100 * padding))
   if split is not None and split["step"] > 0:
     shares = {part: split[part] / split["step"] for part in ("input", "compute", "allreduce")}
-    figures.update({"time_%s_share" % part: share for part, share in shares.items()})
-    logger.print("Update time (update %d traced, %.3f s): input %.1f%%, compute %.1f%%%s"
-                 % (split["update"], split["step"], 100 * shares["input"],
-                    100 * shares["compute"], ", all-reduce %.1f%%" % (100 * shares["allreduce"])
-                    if replicas > 1 else ""))
+    figures.update({"time_%s_share" % part: share for part, share in shares.items()},
+                   ranks=replicas)
+    logger.print("Update time (update %d traced, %.3f s): %s" % (
+        split["update"], split["step"], timing.format_shares(shares, replicas)))
     for hint in timing.hints(shares, replicas):
       logger.print("Hint: " + hint)
-  utilization = timing.mfu(fps, flops_per_sentence, peak[0] if peak else None, replicas)
+  utilization = timing.mfu(fps, flops_per_sequence, peak[0] if peak else None, replicas)
   if utilization is None:
-    logger.print("MFU: not computed (%.3g GFLOP a sentence); pass --peak_tflops=<a card's "
-                 "matmul peak> or --measure_peak" % (flops_per_sentence / 1e9))
+    logger.print("MFU: not computed (%.3g GFLOP a sequence at its real tokens); pass "
+                 "--peak_tflops=<a card's matmul peak> or --measure_peak"
+                 % (flops_per_sequence / 1e9))
   else:
     figures.update(mfu=utilization, peak_tflops=peak[0])
-    logger.print("MFU: %.1f%% of %.3g TFLOPS a card (%s), %.3g GFLOP a sentence"
-                 % (100 * utilization, peak[0], peak[1], flops_per_sentence / 1e9))
+    logger.print("MFU: %.1f%% of %.3g TFLOPS a card (%s), %.3g GFLOP a sequence at its "
+                 "real tokens" % (100 * utilization, peak[0], peak[1], flops_per_sequence / 1e9))
   return figures
 
 

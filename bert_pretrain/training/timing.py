@@ -2,18 +2,17 @@
 the all-reduce; real and padded tokens; the model FLOPs utilization (MFU).
 
   split_update(step_stats, op_types)   a traced update's parts, in seconds
-  Tokens                               the padding share of the micro-batches trained
-  training_flops_per_sentence(...)     the model's matmul FLOPs of one sentence
+  Tokens                               the real tokens of the micro-batches trained
+  training_flops_per_sequence(...)     the matmul FLOPs of one sequence, by part
   measure_peak_tflops(dtype)           a short probe of the matmul peak
   hints(shares)                        a line when one part dominates
 
 The loop traces one update (tf.RunOptions FULL_TRACE), the first after the FPS warm-up
-or else the last; its time stays out of the steady FPS.
+or else the last; its time stays out of the FPS. bench/ counts FLOPs with the same
+function, so a run's MFU and the benchmark's agree.
 """
 
 import time
-
-import tensorflow.compat.v1 as tf
 
 # Op types whose time is the step waiting for its input, or inside the all-reduce
 # (Horovod's ops, TensorFlow's collectives, NCCL), including the wait for other ranks.
@@ -44,33 +43,40 @@ def _overlap(intervals, others):
 def split_update(step_stats_list, op_types):
   """The parts of a traced update (one or more session runs: its micro-batches).
 
+  An all-reduce op is timed from when it is queued, so only its time that no other op
+  overlaps counts as all-reduce (the exposed communication, the wait for the slowest rank
+  included); waiting for input comes first.
+
   Args:
     step_stats_list: the RunMetadata.step_stats of each session run of the update.
     op_types: function node name -> op type (None when unknown).
 
   Returns:
-    dict of seconds: "step" (the runs' spans, summed), "input" (waiting for the next
-    batch), "allreduce" (inside the all-reduce, not overlapping input) and "compute"
-    (the rest).
+    dict of seconds: "step" (the runs' spans, summed), "input", "allreduce" and
+    "compute" (the rest).
   """
   parts = {"step": 0.0, "input": 0.0, "allreduce": 0.0}
   for step_stats in step_stats_list:
-    spans, inputs, reduces = [], [], []
+    spans, inputs, reduces, others = [], [], [], []
     for device in step_stats.dev_stats:
       for node in device.node_stats:
         start = node.all_start_micros
         end = start + max(node.all_end_rel_micros, 0)
         spans.append((start, end))
-        op = op_types(node.node_name) or node.timeline_label.partition(" = ")[2].split("(")[0]
+        # GPU stream entries are named "node:op".
+        op = (op_types(node.node_name.split(":")[0]) or
+              node.timeline_label.partition(" = ")[2].split("(")[0])
         if op in INPUT_OPS:
           inputs.append((start, end))
         elif any(word in op for word in ALLREDUCE_WORDS):
           reduces.append((start, end))
+        else:
+          others.append((start, end))
     if not spans:
       continue
     parts["step"] += (max(e for _, e in spans) - min(s for s, _ in spans)) / 1e6
     parts["input"] += _union(inputs) / 1e6
-    parts["allreduce"] += (_union(reduces) - _overlap(reduces, inputs)) / 1e6
+    parts["allreduce"] += (_union(reduces) - _overlap(reduces, inputs + others)) / 1e6
   parts["compute"] = max(0.0, parts["step"] - parts["input"] - parts["allreduce"])
   return parts
 
@@ -83,6 +89,14 @@ def graph_op_types(graph):
     except (KeyError, ValueError):
       return None
   return op_type
+
+
+def format_shares(shares, ranks):
+  """"input 2.1%, compute 90.3%, all-reduce 7.6%" (all-reduce with several ranks only)."""
+  parts = [("input", "input"), ("compute", "compute")]
+  if ranks > 1:
+    parts.append(("all-reduce", "allreduce"))
+  return ", ".join("%s %.1f%%" % (name, 100 * shares[key]) for name, key in parts)
 
 
 def hints(shares, ranks):
@@ -101,51 +115,91 @@ def hints(shares, ranks):
 
 
 class Tokens(object):
-  """Counts the real tokens (input_mask) of the micro-batches trained, against every
-  position: the padding share."""
+  """Counts the real tokens (input_mask) of the micro-batches trained: the padding share
+  and, for the FLOPs, the real tokens of a sequence and the mean of their square."""
 
   def __init__(self, max_seq_length):
     self.max_seq_length = max_seq_length
+    self.sequences = 0
     self.real = 0
-    self.positions = 0
+    self.squared = 0
 
-  def add(self, real_tokens, sequences):
-    self.real += int(real_tokens)
-    self.positions += int(sequences) * self.max_seq_length
+  def add(self, counts, sequences):
+    """counts: a micro-batch's real tokens and the sum of its sequences' squared ones."""
+    self.real += int(counts[0])
+    self.squared += int(counts[1])
+    self.sequences += int(sequences)
 
   def padding_share(self):
     """The share of positions that are padding (None before any batch)."""
-    return 1.0 - self.real / self.positions if self.positions else None
+    if not self.sequences:
+      return None
+    return 1.0 - self.real / (self.sequences * self.max_seq_length)
+
+  def per_sequence(self):
+    """(mean real tokens, mean squared real tokens) of a sequence, or (None, None)."""
+    if not self.sequences:
+      return None, None
+    return self.real / self.sequences, self.squared / self.sequences
 
 
-def training_flops_per_sentence(bert_config, seq_length, predictions):
-  """The matmul FLOPs of training on one sentence (forward and backward: 3 x forward) at
-  every one of its seq_length positions, as Google's model computes them without
-  skipping the padding: the token-type embedding (a one-hot matmul), each layer's
-  projections, attention and feed-forward, the masked-LM head at `predictions`
-  positions, the pooler and the next-sentence head."""
-  h, i = bert_config.hidden_size, bert_config.intermediate_size
-  embeddings = 2 * seq_length * bert_config.type_vocab_size * h
-  layer = seq_length * (8 * h * h + 4 * h * i) + 4 * seq_length * seq_length * h
-  heads = predictions * (2 * h * h + 2 * h * bert_config.vocab_size) + 2 * h * h + 4 * h
-  return 3 * (embeddings + bert_config.num_hidden_layers * layer + heads)
+def training_flops_per_sequence(layers, hidden, intermediate, vocab_size, seq_length,
+                                predictions, tokens=None, tokens_squared=None):
+  """Forward + backward FLOPs of one training sequence of our step, by part of the model.
+
+  A multiply-add is 2 FLOPs; backward costs twice the forward. Counted: the dense layers
+  of the encoder (Q, K, V, output, two feed-forward), the attention score and context
+  matmuls, the pooler and next-sentence layer, and the masked-LM head at the
+  `predictions` gathered positions (transform + vocabulary projection). At the real
+  tokens, as our model computes them (BertModel's drop_padding): the dense layers at
+  the `tokens` real tokens of a sequence, the attention among each sequence's real
+  tokens (`tokens_squared`), and the last layer's queries and all after them at the
+  [CLS] and the `predictions` positions only. Padding computed anyway (the rows rounded
+  up, attention at every position) is not useful work and is not counted; neither are
+  look-ups, softmax, layer norm and the optimizer.
+
+  Args:
+    tokens: mean real tokens a sequence (None: seq_length, no padding).
+    tokens_squared: mean of the square of a sequence's real tokens (None: tokens^2).
+
+  Returns:
+    dict: encoder_dense, attention, mlm_head, pooler_nsp, total.
+  """
+  tokens = seq_length if tokens is None else tokens
+  tokens_squared = tokens * tokens if tokens_squared is None else tokens_squared
+  # Rows at which each layer's queries and what follows them are computed.
+  dense_rows = (layers - 1) * tokens + 1 + predictions
+  forward = {
+      "encoder_dense": 2 * (layers * tokens * 2 * hidden * hidden
+                            + dense_rows * (2 * hidden * hidden + 2 * hidden * intermediate)),
+      # Scores and context: the queries of each layer (the last's at 1 + predictions
+      # rows) against the sequence's keys.
+      "attention": 2 * 2 * hidden * ((layers - 1) * tokens_squared
+                                     + (1 + predictions) * tokens),
+      "mlm_head": predictions * 2 * (hidden * hidden + hidden * vocab_size),
+      "pooler_nsp": 2 * (hidden * hidden + hidden * 2),
+  }
+  flops = {part: 3 * value for part, value in forward.items()}
+  flops["total"] = sum(flops.values())
+  return flops
 
 
-def measure_peak_tflops(dtype, size=2048, seconds=2.0, config=None):
+def measure_peak_tflops(dtype, size=4096, seconds=2.0, config=None):
   """The matmul rate of this process's device in `dtype` (a tf.DType), in TFLOPS: square
-  matmuls of `size` for about `seconds`, the best of the timed repeats."""
+  matmuls of `size` for about `seconds`, the best of the timed runs."""
+  # Here, not at the top: bench's parent process uses this module without TensorFlow.
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   with tf.Graph().as_default():
     a, b = [tf.Variable(tf.cast(tf.random.normal([size, size]), dtype), trainable=False)
             for _ in range(2)]
-    # Only the matmul counts: one element of the product is fetched.
-    done = tf.cast(tf.matmul(a, b)[0, 0], tf.float32)
+    product = tf.matmul(a, b).op  # run, not fetched: no copy to the host
     with tf.Session(config=config) as sess:
       sess.run(tf.global_variables_initializer())
-      sess.run(done)
+      sess.run(product)
       best, started = 0.0, time.time()
       while time.time() - started < seconds:
         run_start = time.time()
-        sess.run(done)
+        sess.run(product)
         best = max(best, 2.0 * size ** 3 / max(time.time() - run_start, 1e-9))
   return best / 1e12
 
