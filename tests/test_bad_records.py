@@ -193,8 +193,9 @@ STALL_TIMEOUT_S = 20
 
 # What a rank training says it does: inside an update, or in the display step's average
 # of the losses after it (both all-reduce).
-UPDATE_DOING = (r"doing: (update \d+: input, forward, backward, the gradients' all-reduce|"
-                r"log line after update \d+: the losses' average over the ranks)")
+UPDATE_DOING = (r"doing( at its last heartbeat)?: (update \d+: input, forward, backward, "
+                r"the gradients' all-reduce|log line after update \d+: the losses' average "
+                r"over the ranks)")
 
 
 def _start_two_ranks(data, tmp_path, transport):

@@ -55,7 +55,7 @@ def test_each_rank_of_the_host_reports_its_stack_and_a_stopped_one_its_last_hear
     assert "doing: update 7: the gradients' all-reduce" in answered
     assert "in waiting_in_the_all_reduce" in answered
     assert "stalled, its last heartbeat" in stopped.splitlines()[0]
-    assert "doing: update 7: the gradients' all-reduce" in stopped
+    assert "doing at its last heartbeat: update 7: the gradients' all-reduce" in stopped
     assert "no answer to SIGUSR2 within 2 s" in stopped
     assert "waiting_in_the_all_reduce" not in stopped
     assert time.time() - started < 10

@@ -107,7 +107,9 @@ def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0)
     lines = ["rank %d (pid %d on %s), seen by rank %d: %s" % (
         rank, pid, rank_host, seen_by,
         "stalled, its last heartbeat %.0f s ago" % age if rank in stalled else "running"),
-             "doing: %s" % (doing or "(not said)")]
+             # A heartbeat is written every few seconds: a stalled rank's can be behind.
+             "doing%s: %s" % (" at its last heartbeat" if rank in stalled else "",
+                              doing or "(not said)")]
     if rank in asked:
       stack_path, done = asked[rank]
       with open(stack_path) as f:
