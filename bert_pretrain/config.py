@@ -183,7 +183,7 @@ class Run(object):
       "utilization (MFU) in the summary (0: none, or measured with --measure_peak).")
   measure_peak: bool = setting(
       False, "Measure the matmul peak at the start (square matmuls in the compute type, "
-      "about 2 s) for the MFU, when --peak_tflops is not given.")
+      "a few seconds) for the MFU, when --peak_tflops is not given.")
   submission_org: str = setting("unknown", "MLPerf log: submitting organization.")
   submission_platform: str = setting("unknown", "MLPerf log: system name.")
 

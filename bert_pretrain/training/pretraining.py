@@ -156,15 +156,11 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       data_position: int64 variable (checkpoints.DATA_POSITION), the records of the
         data order consumed: update_op adds the global batch (batch_size x accumulation x
         replicas), also when loss scaling skips the update (its data was read).
-      micro_batch: int64 placeholder (default 0) to feed with the micro-batch's index
-        within the update (0 .. num_accumulation_steps - 1) when accumulate_op and
-        update_op run: the dropout masks differ between micro-batches through it.
-      record_ids: int64 [micro-batch records of this process's replicas]: a
-        fingerprint of each record the micro-batch trained on (record_fingerprints),
-        to fetch with the ops above when checking which records a run trained on.
-      real_tokens: int32 [2], the real tokens (input_mask) of the first replica's
-        micro-batch and the sum of its sequences' squared real tokens, to fetch with
-        the ops above (timing.Tokens).
+      micro_batch: int64 placeholder (default 0): the micro-batch's index in the update,
+        fed when accumulate_op and update_op run (the dropout masks differ by it).
+      record_ids, real_tokens: to fetch with the ops above: int64, a fingerprint of each
+        record the micro-batch trained on (record_fingerprints); int32 [2], the first
+        replica's real tokens and its sequences' squared real tokens summed (timing.Tokens).
   """
   global_step = tf.train.get_or_create_global_step()
   data_position = tf.get_variable(checkpoints.DATA_POSITION, [], tf.int64, trainable=False,
