@@ -69,13 +69,16 @@ def get_masked_lm_output(bert_config, input_tensor, output_weights, positions, l
   return (loss, per_example_loss, log_probs)
 
 
-def get_next_sentence_output(bert_config, input_tensor, labels):
+def get_next_sentence_output(bert_config, input_tensor, labels, weights=None):
   """The next-sentence head (cls/seq_relationship): is sentence B the real next one?
 
   Args:
     bert_config: BertConfig.
     input_tensor: float Tensor [batch_size, hidden_size], the pooled output.
     labels: int Tensor [batch_size] or [batch_size, 1]: 0 = B follows A, 1 = random B.
+    weights: (optional) float Tensor of labels' size: 1.0 for a sequence, 0.0 for a
+      packed record's empty slot. The loss is then the weighted mean, that of the
+      sequences alone.
 
   Returns:
     (loss, per_example_loss, log_probs): float32 scalar, [batch_size], [batch_size, 2].
@@ -93,7 +96,12 @@ def get_next_sentence_output(bert_config, input_tensor, labels):
     labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
     per_example_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
                                                                       logits=logits)
-    loss = tf.reduce_mean(per_example_loss)
+    if weights is None:
+      loss = tf.reduce_mean(per_example_loss)
+    else:
+      weights = tf.cast(tf.reshape(weights, [-1]), tf.float32)
+      loss = tf.reduce_sum(weights * per_example_loss) / tf.maximum(tf.reduce_sum(weights),
+                                                                     1.0)
     return (loss, per_example_loss, log_probs)
 
 

@@ -60,7 +60,10 @@ class BertModel(object):
                masked_lm_positions=None,
                drop_padding=False,
                attention_per_sequence=False,
-               dropout_seeds=None):
+               dropout_seeds=None,
+               packed=False,
+               position_ids=None,
+               cls_positions=None):
     """Constructor for BertModel.
 
     Args:
@@ -76,11 +79,12 @@ class BertModel(object):
       compute_type: tf.float32, tf.float16 or tf.bfloat16: the type the layers compute
         in. Variables stay float32; outputs are returned in compute_type.
       masked_lm_positions: (optional) int Tensor of shape [batch_size,
-        num_positions]. When given, the last layer is computed at the first token
-        ([CLS]) and at these positions only, which is all that the pretraining heads
-        read: its keys and values still come from every position, so these outputs
-        are the full model's. get_sequence_output() then holds those 1 + num_positions
-        rows of each sequence, get_masked_positions_output() the last num_positions.
+        num_positions]. When given, the last layer is computed at the [CLS] tokens
+        (cls_positions) and at these positions only, which is all that the pretraining
+        heads read: its keys and values still come from every position, so these
+        outputs are the full model's. get_sequence_output() then holds those
+        num_sequences + num_positions rows of each row of the batch,
+        get_masked_positions_output() the last num_positions.
       drop_padding: bool. The encoder's dense layers, layer norms and feed-forward run
         on the real tokens only (input_mask 1; unpadded.transformer_model), the
         attention on every position (or see attention_per_sequence): the same outputs
@@ -96,6 +100,15 @@ class BertModel(object):
         of its seed, its site in the model and its position (a resumed run draws the
         masks of the uninterrupted one). None: masks from stateful random ops, which a
         new process draws anew.
+      packed: bool. Rows of packed sequences (records.py's packed format): input_mask
+        holds the index of each token's sequence (1, 2, ...; 0 on padding) and a token
+        attends to the tokens of its own sequence only (a block-diagonal mask).
+      position_ids: (optional) int Tensor [batch_size, seq_length], the position of
+        each token in its sequence (a packed record's `positions`); default 0, 1, ...
+      cls_positions: (optional) int Tensor [batch_size, num_sequences], the position
+        of each sequence's [CLS] in its row (a packed record's
+        next_sentence_positions); default [0]. get_pooled_output() then holds
+        batch_size * num_sequences rows, row by row.
 
     Raises:
       ValueError: The config is invalid or one of the input tensor shapes is invalid.
@@ -123,35 +136,49 @@ class BertModel(object):
     with tf.variable_scope(scope or "bert",
                            custom_getter=precision.get_custom_getter(compute_type)):
       (self.embedding_output, self.embedding_table) = embeddings(
-          config, input_ids, token_type_ids, use_one_hot_embeddings, dropout_seeds)
+          config, input_ids, token_type_ids, use_one_hot_embeddings, dropout_seeds,
+          position_ids)
       # Lookups and the first layer norm run in float32; the encoder in compute_type.
       self.embedding_output = tf.cast(self.embedding_output, compute_type)
+      if cls_positions is None:
+        cls_positions = tf.zeros([batch_size, 1], tf.int32)
+      cls_positions = tf.cast(cls_positions, tf.int32)
+      num_sequences = get_shape_list(cls_positions, expected_rank=2)[1]
       if masked_lm_positions is not None:
         masked_lm_positions = tf.cast(masked_lm_positions, tf.int32)
       self.all_encoder_layers = encoder(config, self.embedding_output, input_ids, input_mask,
                                         masked_lm_positions, drop_padding,
-                                        attention_per_sequence, dropout_seeds)
+                                        attention_per_sequence, dropout_seeds, packed,
+                                        cls_positions)
 
       self.sequence_output = self.all_encoder_layers[-1]
       self.masked_positions_output = None
       if masked_lm_positions is not None:
+        # The last layer was computed at the [CLS] tokens, then the masked positions.
         self.masked_positions_output = tf.reshape(
-            self.sequence_output[:, 1:, :], [-1, config.hidden_size])
+            self.sequence_output[:, num_sequences:, :], [-1, config.hidden_size])
+        first_token_tensor = tf.reshape(self.sequence_output[:, :num_sequences, :],
+                                        [-1, config.hidden_size])
+      else:
+        first_token_tensor = tf.gather(
+            tf.reshape(self.sequence_output, [-1, config.hidden_size]),
+            flat_positions(cls_positions, seq_length))
       # The "pooler" takes the hidden state of the first token ([CLS]) through a dense
       # tanh layer; the next-sentence head reads it.
       with tf.variable_scope("pooler"):
-        first_token_tensor = tf.squeeze(self.sequence_output[:, 0:1, :], axis=1)
         self.pooled_output = dense_layer(
             first_token_tensor, config.hidden_size, "dense", activation=tf.tanh,
             initializer_range=config.initializer_range)
 
   def get_pooled_output(self):
-    """float Tensor of shape [batch_size, hidden_size]: the pooled [CLS] state."""
+    """float Tensor of shape [batch_size, hidden_size]: the pooled [CLS] state
+    ([batch_size * num_sequences, hidden_size] with cls_positions)."""
     return self.pooled_output
 
   def get_sequence_output(self):
     """float Tensor of shape [batch_size, seq_length, hidden_size]: the final encoder
-    layer ([batch_size, 1 + num_positions, hidden_size] with masked_lm_positions). With
+    layer ([batch_size, num_sequences + num_positions, hidden_size] with
+    masked_lm_positions: the [CLS] tokens', then the masked positions'). With
     drop_padding, padding positions hold other rows' values."""
     return self.sequence_output
 
@@ -177,7 +204,7 @@ class BertModel(object):
 
 
 def embeddings(config, input_ids, token_type_ids, use_one_hot_embeddings=False,
-               dropout_seeds=None):
+               dropout_seeds=None, position_ids=None):
   """BERT's embeddings (scope "embeddings"): word + token type + position, layer norm
   and dropout, in float32.
 
@@ -187,6 +214,7 @@ def embeddings(config, input_ids, token_type_ids, use_one_hot_embeddings=False,
     token_type_ids: int Tensor [batch_size, seq_length].
     use_one_hot_embeddings: bool, a one-hot matmul instead of tf.gather.
     dropout_seeds: (optional) DropoutSeeds.
+    position_ids: (optional) int Tensor [batch_size, seq_length]; default 0, 1, ...
 
   Returns:
     (output, table): float32 Tensors [batch_size, seq_length, hidden_size] and
@@ -214,12 +242,14 @@ def embeddings(config, input_ids, token_type_ids, use_one_hot_embeddings=False,
         initializer_range=config.initializer_range,
         max_position_embeddings=config.max_position_embeddings,
         dropout_prob=config.hidden_dropout_prob,
-        dropout_seeds=dropout_seeds)
+        dropout_seeds=dropout_seeds,
+        position_ids=position_ids)
   return output, table
 
 
 def encoder(config, embedding_output, input_ids, input_mask, masked_lm_positions=None,
-            drop_padding=False, attention_per_sequence=False, dropout_seeds=None):
+            drop_padding=False, attention_per_sequence=False, dropout_seeds=None,
+            packed=False, cls_positions=None):
   """BERT's encoder (scope "encoder"): the plain transformer_model, or with drop_padding
   the unpadded one (unpadded.transformer_model); BertModel's arguments of those names.
 
@@ -230,19 +260,25 @@ def encoder(config, embedding_output, input_ids, input_mask, masked_lm_positions
     input_ids: int Tensor [batch_size, seq_length].
     input_mask: int Tensor [batch_size, seq_length].
     masked_lm_positions: (optional) int32 Tensor [batch_size, num_positions].
-    drop_padding, attention_per_sequence, dropout_seeds: as BertModel's.
+    drop_padding, attention_per_sequence, dropout_seeds, packed: as BertModel's.
+    cls_positions: (optional) int32 Tensor [batch_size, num_sequences]; default [0].
 
   Returns:
     List of float Tensors, one per layer: [batch_size, seq_length, hidden_size], or
-    [batch_size, 1 + num_positions, hidden_size] with masked_lm_positions.
+    [batch_size, num_sequences + num_positions, hidden_size] with masked_lm_positions.
   """
   with tf.variable_scope("encoder"):
-    attention_mask = create_attention_mask_from_input_mask(
-        input_ids, input_mask, embedding_output.dtype)
+    if packed:
+      attention_mask = create_attention_mask_from_sequence_ids(input_mask,
+                                                               embedding_output.dtype)
+    else:
+      attention_mask = create_attention_mask_from_input_mask(
+          input_ids, input_mask, embedding_output.dtype)
+    if cls_positions is None:
+      cls_positions = tf.zeros_like(input_mask[:, :1], tf.int32)
     output_positions = None
     if masked_lm_positions is not None:
-      output_positions = tf.concat(
-          [tf.zeros_like(masked_lm_positions[:, :1]), masked_lm_positions], axis=1)
+      output_positions = tf.concat([cls_positions, masked_lm_positions], axis=1)
     layers = dict(
         input_tensor=embedding_output,
         attention_mask=attention_mask,
@@ -261,7 +297,8 @@ def encoder(config, embedding_output, input_ids, input_mask, masked_lm_positions
       # Imported here: the fast path builds on this module's layers.
       from bert_pretrain.model import unpadded  # pylint: disable=g-import-not-at-top
       return unpadded.transformer_model(
-          input_mask=input_mask, attention_per_sequence=attention_per_sequence, **layers)
+          input_mask=input_mask, attention_per_sequence=attention_per_sequence,
+          max_sequences=cls_positions.shape.as_list()[1] if packed else 1, **layers)
     return transformer_model(**layers)
 
 
@@ -466,7 +503,8 @@ def embedding_postprocessor(input_tensor,
                             initializer_range=0.02,
                             max_position_embeddings=512,
                             dropout_prob=0.1,
-                            dropout_seeds=None):
+                            dropout_seeds=None,
+                            position_ids=None):
   """Adds token type and position embeddings to the word embeddings, then layer norm
   and dropout.
 
@@ -482,6 +520,8 @@ def embedding_postprocessor(input_tensor,
     max_position_embeddings: int. Rows of the position table; seq_length must not exceed it.
     dropout_prob: float. Dropout probability applied to the final output tensor.
     dropout_seeds: (optional) DropoutSeeds of its mask (see dropout).
+    position_ids: (optional) int Tensor [batch_size, seq_length], each token's position
+      (packed rows restart at each sequence); default 0, 1, ..., seq_length - 1.
 
   Returns:
     float Tensor with the same shape as `input_tensor`.
@@ -508,9 +548,12 @@ def embedding_postprocessor(input_tensor,
         name=position_embedding_name,
         shape=[max_position_embeddings, width],
         initializer=create_initializer(initializer_range))
-    # Positions are always 0..seq_length-1, so a slice is the lookup.
-    position_embeddings = tf.slice(full_position_embeddings, [0, 0], [seq_length, -1])
-    output += tf.expand_dims(position_embeddings, 0)
+    if position_ids is None:
+      # Positions 0..seq_length-1: a slice is the lookup.
+      position_embeddings = tf.slice(full_position_embeddings, [0, 0], [seq_length, -1])
+      output += tf.expand_dims(position_embeddings, 0)
+    else:
+      output += tf.gather(full_position_embeddings, position_ids)
 
   output = layer_norm_and_dropout(output, dropout_prob, seeds=dropout_seeds)
   return output
@@ -530,6 +573,43 @@ def create_attention_mask_from_input_mask(from_tensor, to_mask, dtype=tf.float32
   """
   del from_tensor  # Kept for Google's signature; every query row shares one mask.
   return tf.cast(tf.expand_dims(to_mask, 1), dtype)
+
+
+def create_attention_mask_from_sequence_ids(sequence_ids, dtype=tf.float32):
+  """The attention mask of packed rows: each token attends to its own sequence's.
+
+  Args:
+    sequence_ids: int Tensor [batch_size, seq_length], the index of each token's
+      sequence (1, 2, ...; 0 on padding), a packed record's input_mask.
+    dtype: type of the returned mask.
+
+  Returns:
+    Tensor of shape [batch_size, seq_length, seq_length]: 1 where from and to belong to
+    the same sequence (a block-diagonal mask; padding rows attend to nothing).
+  """
+  to_ids = tf.expand_dims(sequence_ids, 1)
+  same = tf.logical_and(tf.equal(tf.expand_dims(sequence_ids, 2), to_ids),
+                        tf.not_equal(to_ids, 0))
+  return tf.cast(same, dtype)
+
+
+def attention_mask_at(attention_mask, positions):
+  """The rows of an attention mask for the queries at `positions` only.
+
+  Args:
+    attention_mask: Tensor [batch_size, 1 or seq_length, to_seq_length], or None.
+    positions: int32 Tensor [batch_size, num_positions].
+
+  Returns:
+    Tensor [batch_size, num_positions, to_seq_length]; a mask that all rows share
+    ([batch_size, 1, to_seq_length]) or None as it is.
+  """
+  if attention_mask is None or attention_mask.shape.as_list()[1] == 1:
+    return attention_mask
+  (batch_size, from_length, to_length) = get_shape_list(attention_mask, expected_rank=3)
+  rows = tf.gather(tf.reshape(attention_mask, [-1, to_length]),
+                   flat_positions(positions, from_length))
+  return tf.reshape(rows, [batch_size, -1, to_length])
 
 
 def attention_layer(from_tensor,
@@ -797,14 +877,15 @@ def transformer_model(input_tensor,
     with tf.variable_scope("layer_%d" % layer_idx):
       # The queries and all after them: every row, or in the last layer [B*F, H] at
       # output_positions only.
-      query_input, from_seq_length = prev_output, seq_length
+      query_input, from_seq_length, mask = prev_output, seq_length, attention_mask
       if output_positions is not None and layer_idx == num_hidden_layers - 1:
         query_input = tf.gather(prev_output, flat_positions(output_positions, seq_length))
         from_seq_length = output_positions.shape.as_list()[1]
+        mask = attention_mask_at(attention_mask, output_positions)
 
-      def self_attention(queries, values, from_seq_length=from_seq_length):
+      def self_attention(queries, values, from_seq_length=from_seq_length, mask=mask):
         return attention_layer(
-            from_tensor=queries, to_tensor=values, attention_mask=attention_mask,
+            from_tensor=queries, to_tensor=values, attention_mask=mask,
             num_attention_heads=num_attention_heads,
             size_per_head=hidden_size // num_attention_heads,
             attention_probs_dropout_prob=attention_probs_dropout_prob,

@@ -33,7 +33,8 @@ def transformer_model(input_tensor,
                       output_positions=None,
                       row_multiple=None,
                       attention_per_sequence=False,
-                      dropout_seeds=None):
+                      dropout_seeds=None,
+                      max_sequences=1):
   """modeling.transformer_model on the real tokens of input_mask only.
 
   Args:
@@ -41,7 +42,8 @@ def transformer_model(input_tensor,
       modeling.transformer_model's. attention_mask must hide every position where
       input_mask is 0 (the -10000 before the softmax gives it a weight of exactly 0),
       and output_positions must be real tokens.
-    input_mask: int Tensor [batch_size, seq_length], 1 for real tokens.
+    input_mask: int Tensor [batch_size, seq_length], 1 for real tokens; in packed rows
+      (max_sequences > 1) the index of each token's sequence, 1..max_sequences.
     row_multiple: the rows computed are rounded up to a multiple of this, so that the
       matmuls see few shapes (oneDNN and XLA prepare each new shape once). None:
       default_row_multiple(batch_size * seq_length).
@@ -51,8 +53,11 @@ def transformer_model(input_tensor,
       of the batch padded back. Its FLOPs and the softmax's and dropout's elements drop
       to the mean square of each sequence's share of real tokens, for a few more ops a
       sequence (repeated batch_size times in the graph) and a shape per length.
-      attention_mask is then not read. Ignored unless batch_size is known when the
-      graph is built.
+      attention_mask is then not read, but in the last layer of packed rows with
+      output_positions (whose queries belong to several sequences). Ignored unless
+      batch_size is known when the graph is built.
+    max_sequences: int, the sequences a row holds at most (1: unpacked rows). A packed
+      row's sequences are its tokens of index 1, 2, ... one after the other.
 
   Returns:
     As modeling.transformer_model's; padding positions hold other rows' values.
@@ -75,30 +80,40 @@ def transformer_model(input_tensor,
   per_sequence = attention_per_sequence and isinstance(batch_size, int)
   lengths = None
   if per_sequence:
-    lengths = tf.reduce_sum(tf.cast(tf.not_equal(input_mask, 0), tf.int32), axis=1)
+    # [batch_size * max_sequences]: the tokens of each sequence slot, row by row (a
+    # packed row's empty slots hold none); the rows hold the sequences in this order.
+    slots = tf.one_hot(input_mask, max_sequences + 1, dtype=tf.int32)[:, :, 1:]
+    lengths = tf.reshape(tf.reduce_sum(slots, axis=1), [-1])
 
   all_layer_outputs = []
   for layer_idx in range(num_hidden_layers):
     with tf.variable_scope("layer_%d" % layer_idx):
       query_input, from_seq_length = prev_output, seq_length
       last_at_outputs = output_positions is not None and layer_idx == num_hidden_layers - 1
+      mask, sequences = attention_mask, batch_size
       if last_at_outputs:
         positions = modeling.flat_positions(output_positions, seq_length)
         query_input = tf.gather(prev_output, tf.gather(rows, positions))
         from_seq_length = output_positions.shape.as_list()[1]
+        mask = modeling.attention_mask_at(attention_mask, output_positions)
+      elif per_sequence:
+        sequences = batch_size * max_sequences
+      # A packed row's output queries belong to several sequences: the mask sorts them.
+      within = per_sequence and not (last_at_outputs and max_sequences > 1)
 
       def self_attention(queries, values, from_seq_length=from_seq_length,
-                         last_at_outputs=last_at_outputs):
+                         last_at_outputs=last_at_outputs, mask=mask, sequences=sequences,
+                         within=within):
         context = attention_layer(
-            from_tensor=queries, to_tensor=values, attention_mask=attention_mask,
+            from_tensor=queries, to_tensor=values, attention_mask=mask,
             num_attention_heads=num_attention_heads,
             size_per_head=hidden_size // num_attention_heads,
             attention_probs_dropout_prob=attention_probs_dropout_prob,
-            initializer_range=initializer_range, batch_size=batch_size,
+            initializer_range=initializer_range, batch_size=sequences,
             from_seq_length=from_seq_length, to_seq_length=seq_length,
-            to_rows=None if per_sequence else rows, to_lengths=lengths,
+            to_rows=None if within else rows, to_lengths=lengths if within else None,
             dropout_seeds=dropout_seeds)
-        if not last_at_outputs and not per_sequence:
+        if not last_at_outputs and not within:
           context = tf.gather(context, position_rows)  # back to the real tokens' rows
         return context
 

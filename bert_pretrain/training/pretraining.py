@@ -59,7 +59,10 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
       input_ids, input_mask, segment_ids of shape [batch_size, seq_length];
       masked_lm_positions, masked_lm_ids of shape [batch_size, max_predictions_per_seq];
       masked_lm_weights (float32) of that shape; next_sentence_labels of shape
-      [batch_size, 1].
+      [batch_size, 1]. Or a batch of packed records (records.py): positions too, and
+      next_sentence_positions, next_sentence_labels, next_sentence_weights (float32)
+      of shape [batch_size, max_sequences_per_pack]; attention then stays within each
+      sequence and the losses are those of the same sequences unpacked.
     is_training: dropout on.
     dtype: compute type (tf.float32, tf.bfloat16 or tf.float16); weights stay float32.
     attention_per_sequence: the attention too skips the padding, sequence by sequence
@@ -71,6 +74,7 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
     evaluation adds up over batches: mlm_correct, mlm_weight, mlm_loss_sum, nsp_correct,
     nsp_count, nsp_loss_sum.
   """
+  packed = "positions" in features
   model = modeling.BertModel(config=bert_config, is_training=is_training,
                              input_ids=features["input_ids"],
                              input_mask=features["input_mask"],
@@ -79,13 +83,18 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
                              masked_lm_positions=features["masked_lm_positions"],
                              drop_padding=True,
                              attention_per_sequence=attention_per_sequence,
-                             dropout_seeds=dropout_seeds)
+                             dropout_seeds=dropout_seeds,
+                             packed=packed,
+                             position_ids=features.get("positions"),
+                             cls_positions=features.get("next_sentence_positions"))
+  nsp_weights = features.get("next_sentence_weights")
   with tf.variable_scope("", custom_getter=precision.get_custom_getter(dtype)):
     (mlm_loss, mlm_example_loss, mlm_log_probs) = heads.get_masked_lm_output(
         bert_config, model.get_masked_positions_output(), model.get_embedding_table(),
         None, features["masked_lm_ids"], features["masked_lm_weights"])
     (nsp_loss, nsp_example_loss, nsp_log_probs) = heads.get_next_sentence_output(
-        bert_config, model.get_pooled_output(), features["next_sentence_labels"])
+        bert_config, model.get_pooled_output(), features["next_sentence_labels"],
+        nsp_weights)
 
   mlm_ids = tf.reshape(features["masked_lm_ids"], [-1])
   mlm_weights = tf.reshape(features["masked_lm_weights"], [-1])
@@ -94,6 +103,8 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
   nsp_labels = tf.reshape(features["next_sentence_labels"], [-1])
   nsp_hits = tf.cast(tf.equal(tf.argmax(nsp_log_probs, axis=-1, output_type=tf.int32),
                               nsp_labels), tf.float32)
+  nsp_weights = (tf.ones_like(nsp_hits) if nsp_weights is None
+                 else tf.reshape(nsp_weights, [-1]))
   return {
       "total_loss": mlm_loss + nsp_loss,
       "mlm_loss": mlm_loss,
@@ -101,9 +112,9 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
       "mlm_correct": tf.reduce_sum(mlm_hits * mlm_weights),
       "mlm_weight": tf.reduce_sum(mlm_weights),
       "mlm_loss_sum": tf.reduce_sum(mlm_example_loss * mlm_weights),
-      "nsp_correct": tf.reduce_sum(nsp_hits),
-      "nsp_count": tf.cast(tf.size(nsp_hits), tf.float32),
-      "nsp_loss_sum": tf.reduce_sum(nsp_example_loss),
+      "nsp_correct": tf.reduce_sum(nsp_hits * nsp_weights),
+      "nsp_count": tf.reduce_sum(nsp_weights),
+      "nsp_loss_sum": tf.reduce_sum(nsp_example_loss * nsp_weights),
   }
 
 
