@@ -67,6 +67,14 @@ class Data(object):
       256, "Data sets smaller than this (MB) are read whole before training (CRCs, "
       "framing); larger ones check each file's first record up front and locate a bad "
       "record when training meets it.")
+  enable_packed_data_mode: bool = setting(
+      False, "Expect packed records (python3 -m bert_pretrain.pack_records); they are "
+      "recognised from their features anyway, and with this flag unpacked ones are an "
+      "error.")
+  avg_seq_per_pack: float = setting(
+      0.0, "Packed records: the mean sequences a pack, which turns packs into samples "
+      "(the global batch, the evaluation interval, FPS, mllog); 0: the packer's figure "
+      "from pack_records.json beside the records. Given with it, the two must agree.")
   log_trained_records: bool = setting(
       False, "Append a fingerprint of every record each micro-batch trains on to "
       "output_dir/trained_records-rank-N.txt (N: the process; lines 'update micro-batch "
@@ -263,9 +271,8 @@ class Anchors(object):
   deterministic_run: bool = setting(
       False, "Accepted: --seed fixes the data order and the dropout masks.")
   enable_habana_backend: bool = setting(False, "Accepted: --device chooses the device.")
-  enable_packed_data_mode: bool = setting(False, "Accepted: records hold one sequence each.")
-  avg_seq_per_pack: int = setting(1, "Accepted: records hold one sequence each.")
-  compute_lm_loss_per_seq: bool = setting(False, "Accepted: records hold one sequence each.")
+  compute_lm_loss_per_seq: bool = setting(
+      False, "Accepted: the masked-LM loss is the mean over the batch's predictions.")
   tf_profiler_begin_iter: int = setting(0, "Accepted: bench/profile_step.py profiles a step.")
   tf_profiler_num_iter: int = setting(0, "Accepted: bench/profile_step.py profiles a step.")
 
@@ -416,12 +423,9 @@ ANCHOR_NOTES = {
         "no effect; --seed fixes the initialization, the data order and the dropout "
         "masks (dropout stays on)",) * 2,
     "enable_habana_backend": ("no effect; --device=%(device)s chooses the device",) * 2,
-    "enable_packed_data_mode": (
-        "no effect: the records are read as one sequence each",
-        "cannot be honoured: packed records are not supported; the records must hold one "
-        "sequence each (they are checked before training)"),
-    "avg_seq_per_pack": ("no effect: the records are read as one sequence each",) * 2,
-    "compute_lm_loss_per_seq": ("no effect: the records are read as one sequence each",) * 2,
+    "compute_lm_loss_per_seq": (
+        "no effect: the masked-LM loss is the mean over the batch's predictions, as in "
+        "MLPerf's reference, packed records or not",) * 2,
     "tf_profiler_begin_iter": (
         "no effect; python3 -m bench.profile_step traces a training step",) * 2,
     "tf_profiler_num_iter": (

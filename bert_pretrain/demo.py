@@ -11,7 +11,8 @@ bert_pretrain/demo_data/corpus.txt (public-domain books, see SOURCE.md) it build
   bert_config.json     a small BERT (2 layers, hidden 128)
   init/model.ckpt-0    a fresh checkpoint of it, the run's --init_checkpoint
   train_packed/        with --packed (prepare_packed): the training records packed by
-                       bert_pretrain.pack_records, up to 3 sequences a record
+                       bert_pretrain.pack_records, up to 3 sequences a record, which
+                       the run then trains on
 
 Each artefact is written under a temporary name and renamed when complete, so an
 interrupted preparation is redone, never half-used; the cache is built under a lock, so a
@@ -99,8 +100,8 @@ FINETUNE_FLAGS = {
 }
 
 flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts.")
-flags.DEFINE_bool("packed", False, "Also pack the demo's training records into "
-                  "<cache_dir>/train_packed (bert_pretrain.pack_records).")
+flags.DEFINE_bool("packed", False, "Pack the demo's training records into "
+                  "<cache_dir>/train_packed (bert_pretrain.pack_records) and train on them.")
 flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
                     "demo's pretraining run, whose checkpoint is fine-tuned to tell sentences "
                     "from their words shuffled (and random weights beside it).")
@@ -434,7 +435,8 @@ def main(argv):
       return 0
     paths = prepare(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
     if FLAGS.packed:
-      prepare_packed(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
+      paths = dict(paths, input_files_dir=prepare_packed(
+          FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr)))
     output_dir = FLAGS.run_output_dir or new_output_dir()
   except (ValueError, pack_records.PackError) as e:
     errors.print_error("demo", e)

@@ -779,6 +779,15 @@ def _run_steps(layout, settings, files, identities, jobs):
   return summary
 
 
+def read_summary(folder):
+  """The summary (see pack) that pack_records.json in `folder` holds once the packing is
+  done, or None (no such file, or the packing is not done)."""
+  path = os.path.join(folder, SETTINGS_FILE)
+  if not os.path.isfile(path):
+    return None
+  return read_json(path).get("summary")
+
+
 def summary_line(summary, output_dir):
   """The line printed at the end."""
   return ("%s: %d sequences in, %d out, in %d packs (%.3f sequences a pack); padding "

@@ -159,11 +159,16 @@ def bad_record_message(error, cfg, inputs, ranks):
   """The one-line error for a bad record met while training or evaluating: reads this
   rank's files to name the file and the record (the rest of the line says what to do)."""
   # Every rank reads every training file (make_dataset), and its part of the eval set.
-  where = list(inputs.train_files) + input_pipeline.rank_files(
-      inputs.eval_files, ranks.size if ranks else 1, ranks.rank if ranks else 0)
-  record = input_pipeline.locate_bad_record(where, cfg.data.max_seq_length,
-                                            cfg.data.max_predictions_per_seq,
-                                            inputs.bert_config.vocab_size, error.message)
+  packing = inputs.packing
+  record = input_pipeline.locate_bad_record(
+      inputs.train_files, cfg.data.max_seq_length, packing.max_predictions,
+      inputs.bert_config.vocab_size, error.message, packing.max_sequences)
+  if record is None:
+    record = input_pipeline.locate_bad_record(
+        input_pipeline.rank_files(inputs.eval_files, ranks.size if ranks else 1,
+                                  ranks.rank if ranks else 0),
+        cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
+        inputs.bert_config.vocab_size, error.message)
   if record is None:
     return ("bad TFRecord data (%s); find it with python3 tools/inspect_tfrecords.py "
             "--input=%s" % (_error_line(error.message), cfg.data.input_files_dir))

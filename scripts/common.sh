@@ -57,14 +57,17 @@ drop_given() {
 
 # demo_args ARGS...: prepares the embedded demo (cached in $DEMO_CACHE) and sets DEMO_ARGS
 # to the demo run's flags, which bert_pretrain/demo.py defines (its output_dir: that of
-# ARGS, else a new results/demo-<time>).
+# ARGS, else a new results/demo-<time>). DEMO_PACKED=1: the demo trains on its records
+# packed (demo.py --packed).
 demo_args() {
-  local flags output_dir=() given
+  local flags output_dir=() given packed=()
   DEMO_CACHE="${DEMO_CACHE:-$here/demo_cache}"
   echo "No --input_files_dir: running the embedded demo (artefacts in $DEMO_CACHE)"
   given="$(flag_value output_dir "$@")"
   if [ -n "$given" ]; then output_dir=(--run_output_dir="$given"); fi
-  flags="$(python3 -m bert_pretrain.demo --cache_dir="$DEMO_CACHE" "${output_dir[@]}")"
+  if [ "${DEMO_PACKED:-0}" = 1 ]; then packed=(--packed); fi
+  flags="$(python3 -m bert_pretrain.demo --cache_dir="$DEMO_CACHE" "${output_dir[@]}" \
+    "${packed[@]}")"
   mapfile -t DEMO_ARGS <<< "$flags"
 }
 

@@ -92,6 +92,48 @@ def pretraining_data(tmp_path_factory):
           "vocab": vocab, "config": str(config)}
 
 
+def pack_fixture_records(train_dir, output_dir):
+  """Packs the records of train_dir into output_dir (pack_records, up to 3 a pack);
+  returns its summary."""
+  from bert_pretrain import pack_records
+  return pack_records.pack(train_dir, str(output_dir), jobs=1)
+
+
+def cut_short(values, length):
+  """A parsed unpacked record cut to its first `length` tokens, with the predictions
+  among them: a valid record of a shorter sequence."""
+  values = dict(values)
+  keep = np.arange(len(values["input_ids"])) < length
+  for name in ("input_ids", "input_mask", "segment_ids"):
+    values[name] = values[name] * keep
+  kept = (values["masked_lm_weights"] > 0) & (values["masked_lm_positions"] < length)
+  for name in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+    values[name] = np.concatenate([values[name][kept],
+                                   np.zeros(np.sum(~kept), values[name].dtype)])
+  return values
+
+
+@pytest.fixture(scope="session")
+def packed_data(pretraining_data, tmp_path_factory):
+  """pretraining_data's training records cut to 10..40 of their 64 tokens (shorter than
+  Wikipedia's at 64, as about half of its tokens at 512 are padding) in unpacked/, and
+  packed in train/ with pack_records.json; summary is the packer's."""
+  from bert_pretrain.data import records
+  root = tmp_path_factory.mktemp("packed_data")
+  (root / "unpacked").mkdir()
+  rng = np.random.RandomState(3)
+  for name in sorted(os.listdir(pretraining_data["train"])):
+    with tf.io.TFRecordWriter(str(root / "unpacked" / name)) as writer:
+      for serialized in tf.io.tf_record_iterator(os.path.join(pretraining_data["train"],
+                                                              name)):
+        values = cut_short(records.parse_example(serialized), rng.randint(10, 41))
+        assert records.example_problem(values, SEQ_LENGTH, PREDICTIONS) is None
+        writer.write(records.serialize_example(values))
+  summary = pack_fixture_records(str(root / "unpacked"), root / "train")
+  return dict(pretraining_data, train=str(root / "train"), unpacked=str(root / "unpacked"),
+              summary=summary)
+
+
 def run_pretraining(*flags, timeout=300):
   """Runs python3 -m bert_pretrain.run_pretraining; returns the CompletedProcess."""
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")

@@ -47,8 +47,8 @@ def test_the_anchors_names_of_our_flags_set_them():
      "--display_loss_steps=10 updates"),
     (["--eval_checkpoint_path=/c/model.ckpt-1"], "--eval_checkpoint_path is read with "
      "--nodo_train only"),
-    (["--enable_packed_data_mode"], "--enable_packed_data_mode: cannot be honoured: packed "
-     "records are not supported"),
+    (["--compute_lm_loss_per_seq"], "--compute_lm_loss_per_seq: no effect: the masked-LM "
+     "loss is the mean over the batch's predictions"),
 ])
 def test_an_anchor_flag_that_changes_nothing_here_gets_one_note(argv, note):
   _, notes = anchor(*argv)

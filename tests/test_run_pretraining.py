@@ -19,7 +19,7 @@ from bert_pretrain.model import modeling
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (PREDICTIONS, SAMPLE_TEXT, SEQ_LENGTH, TINY_CONFIG, base_flags,
-                      run_pretraining)
+                      pack_fixture_records, run_pretraining)
 
 
 def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
@@ -173,6 +173,19 @@ def test_eval_numbers_on_a_hand_checkable_case(tmp_path):
 # Every bad input: a one-line error that names the problem and the fix, a non-zero exit
 # before training starts, and output_dir left as it was.
 
+def _packed_copy(data, tmp_path, summary=True, unpacked_file=False):
+  """The fixture's training records packed into a folder: with or without the packer's
+  pack_records.json, with one unpacked file beside the packs."""
+  folder = tmp_path / "packed"
+  pack_fixture_records(data["train"], folder)
+  if not summary:
+    (folder / "pack_records.json").unlink()
+  if unpacked_file:
+    name = sorted(os.listdir(data["train"]))[0]
+    shutil.copy(os.path.join(data["train"], name), str(folder / "zz-unpacked"))
+  return str(folder)
+
+
 def _corrupt_copy(data, tmp_path):
   folder = tmp_path / "corrupt"
   shutil.copytree(data["train"], str(folder))
@@ -292,6 +305,25 @@ BAD_INPUTS = [
      r"--learning_rate=-1 must be positive \(the peak of the schedule\); pass e.g. "
      r"--learning_rate=5e-05$"),
     ("learning rate 0", lambda d, t: dict(learning_rate=0), r"--learning_rate=0 must be positive"),
+    ("packed mode on unpacked records", lambda d, t: dict(enable_packed_data_mode="true"),
+     r"--enable_packed_data_mode expects packed records, but \S+ holds unpacked ones; pack "
+     r"them .* or drop the flag$"),
+    ("sequences a pack for unpacked records", lambda d, t: dict(avg_seq_per_pack=2),
+     r"--avg_seq_per_pack=2 is for packed records, but \S+ holds unpacked ones"),
+    ("packed records of other masked positions", lambda d, t: dict(
+        input_files_dir=_packed_copy(d, t), max_predictions_per_seq=20),
+     r"holds packed records of max_seq_length 64 and 13 masked positions for 3 sequences, "
+     r"but .* pass --max_seq_length=64 --max_predictions_per_seq=10$"),
+    ("packed records without the packer's figure", lambda d, t: dict(
+        input_files_dir=_packed_copy(d, t, summary=False)),
+     r"holds packed records, but no finished pack_records.json beside them says how many "
+     r"sequences a pack holds; pass --avg_seq_per_pack=N"),
+    ("sequences a pack that disagree with the packer's", lambda d, t: dict(
+        input_files_dir=_packed_copy(d, t), avg_seq_per_pack=2.5),
+     r"--avg_seq_per_pack=2.5 disagrees with the [\d.]+ sequences a pack of the records"),
+    ("packed and unpacked records in one folder", lambda d, t: dict(
+        input_files_dir=_packed_copy(d, t, unpacked_file=True)),
+     r"zz-unpacked holds unpacked records where packed ones are expected"),
     ("negative matmul peak", lambda d, t: dict(peak_tflops=-5),
      r"--peak_tflops=-5 must not be negative \(a card's matmul peak in TFLOPS; 0: none\)$"),
     ("float16 and --noamp", lambda d, t: dict(amp_dtype="float16", amp="false"),

@@ -112,7 +112,7 @@ class _Lines(object):
 
 def test_without_a_peak_the_mfu_line_says_how_to_get_one():
   tokens = timing.Tokens(SEQ_LENGTH)
-  tokens.add((48 * 8, 48 * 48 * 8), 8)
+  tokens.add((48 * 8, 48 * 48 * 8, 8), 8)
   assert tokens.per_sequence() == (48, 48 * 48)
   logger = _Lines()
   figures = runlog.log_where_time_goes(logger, 100.0, tokens, None, 2e9, None, 1)

@@ -79,7 +79,41 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
   return files
 
 
-def find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size=None):
+def training_layout(path, max_seq_length, max_predictions_per_seq):
+  """Whether a training set is packed, from the first record of its first file `path`.
+
+  Args:
+    path: the set's first TFRecord file.
+    max_seq_length, max_predictions_per_seq: the run's (of one sequence).
+
+  Returns:
+    (max_predictions, max_sequences): the records' masked-LM length and, for packed
+    records, their sequence slots (None for unpacked ones).
+
+  Raises:
+    ValueError: packed records of other lengths than the run's, with the flags to pass.
+  """
+  try:
+    layout = records.record_layout(next(tf.io.tf_record_iterator(path)))
+  except (records.RecordError, tf.errors.DataLossError, StopIteration):
+    # Not this function's to report: check_training_files names what is wrong.
+    return max_predictions_per_seq, None
+  if not layout.packed:
+    return max_predictions_per_seq, None
+  expected = records.max_predictions_per_pack(max_predictions_per_seq, layout.max_sequences)
+  if layout.max_seq_length != max_seq_length or layout.max_predictions != expected:
+    raise ValueError(
+        "%s holds packed records of max_seq_length %d and %d masked positions for %d "
+        "sequences, but the run's --max_seq_length=%d --max_predictions_per_seq=%d make "
+        "packs of %d and %d; pass --max_seq_length=%d --max_predictions_per_seq=%d"
+        % (path, layout.max_seq_length, layout.max_predictions, layout.max_sequences,
+           max_seq_length, max_predictions_per_seq, max_seq_length, expected,
+           layout.max_seq_length, layout.max_predictions - layout.max_sequences))
+  return layout.max_predictions, layout.max_sequences
+
+
+def find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size=None,
+                     max_sequences=None):
   """Every record of a file that cannot be trained on, in file order.
 
   Checks the framing (a file cut short), the CRCs, that each record is a pretraining
@@ -87,8 +121,10 @@ def find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size=N
 
   Args:
     path: a TFRecord file.
-    max_seq_length, max_predictions_per_seq: the lengths of the run.
+    max_seq_length, max_predictions_per_seq: the lengths of the run (of a pack's
+      masked-LM features, for packed records).
     vocab_size: (optional) token ids must be in [0, vocab_size).
+    max_sequences: None for unpacked records; for packed ones, their sequence slots.
 
   Returns:
     (num_records, bad): the records the framing holds (a cut record not counted), and
@@ -102,7 +138,7 @@ def find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size=N
     if index in skipped:
       continue
     problem = _record_problem(serialized, max_seq_length, max_predictions_per_seq,
-                              vocab_size)
+                              vocab_size, max_sequences)
     if problem:
       bad.append(BadRecord(path, index, offset, problem))
   bad.sort(key=lambda r: r.index)
@@ -112,9 +148,18 @@ def find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size=N
   return len(offsets), bad
 
 
-def _record_problem(serialized, max_seq_length, max_predictions_per_seq, vocab_size):
+def _record_problem(serialized, max_seq_length, max_predictions_per_seq, vocab_size,
+                    max_sequences=None):
   """What makes one serialized record unusable for training (records.py's checks), or
-  None: not an example of the spec, other lengths, a token id outside the vocab."""
+  None: not an example of the spec, other lengths, a token id outside the vocab (a
+  packed record: any break of the packed format)."""
+  if max_sequences is not None:
+    try:
+      values = records.parse_example(serialized, packed=True)
+    except records.RecordError as e:
+      return "it %s" % e if e.missing else str(e)
+    return records.packed_example_problem(values, max_seq_length, max_predictions_per_seq,
+                                          max_sequences, vocab_size)
   try:
     values = records.parse_example(serialized, as_numpy=False)
   except records.RecordError as e:
@@ -131,7 +176,7 @@ def _record_problem(serialized, max_seq_length, max_predictions_per_seq, vocab_s
 
 
 def locate_bad_record(files, max_seq_length, max_predictions_per_seq, vocab_size=None,
-                      error_message=""):
+                      error_message="", max_sequences=None):
   """The first bad record of `files`, for an error met while training.
 
   TensorFlow names the byte offset of a corrupt record but not its file; files with a
@@ -139,7 +184,8 @@ def locate_bad_record(files, max_seq_length, max_predictions_per_seq, vocab_size
 
   Args:
     files: the TFRecord files the failing pipeline read.
-    max_seq_length, max_predictions_per_seq, vocab_size: as find_bad_records.
+    max_seq_length, max_predictions_per_seq, vocab_size, max_sequences: as
+      find_bad_records.
     error_message: TensorFlow's error text ("corrupted record at 18866").
 
   Returns:
@@ -154,7 +200,8 @@ def locate_bad_record(files, max_seq_length, max_predictions_per_seq, vocab_size
       return not (at in starts or at - 12 in starts or framing_error)
     files = sorted(files, key=near_hint)
   for path in files:
-    _, bad = find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size)
+    _, bad = find_bad_records(path, max_seq_length, max_predictions_per_seq, vocab_size,
+                              max_sequences)
     if bad:
       return bad[0]
   return None
@@ -186,7 +233,8 @@ def check_corrupt_share(num_records, bad, max_share, flag="--max_corrupt_share")
 
 
 def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_size=None,
-                       full_check=None, full_check_max_bytes=FULL_CHECK_MAX_BYTES):
+                       full_check=None, full_check_max_bytes=FULL_CHECK_MAX_BYTES,
+                       max_sequences=None):
   """Checks that the files are readable TFRecords of the expected sequence lengths.
 
   Reads the first record of every file and parses it with the feature spec; when the
@@ -199,6 +247,8 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
     vocab_size: (optional) token ids of the first record must be below it.
     full_check: read every record; default: when the files total < full_check_max_bytes.
     full_check_max_bytes: see full_check.
+    max_sequences: None for unpacked records; for packed ones, their sequence slots
+      (max_predictions_per_seq is then a pack's masked-LM length).
 
   Returns:
     The number of records counted (exact with full_check, else None).
@@ -233,13 +283,14 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
                          % (path, e))
     if not serialized:
       raise ValueError("TFRecord file %s holds no records; re-create or remove it" % path)
-    _check_example(path, serialized[0], max_seq_length, max_predictions_per_seq, vocab_size)
+    _check_example(path, serialized[0], max_seq_length, max_predictions_per_seq, vocab_size,
+                   max_sequences)
   return total if full_check else None
 
 
 def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_size,
                          skip_corrupt=False, max_corrupt_share=0.0,
-                         full_check_max_bytes=FULL_CHECK_MAX_BYTES):
+                         full_check_max_bytes=FULL_CHECK_MAX_BYTES, max_sequences=None):
   """The up-front check of a training set; with skip_corrupt, finds the records to skip.
 
   Without skip_corrupt this is check_record_files. With it, every record is read
@@ -248,7 +299,8 @@ def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_s
 
   Args:
     files: list of TFRecord paths.
-    max_seq_length, max_predictions_per_seq, vocab_size: as find_bad_records.
+    max_seq_length, max_predictions_per_seq, vocab_size, max_sequences: as
+      find_bad_records.
     skip_corrupt: find bad records instead of failing on the first.
     max_corrupt_share: the largest fraction of bad records skip_corrupt accepts.
     full_check_max_bytes: as check_record_files.
@@ -263,26 +315,30 @@ def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_s
   """
   if not skip_corrupt:
     return check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_size,
-                              full_check_max_bytes=full_check_max_bytes), []
+                              full_check_max_bytes=full_check_max_bytes,
+                              max_sequences=max_sequences), []
   total, bad = 0, []
   for path in files:
     count, file_bad = find_bad_records(path, max_seq_length, max_predictions_per_seq,
-                                       vocab_size)
+                                       vocab_size, max_sequences)
     total += count
     bad.extend(file_bad)
   # A set of other lengths gets its own message rather than "all records corrupt".
   bad_first = set(r.path for r in bad if r.index == 0)
   check_record_files([f for f in files if f not in bad_first], max_seq_length,
-                     max_predictions_per_seq, vocab_size, full_check=False)
+                     max_predictions_per_seq, vocab_size, full_check=False,
+                     max_sequences=max_sequences)
   check_corrupt_share(total, bad, max_corrupt_share)
   return total, bad
 
 
-def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vocab_size):
+def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vocab_size,
+                   max_sequences=None):
   """Raises ValueError unless `serialized` is a pretraining example of the given lengths
-  whose token ids are below vocab_size; the message names the file and the fix."""
+  (packed into max_sequences slots, unless None) whose token ids are below vocab_size;
+  the message names the file and the fix."""
   try:
-    values = records.parse_example(serialized)
+    values = records.parse_example(serialized, packed=None)
   except records.RecordError as e:
     if e.not_an_example:
       raise ValueError("%s is not a TFRecord file of tf.train.Example records; point the "
@@ -292,6 +348,20 @@ def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vo
                        "with python3 -m bert_pretrain.create_pretraining_data)"
                        % (path, sorted(e.missing)))
     raise ValueError("%s: %s; the file is not valid pretraining data" % (path, e))
+  if records.is_packed(values) != (max_sequences is not None):
+    kinds = ("packed", "unpacked") if max_sequences is None else ("unpacked", "packed")
+    raise ValueError("%s holds %s records where %s ones are expected: a training set is "
+                     "of one kind (its first file's), the evaluation set unpacked, as "
+                     "MLPerf's eval_10k; pass the folder of one kind (python3 -m "
+                     "bert_pretrain.pack_records packs a set)" % (path, kinds[0], kinds[1]))
+  if max_sequences is not None:
+    problem = records.packed_example_problem(values, max_seq_length,
+                                             max_predictions_per_seq, max_sequences,
+                                             vocab_size)
+    if problem:
+      raise ValueError("%s: %s; the file is not valid packed pretraining data"
+                       % (path, problem))
+    return
   seq_length, predictions = [len(values[name]) for name in records.SET_LENGTH_FEATURES]
   if seq_length != max_seq_length or predictions != max_predictions_per_seq:
     raise ValueError("%s holds records of max_seq_length %d and max_predictions_per_seq %d, "
@@ -325,7 +395,7 @@ def rank_files(files, num_shards, shard_index):
 def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_training,
                  num_shards=1, shard_index=0, shuffle_buffer=10000, seed=None,
                  num_parallel_reads=4, vocab_size=None, skip_records=(), skip_samples=0,
-                 local_shards=1):
+                 local_shards=1, max_sequences=None):
   """A tf.data.Dataset of parsed pretraining batches.
 
   Training: one order of the records for the whole job, whatever its layout (ranks,
@@ -373,14 +443,21 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, is_
       scalar Tensor (e.g. a placeholder fed when the iterator is initialized).
     local_shards: (training) replicas this process drives: it takes the micro-batches
       of replicas shard_index .. shard_index + local_shards - 1.
+    max_sequences: None for unpacked records; for packed ones (records.py), their
+      sequence slots: batch_size counts packs, max_predictions_per_seq is a pack's
+      masked-LM length, and the batches hold the packed features.
 
   Returns:
     A Dataset of dicts name -> Tensor: int32 [batch_size, max_seq_length] for input_ids,
     input_mask, segment_ids; int32 [batch_size, max_predictions_per_seq] for
     masked_lm_positions and masked_lm_ids; float32 [batch_size, max_predictions_per_seq]
-    for masked_lm_weights; int32 [batch_size, 1] for next_sentence_labels.
+    for masked_lm_weights; int32 [batch_size, 1] for next_sentence_labels. Packed:
+    those of records.PACKED_FEATURES alike (int32, masked_lm_weights and
+    next_sentence_weights float32).
   """
-  spec = records.feature_spec(max_seq_length, max_predictions_per_seq)
+  spec = (records.feature_spec(max_seq_length, max_predictions_per_seq)
+          if max_sequences is None else
+          records.packed_feature_spec(max_seq_length, max_predictions_per_seq, max_sequences))
   if is_training:
     dataset = training_records(files, shuffle_buffer, seed, num_parallel_reads, skip_records)
     dataset = dataset.skip(tf.cast(skip_samples, tf.int64))

@@ -10,6 +10,7 @@ import os
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
+from bert_pretrain import pack_records
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.model import modeling
@@ -21,10 +22,17 @@ from bert_pretrain.training import mlperf
 # prefixes to resume from (this recipe's newest in --output_dir) and of --init_checkpoint
 # (each None when there is none); when resuming, the record of the run in --output_dir
 # (its bert_pretrain_run.json, None without), the checkpoint's step and its place in
-# the data order (None when an older version wrote it).
+# the data order (None when an older version wrote it). And the training records' kind:
+# `packing` (Packing).
 Inputs = collections.namedtuple("Inputs", [
     "bert_config", "train_files", "eval_files", "skipped_records", "resume_checkpoint",
-    "init_checkpoint", "earlier_run", "resume_step", "resume_position"])
+    "init_checkpoint", "earlier_run", "resume_step", "resume_position", "packing"])
+
+# The training records' kind: max_predictions, their masked-LM length; max_sequences,
+# None for unpacked records, else a pack's sequence slots; sequences_per_record, the
+# mean sequences a record holds (1.0 unpacked), which turns records into samples.
+Packing = collections.namedtuple("Packing", ["max_predictions", "max_sequences",
+                                             "sequences_per_record"])
 
 
 def check_settings(cfg):
@@ -132,11 +140,13 @@ def check_inputs(cfg):
     raise ValueError("--max_corrupt_share=%g must be in [0, 1)" % cfg.data.max_corrupt_share)
   full_check_bytes = cfg.data.full_record_check_mb * 1024 * 1024
   skipped_records = input_pipeline.SkippedRecords(None, [])
+  packing = Packing(cfg.data.max_predictions_per_seq, None, 1.0)
   if train_files:
+    packing = check_packing(cfg, train_files)
     skipped_records = input_pipeline.SkippedRecords(*input_pipeline.check_training_files(
-        train_files, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
+        train_files, cfg.data.max_seq_length, packing.max_predictions,
         bert_config.vocab_size, cfg.data.skip_corrupt_records, cfg.data.max_corrupt_share,
-        full_check_bytes))
+        full_check_bytes, packing.max_sequences))
   if eval_files:
     input_pipeline.check_record_files(eval_files, cfg.data.max_seq_length,
                                       cfg.data.max_predictions_per_seq,
@@ -156,7 +166,51 @@ def check_inputs(cfg):
     if resume_position is not None:
       resume_position = int(resume_position)
   return Inputs(bert_config, train_files, eval_files, skipped_records, resume_checkpoint,
-                init_checkpoint, earlier_run, resume_step, resume_position)
+                init_checkpoint, earlier_run, resume_step, resume_position, packing)
+
+
+def check_packing(cfg, train_files):
+  """Whether the training records are packed (recognised from the first one's features)
+  and how many sequences a pack holds on average: the packer's figure in
+  pack_records.json beside them, or --avg_seq_per_pack; the anchors' two flags must
+  agree with the records.
+
+  Returns:
+    Packing.
+
+  Raises:
+    ValueError: the one-line error.
+  """
+  max_predictions, max_sequences = input_pipeline.training_layout(
+      train_files[0], cfg.data.max_seq_length, cfg.data.max_predictions_per_seq)
+  flag = cfg.data.avg_seq_per_pack
+  if flag < 0:
+    raise ValueError("--avg_seq_per_pack=%g must not be negative (0: the packer's figure)"
+                     % flag)
+  if max_sequences is None:
+    if cfg.data.enable_packed_data_mode:
+      raise ValueError("--enable_packed_data_mode expects packed records, but %s holds "
+                       "unpacked ones; pack them (python3 -m bert_pretrain.pack_records "
+                       "--input=... --output_dir=DIR) and pass --input_files_dir=DIR, or "
+                       "drop the flag" % train_files[0])
+    if flag not in (0, 1):
+      raise ValueError("--avg_seq_per_pack=%g is for packed records, but %s holds unpacked "
+                       "ones (a sequence each); drop the flag" % (flag, train_files[0]))
+    return Packing(max_predictions, None, 1.0)
+  folder = os.path.dirname(train_files[0])
+  summary = pack_records.read_summary(folder)
+  measured = summary and summary.get("sequences_per_pack")
+  if not measured and not flag:
+    raise ValueError("%s holds packed records, but no finished %s beside them says how "
+                     "many sequences a pack holds; pass --avg_seq_per_pack=N (the mean, "
+                     "e.g. 1.999 for MLPerf's packing of up to 3)"
+                     % (train_files[0], pack_records.SETTINGS_FILE))
+  if measured and flag and abs(measured - flag) > 0.05:
+    raise ValueError("--avg_seq_per_pack=%g disagrees with the %.3f sequences a pack of the "
+                     "records (%s); drop the flag or pass --avg_seq_per_pack=%.3f"
+                     % (flag, measured, os.path.join(folder, pack_records.SETTINGS_FILE),
+                        measured))
+  return Packing(max_predictions, max_sequences, float(measured or flag))
 
 
 def check_evaluated(cfg, prefix, bert_config):

@@ -292,8 +292,9 @@ def start(cfg, inputs, ranks, device, notes):
       cfg.runtime.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size),
       cfg.runtime.inter_op_threads or 2, gpu, cfg.runtime.use_xla,
       cfg.runtime.cpu_devices if device.kind == "CPU" else 1)
-  global_batch_size = (cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps *
-                       ranks.replicas)
+  # Sentences per update: packed records hold the data's mean sequences a pack.
+  global_batch_size = int(round(cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps
+                                * ranks.replicas * inputs.packing.sequences_per_record))
   notes = list(notes)
   rcp = None
   try:
@@ -310,7 +311,7 @@ def start(cfg, inputs, ranks, device, notes):
                    mlperf.eval_interval_samples(global_batch_size))
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
                              inputs.skipped_records, eval_interval,
-                             attends_per_sequence(cfg, device), notes)
+                             attends_per_sequence(cfg, device), notes, inputs.packing)
   if seed_line:
     logger.print(seed_line)
   peak = None  # (a card's matmul TFLOPS, where it comes from), for the MFU
@@ -363,11 +364,12 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
       # replicas are ranks.local_replicas consecutive ones.
       dataset = input_pipeline.make_dataset(
           inputs.train_files, cfg.run.train_batch_size, cfg.data.max_seq_length,
-          cfg.data.max_predictions_per_seq, is_training=True, num_shards=ranks.replicas,
+          inputs.packing.max_predictions, is_training=True, num_shards=ranks.replicas,
           shard_index=ranks.rank * ranks.local_replicas, local_shards=ranks.local_replicas,
           shuffle_buffer=cfg.data.shuffle_buffer, seed=seed,
           vocab_size=inputs.bert_config.vocab_size,
-          skip_records=inputs.skipped_records.bad, skip_samples=skip_samples)
+          skip_records=inputs.skipped_records.bad, skip_samples=skip_samples,
+          max_sequences=inputs.packing.max_sequences)
       train_iterator = ranks.iterator(dataset)
       train = pretraining.build_train_graph(
           inputs.bert_config, train_iterator.get_next(), device.dtype, cfg.optimizer,

@@ -170,8 +170,9 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       micro_batch: int64 placeholder (default 0): the micro-batch's index in the update,
         fed when accumulate_op and update_op run (the dropout masks differ by it).
       record_ids, real_tokens: to fetch with the ops above: int64, a fingerprint of each
-        record the micro-batch trained on (record_fingerprints); int32 [2], the first
-        replica's real tokens and its sequences' squared real tokens summed (timing.Tokens).
+        record the micro-batch trained on (record_fingerprints); int32 [3], the first
+        replica's real tokens, its sequences' squared real tokens summed and its
+        sequences (real_token_counts, for timing.Tokens).
   """
   global_step = tf.train.get_or_create_global_step()
   data_position = tf.get_variable(checkpoints.DATA_POSITION, [], tf.int64, trainable=False,
@@ -216,7 +217,8 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
     return TrainGraph(outputs, global_step, loss_scale, accumulate_op, update_op,
                       step_fetches, display_fetches, stop_feed, stop_agreed, rank_time,
                       rank_times, data_position, micro_batch, record_fingerprints(features),
-                      real_token_counts(features["input_mask"]))
+                      real_token_counts(features["input_mask"],
+                                        features.get("next_sentence_positions")))
 
   if ranks is None:
     return replica(features)
@@ -277,10 +279,19 @@ def fetches(global_step, update_op, loss_scale, stop_agreed, outputs, losses, lr
                             forward_done=forward_done)
 
 
-def real_token_counts(input_mask):
-  """int32 [2]: a batch's real tokens and the sum of its sequences' squared real tokens."""
-  lengths = tf.reduce_sum(tf.cast(input_mask, tf.int32), axis=1)
-  return tf.stack([tf.reduce_sum(lengths), tf.reduce_sum(lengths * lengths)])
+def real_token_counts(input_mask, cls_positions=None):
+  """int32 [3]: a batch's real tokens, the sum of its sequences' squared real tokens,
+  and its sequences. input_mask: int [batch_size, seq_length]; packed rows
+  (cls_positions [batch_size, k] given) hold each token's sequence index 1..k."""
+  input_mask = tf.cast(input_mask, tf.int32)
+  if cls_positions is None:
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(input_mask, 0), tf.int32), axis=1)
+  else:
+    slots = cls_positions.shape.as_list()[1]
+    lengths = tf.reduce_sum(tf.one_hot(input_mask, slots + 1, dtype=tf.int32)[:, :, 1:],
+                            axis=1)
+  sequences = tf.reduce_sum(tf.cast(lengths > 0, tf.int32))
+  return tf.stack([tf.reduce_sum(lengths), tf.reduce_sum(lengths * lengths), sequences])
 
 
 def record_fingerprints(features):

@@ -20,13 +20,14 @@ from bert_pretrain.training import optimization
 from bert_pretrain.training import timing
 
 def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, skipped_records,
-               eval_interval, per_sequence, notes):
+               eval_interval, per_sequence, notes, packing):
   """Opens the run's logs and writes what the run is: its device, its batch and
   optimizer, MLPerf's hyperparameters, the training records left out.
 
   cfg: config.Settings. config: the session's tf.ConfigProto (TensorFlow 1.15 names a
   GPU with it). per_sequence: the training graph attends sequence by sequence. notes:
-  lines to print after the run's description.
+  lines to print after the run's description. packing: inputs.Packing of the training
+  records (a packed run's batch counts packs, its samples sequences).
 
   Returns:
     logs.RunLogger.
@@ -45,11 +46,16 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, ski
   logger.mlperf("device", where)
   logger.record("device", {"device": where, "kind": device.kind,
                            "compute_type": device.dtype.name, "why": device.why})
-  logger.print("bert_pretrain: %d rank(s), batch %d x %d accumulation x %d ranks = %d "
-               "sentences per update, seq %d, %s compute, optimizer %s, lr %g%s, "
+  per_update = "%d sentences" % global_batch_size
+  if packing.max_sequences is not None:
+    per_update = "%d packs of up to %d sentences, %d sentences at the data's %.3f a pack" % (
+        cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * ranks.replicas,
+        packing.max_sequences, global_batch_size, packing.sequences_per_record)
+  logger.print("bert_pretrain: %d rank(s), batch %d x %d accumulation x %d ranks = %s "
+               "per update, seq %d, %s compute, optimizer %s, lr %g%s, "
                "distribution %s%s"
                % (ranks.replicas, cfg.run.train_batch_size,
-                  cfg.optimizer.num_accumulation_steps, ranks.replicas, global_batch_size,
+                  cfg.optimizer.num_accumulation_steps, ranks.replicas, per_update,
                   cfg.data.max_seq_length, device.dtype.name, cfg.optimizer.optimizer,
                   learning_rate, " (scaled by ranks)" if cfg.optimizer.scale_lr_by_ranks else "",
                   ranks.distribution,
@@ -205,7 +211,7 @@ def log_where_time_goes(logger, fps, tokens, split, flops_per_sequence, peak, re
   padding = tokens.padding_share()
   if padding is None or not fps:
     return figures  # nothing trained in this process
-  padded = fps * tokens.max_seq_length
+  padded = fps * tokens.positions_per_sequence()
   figures.update(padding_share=padding, real_tokens_per_s=padded * (1 - padding),
                  padded_tokens_per_s=padded)
   logger.print("Tokens per second: %.0f real, %.0f with the padding (padding %.1f%% of "

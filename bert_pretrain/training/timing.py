@@ -120,21 +120,28 @@ class Tokens(object):
 
   def __init__(self, max_seq_length):
     self.max_seq_length = max_seq_length
+    self.rows = 0  # records: a packed one holds several sequences
     self.sequences = 0
     self.real = 0
     self.squared = 0
 
-  def add(self, counts, sequences):
-    """counts: a micro-batch's real tokens and the sum of its sequences' squared ones."""
+  def add(self, counts, rows):
+    """counts: a micro-batch's real tokens, the sum of its sequences' squared ones and
+    its sequences (pretraining.real_token_counts); rows: its records."""
     self.real += int(counts[0])
     self.squared += int(counts[1])
-    self.sequences += int(sequences)
+    self.sequences += int(counts[2])
+    self.rows += int(rows)
 
   def padding_share(self):
     """The share of positions that are padding (None before any batch)."""
-    if not self.sequences:
+    if not self.rows:
       return None
-    return 1.0 - self.real / (self.sequences * self.max_seq_length)
+    return 1.0 - self.real / (self.rows * self.max_seq_length)
+
+  def positions_per_sequence(self):
+    """The positions computed for a sequence: max_seq_length, less in packed records."""
+    return self.rows * self.max_seq_length / max(self.sequences, 1)
 
   def per_sequence(self):
     """(mean real tokens, mean squared real tokens) of a sequence, or (None, None)."""
