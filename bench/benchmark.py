@@ -460,11 +460,14 @@ def log(message):
   print("[benchmark] " + message, file=sys.stderr, flush=True)
 
 
-def run_worker(kind, row, log_name):
-  """Runs one measurement in a subprocess; returns its result dict, or {"error": ...}."""
+def run_worker(kind, row, log_name, script=None, row_flag="--row"):
+  """Runs one measurement in a subprocess: this script's --worker=kind, or `script`
+  with row_flag=<the row's JSON> (bench/packing.py's); returns its result dict, or
+  {"error": ...}."""
   log_path = os.path.join(FLAGS.out_dir, "logs", log_name + ".log")
-  command = [sys.executable, os.path.abspath(__file__), "--worker=" + kind,
-             "--row=" + json.dumps(row)]
+  command = ([sys.executable, os.path.abspath(__file__), "--worker=" + kind]
+             if script is None else [sys.executable, script]) + [
+                 row_flag + "=" + json.dumps(row)]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
   start = time.time()
   with open(log_path, "w") as log_file:

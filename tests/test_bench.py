@@ -342,3 +342,26 @@ def test_layer_norm_stand_in_matches_numpy_with_contribs_variables():
   variance = x.var(axis=-1, keepdims=True)
   want = (x - mean) / np.sqrt(variance + 1e-12) * np.linspace(0.5, 2.0, 8) + np.arange(8.0)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_packing_benchmark_times_padded_unpadded_and_packed_wikipedia_records(tmp_path):
+  out_dir = tmp_path / "out"
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.packing", "--configs=tiny", "--seq_lengths=128",
+       "--noxla_too", "--rounds=1", "--windows=1", "--steps=2", "--warmup_steps=0",
+       "--dump_mb=1", "--out_dir=" + str(out_dir)],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      cwd=ROOT, timeout=900)
+  assert result.returncode == 0, result.stdout[-3000:]
+  rows = json.loads((out_dir / "packing.json").read_text())
+  assert len(rows) == 1
+  row = rows[0]
+  # Wikipedia's articles end mid-sequence: packing leaves less padding than it found.
+  assert 0 <= row["padding_after"] < row["padding_before"] and row["per_pack"] > 1
+  assert row["packs"] == round(16 / row["per_pack"])
+  for side in ("padded", "unpadded", "packed"):
+    assert row["fps"][side]["median"] > 0, side
+  table = (out_dir / "packing.md").read_text()
+  assert re.search(r"^\| tiny \| 128 \| fp32 \| off \| 16 \(\d+ at [\d.]+ a pack\) \| "
+                   r"[\d.]+% / [\d.]+% \|.*x \| [\d.]+x \|$", table, re.M), table
+  assert table.splitlines()[0] in result.stdout  # the CPU line

@@ -45,7 +45,7 @@ def attends_per_sequence(seq_length, dtype, on_cpu, use_xla):
 
 
 def build_model(bert_config, features, is_training, dtype, attention_per_sequence=False,
-                dropout_seeds=None):
+                dropout_seeds=None, drop_padding=True):
   """BERT with its two pretraining heads on a batch of features.
 
   The heads read the last layer at the [CLS] token and the masked positions only, so
@@ -68,6 +68,9 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
     attention_per_sequence: the attention too skips the padding, sequence by sequence
       (attends_per_sequence says when it pays).
     dropout_seeds: (optional) dropout_lib.DropoutSeeds of the dropout masks.
+    drop_padding: the encoder skips the padding (BertModel's drop_padding); False
+      computes every position, as a GPU's static shapes do (bench/packing.py's padded
+      rows).
 
   Returns:
     dict of tensors: total_loss, mlm_loss, nsp_loss (float32 scalars) and the sums that
@@ -81,7 +84,7 @@ def build_model(bert_config, features, is_training, dtype, attention_per_sequenc
                              token_type_ids=features["segment_ids"],
                              compute_type=dtype,
                              masked_lm_positions=features["masked_lm_positions"],
-                             drop_padding=True,
+                             drop_padding=drop_padding,
                              attention_per_sequence=attention_per_sequence,
                              dropout_seeds=dropout_seeds,
                              packed=packed,
@@ -125,7 +128,7 @@ TrainGraph = collections.namedtuple("TrainGraph", [
 
 
 def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ranks=None,
-                      attention_per_sequence=False, seed=None):
+                      attention_per_sequence=False, seed=None, drop_padding=True):
   """The ops of one training update: features -> model -> gradients -> (accumulation)
   -> all-reduce -> optimizer, and what the loop fetches with them.
 
@@ -143,6 +146,7 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       replica (call this under ranks.scope()), gradients, display losses and the stop
       signal are all-reduced over the replicas.
     attention_per_sequence: build_model's (attends_per_sequence says when it pays).
+    drop_padding: build_model's.
     seed: (optional) Python int: the dropout masks are then a function of it, the
       site, and the micro-batch's first record in the data order, so a resumed run
       draws the uninterrupted run's masks. None: stateful masks, new in every process.
@@ -196,7 +200,7 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
           micro_batch * replicas + replica_index) * batch_size
       dropout_seeds = dropout_lib.DropoutSeeds(seed, first_record)
     outputs = build_model(bert_config, features, True, dtype, attention_per_sequence,
-                          dropout_seeds)
+                          dropout_seeds, drop_padding)
     (lr, loss_scale, accumulate_op, update_op) = train_ops(
         opt, outputs["total_loss"], global_step, dtype,
         opt.learning_rate if learning_rate is None else learning_rate, all_reduce)
