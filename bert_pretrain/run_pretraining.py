@@ -67,7 +67,7 @@ def main(argv):
     notes = []
     if cfg.optimizer.reference_hyperparameters:
       notes.append(apply_reference_hyperparameters(
-          cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * ranks.replicas))
+          inputs_lib.global_batch_size(cfg, ranks.replicas, inputs.packing)))
       cfg = cfg._replace(optimizer=config.from_flags(config.Optimizer))
       inputs_lib.check_settings(cfg)
     return run(cfg, inputs, ranks, device, stop, notes)

@@ -321,6 +321,14 @@ BAD_INPUTS = [
     ("sequences a pack that disagree with the packer's", lambda d, t: dict(
         input_files_dir=_packed_copy(d, t), avg_seq_per_pack=2.5),
      r"--avg_seq_per_pack=2.5 disagrees with the [\d.]+ sequences a pack of the records"),
+    ("negative sequences a pack", lambda d, t: dict(avg_seq_per_pack=-1),
+     r"--avg_seq_per_pack=-1 must not be negative \(0: the packer's figure\)$"),
+    ("more sequences a pack than a pack holds", lambda d, t: dict(
+        input_files_dir=_packed_copy(d, t, summary=False), avg_seq_per_pack=4),
+     r"--avg_seq_per_pack=4 is outside 1..3, the sequences a pack of \S+ holds"),
+    ("a packed evaluation set", lambda d, t: dict(eval_files_dir=_packed_copy(d, t)),
+     r"holds packed records where unpacked ones are expected: .* the evaluation set "
+     r"unpacked, as MLPerf's eval_10k"),
     ("packed and unpacked records in one folder", lambda d, t: dict(
         input_files_dir=_packed_copy(d, t, unpacked_file=True)),
      r"zz-unpacked holds unpacked records where packed ones are expected"),

@@ -280,6 +280,10 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
   assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-%d" % stop_step)
   assert len(checkpoints) == len(set(checkpoints))
   assert _mlperf_log(out)[-1]["metadata"]["status"] == "aborted"
+  if launcher == GLOO and target == "one_rank":
+    # This variant adds the agreement on the stop step; the rerun from such a
+    # checkpoint is tested by the two others.
+    return
 
   rerun = subprocess.run(launcher + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, universal_newlines=True, env=_env(),

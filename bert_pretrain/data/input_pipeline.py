@@ -79,11 +79,12 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
   return files
 
 
-def training_layout(path, max_seq_length, max_predictions_per_seq):
-  """Whether a training set is packed, from the first record of its first file `path`.
+def training_layout(files, max_seq_length, max_predictions_per_seq):
+  """Whether a training set is packed, from the first record of its first file that
+  has a readable one (a corrupt record is check_training_files' to name).
 
   Args:
-    path: the set's first TFRecord file.
+    files: the set's TFRecord files.
     max_seq_length, max_predictions_per_seq: the run's (of one sequence).
 
   Returns:
@@ -93,12 +94,14 @@ def training_layout(path, max_seq_length, max_predictions_per_seq):
   Raises:
     ValueError: packed records of other lengths than the run's, with the flags to pass.
   """
-  try:
-    layout = records.record_layout(next(tf.io.tf_record_iterator(path)))
-  except (records.RecordError, tf.errors.DataLossError, StopIteration):
-    # Not this function's to report: check_training_files names what is wrong.
-    return max_predictions_per_seq, None
-  if not layout.packed:
+  layout = None
+  for path in files:
+    try:
+      layout = records.record_layout(next(tf.io.tf_record_iterator(path)))
+      break
+    except (records.RecordError, tf.errors.DataLossError, StopIteration):
+      continue
+  if layout is None or not layout.packed:
     return max_predictions_per_seq, None
   expected = records.max_predictions_per_pack(max_predictions_per_seq, layout.max_sequences)
   if layout.max_seq_length != max_seq_length or layout.max_predictions != expected:

@@ -126,6 +126,10 @@ class BertModel(object):
                        "--max_seq_length or use a config with more positions"
                        % (seq_length, config.max_position_embeddings))
 
+    if packed and (position_ids is None or cls_positions is None or input_mask is None):
+      raise ValueError("BertModel(packed=True) needs the packed record's input_mask, "
+                       "position_ids (its positions) and cls_positions (its "
+                       "next_sentence_positions)")
     if input_mask is None:
       input_mask = tf.ones(shape=[batch_size, seq_length], dtype=tf.int32)
     if token_type_ids is None:

@@ -169,6 +169,13 @@ def check_inputs(cfg):
                 init_checkpoint, earlier_run, resume_step, resume_position, packing)
 
 
+def global_batch_size(cfg, replicas, packing):
+  """Sentences per update: train_batch_size x accumulation x replicas records, packed
+  ones counted at the data's mean sequences a pack (packing: Packing)."""
+  records = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * replicas
+  return int(round(records * packing.sequences_per_record))
+
+
 def check_packing(cfg, train_files):
   """Whether the training records are packed (recognised from the first one's features)
   and how many sequences a pack holds on average: the packer's figure in
@@ -182,7 +189,7 @@ def check_packing(cfg, train_files):
     ValueError: the one-line error.
   """
   max_predictions, max_sequences = input_pipeline.training_layout(
-      train_files[0], cfg.data.max_seq_length, cfg.data.max_predictions_per_seq)
+      train_files, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq)
   flag = cfg.data.avg_seq_per_pack
   if flag < 0:
     raise ValueError("--avg_seq_per_pack=%g must not be negative (0: the packer's figure)"
@@ -197,6 +204,10 @@ def check_packing(cfg, train_files):
       raise ValueError("--avg_seq_per_pack=%g is for packed records, but %s holds unpacked "
                        "ones (a sequence each); drop the flag" % (flag, train_files[0]))
     return Packing(max_predictions, None, 1.0)
+  if flag and not 1 <= flag <= max_sequences:
+    raise ValueError("--avg_seq_per_pack=%g is outside 1..%d, the sequences a pack of %s "
+                     "holds; pass the mean of the packing (e.g. 1.999 for MLPerf's)"
+                     % (flag, max_sequences, train_files[0]))
   folder = os.path.dirname(train_files[0])
   summary = pack_records.read_summary(folder)
   measured = summary and summary.get("sequences_per_pack")
@@ -205,6 +216,7 @@ def check_packing(cfg, train_files):
                      "many sequences a pack holds; pass --avg_seq_per_pack=N (the mean, "
                      "e.g. 1.999 for MLPerf's packing of up to 3)"
                      % (train_files[0], pack_records.SETTINGS_FILE))
+  # The anchors' scripts pass a round figure (2 for MLPerf's 1.999): near is agreement.
   if measured and flag and abs(measured - flag) > 0.05:
     raise ValueError("--avg_seq_per_pack=%g disagrees with the %.3f sequences a pack of the "
                      "records (%s); drop the flag or pass --avg_seq_per_pack=%.3f"

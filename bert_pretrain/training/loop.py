@@ -22,6 +22,7 @@ from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import health
+from bert_pretrain.training import inputs as inputs_lib
 from bert_pretrain.training import logs
 from bert_pretrain.training import meters
 from bert_pretrain.training import mlperf
@@ -211,10 +212,11 @@ class Job(object):
     if tokens is None:
       return None
     c = self.bert_config
+    # A pack's masked-LM rows are shared by its sequences.
+    predictions = self.packing.max_predictions / self.packing.sequences_per_record
     return timing.training_flops_per_sequence(
         c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-        self.cfg.data.max_seq_length, self.cfg.data.max_predictions_per_seq, tokens,
-        squared)["total"]
+        self.cfg.data.max_seq_length, predictions, tokens, squared)["total"]
 
   def loss_scale(self):
     """float16's loss scale now, None without loss scaling."""
@@ -292,9 +294,7 @@ def start(cfg, inputs, ranks, device, notes):
       cfg.runtime.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size),
       cfg.runtime.inter_op_threads or 2, gpu, cfg.runtime.use_xla,
       cfg.runtime.cpu_devices if device.kind == "CPU" else 1)
-  # Sentences per update: packed records hold the data's mean sequences a pack.
-  global_batch_size = int(round(cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps
-                                * ranks.replicas * inputs.packing.sequences_per_record))
+  global_batch_size = inputs_lib.global_batch_size(cfg, ranks.replicas, inputs.packing)
   notes = list(notes)
   rcp = None
   try:
@@ -335,7 +335,8 @@ def start(cfg, inputs, ranks, device, notes):
   return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
              all_finite=all_finite, logger=logger, rcp=rcp, record=record,
              record_pending=not plan.record_now, global_batch_size=global_batch_size,
-             eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config)
+             eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
+             packing=inputs.packing)
 
 
 def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, position,
