@@ -142,6 +142,44 @@ def run_pretraining(*flags, timeout=300):
                         universal_newlines=True, env=env, timeout=timeout)
 
 
+class ForkedCommand(object):
+  """run_pretraining as run_pretraining() runs it, from a process that imported it once
+  (tests/forked_runs.py): for many short runs that stop at a bad input."""
+
+  def __init__(self, folder):
+    self.folder = folder
+    self.count = 0
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    self.server = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "tests", "forked_runs.py")], env=env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, universal_newlines=True)
+
+  def run(self, *flags):
+    """Returns a CompletedProcess with the run's exit status, stdout and stderr."""
+    self.count += 1
+    paths = [os.path.join(self.folder, "run-%d.%s" % (self.count, name))
+             for name in ("stdout", "stderr")]
+    self.server.stdin.write(json.dumps({"argv": list(flags), "stdout": paths[0],
+                                        "stderr": paths[1]}) + "\n")
+    self.server.stdin.flush()
+    line = self.server.stdout.readline()
+    assert line, "tests/forked_runs.py ended"
+    outputs = [open(path).read() for path in paths]
+    return subprocess.CompletedProcess(list(flags), json.loads(line)["returncode"], *outputs)
+
+  def close(self):
+    self.server.stdin.close()
+    self.server.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def forked_run_pretraining(tmp_path_factory):
+  """ForkedCommand(...).run."""
+  command = ForkedCommand(str(tmp_path_factory.mktemp("forked_runs")))
+  yield command.run
+  command.close()
+
+
 def base_flags(data, output_dir, **overrides):
   """Flags of a short run on the fixture data; keyword arguments override them (a value
   of None makes a bare flag, e.g. nodo_eval=None -> --nodo_eval)."""
