@@ -45,7 +45,7 @@ def test_a_run_on_packed_records_counts_sentences_and_resumes_in_packs(packed_da
                           ["--num_train_steps=6"])
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   # The data position counts records: 4 updates of 8 packs.
-  assert ("Data: continuing at sample 32 of the data order, the records the run consumed "
+  assert ("Data: continuing at pack 32 of the data order, the records the run consumed "
           "up to step 4") in rerun.stdout
   assert re.search(r"^Step 6,", rerun.stdout, re.M)
   assert _mllog(out)["train_samples"] == 6 * sentences

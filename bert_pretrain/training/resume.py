@@ -117,7 +117,9 @@ def resume_plan(cfg, inputs, record):
   if position is None:  # An older version's checkpoint: it consumed step global batches.
     position = step * (was or now)["global_batch_size"]
   allowed = set(cfg.run.allow_resume_change)
-  where = "sample %d of the data order" % position
+  # The data position counts records: a packed set's are packs.
+  where = "%s %d of the data order" % (
+      "pack" if inputs.packing.max_sequences is not None else "sample", position)
   change = _files_change(earlier.get("train_files", record["train_files"]),
                          record["train_files"])
   if change and "data" not in allowed:
