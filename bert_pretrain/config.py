@@ -74,7 +74,8 @@ class Data(object):
   avg_seq_per_pack: float = setting(
       0.0, "Packed records: the mean sequences a pack, which turns packs into samples "
       "(the global batch, the evaluation interval, FPS, mllog); 0: the packer's figure "
-      "from pack_records.json beside the records. Given with it, the two must agree.")
+      "from pack_records.json beside the records; given with it, within 0.05 of it (the "
+      "file's is used); between 1 and the sequences a pack holds.")
   log_trained_records: bool = setting(
       False, "Append a fingerprint of every record each micro-batch trains on to "
       "output_dir/trained_records-rank-N.txt (N: the process; lines 'update micro-batch "

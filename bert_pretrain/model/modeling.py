@@ -92,23 +92,18 @@ class BertModel(object):
         are other rows' values; a sequence without real tokens (input_mask all 0) is not
         computed at all.
       attention_per_sequence: bool. With drop_padding, the attention too runs on the
-        real tokens only, sequence by sequence (unpadded.transformer_model's
-        attention_per_sequence): faster where a sequence's few more ops cost less than
-        the padding's attention (a CPU at sequence 512; see
-        pretraining.attends_per_sequence).
+        real tokens only, sequence by sequence (unpadded.transformer_model's): faster
+        on a CPU at sequence 512 (pretraining.attends_per_sequence).
       dropout_seeds: (optional) DropoutSeeds: every dropout mask is then a function
         of its seed, its site in the model and its position (a resumed run draws the
         masks of the uninterrupted one). None: masks from stateful random ops, which a
         new process draws anew.
-      packed: bool. Rows of packed sequences (records.py's packed format): input_mask
-        holds the index of each token's sequence (1, 2, ...; 0 on padding) and a token
-        attends to the tokens of its own sequence only (a block-diagonal mask).
-      position_ids: (optional) int Tensor [batch_size, seq_length], the position of
-        each token in its sequence (a packed record's `positions`); default 0, 1, ...
-      cls_positions: (optional) int Tensor [batch_size, num_sequences], the position
-        of each sequence's [CLS] in its row (a packed record's
-        next_sentence_positions); default [0]. get_pooled_output() then holds
-        batch_size * num_sequences rows, row by row.
+      packed: bool. Rows of packed sequences (records.py): input_mask holds each
+        token's sequence index (1, 2, ...; 0 on padding); attention stays within each.
+      position_ids: (optional) int Tensor [batch_size, seq_length], each token's
+        position in its sequence (a packed record's `positions`); default 0, 1, ...
+      cls_positions: (optional) int Tensor [batch_size, num_sequences], each
+        sequence's [CLS] position (next_sentence_positions); default [0].
 
     Raises:
       ValueError: The config is invalid or one of the input tensor shapes is invalid.
@@ -118,18 +113,8 @@ class BertModel(object):
       config.hidden_dropout_prob = 0.0
       config.attention_probs_dropout_prob = 0.0
 
-    input_shape = get_shape_list(input_ids, expected_rank=2)
-    batch_size = input_shape[0]
-    seq_length = input_shape[1]
-    if isinstance(seq_length, int) and seq_length > config.max_position_embeddings:
-      raise ValueError("sequence length %d is longer than max_position_embeddings %d; lower "
-                       "--max_seq_length or use a config with more positions"
-                       % (seq_length, config.max_position_embeddings))
-
-    if packed and (position_ids is None or cls_positions is None or input_mask is None):
-      raise ValueError("BertModel(packed=True) needs the packed record's input_mask, "
-                       "position_ids (its positions) and cls_positions (its "
-                       "next_sentence_positions)")
+    (batch_size, seq_length) = check_inputs(config, input_ids, packed and (
+        input_mask, position_ids, cls_positions))
     if input_mask is None:
       input_mask = tf.ones(shape=[batch_size, seq_length], dtype=tf.int32)
     if token_type_ids is None:
@@ -147,7 +132,6 @@ class BertModel(object):
       if cls_positions is None:
         cls_positions = tf.zeros([batch_size, 1], tf.int32)
       cls_positions = tf.cast(cls_positions, tf.int32)
-      num_sequences = get_shape_list(cls_positions, expected_rank=2)[1]
       if masked_lm_positions is not None:
         masked_lm_positions = tf.cast(masked_lm_positions, tf.int32)
       self.all_encoder_layers = encoder(config, self.embedding_output, input_ids, input_mask,
@@ -156,17 +140,8 @@ class BertModel(object):
                                         cls_positions)
 
       self.sequence_output = self.all_encoder_layers[-1]
-      self.masked_positions_output = None
-      if masked_lm_positions is not None:
-        # The last layer was computed at the [CLS] tokens, then the masked positions.
-        self.masked_positions_output = tf.reshape(
-            self.sequence_output[:, num_sequences:, :], [-1, config.hidden_size])
-        first_token_tensor = tf.reshape(self.sequence_output[:, :num_sequences, :],
-                                        [-1, config.hidden_size])
-      else:
-        first_token_tensor = tf.gather(
-            tf.reshape(self.sequence_output, [-1, config.hidden_size]),
-            flat_positions(cls_positions, seq_length))
+      (first_token_tensor, self.masked_positions_output) = cls_and_masked_rows(
+          self.sequence_output, cls_positions, masked_lm_positions is not None)
       # The "pooler" takes the hidden state of the first token ([CLS]) through a dense
       # tanh layer; the next-sentence head reads it.
       with tf.variable_scope("pooler"):
@@ -205,6 +180,47 @@ class BertModel(object):
   def get_embedding_table(self):
     """float Tensor of shape [vocab_size, hidden_size]: the word embedding table."""
     return self.embedding_table
+
+
+def check_inputs(config, input_ids, packed_inputs=None):
+  """BertModel's checks: the sequence fits the position table, a packed batch comes
+  with its (input_mask, position_ids, cls_positions). Returns (batch_size, seq_length).
+
+  Raises:
+    ValueError: with what to change.
+  """
+  (batch_size, seq_length) = get_shape_list(input_ids, expected_rank=2)
+  if isinstance(seq_length, int) and seq_length > config.max_position_embeddings:
+    raise ValueError("sequence length %d is longer than max_position_embeddings %d; lower "
+                     "--max_seq_length or use a config with more positions"
+                     % (seq_length, config.max_position_embeddings))
+  if packed_inputs and any(t is None for t in packed_inputs):
+    raise ValueError("BertModel(packed=True) needs the packed record's input_mask, "
+                     "position_ids (its positions) and cls_positions (its "
+                     "next_sentence_positions)")
+  return batch_size, seq_length
+
+
+def cls_and_masked_rows(sequence_output, cls_positions, at_outputs):
+  """The last layer's rows at the [CLS] tokens and at the masked positions.
+
+  Args:
+    sequence_output: float Tensor [batch_size, length, hidden_size]: every position,
+      or (at_outputs) the num_sequences [CLS] rows then the masked positions' rows.
+    cls_positions: int32 Tensor [batch_size, num_sequences].
+    at_outputs: whether sequence_output holds the output positions only.
+
+  Returns:
+    (cls_rows, masked_rows): float Tensors [batch_size * num_sequences, hidden_size]
+    and [batch_size * num_positions, hidden_size] (None unless at_outputs).
+  """
+  (_, length, hidden_size) = get_shape_list(sequence_output, expected_rank=3)
+  num_sequences = get_shape_list(cls_positions, expected_rank=2)[1]
+  rows = tf.reshape(sequence_output, [-1, hidden_size])
+  if not at_outputs:
+    return tf.gather(rows, flat_positions(cls_positions, length)), None
+  return (tf.reshape(sequence_output[:, :num_sequences, :], [-1, hidden_size]),
+          tf.reshape(sequence_output[:, num_sequences:, :], [-1, hidden_size]))
 
 
 def embeddings(config, input_ids, token_type_ids, use_one_hot_embeddings=False,

@@ -44,20 +44,14 @@ def transformer_model(input_tensor,
       and output_positions must be real tokens.
     input_mask: int Tensor [batch_size, seq_length], 1 for real tokens; in packed rows
       (max_sequences > 1) the index of each token's sequence, 1..max_sequences.
-    row_multiple: the rows computed are rounded up to a multiple of this, so that the
-      matmuls see few shapes (oneDNN and XLA prepare each new shape once). None:
-      default_row_multiple(batch_size * seq_length).
-    attention_per_sequence: the attention too runs on the real tokens only: each
-      sequence's queries, keys and values are its own rows, one batched matmul of
-      [num_heads, length, length] a sequence with no mask, rather than every position
-      of the batch padded back. Its FLOPs and the softmax's and dropout's elements drop
-      to the mean square of each sequence's share of real tokens, for a few more ops a
-      sequence (repeated batch_size times in the graph) and a shape per length.
-      attention_mask is then not read, but in the last layer of packed rows with
-      output_positions (whose queries belong to several sequences). Ignored unless
-      batch_size is known when the graph is built.
-    max_sequences: int, the sequences a row holds at most (1: unpacked rows). A packed
-      row's sequences are its tokens of index 1, 2, ... one after the other.
+    row_multiple: the rows are rounded up to a multiple of this, so that the matmuls
+      see few shapes (None: default_row_multiple(batch_size * seq_length)).
+    attention_per_sequence: the attention too runs on the real tokens only, each
+      sequence's own rows one batched matmul with no mask (FLOPs down to the mean
+      square of each sequence's share of real tokens, for a few more ops a sequence
+      and a shape per length); attention_mask is then read only in the last layer of
+      packed rows with output_positions. Needs a batch_size known at graph time.
+    max_sequences: int, the sequences a row holds at most (1: unpacked rows).
 
   Returns:
     As modeling.transformer_model's; padding positions hold other rows' values.
@@ -78,12 +72,9 @@ def transformer_model(input_tensor,
   prev_output = tf.gather(prev_output, position_rows)
   # Sequence by sequence needs the number of sequences when the graph is built.
   per_sequence = attention_per_sequence and isinstance(batch_size, int)
-  lengths = None
-  if per_sequence:
-    # [batch_size * max_sequences]: the tokens of each sequence slot, row by row (a
-    # packed row's empty slots hold none); the rows hold the sequences in this order.
-    slots = tf.one_hot(input_mask, max_sequences + 1, dtype=tf.int32)[:, :, 1:]
-    lengths = tf.reshape(tf.reduce_sum(slots, axis=1), [-1])
+  # The rows hold the sequences in this order, row by row.
+  lengths = (tf.reshape(sequence_lengths(input_mask, max_sequences), [-1])
+             if per_sequence else None)
 
   all_layer_outputs = []
   for layer_idx in range(num_hidden_layers):
@@ -206,6 +197,16 @@ def _within_sequences(projected, batch_size, from_seq_length, to_lengths, dropou
     if projected.self_attention:
       context_layer = tf.pad(context_layer, [[0, tf.shape(keys_values)[0] - real], [0, 0]])
     return context_layer
+
+
+def sequence_lengths(input_mask, max_sequences=1):
+  """int32 Tensor [batch_size, max_sequences]: the real tokens of each sequence slot of
+  each row (a packed row's empty slots hold none). input_mask: as transformer_model's."""
+  if max_sequences == 1:
+    return tf.reduce_sum(tf.cast(tf.not_equal(input_mask, 0), tf.int32), axis=1,
+                         keepdims=True)
+  slots = tf.one_hot(tf.cast(input_mask, tf.int32), max_sequences + 1, dtype=tf.int32)
+  return tf.reduce_sum(slots[:, :, 1:], axis=1)
 
 
 def default_row_multiple(positions):

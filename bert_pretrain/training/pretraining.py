@@ -22,6 +22,7 @@ from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
 from bert_pretrain.model import precision
+from bert_pretrain.model import unpadded
 from bert_pretrain.model import dropout as dropout_lib
 from bert_pretrain.training import optimization
 from bert_pretrain.training import signals
@@ -140,16 +141,13 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
     dtype: compute type; tf.float16 brings dynamic loss scaling.
     opt: config.Optimizer: the optimizer, its schedule, accumulation, all-reduce,
       clipping and float16's first loss scale (train_ops).
-    learning_rate: the schedule's peak (default: opt.learning_rate; a run may scale it
-      by its ranks).
-    ranks: (optional) ranks.Ranks of a job of several replicas: the graph is built per
-      replica (call this under ranks.scope()), gradients, display losses and the stop
-      signal are all-reduced over the replicas.
-    attention_per_sequence: build_model's (attends_per_sequence says when it pays).
-    drop_padding: build_model's.
-    seed: (optional) Python int: the dropout masks are then a function of it, the
-      site, and the micro-batch's first record in the data order, so a resumed run
-      draws the uninterrupted run's masks. None: stateful masks, new in every process.
+    learning_rate: the schedule's peak (default: opt.learning_rate).
+    ranks: (optional) ranks.Ranks of several replicas: the graph is built per replica
+      (under ranks.scope()); gradients, losses and the stop signal are all-reduced.
+    attention_per_sequence, drop_padding: build_model's (attends_per_sequence says
+      when attending per sequence pays).
+    seed: (optional) Python int: each dropout mask is a function of it, the site and
+      the micro-batch's first record (a resumed run draws the same); None: stateful.
 
   Returns:
     TrainGraph with
@@ -287,13 +285,8 @@ def real_token_counts(input_mask, cls_positions=None):
   """int32 [3]: a batch's real tokens, the sum of its sequences' squared real tokens,
   and its sequences. input_mask: int [batch_size, seq_length]; packed rows
   (cls_positions [batch_size, k] given) hold each token's sequence index 1..k."""
-  input_mask = tf.cast(input_mask, tf.int32)
-  if cls_positions is None:
-    lengths = tf.reduce_sum(tf.cast(tf.not_equal(input_mask, 0), tf.int32), axis=1)
-  else:
-    slots = cls_positions.shape.as_list()[1]
-    lengths = tf.reduce_sum(tf.one_hot(input_mask, slots + 1, dtype=tf.int32)[:, :, 1:],
-                            axis=1)
+  lengths = unpadded.sequence_lengths(
+      input_mask, 1 if cls_positions is None else cls_positions.shape.as_list()[1])
   sequences = tf.reduce_sum(tf.cast(lengths > 0, tf.int32))
   return tf.stack([tf.reduce_sum(lengths), tf.reduce_sum(lengths * lengths), sequences])
 
