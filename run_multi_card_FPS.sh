@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # BERT pretraining on several cards: one Horovod rank per card, the MLPerf settings (the
-# flag defaults of bert_pretrain/run_pretraining.py), mixed precision (--amp; --noamp: off).
+# flag defaults, bert_pretrain/config.py), mixed precision (--amp; --noamp: off).
 #   export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
 #   export IX_NUM_CUDA_VISIBLE_DEVICES=8
 #   bash run_multi_card_FPS.sh --input_files_dir=... --init_checkpoint=... --eval_files_dir=... \
@@ -21,7 +21,7 @@ per_host="$(count_ranks)"
 distribution="${DISTRIBUTION:-horovod}"
 plan="$(python3 -m bert_pretrain.distributed.launch "$per_host" "$distribution")"  # exits 2 on a contradiction
 mapfile -t launcher <<< "$plan"
-engine=(--horovod)  # one rank per card
+engine=()  # the preset's Horovod: one rank per card
 cards=()
 if [ "$distribution" != horovod ]; then
   engine=(--distribution="$distribution")
@@ -38,23 +38,11 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
-# What differs from the flag defaults (the MLPerf settings of run_pretraining.py):
-args=(
-  "${engine[@]}"
-  --amp                       # mixed precision, as the anchor's scripts run: float16 with
-                              # loss scaling on GPUs, bfloat16 on CPUs where it is faster
-                              # than float32 (float32 on others); --noamp turns it off
-  --eval_at_start             # checks the initial checkpoint (MLPerf's scores about 0.34085)
-  --num_accumulation_steps=4  # as the anchor's run_multi_card_FPS.sh: a global batch of
-  --num_train_steps=1000      # 4 x ranks x --train_batch_size, 1000 updates
-)
-if ! has_flag input_files_dir "$@"; then
-  demo_args "$@"
-  drop_given args "${DEMO_ARGS[@]}"
-  args+=("${DEMO_ARGS[@]}")  # the demo's settings (bert_pretrain/demo.py RUN_FLAGS)
-fi
-drop_given args "$@"  # the user's flags win
-command=("${cards[@]}" "${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining "${args[@]}" "$@")
+# The preset multi_card (bert_pretrain/config.py): mixed precision, an evaluation at the
+# start, 4 micro-batches an update, 1000 updates, Horovod; without --input_files_dir, the
+# demo. Flags given win.
+command=("${cards[@]}" "${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining
+  --preset=multi_card "${engine[@]}" "$@")
 echo "${launcher[0]}: $(shell_words "${command[@]}")"
 if [ -n "${DRY_RUN:-}" ]; then
   exit 0

@@ -12,8 +12,10 @@ points takes a section, never the flags:
   Runtime     device, precision, engine, threads (run_classifier shares it)
 
 PRESETS are the settings the scripts and the demo choose (--preset), kept as data; the
-flags given on the command line win over a preset, a preset over the defaults. The
-defaults are MLPerf's (the reference's hyperparameters for BERT-Large at sequence 512).
+flags given on the command line win over a preset, a preset over the defaults. A script's
+preset without --input_files_dir is the embedded demo, whose settings win over the
+script's. The defaults are MLPerf's (the reference's hyperparameters for BERT-Large at
+sequence 512).
 
 ANCHOR_ALIASES maps the flag names of the recipes this one replaces (NVIDIA's, Habana's,
 Iluvatar's run_pretraining.py) onto ours; ANCHOR_NOTES lists the anchors' flags that are
@@ -38,6 +40,8 @@ DUPE_FACTOR = 10
 DATA_SEED = 12345
 CLIPPING = ("per_micro_batch", "after_allreduce")
 RESUME_CHANGES = ("global_batch", "seed", "data")
+# The checkout (or the installed package's parent), where the scripts keep the demo's cache.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def setting(default, help_text, choices=None, is_list=False):
@@ -76,6 +80,10 @@ class Data(object):
       "(the global batch, the evaluation interval, FPS, mllog); 0: the packer's figure "
       "from pack_records.json beside the records; given with it, within 0.05 of it (the "
       "file's is used); between 1 and the sequences a pack holds.")
+  demo_cache_dir: str = setting(
+      os.path.join(ROOT, "demo_cache"), "The embedded demo's data, vocab, config and "
+      "initial checkpoint, built here once (a demo run: --preset=demo, or a script's "
+      "preset without --input_files_dir).")
   log_trained_records: bool = setting(
       False, "Append a fingerprint of every record each micro-batch trains on to "
       "output_dir/trained_records-rank-N.txt (N: the process; lines 'update micro-batch "
@@ -285,7 +293,7 @@ Settings = collections.namedtuple("Settings", ["data", "model", "optimizer", "ev
 
 
 # The settings the scripts and the demo choose (--preset); what they do not name keeps its
-# default. The demo's data paths come from the demo's cache (bert_pretrain/demo.py).
+# default. The demo's data paths come from its cache (--demo_cache_dir, bert_pretrain/demo.py).
 PRESETS = {
     # run_1card_FPS.sh: mixed precision as the anchor's scripts run; the evaluation at
     # start checks the initial checkpoint (MLPerf's scores about 0.34085).
@@ -303,6 +311,8 @@ PRESETS = {
              "stop_threshold": 0.0, "samples_start_eval": 0, "samples_between_eval": 4000,
              "eval_batch_size": 64},
 }
+# The scripts' presets: without --input_files_dir they run the demo.
+SCRIPT_PRESETS = ("one_card", "multi_card")
 
 
 def _flag_type(field):
@@ -337,14 +347,33 @@ def define_pretraining_flags(flag_values=flags.FLAGS):
   """run_pretraining's flags: the sections', the anchors' and --preset."""
   define_flags(PRETRAINING + (Anchors,), flag_values)
   flags.DEFINE_enum("preset", None, sorted(PRESETS), "Settings chosen together: one_card "
-                    "and multi_card (the scripts'), demo (the embedded demo's; its data "
-                    "paths come from the demo's cache); flags given win over the preset.",
+                    "and multi_card (the scripts'; without --input_files_dir they run the "
+                    "demo), demo (the embedded demo: data, vocab, config and initial "
+                    "checkpoint from --demo_cache_dir; after a run of one process, a "
+                    "fine-tuning step); flags given win over the preset.",
                     flag_values=flag_values)
 
 
-def apply_preset(name, flag_values=flags.FLAGS):
-  """Sets the preset's values of the flags the command line did not give."""
-  for flag, value in PRESETS[name].items():
+def is_demo(flag_values=flags.FLAGS):
+  """Whether the run is the embedded demo: --preset=demo, or a script's preset without
+  --input_files_dir."""
+  preset = flag_values.preset
+  return preset == "demo" or (preset in SCRIPT_PRESETS and
+                              not flag_values["input_files_dir"].present)
+
+
+def apply_presets(flag_values=flags.FLAGS):
+  """Sets the values of --preset (and the demo's over a script's, for a demo run) of the
+  flags the command line did not give."""
+  names = [flag_values.preset] if flag_values.preset else []
+  if is_demo(flag_values) and "demo" not in names:
+    names.append("demo")
+  values = {}
+  for name in names:
+    values.update(PRESETS[name])
+  if any(flag_values[alias].present for alias in ("use_fp16", "manual_fp16", "amp_dtype")):
+    values.pop("amp", None)  # the command line chose the precision (--nouse_fp16: float32)
+  for flag, value in values.items():
     if not flag_values[flag].present:
       setattr(flag_values, flag, value)
 

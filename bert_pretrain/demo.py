@@ -1,31 +1,34 @@
 """The embedded default: everything a pretraining run needs, built from the shipped corpus.
 
-`bash run_1card_FPS.sh` without --input_files_dir calls this first; it prints the
-flags of the demo run, one a line, for the script to pass on. From
-bert_pretrain/demo_data/corpus.txt (public-domain books, see SOURCE.md) it builds, in
---cache_dir, and only what is not there yet:
+`bash run_1card_FPS.sh` without --input_files_dir is the demo: run_pretraining, given a
+script's preset and no --input_files_dir (or --preset=demo), calls set_up_run, which
+builds what is missing in --demo_cache_dir and fills the run's data flags and a new
+output_dir. From bert_pretrain/demo_data/corpus.txt (public-domain books, see SOURCE.md)
+it builds, only what is not there yet:
 
   vocab.txt            a WordPiece vocab trained on the corpus
   train/, eval/        TFRecords (max_seq_length 128, 20 predictions); the eval set is
                        made from held-out documents, never seen in training
   bert_config.json     a small BERT (2 layers, hidden 128)
   init/model.ckpt-0    a fresh checkpoint of it, the run's --init_checkpoint
-  train_packed/        with --packed (prepare_packed): the training records packed by
-                       bert_pretrain.pack_records, up to 3 sequences a record, which
-                       the run then trains on
+  train_packed/        with --enable_packed_data_mode (prepare_packed): the training records
+                       packed by bert_pretrain.pack_records, up to 3 sequences a record,
+                       which the run then trains on
 
 Each artefact is written under a temporary name and renamed when complete, so an
 interrupted preparation is redone, never half-used; the cache is built under a lock, so a
-second demo started meanwhile waits and then finds it built.
+second demo started meanwhile (or another rank) waits and then finds it built.
 
-After the pretraining run, the script calls it again with --finetune_from=OUTPUT_DIR for
-the downstream step. It first prints the run's masked-LM accuracy beside what predicting
-the most frequent token everywhere scores on the same eval set; then it fine-tunes
-run_classifier on word order: is a sentence as written, or are its words shuffled
-(word_order/train.tsv, word_order/dev.tsv, the held-out documents). A bag of words
-cannot tell the two apart, so the task needs what pretraining learns about word order;
-it is fine-tuned from the run's checkpoint and from random weights, both accuracies
-printed side by side.
+After a run of one process, run_pretraining calls finetune, the downstream step. It
+first prints the run's masked-LM accuracy beside what predicting the most frequent token
+everywhere scores on the same eval set; then it fine-tunes run_classifier on word order:
+is a sentence as written, or are its words shuffled (word_order/train.tsv,
+word_order/dev.tsv, the held-out documents). A bag of words cannot tell the two apart,
+so the task needs what pretraining learns about word order; it is fine-tuned from the
+run's checkpoint and from random weights, both accuracies printed side by side.
+
+As a command, `python3 -m bert_pretrain.demo` builds the cache and prints the demo run's
+flags, one a line; with --finetune_from=OUTPUT_DIR it runs the downstream step on a run.
 """
 
 import collections
@@ -46,6 +49,8 @@ from bert_pretrain import config
 from bert_pretrain import create_pretraining_data
 from bert_pretrain import errors
 from bert_pretrain.data import input_pipeline
+from bert_pretrain.distributed import launch
+from bert_pretrain.distributed import ranks
 from bert_pretrain.model import modeling
 from bert_pretrain import pack_records
 from bert_pretrain.training import pretraining
@@ -73,8 +78,8 @@ MAX_SEQ_LENGTH = config.PRESETS["demo"]["max_seq_length"]
 MAX_PREDICTIONS_PER_SEQ = config.PRESETS["demo"]["max_predictions_per_seq"]
 EVAL_DOCUMENT_FRACTION = 0.1
 NUM_TRAIN_FILES = 4
-# The training run: config.PRESETS["demo"] (500 LAMB updates of 32 sequences, evaluated
-# every 125), but for the precision, which the scripts choose (--amp; --noamp wins).
+# The flags `python3 -m bert_pretrain.demo` prints for the run: config.PRESETS["demo"]
+# (500 LAMB updates of 32 sequences, evaluated every 125) but for the precision.
 RUN_FLAGS = {k: v for k, v in config.PRESETS["demo"].items() if k != "amp"}
 
 # The downstream step: is a sentence as written (label "original") or are its words
@@ -99,19 +104,24 @@ FINETUNE_FLAGS = {
     "seed": 12345,
 }
 
-flags.DEFINE_string("cache_dir", "demo_cache", "Folder of the demo's artefacts.")
-flags.DEFINE_bool("packed", False, "Pack the demo's training records into "
-                  "<cache_dir>/train_packed (bert_pretrain.pack_records) and train on them.")
-flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
-                    "demo's pretraining run, whose checkpoint is fine-tuned to tell sentences "
-                    "from their words shuffled (and random weights beside it).")
-flags.DEFINE_string("finetune_bert_config_file", None, "With --finetune_from: the run's "
-                    "--bert_config_file (default: the demo's).")
-flags.DEFINE_string("run_output_dir", None, "The pretraining run's --output_dir (default: a "
-                    "new folder results/demo-<time>, made here).")
-flags.DEFINE_string("finetune_vocab_file", None, "With --finetune_from: the run's "
-                    "--vocab_file (default: the demo's).")
 FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The flags of `python3 -m bert_pretrain.demo` (not of the runs that import this)."""
+  flags.DEFINE_string("cache_dir", config.default(config.Data, "demo_cache_dir"),
+                      "Folder of the demo's artefacts.")
+  flags.DEFINE_bool("packed", False, "Pack the demo's training records into "
+                    "<cache_dir>/train_packed (bert_pretrain.pack_records) and train on them.")
+  flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
+                      "demo's pretraining run, whose checkpoint is fine-tuned to tell "
+                      "sentences from their words shuffled (and random weights beside it).")
+  flags.DEFINE_string("finetune_bert_config_file", None, "With --finetune_from: the run's "
+                      "--bert_config_file (default: the demo's).")
+  flags.DEFINE_string("run_output_dir", None, "The pretraining run's --output_dir (default: "
+                      "a new folder results/demo-<time>, made here).")
+  flags.DEFINE_string("finetune_vocab_file", None, "With --finetune_from: the run's "
+                      "--vocab_file (default: the demo's).")
 
 
 def read_documents(path):
@@ -406,6 +416,37 @@ def run_flags(paths, output_dir):
           for k, v in values.items()]
 
 
+def set_up_run(flag_values, log=print):
+  """Fills the demo run's flags that the command line did not give: the data, vocab,
+  config and initial checkpoint of the cache (--demo_cache_dir, built where missing; the
+  training records packed with --enable_packed_data_mode) and a new output_dir.
+
+  Raises:
+    ValueError: several processes not started by the multi-card script, and no
+      --output_dir (each would make a folder of its own).
+  """
+  if ranks.launcher_rank() not in (None, 0):
+    log = lambda line: None  # rank 0 tells; the others wait for the cache it builds
+  cache_dir = flag_values.demo_cache_dir
+  log("No --input_files_dir: running the embedded demo (artefacts in %s)" % cache_dir)
+  paths = prepare(cache_dir, log=log)
+  if flag_values.enable_packed_data_mode:
+    paths["input_files_dir"] = prepare_packed(cache_dir, log=log)
+  if not flag_values["output_dir"].present:
+    launch_id = os.environ.get(launch.LAUNCH_ID_VARIABLE)
+    if launch_id:  # the same folder for every process of the launch
+      paths["output_dir"] = os.path.join("results", "demo-" + launch_id)
+      os.makedirs(paths["output_dir"], exist_ok=True)
+    elif ranks.launcher_rank() is not None:
+      raise ValueError("a demo of several processes needs one folder for all; pass "
+                       "--output_dir=results/demo-mine, or start it with run_multi_card_FPS.sh")
+    else:
+      paths["output_dir"] = new_output_dir()
+  for name, value in paths.items():
+    if not flag_values[name].present:
+      setattr(flag_values, name, value)
+
+
 def new_output_dir(root="results"):
   """Makes and returns a new folder root/demo-<time> (-2, -3, ... after it when taken),
   so that two demos started in the same second train in folders of their own."""
@@ -451,4 +492,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(lambda argv: sys.exit(main(argv)))

@@ -20,7 +20,9 @@ from absl import flags
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
+from bert_pretrain import demo
 from bert_pretrain import errors
+from bert_pretrain import pack_records
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.distributed import ranks as ranks_lib
@@ -43,15 +45,16 @@ def main(argv):
   stop = signals.StopRequest()
   stop.install()
   try:
-    if FLAGS.preset:
-      config.apply_preset(FLAGS.preset)
+    config.apply_presets()
+    if config.is_demo():
+      demo.set_up_run(FLAGS)
     # --use_fp16 and --manual_fp16 (the anchors' names) are aliases of --amp; --amp_dtype
     # implies it.
     device = device_lib.detect_device(FLAGS.device, config.mixed_precision(), FLAGS.amp_dtype)
     config.apply_anchor_flags()
     cfg = config.settings_from_flags()
     inputs = inputs_lib.check_inputs(cfg)
-  except ValueError as e:
+  except (ValueError, pack_records.PackError) as e:
     errors.print_error("run_pretraining", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
@@ -70,7 +73,13 @@ def main(argv):
           inputs_lib.global_batch_size(cfg, ranks.replicas, inputs.packing)))
       cfg = cfg._replace(optimizer=config.from_flags(config.Optimizer))
       inputs_lib.check_settings(cfg)
-    return run(cfg, inputs, ranks, device, stop, notes)
+    status = run(cfg, inputs, ranks, device, stop, notes)
+    if status == 0 and config.is_demo() and ranks.size == 1:
+      # The demo's downstream step: does the pretrained model beat random weights?
+      demo.finetune(cfg.data.demo_cache_dir, cfg.run.output_dir,
+                    {"bert_config_file": cfg.model.bert_config_file,
+                     "vocab_file": cfg.model.vocab_file})
+    return status
   except Exception as e:  # pylint: disable=broad-except
     status = error_status(e, cfg, inputs, ranks)
     if status is None:

@@ -364,9 +364,8 @@ def test_the_script_runs_mirrored_as_one_process_without_horovodrun(tmp_path):
   assert result.returncode == 0, result.stderr
   assert result.stdout.splitlines() == [
       "Launching 1 process driving 2 cards (mirrored): python3 -m "
-      "bert_pretrain.run_pretraining --distribution=mirrored --cpu_devices=2 --amp "
-      "--eval_at_start --num_accumulation_steps=4 --num_train_steps=1000 "
-      "--input_files_dir=/data/train"]
+      "bert_pretrain.run_pretraining --preset=multi_card --distribution=mirrored "
+      "--cpu_devices=2 --input_files_dir=/data/train"]
   bad = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")],
                        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        universal_newlines=True, env=dict(env, DISTRIBUTION="nccl"), timeout=60)

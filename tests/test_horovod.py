@@ -143,18 +143,22 @@ def test_launcher_rejects_inconsistent_card_counts(values, message, tmp_path):
 def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
   result = subprocess.run(
       ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh"), "--num_train_steps=4",
-       "--display_loss_steps=2", "--samples_between_eval=100000", "--max_eval_steps=2"],
+       "--display_loss_steps=2", "--samples_between_eval=100000", "--max_eval_steps=2",
+       "--demo_cache_dir=%s" % (tmp_path / "cache")],
       cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       universal_newlines=True, timeout=400,
-      env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", DEMO_CACHE=str(tmp_path / "cache")))
+      env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"))
   assert result.returncode == 0, result.stdout[-3000:]
   out = result.stdout
   assert "Launching 2 ranks on 1 host (2 per host): horovodrun -np 2 -H localhost:2 --gloo" in out
   assert "2 rank(s)" in out and "Step 4," in out
   assert out.count("***** Eval results *****") == 2  # before and after training
   assert re.search(r"\| 2 cards \| acc [\d.]+ \| fps [\d.]+ \|", out)
+  # One folder for the launch's ranks, and one rank told of the demo.
   demo_runs = os.listdir(str(tmp_path / "results"))
   assert len(demo_runs) == 1 and demo_runs[0].startswith("demo-")
+  assert out.count("running the embedded demo") == 1
+  assert "demo: fine-tuning" not in out  # the downstream step follows runs of one process
 
 
 def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_data, tmp_path):
@@ -245,8 +249,7 @@ def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
   assert len(lines) == 1
   assert lines[0] == (
       "Launching 16 ranks on 2 hosts (8 per host): horovodrun -np 16 -H host1:8,host2:8 --gloo "
-      "--network-interface eth0 python3 -m bert_pretrain.run_pretraining --horovod --amp "
-      "--eval_at_start --num_accumulation_steps=4 --num_train_steps=1000 "
+      "--network-interface eth0 python3 -m bert_pretrain.run_pretraining --preset=multi_card "
       "--input_files_dir=/data/train --output_dir=/ckpt\\ dir")
   assert sorted(os.listdir(str(tmp_path))) == ["hosts"]
 

@@ -1,32 +1,33 @@
-"""run_1card_FPS.sh and run_multi_card_FPS.sh: the command line they start.
+"""run_1card_FPS.sh and run_multi_card_FPS.sh, and the presets they choose.
 
-A fake python3 on PATH prints the arguments run_pretraining would get (the demo's flags
-come from the real bert_pretrain.demo.run_flags, the launch plan from the real
-bert_pretrain.distributed.launch); the multi-card script's DRY_RUN=1 prints its command. Each flag
-must appear once, the user's value winning over the demo's and the script's, and --noamp
-must turn off the scripts' mixed precision.
+The scripts only launch: a fake python3 on PATH prints the arguments run_pretraining would
+get, which must be the script's --preset and the user's flags, untouched (the launch plan
+comes from the real bert_pretrain.distributed.launch). How a preset, the demo and the
+user's flags combine is config's (apply_presets, on flags parsed as the command line
+parses them) and the demo's (set_up_run); the one-card demo then runs for real, through
+its fine-tuning step, and is stopped by a signal once.
 """
 
 import os
-import shlex
+import re
 import signal
 import subprocess
 import sys
 
+from absl import flags
 import pytest
 
+from bert_pretrain import config
+from bert_pretrain import demo
 from bert_pretrain import run_pretraining
+from bert_pretrain.distributed import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO_PATHS = ("{'input_files_dir': 'cache/train', 'eval_files_dir': 'cache/eval', "
-              "'vocab_file': 'cache/vocab.txt', 'bert_config_file': 'cache/bert_config.json', "
-              "'init_checkpoint': 'cache/init/model.ckpt-0'}")
+DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
+        "--bert_config_file=/data/bert_config.json"]
 
 
-FINETUNE_CALLS = []  # script_args' last run: the demo's --finetune_from, if it ran
-
-
-def script_args(tmp_path, script, *flags, **env):
+def script_args(tmp_path, script, *flags_given, **env):
   """The arguments `bash SCRIPT FLAGS` gives bert_pretrain.run_pretraining, as a list."""
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir(exist_ok=True)
@@ -34,139 +35,179 @@ def script_args(tmp_path, script, *flags, **env):
   fake.write_text(
       "#!/bin/sh\n"
       "case \"$2\" in\n"
-      "  bert_pretrain.demo) case \"$4\" in --finetune_from=*) echo \"$4\"; exit 0 ;; esac\n"
-      "    exec %s -c \"from bert_pretrain import demo; "
-      "print(chr(10).join(demo.run_flags(%s, 'results/demo-test')))\" ;;\n"
       "  bert_pretrain.run_pretraining) shift 2; printf '%%s\\n' \"$@\" ;;\n"
       "  *) exec %s \"$@\" ;;\n"
-      "esac\n" % (sys.executable, DEMO_PATHS, sys.executable))
+      "esac\n" % sys.executable)
   fake.chmod(0o755)
   env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]),
-             DEMO_CACHE=str(tmp_path / "cache"), IX_NUM_CUDA_VISIBLE_DEVICES="2", **env)
+             IX_NUM_CUDA_VISIBLE_DEVICES="2", **env)
   env.pop("CUDA_VISIBLE_DEVICES", None)
-  result = subprocess.run(["bash", os.path.join(ROOT, script)] + list(flags), cwd=str(tmp_path),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+  result = subprocess.run(["bash", os.path.join(ROOT, script)] + list(flags_given),
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, env=env, timeout=120)
   assert result.returncode == 0, result.stderr
-  lines = [l for l in result.stdout.splitlines() if not l.startswith("No --input_files_dir")]
   if script == "run_1card_FPS.sh":
-    # The demo's downstream step comes after: bert_pretrain.demo --finetune_from=DIR.
-    FINETUNE_CALLS[:] = [l for l in lines if l.startswith("--finetune_from=")]
-    return [l for l in lines if not l.startswith("--finetune_from=")]
-  assert len(lines) == 1 and "python3 -m bert_pretrain.run_pretraining " in lines[0], lines
-  return shlex.split(lines[0].split(" python3 -m bert_pretrain.run_pretraining ", 1)[1])
+    return result.stdout.splitlines()
+  line, = result.stdout.splitlines()
+  assert " python3 -m bert_pretrain.run_pretraining " in line, line
+  return line.split(" python3 -m bert_pretrain.run_pretraining ", 1)[1].split(" ")
 
 
-def names(args):
-  return [a.lstrip("-").split("=")[0] for a in args]
+@pytest.mark.parametrize("given", [DATA, [], ["--noamp", "--num_train_steps", "20"]])
+def test_the_one_card_script_passes_its_preset_and_the_users_flags_untouched(tmp_path, given):
+  assert script_args(tmp_path, "run_1card_FPS.sh", *given) == ["--preset=one_card"] + given
 
 
-def assert_each_flag_once(args):
-  seen = names(args)
-  assert len(seen) == len(set(seen)), args
-  # --noamp and --amp, or --amp and its aliases, would contradict each other.
-  amp = [n for n in seen if n in ("amp", "noamp", "use_fp16", "nouse_fp16")]
-  assert len(amp) <= 1, args
+def test_the_multi_card_script_passes_its_preset_the_engine_and_the_users_flags(tmp_path):
+  assert script_args(tmp_path, "run_multi_card_FPS.sh", *DATA, DRY_RUN="1") == [
+      "--preset=multi_card"] + DATA
+  assert script_args(tmp_path, "run_multi_card_FPS.sh", *DATA, DRY_RUN="1",
+                     DISTRIBUTION="mirrored") == [
+                         "--preset=multi_card", "--distribution=mirrored",
+                         "--cpu_devices=2"] + DATA
 
 
-SCRIPTS = ["run_1card_FPS.sh", "run_multi_card_FPS.sh"]
-DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
-        "--bert_config_file=/data/bert_config.json"]
+def parsed(*argv):
+  """Flags parsed as run_pretraining's command line parses them, presets applied."""
+  values = flags.FlagValues()
+  config.define_pretraining_flags(values)
+  values(["run_pretraining"] + list(argv))
+  config.apply_presets(values)
+  return values
 
 
-def test_the_one_card_demo_fine_tunes_what_it_pretrained_in_the_output_dir_that_won(tmp_path):
-  args = script_args(tmp_path, "run_1card_FPS.sh")
-  assert FINETUNE_CALLS == ["--finetune_from=results/demo-test"]
-  assert "--output_dir=results/demo-test" in args
-  for given in (["--output_dir=mine"], ["--output_dir", "mine"]):
-    args = script_args(tmp_path, "run_1card_FPS.sh", *given)
-    assert FINETUNE_CALLS == ["--finetune_from=mine"]
-    assert "--output_dir=results/demo-test" not in args
-  script_args(tmp_path, "run_1card_FPS.sh", *DATA)
-  assert FINETUNE_CALLS == []  # not after the user's own data
+def test_the_one_card_preset_adds_amp_and_the_load_check_to_the_mlperf_defaults():
+  values = parsed("--preset=one_card", *DATA)
+  changed = {name for name in config.as_flags(config.settings_from_flags(values))
+             if values[name].value != values[name].default}
+  assert changed == {"amp", "eval_at_start", "input_files_dir", "eval_files_dir",
+                     "bert_config_file"}
+  assert not config.is_demo(values)
 
 
-def test_the_one_card_script_passes_only_amp_the_load_check_and_the_users_flags(tmp_path):
-  args = script_args(tmp_path, "run_1card_FPS.sh", *DATA)
-  assert args == ["--amp", "--eval_at_start"] + DATA
+def test_the_multi_card_preset_is_the_anchors_accumulation_steps_and_horovod():
+  values = parsed("--preset=multi_card", *DATA)
+  assert (values.amp, values.num_accumulation_steps, values.num_train_steps,
+          values.distribution) == (True, 4, 1000, "horovod")
 
 
-def test_the_multi_card_script_adds_horovod_and_the_anchors_accumulation_and_steps(tmp_path):
-  args = script_args(tmp_path, "run_multi_card_FPS.sh", *DATA, DRY_RUN="1")
-  assert args == ["--horovod", "--amp", "--eval_at_start", "--num_accumulation_steps=4",
-                  "--num_train_steps=1000"] + DATA
+@pytest.mark.parametrize("preset", config.SCRIPT_PRESETS)
+def test_without_data_a_scripts_preset_is_the_demo_whose_settings_win_but_the_users_do(
+    preset):
+  values = parsed("--preset=%s" % preset, "--num_train_steps=2000", "--learning_rate=1e-3")
+  assert config.is_demo(values)
+  demo_values = dict(config.PRESETS["demo"], num_train_steps=2000, learning_rate=1e-3)
+  assert {name: values[name].value for name in demo_values} == demo_values
+  # One micro-batch an update on any number of cards, the demo's, not the script's 4.
+  assert values.num_accumulation_steps == 1
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_the_demo_shows_each_flag_once_with_the_users_value(tmp_path, script):
-  args = script_args(tmp_path, script, "--num_train_steps=2000", "--learning_rate=1e-3",
-                     DRY_RUN="1")
-  assert_each_flag_once(args)
-  assert "--amp" in args
-  assert args[-2:] == ["--num_train_steps=2000", "--learning_rate=1e-3"]
-  assert "--input_files_dir=cache/train" in args and "--max_seq_length=128" in args
-  if script == "run_multi_card_FPS.sh":
-    # The demo's settings win over the script's: one micro-batch per update.
-    assert "--num_accumulation_steps=1" in args and "--horovod" in args
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("preset", ["one_card", "multi_card", "demo"])
 @pytest.mark.parametrize("off", ["--noamp", "--amp=false", "--nouse_fp16"])
-def test_the_user_turns_mixed_precision_off(tmp_path, script, off):
-  for flags in (DATA, []):  # with data, and the demo
-    args = script_args(tmp_path, script, *(flags + [off]), DRY_RUN="1")
-    assert_each_flag_once(args)
-    assert "--amp" not in args and args[-1] == off
+def test_the_user_turns_the_presets_mixed_precision_off(preset, off):
+  for given in (DATA, []):  # with data, and the demo
+    assert not config.mixed_precision(parsed("--preset=" + preset, off, *given))
 
 
-def test_a_value_given_after_its_flag_replaces_the_scripts(tmp_path):
-  args = script_args(tmp_path, "run_multi_card_FPS.sh", *DATA + ["--num_train_steps", "20"],
-                     DRY_RUN="1")
-  assert args[-2:] == ["--num_train_steps", "20"]
-  assert "--num_train_steps=1000" not in args
+def test_a_value_given_after_its_flag_replaces_the_presets():
+  assert parsed("--preset=multi_card", "--num_train_steps", "20", *DATA).num_train_steps == 20
 
 
 def test_the_flag_defaults_hold_the_mlperf_settings():
-  """The scripts pass none of these: the flag definitions are their one home."""
-  flags = run_pretraining.FLAGS
+  """No preset sets these: the flag definitions are their one home."""
+  defaults = run_pretraining.FLAGS
   mlperf = {"output_dir": "./results", "max_seq_length": 512, "max_predictions_per_seq": 76,
             "optimizer": "lamb", "learning_rate": 5e-5, "num_train_steps": 13206,
             "save_checkpoints_steps": 1000, "stop_threshold": 0.72,
             "samples_between_eval": None, "samples_start_eval": 0,
             "gradient_clipping": "per_micro_batch", "lamb_adapt_layernorm_and_bias": False,
             "eval_batch_size": 24, "max_eval_steps": 0}
-  assert {name: flags[name].default for name in mlperf} == mlperf
-  assert flags["amp"].default is False  # the scripts pass --amp, as the anchor's do
+  assert {name: defaults[name].default for name in mlperf} == mlperf
+  assert defaults["amp"].default is False  # the scripts' presets turn it on, as the anchor's
 
 
-def test_a_sigterm_to_the_demo_script_reaches_the_trainer_and_ends_the_script(tmp_path):
-  """The demo does not exec the trainer (the downstream step follows), so the script
-  passes SIGTERM on: the trainer checkpoints and exits 143, and so does the script."""
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir()
-  fake = bin_dir / "python3"
-  fake.write_text(
-      "#!/bin/bash\n"
-      "case \"$2\" in\n"
-      "  bert_pretrain.demo) case \"$4\" in --finetune_from=*) echo finetuned; exit 0 ;; esac\n"
-      "    echo --output_dir=out ;;\n"
-      "  bert_pretrain.run_pretraining) trap 'echo trainer got TERM; exit 143' TERM\n"
-      "    echo trainer started; for i in $(seq 600); do sleep 0.1; done; exit 0 ;;\n"
-      "  *) exec %s \"$@\" ;;\n"
-      "esac\n" % sys.executable)
-  fake.chmod(0o755)
-  env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]),
-             DEMO_CACHE=str(tmp_path / "cache"))
-  script = subprocess.Popen(["bash", os.path.join(ROOT, "run_1card_FPS.sh")],
-                            cwd=str(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, universal_newlines=True, env=env)
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory):
+  cache = str(tmp_path_factory.mktemp("demo") / "cache")
+  demo.prepare(cache, log=lambda line: None)
+  return cache
+
+
+def test_the_demo_takes_its_data_from_the_cache_and_a_new_folder_unless_given(
+    demo_cache, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+               launch.LAUNCH_ID_VARIABLE):
+    monkeypatch.delenv(name, raising=False)
+  lines = []
+  values = parsed("--preset=one_card", "--demo_cache_dir=" + demo_cache,
+                  "--vocab_file=mine.txt")
+  demo.set_up_run(values, log=lines.append)
+  assert lines == ["No --input_files_dir: running the embedded demo (artefacts in %s)"
+                   % demo_cache]
+  assert (values.input_files_dir, values.eval_files_dir, values.bert_config_file,
+          values.init_checkpoint) == tuple(os.path.join(demo_cache, name) for name in (
+              "train", "eval", "bert_config.json", os.path.join("init", "model.ckpt-0")))
+  assert values.vocab_file == "mine.txt"  # given: kept
+  assert re.match(r"^results/demo-\d{8}-\d{6}$", values.output_dir)
+  assert os.listdir("results") == [os.path.basename(values.output_dir)]
+  given = parsed("--preset=demo", "--demo_cache_dir=" + demo_cache, "--output_dir=out")
+  demo.set_up_run(given, log=lines.append)
+  assert given.output_dir == "out"
+
+
+def test_the_processes_of_one_launch_share_the_demos_folder_and_others_must_name_one(
+    demo_cache, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("HOROVOD_RANK", "1")
+  monkeypatch.setenv(launch.LAUNCH_ID_VARIABLE, "20261127-120000")
+  lines = []
+  for _ in range(2):  # two ranks of the launch
+    values = parsed("--preset=multi_card", "--demo_cache_dir=" + demo_cache)
+    demo.set_up_run(values, log=lines.append)
+    assert values.output_dir == "results/demo-20261127-120000"
+  assert lines == []  # rank 0 tells
+  monkeypatch.delenv(launch.LAUNCH_ID_VARIABLE)
+  with pytest.raises(ValueError, match="a demo of several processes needs one folder for "
+                     "all; pass --output_dir=results/demo-mine, or start it with "
+                     "run_multi_card_FPS.sh"):
+    demo.set_up_run(parsed("--preset=multi_card", "--demo_cache_dir=" + demo_cache))
+
+
+def _one_card_demo(demo_cache, cwd, *flags_given):
+  env = dict(os.environ, PATH="%s:%s" % (os.path.dirname(sys.executable), os.environ["PATH"]))
+  return subprocess.Popen(["bash", os.path.join(ROOT, "run_1card_FPS.sh"),
+                           "--demo_cache_dir=" + demo_cache, "--nodraw_report",
+                           "--display_loss_steps=1"] + list(flags_given),
+                          cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, env=env)
+
+
+def test_the_one_card_demo_trains_then_fine_tunes_what_it_pretrained(demo_cache, tmp_path):
+  script = _one_card_demo(demo_cache, tmp_path, "--num_train_steps=2")
+  out, _ = script.communicate(timeout=600)
+  assert script.returncode == 0, out[-3000:]
+  run, = os.listdir(str(tmp_path / "results"))
+  assert re.search(r"^Step 2, total_loss", out, re.M)
+  assert ("demo: masked-LM accuracy on held-out documents: " in out and
+          "after 2 updates; predicting the most frequent token" in out)
+  assert re.search(r"^demo: fine-tuning from results/%s/model.ckpt-2: " % run, out, re.M)
+  assert re.search(r"^demo: word-order accuracy on held-out documents: [\d.]+ fine-tuned "
+                   r"from the pretrained checkpoint, [\d.]+ from random weights", out, re.M)
+  assert sorted(n for n in os.listdir(str(tmp_path / "results" / run))
+                if n.startswith("finetune-")) == ["finetune-model.ckpt-2", "finetune-random"]
+
+
+def test_a_sigterm_stops_the_demo_with_its_checkpoint_and_no_fine_tuning(demo_cache, tmp_path):
+  script = _one_card_demo(demo_cache, tmp_path, "--output_dir=out")
   lines = []
   for line in script.stdout:
     lines.append(line)
-    if line.startswith("trainer started"):
+    if line.startswith("Step 3,"):
       script.send_signal(signal.SIGTERM)
-  assert script.wait(timeout=60) == 143, lines
-  assert "trainer got TERM\n" in lines and "finetuned\n" not in lines, lines
+  assert script.wait(timeout=120) == 143, "".join(lines[-30:])
+  assert not any(line.startswith("demo: fine-tuning") for line in lines), lines
+  assert any(name.startswith("model.ckpt-") for name in os.listdir(str(tmp_path / "out")))
 
 
 def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path):
@@ -187,17 +228,16 @@ def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path)
                             universal_newlines=True, env=dict(env, PATH=path), timeout=60)
     assert result.returncode == 0, result.stderr
     lines[host] = result.stdout.strip()
-  command = ("python3 -m bert_pretrain.run_pretraining --distribution=mirrored --cpu_devices=2 "
-             "--amp --eval_at_start --num_accumulation_steps=4 --num_train_steps=1000 " +
-             " ".join(DATA))
+  command = ("python3 -m bert_pretrain.run_pretraining --preset=multi_card "
+             "--distribution=mirrored --cpu_devices=2 " + " ".join(DATA))
   assert lines["gpu"] == ("Launching 1 process driving 2 cards (mirrored): env "
                           "CUDA_VISIBLE_DEVICES=0,1 " + command)
   assert lines["cpu"] == "Launching 1 process driving 2 cards (mirrored): " + command
 
 
-def _demo(cache, cwd, *flags):
+def _demo(cache, cwd, *flags_given):
   return subprocess.Popen([sys.executable, "-m", "bert_pretrain.demo", "--cache_dir=%s" % cache]
-                          + list(flags), cwd=str(cwd), stdout=subprocess.PIPE,
+                          + list(flags_given), cwd=str(cwd), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True,
                           env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
 
@@ -205,9 +245,9 @@ def _demo(cache, cwd, *flags):
 def test_two_demos_started_at_once_on_an_empty_cache_both_succeed(tmp_path):
   cache = tmp_path / "cache"
   demos = [_demo(cache, tmp_path) for _ in range(2)]
-  outputs = [demo.communicate(timeout=300) for demo in demos]
-  for demo, (_, err) in zip(demos, outputs):
-    assert demo.returncode == 0, err[-3000:]
+  outputs = [demo_run.communicate(timeout=300) for demo_run in demos]
+  for demo_run, (_, err) in zip(demos, outputs):
+    assert demo_run.returncode == 0, err[-3000:]
   # The cache was built once, under its lock: the second waited, then found it built.
   waited = [err for _, err in outputs if "another demo is building" in err]
   built = [err for _, err in outputs if "building a 4096-token WordPiece vocab" in err]
@@ -227,9 +267,9 @@ def test_the_demos_fine_tuning_from_a_folder_that_is_not_a_run_is_an_error(tmp_p
   for given, message in (
       ("results/demo-typo", "--finetune_from=results/demo-typo does not exist"),
       ("results", "--finetune_from=results holds neither a checkpoint nor a pretraining run")):
-    demo = _demo(tmp_path / "cache", tmp_path, "--finetune_from=" + given)
-    _, err = demo.communicate(timeout=120)
-    assert demo.returncode == 2
+    demo_run = _demo(tmp_path / "cache", tmp_path, "--finetune_from=" + given)
+    _, err = demo_run.communicate(timeout=120)
+    assert demo_run.returncode == 2
     assert err.strip().splitlines()[-1] == (
         "demo: error: %s; pass the --output_dir of the demo's pretraining run "
         "(results/demo-<time>)" % message)

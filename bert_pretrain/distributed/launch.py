@@ -32,6 +32,7 @@ import re
 import shlex
 import socket
 import sys
+import time
 
 from bert_pretrain import errors
 
@@ -39,6 +40,9 @@ Plan = collections.namedtuple("Plan", ["ranks", "hosts", "per_host", "args"])
 # The engines the script launches (run_pretraining's --distribution, but "none").
 DISTRIBUTIONS = ("horovod", "mirrored", "multi_worker_mirrored")
 MULTI_WORKER_PORT = 12345  # TF_CONFIG's port of every worker, unless MULTI_WORKER_PORT.
+# Set by run for every process it starts (horovodrun and mpirun pass the environment on):
+# a demo's processes name their one output folder with it.
+LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -262,7 +266,9 @@ def run_horovodrun(args, run_commandline):
 
 def run(words):
   """Runs the script's command (words): horovodrun, after any `env NAME=VALUE` words, in
-  this process (run_horovodrun); any other command replaces this process."""
+  this process (run_horovodrun); any other command replaces this process. Every process
+  of the job gets the launch's time in LAUNCH_ID_VARIABLE."""
+  os.environ[LAUNCH_ID_VARIABLE] = time.strftime("%Y%m%d-%H%M%S")
   env, program = {}, list(words)
   while program and program[0] == "env":
     program.pop(0)
