@@ -19,6 +19,7 @@ import pytest
 
 from bert_pretrain import config
 from bert_pretrain import demo
+from bert_pretrain import pack_records
 from bert_pretrain import run_pretraining
 from bert_pretrain.distributed import launch
 
@@ -151,9 +152,13 @@ def test_the_demo_takes_its_data_from_the_cache_and_a_new_folder_unless_given(
   assert values.vocab_file == "mine.txt"  # given: kept
   assert re.match(r"^results/demo-\d{8}-\d{6}$", values.output_dir)
   assert os.listdir("results") == [os.path.basename(values.output_dir)]
-  given = parsed("--preset=demo", "--demo_cache_dir=" + demo_cache, "--output_dir=out")
+  given = parsed("--preset=demo", "--demo_cache_dir=" + demo_cache, "--output_dir=out",
+                 "--enable_packed_data_mode")
   demo.set_up_run(given, log=lines.append)
   assert given.output_dir == "out"
+  # Packed: the demo's training records packed beside them, which the run reads.
+  assert given.input_files_dir == os.path.join(demo_cache, "train_packed")
+  assert pack_records.read_summary(given.input_files_dir)["sequences_in"] > 0
 
 
 def test_the_processes_of_one_launch_share_the_demos_folder_and_others_must_name_one(
