@@ -136,7 +136,7 @@ def prepare_demo(cache_dir):
   """The demo's vocab, TFRecords, bert_config.json and init checkpoint (cached)."""
   with open(os.path.join(FLAGS.out_dir, "logs", "scaling-demo.log"), "w") as log_file:
     subprocess.check_call([sys.executable, "-m", "bert_pretrain.demo",
-                           "--cache_dir=" + cache_dir], cwd=ROOT, env=run_env(),
+                           "--demo_cache_dir=" + cache_dir], cwd=ROOT, env=run_env(),
                           stdout=log_file, stderr=subprocess.STDOUT)
   medium_config = os.path.join(cache_dir, "bert_config_medium.json")
   with open(medium_config, "w") as f:

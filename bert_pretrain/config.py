@@ -74,16 +74,12 @@ class Data(object):
   enable_packed_data_mode: bool = setting(
       False, "Expect packed records (python3 -m bert_pretrain.pack_records); they are "
       "recognised from their features anyway, and with this flag unpacked ones are an "
-      "error.")
+      "error. The demo then trains on its records packed.")
   avg_seq_per_pack: float = setting(
       0.0, "Packed records: the mean sequences a pack, which turns packs into samples "
       "(the global batch, the evaluation interval, FPS, mllog); 0: the packer's figure "
       "from pack_records.json beside the records; given with it, within 0.05 of it (the "
       "file's is used); between 1 and the sequences a pack holds.")
-  demo_cache_dir: str = setting(
-      os.path.join(ROOT, "demo_cache"), "The embedded demo's data, vocab, config and "
-      "initial checkpoint, built here once (a demo run: --preset=demo, or a script's "
-      "preset without --input_files_dir).")
   log_trained_records: bool = setting(
       False, "Append a fingerprint of every record each micro-batch trains on to "
       "output_dir/trained_records-rank-N.txt (N: the process; lines 'update micro-batch "
@@ -127,7 +123,8 @@ class Optimizer(object):
   reference_hyperparameters: bool = setting(
       False, "Take the learning rate, steps, warm-up, betas, epsilon and weight decay of "
       "MLPerf's reference convergence point (RCP) for the run's global batch size; flags "
-      "given on the command line still win, and the log names the RCP.")
+      "given on the command line still win (a --preset's values do not), and the log "
+      "names the RCP.")
   num_accumulation_steps: int = setting(1, "Micro-batches summed into one update.")
   allreduce_post_accumulation: bool = setting(
       True, "All-reduce once per update, after accumulation (otherwise after every "
@@ -248,6 +245,18 @@ class Runtime(object):
 
 
 @dataclasses.dataclass
+class Demo(object):
+  """The embedded demo's (bert_pretrain/demo.py), read when the run is the demo: --preset=demo,
+  or a script's preset without --input_files_dir."""
+  demo_cache_dir: str = setting(
+      os.path.join(ROOT, "demo_cache"), "The demo's data, vocab, config and initial "
+      "checkpoint, built here once.")
+  demo_finetune_epochs: float = setting(
+      3.0, "Epochs of the demo's fine-tuning step (word order, from the pretrained "
+      "checkpoint and from random weights) after a run of one process; 0: none.")
+
+
+@dataclasses.dataclass
 class Anchors(object):
   """Flags of the anchors' run_pretraining.py (NVIDIA DeepLearningExamples, Habana's MLPerf
   BERT, Iluvatar's CoreX recipe) that users carry over and that are not ours under the
@@ -294,6 +303,7 @@ Settings = collections.namedtuple("Settings", ["data", "model", "optimizer", "ev
 
 # The settings the scripts and the demo choose (--preset); what they do not name keeps its
 # default. The demo's data paths come from its cache (--demo_cache_dir, bert_pretrain/demo.py).
+# --reference_hyperparameters goes over a preset's values, not over flags given.
 PRESETS = {
     # run_1card_FPS.sh: mixed precision as the anchor's scripts run; the evaluation at
     # start checks the initial checkpoint (MLPerf's scores about 0.34085).
@@ -345,7 +355,7 @@ def define_flags(sections, flag_values=flags.FLAGS):
 
 def define_pretraining_flags(flag_values=flags.FLAGS):
   """run_pretraining's flags: the sections', the anchors' and --preset."""
-  define_flags(PRETRAINING + (Anchors,), flag_values)
+  define_flags(PRETRAINING + (Demo, Anchors), flag_values)
   flags.DEFINE_enum("preset", None, sorted(PRESETS), "Settings chosen together: one_card "
                     "and multi_card (the scripts'; without --input_files_dir they run the "
                     "demo), demo (the embedded demo: data, vocab, config and initial "
@@ -364,15 +374,23 @@ def is_demo(flag_values=flags.FLAGS):
 
 def apply_presets(flag_values=flags.FLAGS):
   """Sets the values of --preset (and the demo's over a script's, for a demo run) of the
-  flags the command line did not give."""
+  flags the command line did not give.
+
+  Raises:
+    ValueError: --preset=demo with --input_files_dir.
+  """
+  if flag_values.preset == "demo" and flag_values["input_files_dir"].present:
+    raise ValueError("--preset=demo trains on the demo's data but --input_files_dir is "
+                     "given; drop it, or pass --preset=one_card to train on yours")
   names = [flag_values.preset] if flag_values.preset else []
   if is_demo(flag_values) and "demo" not in names:
     names.append("demo")
   values = {}
   for name in names:
     values.update(PRESETS[name])
-  if any(flag_values[alias].present for alias in ("use_fp16", "manual_fp16", "amp_dtype")):
-    values.pop("amp", None)  # the command line chose the precision (--nouse_fp16: float32)
+  if any(flag_values[alias].present and not flag_values[alias].value
+         for alias in ("use_fp16", "manual_fp16")):
+    values.pop("amp", None)  # --nouse_fp16: the anchors' way to say float32
   for flag, value in values.items():
     if not flag_values[flag].present:
       setattr(flag_values, flag, value)

@@ -27,15 +27,17 @@ word_order/dev.tsv, the held-out documents). A bag of words cannot tell the two 
 so the task needs what pretraining learns about word order; it is fine-tuned from the
 run's checkpoint and from random weights, both accuracies printed side by side.
 
-As a command, `python3 -m bert_pretrain.demo` builds the cache and prints the demo run's
-flags, one a line; with --finetune_from=OUTPUT_DIR it runs the downstream step on a run.
+As a command, `python3 -m bert_pretrain.demo` builds the cache (--demo_cache_dir); with
+--finetune_from=OUTPUT_DIR it runs the downstream step on a pretraining run.
 """
 
 import collections
+import ctypes
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -56,6 +58,7 @@ from bert_pretrain import pack_records
 from bert_pretrain.training import pretraining
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
+from bert_pretrain.wiki import workdir
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "corpus.txt")
 
@@ -78,9 +81,7 @@ MAX_SEQ_LENGTH = config.PRESETS["demo"]["max_seq_length"]
 MAX_PREDICTIONS_PER_SEQ = config.PRESETS["demo"]["max_predictions_per_seq"]
 EVAL_DOCUMENT_FRACTION = 0.1
 NUM_TRAIN_FILES = 4
-# The flags `python3 -m bert_pretrain.demo` prints for the run: config.PRESETS["demo"]
-# (500 LAMB updates of 32 sequences, evaluated every 125) but for the precision.
-RUN_FLAGS = {k: v for k, v in config.PRESETS["demo"].items() if k != "amp"}
+
 
 # The downstream step: is a sentence as written (label "original") or are its words
 # shuffled ("shuffled"), half of them at random. Not which book a passage comes from:
@@ -109,17 +110,13 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   """The flags of `python3 -m bert_pretrain.demo` (not of the runs that import this)."""
-  flags.DEFINE_string("cache_dir", config.default(config.Data, "demo_cache_dir"),
+  flags.DEFINE_string("demo_cache_dir", config.default(config.Demo, "demo_cache_dir"),
                       "Folder of the demo's artefacts.")
-  flags.DEFINE_bool("packed", False, "Pack the demo's training records into "
-                    "<cache_dir>/train_packed (bert_pretrain.pack_records) and train on them.")
   flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
                       "demo's pretraining run, whose checkpoint is fine-tuned to tell "
                       "sentences from their words shuffled (and random weights beside it).")
   flags.DEFINE_string("finetune_bert_config_file", None, "With --finetune_from: the run's "
                       "--bert_config_file (default: the demo's).")
-  flags.DEFINE_string("run_output_dir", None, "The pretraining run's --output_dir (default: "
-                      "a new folder results/demo-<time>, made here).")
   flags.DEFINE_string("finetune_vocab_file", None, "With --finetune_from: the run's "
                       "--vocab_file (default: the demo's).")
 
@@ -151,9 +148,10 @@ def write_documents(documents, path):
     f.write("\n\n".join("\n".join(doc) for doc in documents) + "\n")
 
 
-def prepare(cache_dir, log=print):
+def prepare(cache_dir, log=print, packed=False):
   """Builds whatever of the demo artefacts is missing in cache_dir (under its lock: another
-  demo building it meanwhile is waited for); returns their paths."""
+  demo building it meanwhile is waited for); returns their paths. packed: the training
+  records packed too (<cache_dir>/train_packed), which input_files_dir then names."""
   if not os.path.exists(CORPUS):
     raise ValueError("the demo corpus %s is missing; restore it with git checkout" % CORPUS)
   os.makedirs(cache_dir, exist_ok=True)
@@ -164,7 +162,14 @@ def prepare(cache_dir, log=print):
     log("demo: another demo is building %s; waiting for it" % cache_dir)
     lock.acquire(wait=True)
   try:
-    return _prepare(cache_dir, log)
+    paths = _prepare(cache_dir, log)
+    if packed:
+      folder = os.path.join(cache_dir, "train_packed")
+      summary = pack_records.pack(paths["input_files_dir"], folder, jobs=1)
+      if not summary["done_before"]:
+        log("demo: " + pack_records.summary_line(summary, folder))
+      paths["input_files_dir"] = folder
+    return paths
   finally:
     lock.release()
 
@@ -226,21 +231,8 @@ def _prepare(cache_dir, log):
 
 
 def prepare_packed(cache_dir, log=print):
-  """Packs the demo's training records beside them, once: <cache_dir>/train_packed.
-
-  Args:
-    cache_dir: the demo's artefacts (prepare makes what is missing).
-    log: function taking a line.
-
-  Returns:
-    the folder of the packed records.
-  """
-  paths = prepare(cache_dir, log=log)
-  folder = os.path.join(cache_dir, "train_packed")
-  summary = pack_records.pack(paths["input_files_dir"], folder, jobs=1)
-  if not summary["done_before"]:
-    log("demo: " + pack_records.summary_line(summary, folder))
-  return folder
+  """The folder of the demo's training records packed (prepare with packed=True)."""
+  return prepare(cache_dir, log=log, packed=True)["input_files_dir"]
 
 
 def write_fresh_checkpoint(bert_config, prefix, seed=12345):
@@ -344,7 +336,7 @@ def log_masked_lm_baseline(pretrained_dir, eval_files_dir, vocab_file, log):
          other))
 
 
-def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
+def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None):
   """The downstream step: logs the run's masked-LM accuracy beside the most frequent
   token's, fine-tunes the latest checkpoint in pretrained_dir on the word-order task,
   then the same model from random weights, and prints both dev accuracies.
@@ -355,6 +347,7 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
     model_files: (optional) dict with the bert_config_file and vocab_file the run used
       (default: the demo's).
     log: function taking a line.
+    epochs: fine-tuning epochs (default: FINETUNE_FLAGS').
 
   Returns:
     dict: "pretrained" and "random" -> dev accuracy; None when pretrained_dir holds no
@@ -386,13 +379,15 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
         os.path.basename(init) if init else "random"))
     values = dict(FINETUNE_FLAGS, data_dir=task_dir, output_dir=output_dir,
                   bert_config_file=paths["bert_config_file"], vocab_file=paths["vocab_file"])
+    if epochs is not None:
+      values["num_train_epochs"] = epochs
     if init:
       values["init_checkpoint"] = init
     command = [sys.executable, "-m", "bert_pretrain.run_classifier"] + [
         "--%s=%s" % item for item in sorted(values.items())]
     log("demo: fine-tuning from %s: %s" % (init or "random weights", " ".join(command[1:])))
     finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True)
+                              universal_newlines=True, preexec_fn=_end_with_parent)
     for line in finished.stdout.splitlines():
       if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
         log("  " + line.strip())
@@ -409,39 +404,45 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print):
   return accuracy
 
 
-def run_flags(paths, output_dir):
-  """The run_pretraining flags of the demo run, as a list of "--name=value"."""
-  values = dict(paths, output_dir=output_dir, **RUN_FLAGS)
-  return ["--%s=%s" % (k, v) if not isinstance(v, bool) else "--%s%s" % ("" if v else "no", k)
-          for k, v in values.items()]
+def _end_with_parent():
+  """In a fine-tuning child: SIGTERM when the demo's process ends (Linux's
+  PR_SET_PDEATHSIG), so a demo stopped by a signal leaves no trainer running."""
+  try:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+  except (OSError, AttributeError):
+    pass
 
 
 def set_up_run(flag_values, log=print):
   """Fills the demo run's flags that the command line did not give: the data, vocab,
   config and initial checkpoint of the cache (--demo_cache_dir, built where missing; the
-  training records packed with --enable_packed_data_mode) and a new output_dir.
+  training records packed with --enable_packed_data_mode) and a new output_dir, one
+  for all the processes of a launch.
 
   Raises:
     ValueError: several processes not started by the multi-card script, and no
       --output_dir (each would make a folder of its own).
   """
+  if flag_values.demo_finetune_epochs < 0:
+    raise ValueError("--demo_finetune_epochs=%g must not be negative; pass 0 for no "
+                     "fine-tuning step" % flag_values.demo_finetune_epochs)
+  processes = ranks.launcher_size()
   if ranks.launcher_rank() not in (None, 0):
     log = lambda line: None  # rank 0 tells; the others wait for the cache it builds
-  cache_dir = flag_values.demo_cache_dir
-  log("No --input_files_dir: running the embedded demo (artefacts in %s)" % cache_dir)
-  paths = prepare(cache_dir, log=log)
-  if flag_values.enable_packed_data_mode:
-    paths["input_files_dir"] = prepare_packed(cache_dir, log=log)
+  output_dir = None
   if not flag_values["output_dir"].present:
     launch_id = os.environ.get(launch.LAUNCH_ID_VARIABLE)
-    if launch_id:  # the same folder for every process of the launch
-      paths["output_dir"] = os.path.join("results", "demo-" + launch_id)
-      os.makedirs(paths["output_dir"], exist_ok=True)
-    elif ranks.launcher_rank() is not None:
+    if processes > 1 and not launch_id:
       raise ValueError("a demo of several processes needs one folder for all; pass "
                        "--output_dir=results/demo-mine, or start it with run_multi_card_FPS.sh")
-    else:
-      paths["output_dir"] = new_output_dir()
+    output_dir = os.path.join("results", "demo-" + launch_id) if processes > 1 else None
+  cache_dir = flag_values.demo_cache_dir
+  log("No --input_files_dir: running the embedded demo (artefacts in %s)" % cache_dir)
+  paths = prepare(cache_dir, log=log, packed=flag_values.enable_packed_data_mode)
+  if not flag_values["output_dir"].present:
+    if output_dir:
+      os.makedirs(output_dir, exist_ok=True)
+    paths["output_dir"] = output_dir or new_output_dir()
   for name, value in paths.items():
     if not flag_values[name].present:
       setattr(flag_values, name, value)
@@ -467,19 +468,18 @@ def main(argv):
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   try:
-    if FLAGS["finetune_from"].present:
-      if not FLAGS.finetune_from:
-        raise ValueError("--finetune_from is empty; pass the pretraining run's output_dir")
-      finetune(FLAGS.cache_dir, FLAGS.finetune_from,
-               {k: getattr(FLAGS, "finetune_" + k) for k in ("bert_config_file", "vocab_file")
-                if getattr(FLAGS, "finetune_" + k)})
+    if not FLAGS["finetune_from"].present:
+      paths = prepare(FLAGS.demo_cache_dir, log=print)
+      print("demo: the cache is ready: %s" % ", ".join(
+          "--%s=%s" % item for item in sorted(paths.items())))
       return 0
-    paths = prepare(FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr))
-    if FLAGS.packed:
-      paths = dict(paths, input_files_dir=prepare_packed(
-          FLAGS.cache_dir, log=lambda line: print(line, file=sys.stderr)))
-    output_dir = FLAGS.run_output_dir or new_output_dir()
-  except (ValueError, pack_records.PackError) as e:
+    if not FLAGS.finetune_from:
+      raise ValueError("--finetune_from is empty; pass the pretraining run's output_dir")
+    finetune(FLAGS.demo_cache_dir, FLAGS.finetune_from,
+             {k: getattr(FLAGS, "finetune_" + k) for k in ("bert_config_file", "vocab_file")
+              if getattr(FLAGS, "finetune_" + k)})
+    return 0
+  except (ValueError, workdir.PrepareError) as e:
     errors.print_error("demo", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
@@ -487,8 +487,6 @@ def main(argv):
       raise
     errors.print_error("demo", errors.os_error_message(e))
     return 2
-  print("\n".join(run_flags(paths, output_dir)))
-  return 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import config
 from bert_pretrain import demo
 from bert_pretrain import errors
-from bert_pretrain import pack_records
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.distributed import ranks as ranks_lib
@@ -31,6 +30,7 @@ from bert_pretrain.training import inputs as inputs_lib
 from bert_pretrain.training import loop
 from bert_pretrain.training import mlperf
 from bert_pretrain.training import signals
+from bert_pretrain.wiki import workdir
 
 config.define_pretraining_flags()
 FLAGS = flags.FLAGS
@@ -46,15 +46,16 @@ def main(argv):
   stop.install()
   try:
     config.apply_presets()
-    if config.is_demo():
-      demo.set_up_run(FLAGS)
     # --use_fp16 and --manual_fp16 (the anchors' names) are aliases of --amp; --amp_dtype
     # implies it.
     device = device_lib.detect_device(FLAGS.device, config.mixed_precision(), FLAGS.amp_dtype)
     config.apply_anchor_flags()
+    demo_settings = config.from_flags(config.Demo) if config.is_demo() else None
+    if demo_settings:
+      demo.set_up_run(FLAGS)
     cfg = config.settings_from_flags()
     inputs = inputs_lib.check_inputs(cfg)
-  except (ValueError, pack_records.PackError) as e:
+  except (ValueError, workdir.PrepareError) as e:
     errors.print_error("run_pretraining", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
@@ -74,11 +75,13 @@ def main(argv):
       cfg = cfg._replace(optimizer=config.from_flags(config.Optimizer))
       inputs_lib.check_settings(cfg)
     status = run(cfg, inputs, ranks, device, stop, notes)
-    if status == 0 and config.is_demo() and ranks.size == 1:
+    if status == 0 and demo_settings and ranks.size == 1 and demo_settings.demo_finetune_epochs:
       # The demo's downstream step: does the pretrained model beat random weights?
-      demo.finetune(cfg.data.demo_cache_dir, cfg.run.output_dir,
+      stop.disarm("during the demo's fine-tuning step (the pretraining run is saved)")
+      demo.finetune(demo_settings.demo_cache_dir, cfg.run.output_dir,
                     {"bert_config_file": cfg.model.bert_config_file,
-                     "vocab_file": cfg.model.vocab_file})
+                     "vocab_file": cfg.model.vocab_file},
+                    epochs=demo_settings.demo_finetune_epochs)
     return status
   except Exception as e:  # pylint: disable=broad-except
     status = error_status(e, cfg, inputs, ranks)

@@ -7,6 +7,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain.data import records
 from bert_pretrain.model import modeling
+from bert_pretrain.model import shapes
 from bert_pretrain.training import pretraining
 
 CONFIG = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
@@ -119,8 +120,8 @@ def test_a_packed_sequence_attends_to_its_own_tokens_only():
 
 def test_packed_rows_mask_attention_block_by_block():
   with tf.Graph().as_default():
-    mask = modeling.create_attention_mask_from_sequence_ids(tf.constant([[1, 1, 2, 0]]))
-    rows = modeling.attention_mask_at(mask, tf.constant([[2, 0]]))
+    mask = shapes.create_attention_mask_from_sequence_ids(tf.constant([[1, 1, 2, 0]]))
+    rows = shapes.attention_mask_at(mask, tf.constant([[2, 0]]))
     with tf.Session() as sess:
       mask, rows = sess.run([mask, rows])
   np.testing.assert_array_equal(mask[0], [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0],

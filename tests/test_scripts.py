@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 from absl import flags
 import pytest
@@ -104,10 +105,22 @@ def test_without_data_a_scripts_preset_is_the_demo_whose_settings_win_but_the_us
 
 
 @pytest.mark.parametrize("preset", ["one_card", "multi_card", "demo"])
-@pytest.mark.parametrize("off", ["--noamp", "--amp=false", "--nouse_fp16"])
-def test_the_user_turns_the_presets_mixed_precision_off(preset, off):
-  for given in (DATA, []):  # with data, and the demo
-    assert not config.mixed_precision(parsed("--preset=" + preset, off, *given))
+@pytest.mark.parametrize("given,on", [
+    ("--noamp", False), ("--amp=false", False), ("--nouse_fp16", False),
+    ("--nomanual_fp16", False), ("--amp_dtype=auto", True), ("--amp_dtype=bfloat16", True),
+    ("--use_fp16", True)])
+def test_the_user_chooses_the_precision_over_the_presets(preset, given, on):
+  for data in (DATA, []):  # with data, and the demo
+    if preset == "demo" and data:
+      continue
+    assert config.mixed_precision(parsed("--preset=" + preset, given, *data)) is on
+
+
+def test_the_demo_preset_with_the_users_data_is_an_error():
+  with pytest.raises(ValueError, match=re.escape(
+      "--preset=demo trains on the demo's data but --input_files_dir is given; drop it, or "
+      "pass --preset=one_card to train on yours")):
+    parsed("--preset=demo", *DATA)
 
 
 def test_a_value_given_after_its_flag_replaces_the_presets():
@@ -165,6 +178,7 @@ def test_the_processes_of_one_launch_share_the_demos_folder_and_others_must_name
     demo_cache, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   monkeypatch.setenv("HOROVOD_RANK", "1")
+  monkeypatch.setenv("HOROVOD_SIZE", "2")
   monkeypatch.setenv(launch.LAUNCH_ID_VARIABLE, "20261127-120000")
   lines = []
   for _ in range(2):  # two ranks of the launch
@@ -177,6 +191,12 @@ def test_the_processes_of_one_launch_share_the_demos_folder_and_others_must_name
                      "all; pass --output_dir=results/demo-mine, or start it with "
                      "run_multi_card_FPS.sh"):
     demo.set_up_run(parsed("--preset=multi_card", "--demo_cache_dir=" + demo_cache))
+  # One process (horovodrun -np 1 by hand): a folder of its own, as without a launcher.
+  monkeypatch.setenv("HOROVOD_RANK", "0")
+  monkeypatch.setenv("HOROVOD_SIZE", "1")
+  alone = parsed("--preset=multi_card", "--demo_cache_dir=" + demo_cache)
+  demo.set_up_run(alone, log=lines.append)
+  assert re.match(r"^results/demo-\d{8}-\d{6}$", alone.output_dir)
 
 
 def _one_card_demo(demo_cache, cwd, *flags_given):
@@ -189,7 +209,8 @@ def _one_card_demo(demo_cache, cwd, *flags_given):
 
 
 def test_the_one_card_demo_trains_then_fine_tunes_what_it_pretrained(demo_cache, tmp_path):
-  script = _one_card_demo(demo_cache, tmp_path, "--num_train_steps=2")
+  script = _one_card_demo(demo_cache, tmp_path, "--num_train_steps=2",
+                          "--demo_finetune_epochs=0.1")
   out, _ = script.communicate(timeout=600)
   assert script.returncode == 0, out[-3000:]
   run, = os.listdir(str(tmp_path / "results"))
@@ -213,6 +234,38 @@ def test_a_sigterm_stops_the_demo_with_its_checkpoint_and_no_fine_tuning(demo_ca
   assert script.wait(timeout=120) == 143, "".join(lines[-30:])
   assert not any(line.startswith("demo: fine-tuning") for line in lines), lines
   assert any(name.startswith("model.ckpt-") for name in os.listdir(str(tmp_path / "out")))
+
+
+def _processes_naming(text):
+  """The pids of the processes whose command line holds `text`."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open("/proc/%s/cmdline" % pid, "rb") as f:
+        if text.encode() in f.read():
+          found.append(int(pid))
+    except OSError:
+      pass
+  return found
+
+
+def test_a_sigterm_during_the_fine_tuning_step_ends_it_and_its_trainer(demo_cache, tmp_path):
+  script = _one_card_demo(demo_cache, tmp_path, "--output_dir=out", "--num_train_steps=2")
+  lines = []
+  for line in script.stdout:
+    lines.append(line)
+    if line.startswith("demo: fine-tuning from"):
+      script.send_signal(signal.SIGTERM)
+  assert script.wait(timeout=120) == 143, "".join(lines[-30:])
+  assert lines[-1].strip() == ("run_pretraining: SIGTERM during the demo's fine-tuning step "
+                               "(the pretraining run is saved): exiting (nothing to save)")
+  children = _processes_naming(str(tmp_path / "out" / "finetune-"))
+  for _ in range(100):
+    children = _processes_naming(str(tmp_path / "out" / "finetune-"))
+    if not children:
+      break
+    time.sleep(0.1)
+  assert children == []
 
 
 def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path):
@@ -241,7 +294,8 @@ def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path)
 
 
 def _demo(cache, cwd, *flags_given):
-  return subprocess.Popen([sys.executable, "-m", "bert_pretrain.demo", "--cache_dir=%s" % cache]
+  return subprocess.Popen([sys.executable, "-m", "bert_pretrain.demo",
+                           "--demo_cache_dir=%s" % cache]
                           + list(flags_given), cwd=str(cwd), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True,
                           env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -251,20 +305,22 @@ def test_two_demos_started_at_once_on_an_empty_cache_both_succeed(tmp_path):
   cache = tmp_path / "cache"
   demos = [_demo(cache, tmp_path) for _ in range(2)]
   outputs = [demo_run.communicate(timeout=300) for demo_run in demos]
-  for demo_run, (_, err) in zip(demos, outputs):
+  for demo_run, (out, err) in zip(demos, outputs):
     assert demo_run.returncode == 0, err[-3000:]
+    assert ("demo: the cache is ready: --bert_config_file=%s" % (cache / "bert_config.json")
+            in out)
   # The cache was built once, under its lock: the second waited, then found it built.
-  waited = [err for _, err in outputs if "another demo is building" in err]
-  built = [err for _, err in outputs if "building a 4096-token WordPiece vocab" in err]
+  waited = [out for out, _ in outputs if "another demo is building" in out]
+  built = [out for out, _ in outputs if "building a 4096-token WordPiece vocab" in out]
   assert len(waited) == 1 and len(built) == 1
   assert sorted(os.listdir(str(cache))) == [".bert_pretrain.lock", "bert_config.json", "eval",
                                             "init", "text", "train", "vocab.txt"]
-  # Each trains in a folder of its own, even when both start in the same second.
-  output_dirs = [[l for l in out.splitlines() if l.startswith("--output_dir=")][0]
-                 for out, _ in outputs]
-  assert len(set(output_dirs)) == 2
-  for flag in output_dirs:
-    assert os.path.isdir(str(tmp_path / flag.split("=", 1)[1]))
+  assert os.listdir(str(tmp_path)) == ["cache"]  # no run folder: building trains nothing
+
+
+def test_demos_started_in_the_same_second_train_in_folders_of_their_own(tmp_path):
+  folders = [demo.new_output_dir(str(tmp_path / "results")) for _ in range(3)]
+  assert len(set(folders)) == 3 and all(os.path.isdir(f) for f in folders)
 
 
 def test_the_demos_fine_tuning_from_a_folder_that_is_not_a_run_is_an_error(tmp_path):

@@ -76,7 +76,7 @@ COMMANDS = {
         "--vocab_file=" + d["vocab"], "--max_seq_length=%d" % SEQ_LENGTH,
         "--max_predictions_per_seq=%d" % PREDICTIONS, "--dupe_factor=1",
         "--output_file=" + os.path.join(out, "part-0")],
-    "demo": lambda d, out: ["-m", "bert_pretrain.demo", "--cache_dir=" + out],
+    "demo": lambda d, out: ["-m", "bert_pretrain.demo", "--demo_cache_dir=" + out],
     "prepare_wiki": lambda d, out: [
         "-m", "bert_pretrain.wiki", "--dump=" + WIKI_SAMPLE, "--vocab=" + d["wiki_vocab"],
         "--output_dir=" + out, "--jobs=1"],

@@ -267,8 +267,8 @@ def run_horovodrun(args, run_commandline):
 def run(words):
   """Runs the script's command (words): horovodrun, after any `env NAME=VALUE` words, in
   this process (run_horovodrun); any other command replaces this process. Every process
-  of the job gets the launch's time in LAUNCH_ID_VARIABLE."""
-  os.environ[LAUNCH_ID_VARIABLE] = time.strftime("%Y%m%d-%H%M%S")
+  of the job gets the launch's time and this process's id in LAUNCH_ID_VARIABLE."""
+  os.environ[LAUNCH_ID_VARIABLE] = "%s-%d" % (time.strftime("%Y%m%d-%H%M%S"), os.getpid())
   env, program = {}, list(words)
   while program and program[0] == "env":
     program.pop(0)

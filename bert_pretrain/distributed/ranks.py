@@ -34,6 +34,7 @@ DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 # The variables of the job's processes when launched by horovodrun or mpirun (also for
 # multi_worker_mirrored, whose TF_CONFIG may leave the task to them).
 RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 def launcher_rank():
@@ -42,6 +43,14 @@ def launcher_rank():
     if os.environ.get(name, "").isdigit():
       return int(os.environ[name])
   return None
+
+
+def launcher_size():
+  """The number of processes the launcher (horovodrun, mpirun) started, 1 without one."""
+  for name in SIZE_VARIABLES:
+    if os.environ.get(name, "").isdigit():
+      return int(os.environ[name])
+  return 1
 
 
 def multi_worker_config():
@@ -85,14 +94,16 @@ def multi_worker_config():
 def _check_one_process(distribution):
   """Raises ValueError when a launcher started several processes for an engine of one
   process (each would train alone as rank 0, in the same output_dir)."""
-  for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+  for name in SIZE_VARIABLES:
     size = os.environ.get(name, "")
     if size.isdigit() and int(size) > 1:
       raise ValueError("the launcher started %s processes (%s) but --distribution=%s runs "
                        "one process%s; pass --horovod under horovodrun or mpirun, or start "
-                       "one process" % (size, name, distribution,
-                                        " without TF_CONFIG" if distribution ==
-                                        "multi_worker_mirrored" else ""))
+                       "one process (run_multi_card_FPS.sh: set DISTRIBUTION=%s instead of "
+                       "passing --distribution)" % (size, name, distribution,
+                                                   " without TF_CONFIG" if distribution ==
+                                                   "multi_worker_mirrored" else "",
+                                                   distribution))
 
 
 def _update_from_first_replica(next_creator, **kwargs):

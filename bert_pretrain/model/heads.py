@@ -8,6 +8,7 @@ so that pretraining, the export and the tests build the same heads.
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.model import modeling
+from bert_pretrain.model import shapes
 from bert_pretrain.model import precision
 
 
@@ -121,4 +122,4 @@ def gather_indexes(sequence_tensor, positions):
   width = sequence_shape[2]
 
   flat_sequence_tensor = tf.reshape(sequence_tensor, [batch_size * seq_length, width])
-  return tf.gather(flat_sequence_tensor, modeling.flat_positions(positions, seq_length))
+  return tf.gather(flat_sequence_tensor, shapes.flat_positions(positions, seq_length))

@@ -16,6 +16,7 @@ the attention per sequence pays.
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.model import modeling
+from bert_pretrain.model import shapes
 
 
 def transformer_model(input_tensor,
@@ -83,10 +84,10 @@ def transformer_model(input_tensor,
       last_at_outputs = output_positions is not None and layer_idx == num_hidden_layers - 1
       mask, sequences = attention_mask, batch_size
       if last_at_outputs:
-        positions = modeling.flat_positions(output_positions, seq_length)
+        positions = shapes.flat_positions(output_positions, seq_length)
         query_input = tf.gather(prev_output, tf.gather(rows, positions))
         from_seq_length = output_positions.shape.as_list()[1]
-        mask = modeling.attention_mask_at(attention_mask, output_positions)
+        mask = shapes.attention_mask_at(attention_mask, output_positions)
       elif per_sequence:
         sequences = batch_size * max_sequences
       # A packed row's output queries belong to several sequences: the mask sorts them.

@@ -53,8 +53,8 @@ def check_settings(cfg):
       raise ValueError("--%s=%d must not be negative" % (name, values[name]))
   if cfg.runtime.horovod and cfg.runtime.distribution not in ("none", "horovod"):
     raise ValueError("--horovod and --distribution=%s disagree; pass one (with "
-                     "run_multi_card_FPS.sh, which passes --horovod, set DISTRIBUTION=%s "
-                     "instead)" % (cfg.runtime.distribution, cfg.runtime.distribution))
+                     "run_multi_card_FPS.sh, set DISTRIBUTION=%s instead)"
+                     % (cfg.runtime.distribution, cfg.runtime.distribution))
   device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine())
   if not cfg.optimizer.learning_rate > 0:
     raise ValueError("--learning_rate=%g must be positive (the peak of the schedule); pass "

@@ -62,6 +62,7 @@ class StopRequest(object):
   def __init__(self):
     self.signum = 0
     self._armed = False
+    self._unarmed_when = "before training started"
     self._first_time = None
     self._thread = None
 
@@ -81,6 +82,11 @@ class StopRequest(object):
     """From now on a first signal requests a stop instead of exiting at once."""
     self._armed = True
 
+  def disarm(self, when):
+    """From now on a signal exits at once, saying it came `when` (e.g. "after training")."""
+    self._armed = False
+    self._unarmed_when = when
+
   @property
   def requested(self):
     return self.signum != 0
@@ -99,8 +105,8 @@ class StopRequest(object):
   def _on_signal(self, signum):
     signame = name(signum)
     if not self._armed:
-      _exit_now("run_pretraining: %s before training started: exiting (nothing to save)"
-                % signame, signum)
+      _exit_now("run_pretraining: %s %s: exiting (nothing to save)"
+                % (signame, self._unarmed_when), signum)
     if self._first_time is None:
       self._first_time = time.time()
       self.signum = signum
