@@ -133,6 +133,31 @@ def test_our_step_and_its_replay_read_the_same_seeded_batches_in_every_run(bench
   assert not np.array_equal(trained[0]["input_ids"], trained[1]["input_ids"])
 
 
+def test_our_step_in_mlperfs_configuration_accumulates_micro_batches_into_one_update(
+    bench_module, bench_out):
+  import tensorflow.compat.v1 as tf
+  row = {"config": "tiny", "seq": 128, "preds": 20, "batch": 2, "precision": "fp32",
+         "intra": 2, "inter": 2, "xla": False, "data_dir": os.path.join(bench_out, "data"),
+         "accumulation": 3}
+  step = bench_module.TrainStep(row)
+  step()
+  with step.graph.as_default():
+    assert step.session.run(tf.train.get_global_step()) == 1
+  # The update read three micro-batches: the next one is the replay's fourth.
+  fourth = step.read_batches(4)[3]
+  np.testing.assert_array_equal(step.session.run(step.features)["input_ids"],
+                                fourth["input_ids"])
+
+
+def test_the_mlperf_row_puts_our_sentences_a_core_beside_intels(bench_module):
+  row = dict(config="large", seq=512, precision="amp", batch=4, accumulation=16, cores=2,
+             mfu=0.35, ours={"fps_records": 0.64, "rss_gib": 14.8})
+  assert bench_module.large_line(row) == (
+      "BERT-Large seq 512 amp in MLPerf's configuration (batch 4 x 16 accumulated = 64 an "
+      "update): 0.640 sent/s, 0.320 a core on 2 cores (Intel's MLPerf v3.0 on Xeon 8480+: "
+      "0.57 a core), 35% of the bfloat16 peak, peak RSS 14.80 GiB.")
+
+
 def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
   out_dir = bench_out
   # --window_sequences=48 at batch 16: 3 steps a window, in every run of our step.
