@@ -224,14 +224,20 @@ def test_the_one_card_demo_trains_then_fine_tunes_what_it_pretrained(demo_cache,
                 if n.startswith("finetune-")) == ["finetune-model.ckpt-2", "finetune-random"]
 
 
-def test_a_sigterm_stops_the_demo_with_its_checkpoint_and_no_fine_tuning(demo_cache, tmp_path):
-  script = _one_card_demo(demo_cache, tmp_path, "--output_dir=out")
+def _sigterm_at(script, prefix):
+  """Sends SIGTERM to the script when it prints a line starting with `prefix`; returns its
+  lines once it exited with 143."""
   lines = []
   for line in script.stdout:
     lines.append(line)
-    if line.startswith("Step 3,"):
+    if line.startswith(prefix):
       script.send_signal(signal.SIGTERM)
   assert script.wait(timeout=120) == 143, "".join(lines[-30:])
+  return lines
+
+
+def test_a_sigterm_stops_the_demo_with_its_checkpoint_and_no_fine_tuning(demo_cache, tmp_path):
+  lines = _sigterm_at(_one_card_demo(demo_cache, tmp_path, "--output_dir=out"), "Step 3,")
   assert not any(line.startswith("demo: fine-tuning") for line in lines), lines
   assert any(name.startswith("model.ckpt-") for name in os.listdir(str(tmp_path / "out")))
 
@@ -250,16 +256,10 @@ def _processes_naming(text):
 
 
 def test_a_sigterm_during_the_fine_tuning_step_ends_it_and_its_trainer(demo_cache, tmp_path):
-  script = _one_card_demo(demo_cache, tmp_path, "--output_dir=out", "--num_train_steps=2")
-  lines = []
-  for line in script.stdout:
-    lines.append(line)
-    if line.startswith("demo: fine-tuning from"):
-      script.send_signal(signal.SIGTERM)
-  assert script.wait(timeout=120) == 143, "".join(lines[-30:])
+  lines = _sigterm_at(_one_card_demo(demo_cache, tmp_path, "--output_dir=out",
+                                     "--num_train_steps=2"), "demo: fine-tuning from")
   assert lines[-1].strip() == ("run_pretraining: SIGTERM during the demo's fine-tuning step "
                                "(the pretraining run is saved): exiting (nothing to save)")
-  children = _processes_naming(str(tmp_path / "out" / "finetune-"))
   for _ in range(100):
     children = _processes_naming(str(tmp_path / "out" / "finetune-"))
     if not children:
