@@ -44,6 +44,7 @@ import time
 
 from absl import app
 from absl import flags
+from absl import logging
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.training import checkpoints
@@ -212,10 +213,15 @@ def _prepare(cache_dir, log):
     os.makedirs(tmp_folder)
     outputs = [os.path.join(tmp_folder, "part-%05d-of-%05d" % (i, num_files))
                for i in range(num_files)]
-    stats = create_pretraining_data.create_pretraining_data(
-        [text], outputs, paths["vocab_file"], do_lower_case=True,
-        max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS_PER_SEQ,
-        dupe_factor=dupe_factor, random_seed=seed)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.WARNING)  # the line below says what it wrote
+    try:
+      stats = create_pretraining_data.create_pretraining_data(
+          [text], outputs, paths["vocab_file"], do_lower_case=True,
+          max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS_PER_SEQ,
+          dupe_factor=dupe_factor, random_seed=seed)
+    finally:
+      logging.set_verbosity(verbosity)
     log("demo: %d documents -> %d instances" % (stats["num_documents"], stats["num_instances"]))
     os.rename(tmp_folder, folder)
 
