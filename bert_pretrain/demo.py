@@ -11,7 +11,7 @@ it builds, only what is not there yet:
                        made from held-out documents, never seen in training
   bert_config.json     a small BERT (2 layers, hidden 128)
   init/model.ckpt-0    a fresh checkpoint of it, the run's --init_checkpoint
-  train_packed/        with --enable_packed_data_mode (prepare_packed): the training records
+  train_packed/        with --enable_packed_data_mode (prepare's packed): the training records
                        packed by bert_pretrain.pack_records, up to 3 sequences a record,
                        which the run then trains on
 
@@ -234,11 +234,6 @@ def _prepare(cache_dir, log):
     log("demo: writing a freshly initialized checkpoint %s" % paths["init_checkpoint"])
     write_fresh_checkpoint(modeling.BertConfig.from_dict(DEMO_CONFIG), paths["init_checkpoint"])
   return paths
-
-
-def prepare_packed(cache_dir, log=print):
-  """The folder of the demo's training records packed (prepare with packed=True)."""
-  return prepare(cache_dir, log=log, packed=True)["input_files_dir"]
 
 
 def write_fresh_checkpoint(bert_config, prefix, seed=12345):

@@ -36,7 +36,7 @@ def demo_data(tmp_path_factory):
   """The demo's artefacts (4 training files at 128 tokens) and its packed records."""
   cache = str(tmp_path_factory.mktemp("demo"))
   paths = demo.prepare(cache, log=lambda line: None)
-  packed = demo.prepare_packed(cache, log=lambda line: None)
+  packed = demo.prepare(cache, log=lambda line: None, packed=True)["input_files_dir"]
   return dict(paths, cache=cache, packed=packed)
 
 
@@ -334,7 +334,8 @@ def test_the_demo_makes_packed_records_beside_the_unpacked_ones(demo_data):
   assert len(record_files(demo_data["packed"])) == len(record_files(
       demo_data["input_files_dir"]))
   lines = []
-  assert demo.prepare_packed(demo_data["cache"], log=lines.append) == demo_data["packed"]
+  assert demo.prepare(demo_data["cache"], log=lines.append,
+                      packed=True)["input_files_dir"] == demo_data["packed"]
   assert lines == []  # done before: nothing is packed again
 
 

@@ -174,6 +174,15 @@ def test_the_demo_takes_its_data_from_the_cache_and_a_new_folder_unless_given(
   assert pack_records.read_summary(given.input_files_dir)["sequences_in"] > 0
 
 
+def test_a_negative_fine_tuning_length_is_an_error_before_the_cache_is_built(tmp_path):
+  cache = tmp_path / "cache"
+  with pytest.raises(ValueError, match=re.escape(
+      "--demo_finetune_epochs=-1 must not be negative; pass 0 for no fine-tuning step")):
+    demo.set_up_run(parsed("--preset=one_card", "--demo_cache_dir=%s" % cache,
+                           "--demo_finetune_epochs=-1"))
+  assert not cache.exists()
+
+
 def test_the_processes_of_one_launch_share_the_demos_folder_and_others_must_name_one(
     demo_cache, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
