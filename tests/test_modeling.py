@@ -1,6 +1,7 @@
 """The model: Google BERT variable names and shapes, output shapes, config handling."""
 
 import json
+import math
 import re
 
 import numpy as np
@@ -412,6 +413,61 @@ def test_layer_norms_written_out_gradient_equals_tensorflows_own():
   np.testing.assert_allclose(ours_v, theirs_v, rtol=1e-5, atol=1e-5)
   for got, want in zip(ours_g, theirs_g):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def forward_tensors_the_backward_pass_keeps(upstream):
+  """The float tensors, constants aside, computed before `upstream` exists that ops
+  depending on it read: what the forward pass leaves in memory for the backward one."""
+  backward, todo = set(), [upstream.op]
+  while todo:
+    op = todo.pop()
+    if op not in backward:
+      backward.add(op)
+      todo.extend(c for t in op.outputs for c in t.consumers())
+      todo.extend(op._control_outputs)  # pylint: disable=protected-access
+  return {t for op in backward for t in op.inputs
+          if t.op not in backward and t.dtype.is_floating and t.op.type != "Const"}
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(tf.float32, 1e-5), (tf.bfloat16, 1e-2)])
+def test_gelus_written_out_gradient_equals_tensorflows_own_and_keeps_one_tensor(
+    dtype, tolerance):
+  x_value = np.linspace(-6.0, 6.0, 97).astype(np.float32).reshape(1, 97)
+  upstream_value = np.random.RandomState(4).randn(1, 97).astype(np.float32)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    x = tf.cast(tf.placeholder_with_default(x_value, [1, 97]), dtype)
+    upstream = tf.placeholder_with_default(upstream_value, [1, 97])
+    ours = modeling.gelu(x)
+    (ours_g,) = tf.gradients(ours, [x], grad_ys=tf.cast(upstream, dtype))
+    kept = forward_tensors_the_backward_pass_keeps(upstream)
+    v = tf.cast(x, tf.float32)  # the plain formula, differentiated by TensorFlow
+    theirs = v * (0.5 * (1.0 + tf.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * tf.pow(v, 3)))))
+    (theirs_g,) = tf.gradients(theirs, [x], grad_ys=tf.constant(upstream_value))
+    values = sess.run([tf.cast(t, tf.float32) for t in (ours, theirs, ours_g, theirs_g)])
+  assert ours.dtype == ours_g.dtype == dtype
+  assert [t.shape.as_list() for t in kept] == [[1, 97]]  # its slope
+  np.testing.assert_allclose(values[0], values[1], rtol=tolerance, atol=tolerance)
+  np.testing.assert_allclose(values[2], values[3], rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("kept_dtype, tolerance", [(tf.float32, 1e-6), (tf.bfloat16, 5e-3)])
+def test_the_attentions_softmax_keeps_its_probabilities_in_the_matmuls_type(
+    kept_dtype, tolerance):
+  rng = np.random.RandomState(6)
+  logits_value = (rng.randn(2, 3, 7) * 3).astype(np.float32)
+  upstream_value = rng.randn(2, 3, 7).astype(np.float32)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    logits = tf.placeholder_with_default(logits_value, [2, 3, 7])
+    upstream = tf.placeholder_with_default(upstream_value, [2, 3, 7])
+    ours = precision.softmax(logits, kept_dtype)
+    (ours_g,) = tf.gradients(ours, [logits], grad_ys=upstream)
+    kept = forward_tensors_the_backward_pass_keeps(upstream)
+    theirs = tf.nn.softmax(logits)
+    (theirs_g,) = tf.gradients(theirs, [logits], grad_ys=tf.constant(upstream_value))
+    values = sess.run([ours, theirs, ours_g, theirs_g])
+  assert [(t.dtype, t.shape.as_list()) for t in kept] == [(kept_dtype, [2, 3, 7])]
+  np.testing.assert_array_equal(values[0], values[1])
+  np.testing.assert_allclose(values[2], values[3], rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("rows, width, units, dtype, products", [

@@ -329,19 +329,7 @@ def encoder(config, embedding_output, input_ids, input_mask, masked_lm_positions
     return transformer_model(**layers)
 
 
-def gelu(x):
-  """Gaussian Error Linear Unit, the tanh approximation BERT was trained with.
-
-  Args:
-    x: float Tensor.
-
-  Returns:
-    `x` with the GELU activation applied, computed in elementwise_dtype(x.dtype).
-  """
-  y = tf.cast(x, precision.elementwise_dtype(x.dtype))
-  cdf = 0.5 * (1.0 + tf.tanh(
-      (math.sqrt(2 / math.pi) * (y + 0.044715 * tf.pow(y, 3)))))
-  return tf.cast(y * cdf, x.dtype)
+gelu = precision.gelu  # Google's modeling.gelu
 
 
 ACTIVATIONS = dict(zip(bert_config.ACTIVATION_NAMES, (gelu, tf.nn.relu, tf.tanh, None)))
@@ -747,7 +735,7 @@ def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob, se
     adder = (1.0 - tf.cast(attention_mask, attention_scores.dtype)) * -10000.0
     attention_scores += adder
 
-  attention_probs = tf.nn.softmax(attention_scores)
+  attention_probs = precision.softmax(attention_scores, compute_type)
   attention_probs = dropout_lib.dropout(attention_probs, dropout_prob, seeds)
   attention_probs = tf.cast(attention_probs, compute_type)
   return tf.matmul(attention_probs, value_layer)

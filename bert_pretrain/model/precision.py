@@ -4,10 +4,14 @@ exact in low precision without changing its numbers.
 - get_custom_getter: variables stay float32 (master weights); the layers get a cast copy
   in the compute type (bfloat16 or float16).
 - elementwise_dtype: the type of the math between the matmuls.
-- normalize, dense_matmul / gradient_matmul, softmax_cross_entropy: layer norm, the dense
-  layers' products and the masked-LM loss with gradients that take fewer passes over
-  the activations than TensorFlow derives (the measurements: docs/performance.md).
+- gelu, softmax, normalize, dense_matmul / gradient_matmul, softmax_cross_entropy: the
+  GELU, the attention's softmax, layer norm, the dense layers' products and the masked-LM
+  loss with gradients that take fewer passes over
+  the activations, or fewer of them kept for the backward pass, than TensorFlow derives
+  (the measurements: docs/performance.md).
 """
+
+import math
 
 import tensorflow.compat.v1 as tf
 
@@ -49,6 +53,65 @@ def elementwise_dtype(compute_type):
   if compute_type == tf.bfloat16:
     return tf.float32
   return compute_type
+
+
+_GELU_SCALE = math.sqrt(2 / math.pi)
+
+
+@tf.custom_gradient
+def gelu(x):
+  """Gaussian Error Linear Unit, the tanh approximation BERT was trained with:
+  0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), in elementwise_dtype(x.dtype).
+
+  Its gradient is written out: upstream * slope, the slope computed in the forward pass
+  from x and the tanh. TensorFlow's own derivation keeps seven tensors of x's size for
+  the backward pass, the largest part of a layer's activations; this keeps the slope.
+
+  Args:
+    x: float Tensor.
+
+  Returns:
+    Tensor of the shape and type of `x`.
+  """
+  v = tf.cast(x, elementwise_dtype(x.dtype))
+  t = tf.tanh(_GELU_SCALE * (v + 0.044715 * tf.pow(v, 3)))
+
+  def grad(upstream):
+    # d/dv of v * 0.5 * (1 + t), t = tanh(scale * (v + 0.044715 * v^3)), kept in x's type:
+    # the gradient leaves in it.
+    slope = tf.cast(0.5 * (1.0 + t) + (0.5 * _GELU_SCALE) * v * (1.0 - t * t) * (
+        1.0 + (3 * 0.044715) * v * v), x.dtype)
+    return upstream * slope
+
+  return tf.cast(v * (0.5 * (1.0 + t)), x.dtype), grad
+
+
+def softmax(logits, kept_dtype):
+  """tf.nn.softmax over the last axis, its output kept for the backward pass in
+  `kept_dtype`: the attention's matmul type, half float32's bytes under bfloat16, where
+  the gradient is cast to it anyway on its way to the matmuls.
+
+  Args:
+    logits: float Tensor [..., width].
+    kept_dtype: the type the probabilities are kept in between the passes.
+
+  Returns:
+    Tensor of the shape and type of `logits`.
+  """
+  @tf.custom_gradient
+  def softmax_keeping_a_copy(x):
+    probs = tf.nn.softmax(x)
+    kept = tf.cast(probs, kept_dtype)
+
+    def grad(upstream):
+      # In the backward pass: a float32 copy made earlier would stay in memory until then.
+      with tf.control_dependencies([upstream]):
+        p = tf.cast(kept, probs.dtype)
+      return p * (upstream - tf.reduce_sum(upstream * p, -1, keepdims=True))
+
+    return probs, grad
+
+  return softmax_keeping_a_copy(logits)
 
 
 @tf.custom_gradient
