@@ -10,6 +10,9 @@ prints the share of the summed op time of each part (embeddings, Q/K/V, attentio
 masked-LM head, next sentence, optimizer, input), forward and backward, and of the op
 types that take the most. Op times overlap when inter-op threads run ops at once, so
 the shares are of the summed op time, not of the wall time (which is printed too).
+
+With --memory it also prints what the backward pass keeps: the tensors the forward
+pass computes that backward ops read, in MB a sentence, by part and by op type.
 """
 
 from __future__ import absolute_import
@@ -35,6 +38,7 @@ flags.DEFINE_integer("batch", 8, "Sentences per step.")
 flags.DEFINE_enum("precision", "fp32", ["fp32", "amp"], "fp32 or amp (bfloat16 compute).")
 flags.DEFINE_integer("traced_steps", 3, "Steps traced after the warm-up.")
 flags.DEFINE_integer("top_ops", 15, "Op types listed.")
+flags.DEFINE_bool("memory", False, "Also print the tensors kept for the backward pass.")
 FLAGS = flags.FLAGS
 
 # (part, pattern on the node name without "gradients/"), the first match wins.
@@ -66,8 +70,64 @@ def op_type(node):
   return match.group(1) if match else node.node_name.split(":")[0].rsplit("/", 1)[-1]
 
 
+def backward_ops(graph):
+  """The ops that run after the loss's gradient exists: those that depend on the
+  gradients' seed (tf.gradients names it grad_ys_<i>)."""
+  todo = [op for op in graph.get_operations()
+          if re.search(r"(^|/)gradients(_\d+)?/grad_ys_\d+$", op.name)]
+  backward = set()
+  while todo:
+    op = todo.pop()
+    if op not in backward:
+      backward.add(op)
+      todo.extend(c for t in op.outputs for c in t.consumers())
+      todo.extend(op._control_outputs)  # pylint: disable=protected-access
+  return backward
+
+
+def kept_for_backward(graph, metadata):
+  """Bytes of the tensors the forward pass leaves for the backward one, by (part, op
+  type and dtype): outputs of forward ops that backward ops read, variables aside, sized
+  as the traced step `metadata` allocated them."""
+  sizes = {}
+  for device in metadata.step_stats.dev_stats:
+    for node in device.node_stats:
+      for output in node.output:
+        sizes[(node.node_name, output.slot)] = (
+            output.tensor_description.allocation_description.requested_bytes)
+  backward = backward_ops(graph)
+  kept = collections.Counter()
+  for op in graph.get_operations():
+    if op in backward:
+      continue
+    for slot, tensor in enumerate(op.outputs):
+      if (not tensor.dtype._is_ref_dtype and op.type not in ("VariableV2", "VarHandleOp")  # pylint: disable=protected-access
+          and any(c in backward for c in tensor.consumers())):
+        kept[(part_of(op.name), "%s %s" % (op.type, tensor.dtype.name))] += sizes.get(
+            (op.name, slot), 0)
+  return kept
+
+
+def print_kept(kept, batch):
+  mb = lambda n: n / 2.0 ** 20 / batch
+  print("\nKept for the backward pass: %.1f MB a sentence" % mb(sum(kept.values())))
+  by_part = collections.Counter()
+  for (part, _), size in kept.items():
+    by_part[part] += size
+  print("\n| part | MB a sentence |\n|---|---|")
+  for part, size in by_part.most_common():
+    print("| %s | %.1f |" % (part, mb(size)))
+  by_type = collections.Counter()
+  for (_, kind), size in kept.items():
+    by_type[kind] += size
+  print("\n| op type and dtype | MB a sentence |\n|---|---|")
+  for kind, size in by_type.most_common(FLAGS.top_ops):
+    print("| %s | %.1f |" % (kind, mb(size)))
+
+
 def trace(step, tf, steps):
-  """Sums op times (microseconds) of `steps` traced steps by (part, direction) and type."""
+  """Sums op times (microseconds) of `steps` traced steps by (part, direction) and type;
+  returns them, the mean wall time and the last step's RunMetadata."""
   by_part = collections.Counter()
   by_type = collections.Counter()
   wall = 0.0
@@ -90,7 +150,7 @@ def trace(step, tf, steps):
           direction = "update" if part == "optimizer + clipping" else "forward"
         by_part[(part, direction)] += micros
         by_type[op_type(node)] += micros
-  return by_part, by_type, wall / steps
+  return by_part, by_type, wall / steps, metadata
 
 
 def print_profile(by_part, by_type, wall_s, steps):
@@ -122,11 +182,13 @@ def main(argv):
   step = benchmark.TrainStep(row)
   for _ in range(FLAGS.warmup_steps + 1):
     step()
-  by_part, by_type, wall_s = trace(step, tf, FLAGS.traced_steps)
+  by_part, by_type, wall_s, metadata = trace(step, tf, FLAGS.traced_steps)
   print("%s seq %d batch %d %s, %d intra / %d inter-op threads" % (
       FLAGS.config, FLAGS.seq, FLAGS.batch, FLAGS.precision, FLAGS.intra_threads,
       FLAGS.inter_threads))
   print_profile(by_part, by_type, wall_s, FLAGS.traced_steps)
+  if FLAGS.memory:
+    print_kept(kept_for_backward(step.graph, metadata), FLAGS.batch)
 
 
 if __name__ == "__main__":

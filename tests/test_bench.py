@@ -390,3 +390,23 @@ def test_the_packing_benchmark_times_padded_unpadded_and_packed_wikipedia_record
   assert re.search(r"^\| tiny \| 128 \| fp32 \| off \| 16 \(\d+ at [\d.]+ a pack\) \| "
                    r"[\d.]+% / [\d.]+% \|.*x \| [\d.]+x \|$", table, re.M), table
   assert table.splitlines()[0] in result.stdout  # the CPU line
+
+
+def test_the_step_profile_lists_what_the_backward_pass_keeps(bench_out):
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.profile_step", "--config=tiny", "--seq=128", "--batch=4",
+       "--precision=amp", "--traced_steps=1", "--warmup_steps=0", "--memory",
+       "--out_dir=" + bench_out],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      cwd=ROOT, timeout=600)
+  assert result.returncode == 0, result.stdout[-3000:]
+  out = result.stdout
+  total = float(re.search(r"^Kept for the backward pass: ([\d.]+) MB a sentence$", out,
+                          re.M).group(1))
+  part_rows = out[out.index("| part | MB a sentence |"):out.index("| op type and dtype |")]
+  parts = {name: float(mb) for name, mb in
+           re.findall(r"^\| ([^|]+) \| ([\d.]+) \|$", part_rows, re.M)}
+  assert parts["feed-forward 1 + gelu"] > 0 and parts["attention scores+context"] > 0
+  assert sum(parts.values()) == pytest.approx(total, abs=0.1 * len(parts))
+  kinds = out[out.index("| op type and dtype |"):]
+  assert "bfloat16 |" in kinds and "Variable" not in kinds  # the weights are not activations
