@@ -28,9 +28,11 @@ from absl import app
 from absl import flags
 
 try:
-  from bench import benchmark  # python3 -m bench.profile_step, from the repository root
+  from bench import backward  # python3 -m bench.profile_step, from the repository root
+  from bench import benchmark
 except ImportError:
-  import benchmark  # python3 bench/profile_step.py: bench/ is the script's own folder
+  import backward  # python3 bench/profile_step.py: bench/ is the script's own folder
+  import benchmark
 
 flags.DEFINE_string("config", "base", "BERT size: tiny, mini, small, medium, base, large.")
 flags.DEFINE_integer("seq", 128, "Sequence length (128 or 512).")
@@ -70,41 +72,20 @@ def op_type(node):
   return match.group(1) if match else node.node_name.split(":")[0].rsplit("/", 1)[-1]
 
 
-def backward_ops(graph):
-  """The ops that run after the loss's gradient exists: those that depend on the
-  gradients' seed (tf.gradients names it grad_ys_<i>)."""
-  todo = [op for op in graph.get_operations()
-          if re.search(r"(^|/)gradients(_\d+)?/grad_ys_\d+$", op.name)]
-  backward = set()
-  while todo:
-    op = todo.pop()
-    if op not in backward:
-      backward.add(op)
-      todo.extend(c for t in op.outputs for c in t.consumers())
-      todo.extend(op._control_outputs)  # pylint: disable=protected-access
-  return backward
-
-
 def kept_for_backward(graph, metadata):
   """Bytes of the tensors the forward pass leaves for the backward one, by (part, op
-  type and dtype): outputs of forward ops that backward ops read, variables aside, sized
-  as the traced step `metadata` allocated them."""
+  type and dtype), the weights aside, sized as the traced step `metadata` allocated them."""
   sizes = {}
   for device in metadata.step_stats.dev_stats:
     for node in device.node_stats:
       for output in node.output:
         sizes[(node.node_name, output.slot)] = (
             output.tensor_description.allocation_description.requested_bytes)
-  backward = backward_ops(graph)
   kept = collections.Counter()
-  for op in graph.get_operations():
-    if op in backward:
-      continue
-    for slot, tensor in enumerate(op.outputs):
-      if (not tensor.dtype._is_ref_dtype and op.type not in ("VariableV2", "VarHandleOp")  # pylint: disable=protected-access
-          and any(c in backward for c in tensor.consumers())):
-        kept[(part_of(op.name), "%s %s" % (op.type, tensor.dtype.name))] += sizes.get(
-            (op.name, slot), 0)
+  for tensor, slot in backward.kept_tensors(backward.gradient_seeds(graph)):
+    if not tensor.dtype._is_ref_dtype and tensor.op.type not in ("VariableV2", "VarHandleOp"):  # pylint: disable=protected-access
+      kept[(part_of(tensor.op.name), "%s %s" % (tensor.op.type, tensor.dtype.name))] += (
+          sizes.get((tensor.op.name, slot), 0))
   return kept
 
 

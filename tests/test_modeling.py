@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bench import backward
 from bert_pretrain import config
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
@@ -418,15 +419,8 @@ def test_layer_norms_written_out_gradient_equals_tensorflows_own():
 def forward_tensors_the_backward_pass_keeps(upstream):
   """The float tensors, constants aside, computed before `upstream` exists that ops
   depending on it read: what the forward pass leaves in memory for the backward one."""
-  backward, todo = set(), [upstream.op]
-  while todo:
-    op = todo.pop()
-    if op not in backward:
-      backward.add(op)
-      todo.extend(c for t in op.outputs for c in t.consumers())
-      todo.extend(op._control_outputs)  # pylint: disable=protected-access
-  return {t for op in backward for t in op.inputs
-          if t.op not in backward and t.dtype.is_floating and t.op.type != "Const"}
+  return {t for t, _ in backward.kept_tensors([upstream.op])
+          if t.dtype.is_floating and t.op.type != "Const"}
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(tf.float32, 1e-5), (tf.bfloat16, 1e-2)])
