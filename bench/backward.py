@@ -4,6 +4,9 @@ gradients written out by hand."""
 
 import re
 
+# Grappler removes these; the tensor they pass on is what stays in memory.
+FORWARDING_OPS = ("Identity", "IdentityN")
+
 
 def gradient_seeds(graph):
   """The ops tf.gradients starts the backward pass from (it names them grad_ys_<i>)."""
@@ -12,7 +15,7 @@ def gradient_seeds(graph):
 
 
 def ops_after(seeds):
-  """The ops that depend on one of `seeds` (the seeds included), by data or control."""
+  """The ops that depend on one of the ops `seeds` (them included), by data or control."""
   after, todo = set(), list(seeds)
   while todo:
     op = todo.pop()
@@ -23,13 +26,44 @@ def ops_after(seeds):
   return after
 
 
-def kept_tensors(seeds):
-  """For a list of ops `seeds`, the tensors computed before the backward pass that ops of it read: list of
-  (tensor, slot), the backward pass being ops_after(seeds)."""
-  if not seeds:
-    return []
-  backward = ops_after(seeds)
-  graph = seeds[0].graph
-  return [(t, slot) for op in graph.get_operations() if op not in backward
-          for slot, t in enumerate(op.outputs)
-          if any(c in backward for c in t.consumers())]
+def ops_before(fetches):
+  """The ops that running `fetches` (Tensors or ops) runs: their inputs' closure."""
+  before, todo = set(), [getattr(f, "op", f) for f in fetches]
+  while todo:
+    op = todo.pop()
+    if op not in before:
+      before.add(op)
+      todo.extend(t.op for t in op.inputs)
+      todo.extend(op.control_inputs)
+  return before
+
+
+def passed_on(tensor):
+  """The tensor a chain of forwarding ops ending in `tensor` passes on."""
+  while tensor.op.type in FORWARDING_OPS:
+    tensor = tensor.op.inputs[tensor.value_index]
+  return tensor
+
+
+def kept_tensors(seeds, fetches, sources=None):
+  """The tensors the forward pass leaves for the backward pass: computed before it (the
+  ops after `seeds`) and read by one of its ops that running `fetches` runs.
+
+  Args:
+    seeds: list of ops the backward pass starts from.
+    fetches: list of Tensors or ops, what a step runs.
+    sources: (optional) list of ops; if given, only tensors that depend on one of them
+      (the input batch's: activations, not weights and their casts).
+
+  Returns:
+    set of Tensors, forwarding ops followed to the tensor they pass on.
+  """
+  backward = ops_after(seeds) & ops_before(fetches)
+  computed_from = ops_after(sources) if sources is not None else None
+  kept = set()
+  for op in backward:
+    for tensor in op.inputs:
+      tensor = passed_on(tensor)
+      if tensor.op not in backward and (computed_from is None or tensor.op in computed_from):
+        kept.add(tensor)
+  return kept

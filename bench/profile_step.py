@@ -6,13 +6,15 @@ of the model and by op type.
 Builds the step as bench/benchmark.py does (pretraining.build_train_graph, LAMB,
 TFRecords from bench_results/data; run bench/benchmark.py once first to make them),
 warms it up, traces --traced_steps steps with RunOptions(trace_level=FULL_TRACE) and
-prints the share of the summed op time of each part (embeddings, Q/K/V, attention scores and context, attention output, feed-forward,
-masked-LM head, next sentence, optimizer, input), forward and backward, and of the op
-types that take the most. Op times overlap when inter-op threads run ops at once, so
+prints the share of the summed op time of each part (embeddings, Q/K/V, attention
+scores and context, attention output, feed-forward, masked-LM head, next sentence,
+optimizer, input), forward and backward, and of the op types that take the most. Op times overlap when inter-op threads run ops at once, so
 the shares are of the summed op time, not of the wall time (which is printed too).
 
-With --memory it also prints what the backward pass keeps: the tensors the forward
-pass computes that backward ops read, in MB a sentence, by part and by op type.
+With --memory it also prints what the backward pass keeps: the activations the forward
+pass computes that backward ops of the step read, in MB a sentence, by part and by op
+type. Ops named gradients/ that need no upstream gradient (GELU's slope) run in the
+forward pass but count as backward in the time shares.
 """
 
 from __future__ import absolute_import
@@ -72,20 +74,21 @@ def op_type(node):
   return match.group(1) if match else node.node_name.split(":")[0].rsplit("/", 1)[-1]
 
 
-def kept_for_backward(graph, metadata):
-  """Bytes of the tensors the forward pass leaves for the backward one, by (part, op
-  type and dtype), the weights aside, sized as the traced step `metadata` allocated them."""
+def kept_for_backward(step, metadata):
+  """Bytes of the activations the forward pass of `step` leaves for the backward one,
+  by (part, op type and dtype), sized as the traced step `metadata` allocated them."""
   sizes = {}
   for device in metadata.step_stats.dev_stats:
     for node in device.node_stats:
       for output in node.output:
         sizes[(node.node_name, output.slot)] = (
             output.tensor_description.allocation_description.requested_bytes)
+  graph = step.graph
+  batches = [op for op in graph.get_operations() if op.type == "IteratorGetNext"]
   kept = collections.Counter()
-  for tensor, slot in backward.kept_tensors(backward.gradient_seeds(graph)):
-    if not tensor.dtype._is_ref_dtype and tensor.op.type not in ("VariableV2", "VarHandleOp"):  # pylint: disable=protected-access
-      kept[(part_of(tensor.op.name), "%s %s" % (tensor.op.type, tensor.dtype.name))] += (
-          sizes.get((tensor.op.name, slot), 0))
+  for tensor in backward.kept_tensors(backward.gradient_seeds(graph), step.fetches, batches):
+    kind = "%s %s" % (tensor.op.type, tensor.dtype.name)
+    kept[(part_of(tensor.op.name), kind)] += sizes.get((tensor.op.name, tensor.value_index), 0)
   return kept
 
 
@@ -169,7 +172,7 @@ def main(argv):
       FLAGS.inter_threads))
   print_profile(by_part, by_type, wall_s, FLAGS.traced_steps)
   if FLAGS.memory:
-    print_kept(kept_for_backward(step.graph, metadata), FLAGS.batch)
+    print_kept(kept_for_backward(step, metadata), FLAGS.batch)
 
 
 if __name__ == "__main__":

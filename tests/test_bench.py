@@ -410,3 +410,5 @@ def test_the_step_profile_lists_what_the_backward_pass_keeps(bench_out):
   assert sum(parts.values()) == pytest.approx(total, abs=0.1 * len(parts))
   kinds = out[out.index("| op type and dtype |"):]
   assert "bfloat16 |" in kinds and "Variable" not in kinds  # the weights are not activations
+  # The attention keeps its probabilities in bfloat16, GELU its slope alone.
+  assert "| Softmax float32 |" not in kinds and "| Tanh float32 |" not in kinds

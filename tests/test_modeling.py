@@ -416,10 +416,10 @@ def test_layer_norms_written_out_gradient_equals_tensorflows_own():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def forward_tensors_the_backward_pass_keeps(upstream):
-  """The float tensors, constants aside, computed before `upstream` exists that ops
-  depending on it read: what the forward pass leaves in memory for the backward one."""
-  return {t for t, _ in backward.kept_tensors([upstream.op])
+def forward_tensors_the_backward_pass_keeps(upstream, gradient):
+  """The float tensors, constants aside, computed before `upstream` exists that the ops
+  computing `gradient` from it read: what the forward pass leaves for the backward one."""
+  return {t for t in backward.kept_tensors([upstream.op], [gradient])
           if t.dtype.is_floating and t.op.type != "Const"}
 
 
@@ -433,13 +433,13 @@ def test_gelus_written_out_gradient_equals_tensorflows_own_and_keeps_one_tensor(
     upstream = tf.placeholder_with_default(upstream_value, [1, 97])
     ours = modeling.gelu(x)
     (ours_g,) = tf.gradients(ours, [x], grad_ys=tf.cast(upstream, dtype))
-    kept = forward_tensors_the_backward_pass_keeps(upstream)
+    kept = forward_tensors_the_backward_pass_keeps(upstream, ours_g)
     v = tf.cast(x, tf.float32)  # the plain formula, differentiated by TensorFlow
     theirs = v * (0.5 * (1.0 + tf.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * tf.pow(v, 3)))))
     (theirs_g,) = tf.gradients(theirs, [x], grad_ys=tf.constant(upstream_value))
     values = sess.run([tf.cast(t, tf.float32) for t in (ours, theirs, ours_g, theirs_g)])
   assert ours.dtype == ours_g.dtype == dtype
-  assert [t.shape.as_list() for t in kept] == [[1, 97]]  # its slope
+  assert [(t.dtype, t.shape.as_list()) for t in kept] == [(dtype, [1, 97])]  # its slope
   np.testing.assert_allclose(values[0], values[1], rtol=tolerance, atol=tolerance)
   np.testing.assert_allclose(values[2], values[3], rtol=tolerance, atol=tolerance)
 
@@ -455,7 +455,7 @@ def test_the_attentions_softmax_keeps_its_probabilities_in_the_matmuls_type(
     upstream = tf.placeholder_with_default(upstream_value, [2, 3, 7])
     ours = precision.softmax(logits, kept_dtype)
     (ours_g,) = tf.gradients(ours, [logits], grad_ys=upstream)
-    kept = forward_tensors_the_backward_pass_keeps(upstream)
+    kept = forward_tensors_the_backward_pass_keeps(upstream, ours_g)
     theirs = tf.nn.softmax(logits)
     (theirs_g,) = tf.gradients(theirs, [logits], grad_ys=tf.constant(upstream_value))
     values = sess.run([ours, theirs, ours_g, theirs_g])

@@ -64,8 +64,9 @@ def gelu(x):
   0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), in elementwise_dtype(x.dtype).
 
   Its gradient is written out: upstream * slope, the slope computed in the forward pass
-  from x and the tanh. TensorFlow's own derivation keeps seven tensors of x's size for
-  the backward pass, the largest part of a layer's activations; this keeps the slope.
+  from x and the tanh. TensorFlow's own derivation keeps four float32 tensors of x's
+  size for the backward pass (x, x^2, the tanh, the cdf), the largest part of a layer's
+  activations; this keeps the slope, in x's type.
 
   Args:
     x: float Tensor.
