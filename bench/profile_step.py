@@ -8,8 +8,9 @@ TFRecords from bench_results/data; run bench/benchmark.py once first to make the
 warms it up, traces --traced_steps steps with RunOptions(trace_level=FULL_TRACE) and
 prints the share of the summed op time of each part (embeddings, Q/K/V, attention
 scores and context, attention output, feed-forward, masked-LM head, next sentence,
-optimizer, input), forward and backward, and of the op types that take the most. Op times overlap when inter-op threads run ops at once, so
-the shares are of the summed op time, not of the wall time (which is printed too).
+optimizer, input), forward and backward, and of the op types that take the most. Op
+times overlap when inter-op threads run ops at once, so the shares are of the summed op
+time, not of the wall time (which is printed too).
 
 With --memory it also prints what the backward pass keeps: the activations the forward
 pass computes that backward ops of the step read, in MB a sentence, by part and by op
