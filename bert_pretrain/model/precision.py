@@ -6,9 +6,8 @@ exact in low precision without changing its numbers.
 - elementwise_dtype: the type of the math between the matmuls.
 - gelu, softmax, normalize, dense_matmul / gradient_matmul, softmax_cross_entropy: the
   GELU, the attention's softmax, layer norm, the dense layers' products and the masked-LM
-  loss with gradients that take fewer passes over
-  the activations, or fewer of them kept for the backward pass, than TensorFlow derives
-  (the measurements: docs/performance.md).
+  loss with gradients that take fewer passes over the activations, or keep fewer of them
+  for the backward pass, than TensorFlow derives (the measurements: docs/performance.md).
 """
 
 import math
