@@ -52,8 +52,9 @@ def cpu_has_bfloat16(cpuinfo=None, path="/proc/cpuinfo"):
 
 
 def tensorflow_uses_onednn():
-  """Whether this TensorFlow computes on the CPU with oneDNN: TensorFlow 2's x86 builds
-  by default (not with TF_ENABLE_ONEDNN_OPTS=0), TensorFlow 1.15's MKL builds only."""
+  """Whether this TensorFlow computes on the CPU with oneDNN: TensorFlow 2's x86 Linux builds
+  where the CPU has AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX, or as TF_ENABLE_ONEDNN_OPTS
+  says; TensorFlow 1.15's MKL builds only."""
   try:
     import tensorflow.python.util._pywrap_util_port as port  # pylint: disable=g-import-not-at-top
   except ImportError:  # TensorFlow 1.x
