@@ -3,8 +3,11 @@ tests/data/sample_text.txt with the recipe's own vocab builder and create_pretra
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -134,50 +137,77 @@ def packed_data(pretraining_data, tmp_path_factory):
               summary=summary)
 
 
-def run_pretraining(*flags, timeout=300):
-  """Runs python3 -m bert_pretrain.run_pretraining; returns the CompletedProcess."""
+def _command_env():
+  """The environment of a run of the command: the test's, with the repository first."""
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run([sys.executable, "-m", "bert_pretrain.run_pretraining"] + list(flags),
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, env=env, timeout=timeout)
+  env.pop("PYTEST_CURRENT_TEST", None)  # pytest's name of the running test
+  return env
 
 
 class ForkedCommand(object):
-  """run_pretraining as run_pretraining() runs it, from a process that imported it once
-  (tests/forked_runs.py): for many short runs that stop at a bad input."""
+  """run_pretraining as `python3 -m` runs it, forked from a process that imported it once
+  (tests/forked_runs.py), in the environment this worker had when it started one."""
 
-  def __init__(self, folder):
-    self.folder = folder
+  def __init__(self, env):
+    self.env = env
+    self.server = None  # started by the first run
+    self.folder = tempfile.mkdtemp(prefix="forked_runs-")
     self.count = 0
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    self.server = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "tests", "forked_runs.py")], env=env,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, universal_newlines=True)
 
-  def run(self, *flags):
+  def run(self, flags, timeout):
     """Returns a CompletedProcess with the run's exit status, stdout and stderr."""
+    if self.server is None:
+      self.server = subprocess.Popen(
+          [sys.executable, os.path.join(ROOT, "tests", "forked_runs.py")], env=self.env,
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, universal_newlines=True)
     self.count += 1
     paths = [os.path.join(self.folder, "run-%d.%s" % (self.count, name))
              for name in ("stdout", "stderr")]
-    self.server.stdin.write(json.dumps({"argv": list(flags), "stdout": paths[0],
-                                        "stderr": paths[1]}) + "\n")
+    self.server.stdin.write(json.dumps({"argv": flags, "stdout": paths[0], "stderr": paths[1],
+                                        "cwd": os.getcwd(), "timeout": timeout}) + "\n")
     self.server.stdin.flush()
     line = self.server.stdout.readline()
     assert line, "tests/forked_runs.py ended"
     outputs = [open(path).read() for path in paths]
-    return subprocess.CompletedProcess(list(flags), json.loads(line)["returncode"], *outputs)
+    for path in paths:
+      os.remove(path)
+    returncode = json.loads(line)["returncode"]
+    if returncode == -signal.SIGALRM:
+      raise subprocess.TimeoutExpired(flags, timeout, *outputs)
+    return subprocess.CompletedProcess(flags, returncode, *outputs)
 
   def close(self):
-    self.server.stdin.close()
-    self.server.wait(timeout=60)
+    if self.server is not None:
+      self.server.stdin.close()
+      self.server.wait(timeout=60)
+    shutil.rmtree(self.folder, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def forked_run_pretraining(tmp_path_factory):
-  """ForkedCommand(...).run."""
-  command = ForkedCommand(str(tmp_path_factory.mktemp("forked_runs")))
-  yield command.run
-  command.close()
+_forked_command = []  # this worker's ForkedCommand
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forked_command():
+  """This worker's ForkedCommand, in the environment of the session's start."""
+  _forked_command.append(ForkedCommand(_command_env()))
+  yield _forked_command[0]
+  _forked_command.pop().close()
+
+
+def run_pretraining(*flags, timeout=300):
+  """Runs python3 -m bert_pretrain.run_pretraining; returns the CompletedProcess.
+
+  Forked from this worker's ForkedCommand where the run could not tell the difference: the
+  same environment, and no --use_xla (TensorFlow reads its XLA flags from the environment
+  once); otherwise a process of its own. Tests that signal a run start their own."""
+  flags = list(flags)
+  forked = _forked_command[0] if _forked_command else None
+  if forked and forked.env == _command_env() and not any(f.startswith("--use_xla")
+                                                         for f in flags):
+    return forked.run(flags, timeout)
+  return subprocess.run([sys.executable, "-m", "bert_pretrain.run_pretraining"] + flags,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, env=_command_env(), timeout=timeout)
 
 
 def base_flags(data, output_dir, **overrides):

@@ -1,31 +1,42 @@
 """Runs `python3 -m bert_pretrain.run_pretraining FLAGS...` many times for the price of
 one import: this process imports the command once, then forks a child per request, which
 parses its flags and runs main() as the command line would, its stdout and stderr going
-to the files the request names. The tests of bad inputs run this way (each run of the
-command spends most of its time importing TensorFlow before it finds the flag wrong).
+to the files the request names. The tests' single-process runs go this way
+(conftest.run_pretraining): each run as its own process spent about half its CPU time
+importing TensorFlow.
 
 Protocol, one JSON object a line: on stdin {"argv": [flags], "stdout": path, "stderr":
-path}; on stdout {"returncode": int} once the child has exited.
+path, "cwd": path, "timeout": seconds}; on stdout {"returncode": int} once the child has
+exited (-SIGALRM when it ran out of time).
 """
 
+import atexit
 import json
 import os
+import random
+import signal
 import sys
 
 from absl import flags
+import numpy as np
 
 from bert_pretrain import run_pretraining
 
 
-def child(argv, stdout_path, stderr_path):
-  """In the forked child: the command's main on `argv`, as `python3 -m` runs it; never
-  returns."""
-  for fd, path in ((1, stdout_path), (2, stderr_path)):
+def child(request):
+  """In the forked child: the command's main on request["argv"], as `python3 -m` runs it;
+  never returns."""
+  signal.alarm(request["timeout"])
+  os.chdir(request["cwd"])
+  # A new process draws fresh seeds; a forked one would repeat its parent's.
+  random.seed()
+  np.random.seed()
+  for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
     with open(path, "w") as f:
       os.dup2(f.fileno(), fd)
   status = 1
   try:
-    argv = ["run_pretraining"] + argv
+    argv = ["run_pretraining"] + request["argv"]
     run_pretraining.enable_cpu_xla(argv)
     try:
       argv = flags.FLAGS(argv)
@@ -40,6 +51,7 @@ def child(argv, stdout_path, stderr_path):
     import traceback  # pylint: disable=g-import-not-at-top
     traceback.print_exc()
   finally:
+    atexit._run_exitfuncs()  # pylint: disable=protected-access
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status or 0)  # pylint: disable=protected-access
@@ -50,7 +62,7 @@ def serve():
     request = json.loads(line)
     pid = os.fork()
     if pid == 0:
-      child(request["argv"], request["stdout"], request["stderr"])
+      child(request)
     _, status = os.waitpid(pid, 0)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
     sys.stdout.write(json.dumps({"returncode": code}) + "\n")

@@ -359,15 +359,14 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("case,overrides,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
-def test_bad_input_is_a_one_line_error(pretraining_data, forked_run_pretraining, tmp_path,
-                                       case, overrides, message):
+def test_bad_input_is_a_one_line_error(pretraining_data, tmp_path, case, overrides, message):
   out = tmp_path / "out"
   out.mkdir()
   (out / "model.ckpt-keep.txt").write_text("an earlier result")
   flags = base_flags(pretraining_data, out)
   for name, value in overrides(pretraining_data, tmp_path).items():
     flags = [f for f in flags if not f.startswith("--%s=" % name)] + ["--%s=%s" % (name, value)]
-  result = forked_run_pretraining(*flags)
+  result = run_pretraining(*flags)
   assert result.returncode != 0, case
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1, result.stderr
