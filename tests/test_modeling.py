@@ -416,10 +416,10 @@ def test_layer_norms_written_out_gradient_equals_tensorflows_own():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def forward_tensors_the_backward_pass_keeps(upstream, gradient):
+def forward_tensors_the_backward_pass_keeps(upstream, *gradients):
   """The float tensors, constants aside, computed before `upstream` exists that the ops
-  computing `gradient` from it read: what the forward pass leaves for the backward one."""
-  return {t for t in backward.kept_tensors([upstream.op], [gradient])
+  computing `gradients` from it read: what the forward pass leaves for the backward one."""
+  return {t for t in backward.kept_tensors([upstream.op], list(gradients))
           if t.dtype.is_floating and t.op.type != "Const"}
 
 
@@ -462,6 +462,38 @@ def test_the_attentions_softmax_keeps_its_probabilities_in_the_matmuls_type(
   assert [(t.dtype, t.shape.as_list()) for t in kept] == [(kept_dtype, [2, 3, 7])]
   np.testing.assert_array_equal(values[0], values[1])
   np.testing.assert_allclose(values[2], values[3], rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(tf.float32, 1e-5), (tf.bfloat16, 2e-2)])
+def test_the_attentions_dropout_makes_its_dropped_probabilities_again_in_the_backward_pass(
+    dtype, tolerance):
+  """Its output and gradients are TensorFlow's own derivation of the same forward ops;
+  the backward pass keeps the probabilities in the matmul's type and the value, not the
+  dropped probabilities too."""
+  rng = np.random.RandomState(7)
+  scores_value = (rng.randn(2, 2, 5, 7) * 3).astype(np.float32)
+  value_value = rng.randn(2, 2, 7, 4).astype(np.float32)
+  keep_value = rng.rand(2, 2, 5, 7) >= 0.3
+  upstream_value = rng.randn(2, 2, 5, 4).astype(np.float32)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    scores = tf.placeholder_with_default(scores_value, [2, 2, 5, 7])
+    value = tf.cast(tf.placeholder_with_default(value_value, [2, 2, 7, 4]), dtype)
+    keep = tf.constant(keep_value)
+    upstream = tf.placeholder_with_default(upstream_value, [2, 2, 5, 4])
+    ours = precision.dropped_attention(scores, value, keep, 0.3)
+    ours_g = tf.gradients(ours, [scores, value], grad_ys=tf.cast(upstream, dtype))
+    kept = forward_tensors_the_backward_pass_keeps(upstream, *ours_g)
+    probs = tf.cast(tf.cast(tf.nn.softmax(scores), dtype), tf.float32)
+    dropped = tf.where_v2(keep, probs / 0.7, tf.zeros_like(probs))
+    theirs = tf.matmul(tf.cast(dropped, dtype), value)
+    theirs_g = tf.gradients(theirs, [scores, value], grad_ys=tf.cast(upstream_value, dtype))
+    values = sess.run([tf.cast(t, tf.float32) for t in [ours, theirs] + ours_g + theirs_g])
+  assert ours.dtype == ours_g[1].dtype == dtype
+  assert sorted((t.dtype.name, t.shape.as_list()) for t in kept) == [
+      (dtype.name, [2, 2, 5, 7]), (dtype.name, [2, 2, 7, 4])]  # the probabilities, the value
+  np.testing.assert_array_equal(values[0], values[1])
+  for got, want in zip(values[2:4], values[4:6]):
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("rows, width, units, dtype, products", [

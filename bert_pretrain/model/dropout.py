@@ -43,11 +43,8 @@ class DropoutSeeds(object):
 def dropout(input_tensor, dropout_prob, seeds=None):
   """Applies dropout; a no-op when dropout_prob is None or 0.
 
-  Kept values are scaled by 1 / (1 - dropout_prob). With `seeds` the mask comes from
-  stateless random ops seeded by seeds.next() (random_keep_mask), the same in every
-  process. Without, where TensorFlow has the StatelessRandomUniformFullInt op (2.x),
-  the mask is random_keep_mask's seeded by a stateful op; TensorFlow 1.15 uses
-  tf.nn.dropout.
+  Kept values are scaled by 1 / (1 - dropout_prob), zeroed where keep_mask is False; where
+  it is None, by tf.nn.dropout.
 
   Args:
     input_tensor: float Tensor.
@@ -61,14 +58,28 @@ def dropout(input_tensor, dropout_prob, seeds=None):
   if dropout_prob is None or dropout_prob == 0.0:
     return input_tensor
   x = tf.cast(input_tensor, precision.elementwise_dtype(input_tensor.dtype))
-  if 0.0 < dropout_prob < 1.0 and (
-      seeds is not None or hasattr(tf.raw_ops, "StatelessRandomUniformFullInt")):
-    keep = random_keep_mask(tf.shape(x), dropout_prob,
-                            seeds.next() if seeds is not None else None)
+  keep = keep_mask(tf.shape(x), dropout_prob, seeds)
+  if keep is not None:
     output = tf.where_v2(keep, x * (1.0 / (1.0 - dropout_prob)), tf.zeros([], x.dtype))
   else:
     output = tf.nn.dropout(x, rate=dropout_prob)
   return tf.cast(output, input_tensor.dtype)
+
+
+def keep_mask(shape, dropout_prob, seeds=None):
+  """The mask dropout applies, False where it zeroes a value: with `seeds`, from stateless
+  random ops seeded by seeds.next() (random_keep_mask), the same in every process.
+  Without, where TensorFlow has the StatelessRandomUniformFullInt op (2.x),
+  random_keep_mask's seeded by a stateful op.
+
+  Returns:
+    bool Tensor of `shape`; None where dropout_prob is None or not in (0, 1), and on
+    TensorFlow 1.15 without `seeds`, where dropout is tf.nn.dropout.
+  """
+  if dropout_prob is None or not 0.0 < dropout_prob < 1.0 or (
+      seeds is None and not hasattr(tf.raw_ops, "StatelessRandomUniformFullInt")):
+    return None
+  return random_keep_mask(shape, dropout_prob, seeds.next() if seeds is not None else None)
 
 
 def random_keep_mask(shape, dropout_prob, seed=None):

@@ -735,6 +735,9 @@ def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob, se
     adder = (1.0 - tf.cast(attention_mask, attention_scores.dtype)) * -10000.0
     attention_scores += adder
 
+  keep = dropout_lib.keep_mask(tf.shape(attention_scores), dropout_prob, seeds)
+  if keep is not None:
+    return precision.dropped_attention(attention_scores, value_layer, keep, dropout_prob)
   attention_probs = precision.softmax(attention_scores, compute_type)
   attention_probs = dropout_lib.dropout(attention_probs, dropout_prob, seeds)
   attention_probs = tf.cast(attention_probs, compute_type)

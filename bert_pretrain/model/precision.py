@@ -4,9 +4,9 @@ exact in low precision without changing its numbers.
 - get_custom_getter: variables stay float32 (master weights); the layers get a cast copy
   in the compute type (bfloat16 or float16).
 - elementwise_dtype: the type of the math between the matmuls.
-- gelu, softmax, normalize, dense_matmul / gradient_matmul, softmax_cross_entropy: the
-  GELU, the attention's softmax, layer norm, the dense layers' products and the masked-LM
-  loss with gradients that take fewer passes over the activations, or keep fewer of them
+- gelu, softmax, dropped_attention, normalize, dense_matmul / gradient_matmul,
+  softmax_cross_entropy: the GELU, the attention's softmax (with its dropout and product),
+  layer norm, the dense layers' products and the masked-LM loss with gradients that take fewer passes over the activations, or keep fewer of them
   for the backward pass, than TensorFlow derives (the measurements: docs/performance.md).
 """
 
@@ -112,6 +112,50 @@ def softmax(logits, kept_dtype):
     return probs, grad
 
   return softmax_keeping_a_copy(logits)
+
+
+def dropped_attention(scores, value, keep, dropout_prob):
+  """matmul(dropout(softmax(scores)), value), the attention's context, with its gradient
+  written out: the backward pass keeps the probabilities in value's type and the keep
+  mask, and makes the dropped probabilities again from them instead of keeping them too
+  (one tensor of the probabilities' size less for each layer).
+
+  The dropped probabilities come from the kept copy in both passes, so the forward
+  pass's product and the backward pass's agree.
+
+  Args:
+    scores: float Tensor [B, N, F, T], the masked attention scores, in
+      elementwise_dtype of value's type.
+    value: float Tensor [B, N, T, H].
+    keep: bool Tensor [B, N, F, T], False where dropout zeroes a probability.
+    dropout_prob: Python float in (0, 1).
+
+  Returns:
+    Tensor [B, N, F, H] in value's type.
+  """
+  scale = 1.0 / (1.0 - dropout_prob)
+
+  def drop(kept):
+    x = tf.cast(kept, scores.dtype) * scale
+    return tf.cast(tf.where_v2(keep, x, tf.zeros([], x.dtype)), value.dtype)
+
+  @tf.custom_gradient
+  def attention(x, v):
+    kept = tf.cast(tf.nn.softmax(x), v.dtype)
+
+    def grad(upstream):
+      # Made in the backward pass: a copy made earlier would stay in memory until then.
+      with tf.control_dependencies([upstream]):
+        dropped = drop(tf.identity(kept))
+        p = tf.cast(kept, x.dtype)
+      grad_v = tf.matmul(dropped, upstream, transpose_a=True)
+      grad_dropped = tf.cast(tf.matmul(upstream, v, transpose_b=True), x.dtype)
+      grad_p = tf.where_v2(keep, grad_dropped * scale, tf.zeros([], x.dtype))
+      return p * (grad_p - tf.reduce_sum(grad_p * p, -1, keepdims=True)), grad_v
+
+    return tf.matmul(drop(kept), v), grad
+
+  return attention(scores, value)
 
 
 @tf.custom_gradient
