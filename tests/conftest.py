@@ -179,7 +179,10 @@ class ForkedCommand(object):
   def close(self):
     if self.server is not None:
       self.server.stdin.close()
-      self.server.wait(timeout=60)
+      try:
+        self.server.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        self.server.kill()
     shutil.rmtree(self.folder, ignore_errors=True)
 
 

@@ -1,7 +1,7 @@
 """Runs `python3 -m bert_pretrain.run_pretraining FLAGS...` many times for the price of
 one import: this process imports the command once, then forks a child per request, which
-parses its flags and runs main() as the command line would, its stdout and stderr going
-to the files the request names. The tests' single-process runs go this way
+runs it as the command line would (absl's app.run), its stdout and stderr going to the
+files the request names. The tests' single-process runs go this way
 (conftest.run_pretraining): each run as its own process spent about half its CPU time
 importing TensorFlow.
 
@@ -17,20 +17,22 @@ import random
 import signal
 import sys
 
-from absl import flags
+from absl import app
 import numpy as np
 
 from bert_pretrain import run_pretraining
 
 
 def child(request):
-  """In the forked child: the command's main on request["argv"], as `python3 -m` runs it;
-  never returns."""
+  """In the forked child: the command as `python3 -m` runs it (absl's app.run on
+  request["argv"]); never returns."""
   signal.alarm(request["timeout"])
   os.chdir(request["cwd"])
   # A new process draws fresh seeds; a forked one would repeat its parent's.
   random.seed()
   np.random.seed()
+  with open(os.devnull) as f:
+    os.dup2(f.fileno(), 0)
   for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
     with open(path, "w") as f:
       os.dup2(f.fileno(), fd)
@@ -38,15 +40,12 @@ def child(request):
   try:
     argv = ["run_pretraining"] + request["argv"]
     run_pretraining.enable_cpu_xla(argv)
-    try:
-      argv = flags.FLAGS(argv)
-    except flags.Error as e:
-      # What absl's app.run prints for a flag it cannot parse.
-      sys.stderr.write("FATAL Flags parsing error: %s\n" % e)
-    else:
-      status = run_pretraining.main(argv)
+    app.run(lambda argv: sys.exit(run_pretraining.main(argv)), argv=argv)
   except SystemExit as e:
-    status = e.code if isinstance(e.code, int) else 1
+    if e.code is None or isinstance(e.code, int):
+      status = e.code or 0
+    else:
+      sys.stderr.write("%s\n" % e.code)  # as Python prints sys.exit's message
   except BaseException:  # pylint: disable=broad-except
     import traceback  # pylint: disable=g-import-not-at-top
     traceback.print_exc()
@@ -54,7 +53,7 @@ def child(request):
     atexit._run_exitfuncs()  # pylint: disable=protected-access
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status or 0)  # pylint: disable=protected-access
+    os._exit(status)  # pylint: disable=protected-access
 
 
 def serve():
