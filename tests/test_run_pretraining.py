@@ -583,11 +583,13 @@ def test_bfloat16_is_slower_without_onednn_or_without_the_cpus_instructions(tmp_
   # TensorFlow 1.15's pip build has no oneDNN; TensorFlow 2's x86 Linux builds turn it on
   # where the CPU has one of these instructions, or as TF_ENABLE_ONEDNN_OPTS says.
   with open("/proc/cpuinfo") as f:
-    cpu_flags = set(next(l for l in f if l.startswith("flags")).split())
-  onednn_by_default = bool(cpu_flags & {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
-                                        "amx_int8", "amx_bf16"})
-  setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
-  want = onednn_by_default if setting is None else setting.lower() in ("1", "true")
+    cpu_flags = set(" ".join(l.partition(":")[2] for l in f
+                             if l.startswith(("flags", "Features"))).split())
+  want = bool(cpu_flags & {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
+                           "amx_bf16"})
+  setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").lower()
+  if setting in ("0", "1", "true", "false"):
+    want = setting in ("1", "true")
   assert device_lib.tensorflow_uses_onednn() == (want and not tf.__version__.startswith("1."))
   assert device_lib.cpu_has_bfloat16(path=str(tmp_path / "missing")) is None
 
