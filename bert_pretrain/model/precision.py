@@ -6,8 +6,9 @@ exact in low precision without changing its numbers.
 - elementwise_dtype: the type of the math between the matmuls.
 - gelu, softmax, dropped_attention, normalize, dense_matmul / gradient_matmul,
   softmax_cross_entropy: the GELU, the attention's softmax (with its dropout and product),
-  layer norm, the dense layers' products and the masked-LM loss with gradients that take fewer passes over the activations, or keep fewer of them
-  for the backward pass, than TensorFlow derives (the measurements: docs/performance.md).
+  layer norm, the dense layers' products and the masked-LM loss with gradients that take
+  fewer passes over the activations, or keep fewer of them for the backward pass, than
+  TensorFlow derives (the measurements: docs/performance.md).
 """
 
 import math
