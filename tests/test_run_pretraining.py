@@ -582,10 +582,7 @@ def test_bfloat16_is_slower_without_onednn_or_without_the_cpus_instructions(tmp_
       "this TensorFlow computes bfloat16 without oneDNN")
   # TensorFlow 1.15's pip build has no oneDNN; TensorFlow 2's x86 Linux builds turn it on
   # where the CPU has one of these instructions, or as TF_ENABLE_ONEDNN_OPTS says.
-  with open("/proc/cpuinfo") as f:
-    cpu_flags = set(" ".join(l.partition(":")[2] for l in f
-                             if l.startswith(("flags", "Features"))).split())
-  want = bool(cpu_flags & {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
+  want = bool(device_lib.cpu_flags() & {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
                            "amx_bf16"})
   setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").lower()
   if setting in ("0", "1", "true", "false"):

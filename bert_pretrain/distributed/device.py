@@ -33,10 +33,10 @@ class Device(object):
 BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
-def cpu_has_bfloat16(cpuinfo=None, path="/proc/cpuinfo"):
-  """Whether the CPU has bfloat16 instructions, from /proc/cpuinfo's "flags" (x86) or
-  "Features" (Arm) lines (`cpuinfo`: that file's text, read from `path` when None).
-  None where the file cannot be read (not Linux)."""
+def cpu_flags(cpuinfo=None, path="/proc/cpuinfo"):
+  """The CPU's instruction names, from /proc/cpuinfo's "flags" (x86) or "Features" (Arm)
+  lines (`cpuinfo`: that file's text, read from `path` when None): a set of str, None
+  where the file cannot be read (not Linux)."""
   if cpuinfo is None:
     try:
       with open(path) as f:
@@ -48,6 +48,15 @@ def cpu_has_bfloat16(cpuinfo=None, path="/proc/cpuinfo"):
     name, _, value = line.partition(":")
     if name.strip() in ("flags", "Features"):
       words.update(value.split())
+  return words
+
+
+def cpu_has_bfloat16(cpuinfo=None, path="/proc/cpuinfo"):
+  """Whether the CPU has bfloat16 instructions (cpu_flags' arguments); None where
+  /proc/cpuinfo cannot be read."""
+  words = cpu_flags(cpuinfo, path)
+  if words is None:
+    return None
   return any(flag in words for flag in BFLOAT16_FLAGS)
 
 
