@@ -46,7 +46,7 @@ fi
 PYTHON="${PYTHON:-python3}"
 case "$PYTHON" in /*|"") ;; */*) PYTHON="$PWD/$PYTHON" ;; esac  # it is also run from /
 
-# 1. OpenMPI (Debian packages) for Horovod's MPI path and mpi4py.
+# 1. OpenMPI (Debian packages) for Horovod's MPI path.
 if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
   say "OpenMPI: keeping the installed one ($(command -v mpirun))"
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -105,7 +105,6 @@ fi
 
 # 4. Python packages of the recipe, its tools and tests (pip skips what is there).
 pip_install "$numpy_pin" "$tokenizers" absl-py mlperf-logging pytest pytest-xdist vermin psutil matplotlib
-have_module mpi4py || pip_install mpi4py
 
 # 5. Horovod against this TensorFlow, with Gloo and MPI, and with NCCL on a GPU when CUDA
 #    and NCCL are found. Built from source; --no-build-isolation lets the build see the
@@ -181,7 +180,7 @@ fi
 
 if [ "$DRY_RUN" = 1 ]; then exit 0; fi
 "$PYTHON" - <<'PY'
-import tensorflow as tf, absl, numpy, tokenizers, horovod, mpi4py, bert_pretrain
-print("init_tf: tensorflow %s, numpy %s, tokenizers %s, horovod %s, mpi4py %s"
-      % (tf.__version__, numpy.__version__, tokenizers.__version__, horovod.__version__, mpi4py.__version__))
+import tensorflow as tf, absl, numpy, tokenizers, horovod, bert_pretrain
+print("init_tf: tensorflow %s, numpy %s, tokenizers %s, horovod %s"
+      % (tf.__version__, numpy.__version__, tokenizers.__version__, horovod.__version__))
 PY
