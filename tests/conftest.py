@@ -145,10 +145,12 @@ def _command_env():
 
 
 class ForkedCommand(object):
-  """run_pretraining as `python3 -m` runs it, forked from a process that imported it once
-  (tests/forked_runs.py), in the environment this worker had when it started one."""
+  """A command as `python3 -m` runs it, forked from a process that imported what it
+  imports once (tests/forked_runs.py), in the environment this worker had when it started
+  one."""
 
-  def __init__(self, env):
+  def __init__(self, module, env):
+    self.module = module
     self.env = env
     self.server = None  # started by the first run
     self.folder = tempfile.mkdtemp(prefix="forked_runs-")
@@ -158,8 +160,9 @@ class ForkedCommand(object):
     """Returns a CompletedProcess with the run's exit status, stdout and stderr."""
     if self.server is None:
       self.server = subprocess.Popen(
-          [sys.executable, os.path.join(ROOT, "tests", "forked_runs.py")], env=self.env,
-          stdin=subprocess.PIPE, stdout=subprocess.PIPE, universal_newlines=True)
+          [sys.executable, os.path.join(ROOT, "tests", "forked_runs.py"), self.module],
+          env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+          universal_newlines=True)
     self.count += 1
     paths = [os.path.join(self.folder, "run-%d.%s" % (self.count, name))
              for name in ("stdout", "stderr")]
@@ -186,31 +189,47 @@ class ForkedCommand(object):
     shutil.rmtree(self.folder, ignore_errors=True)
 
 
-_forked_command = []  # this worker's ForkedCommand
+# This worker's ForkedCommands by module, the last used last; at most two stay, each a
+# process holding TensorFlow (about 450 MB).
+_forked_commands = {}
+_SESSION_ENV = []
 
 
 @pytest.fixture(scope="session", autouse=True)
-def forked_command():
-  """This worker's ForkedCommand, in the environment of the session's start."""
-  _forked_command.append(ForkedCommand(_command_env()))
-  yield _forked_command[0]
-  _forked_command.pop().close()
+def forked_commands():
+  """Closes this worker's ForkedCommands at the end; they keep the session's start's
+  environment."""
+  _SESSION_ENV.append(_command_env())
+  yield _forked_commands
+  for command in _forked_commands.values():
+    command.close()
+  _forked_commands.clear()
+
+
+def run_command(module, *flags, timeout=300):
+  """Runs python3 -m `module` (a command of bert_pretrain); returns the CompletedProcess.
+
+  Forked from this worker's ForkedCommand of it where the run could not tell the
+  difference: the same environment, and no --use_xla (TensorFlow reads its XLA flags from
+  the environment once); otherwise a process of its own. Tests that signal a run start
+  their own."""
+  flags = list(flags)
+  env = _command_env()
+  if _SESSION_ENV and env == _SESSION_ENV[0] and not any(f.startswith("--use_xla")
+                                                         for f in flags):
+    command = _forked_commands.pop(module, None) or ForkedCommand(module, env)
+    _forked_commands[module] = command
+    while len(_forked_commands) > 2:
+      _forked_commands.pop(next(iter(_forked_commands))).close()
+    return command.run(flags, timeout)
+  return subprocess.run([sys.executable, "-m", module] + flags, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, universal_newlines=True, env=env,
+                        timeout=timeout)
 
 
 def run_pretraining(*flags, timeout=300):
-  """Runs python3 -m bert_pretrain.run_pretraining; returns the CompletedProcess.
-
-  Forked from this worker's ForkedCommand where the run could not tell the difference: the
-  same environment, and no --use_xla (TensorFlow reads its XLA flags from the environment
-  once); otherwise a process of its own. Tests that signal a run start their own."""
-  flags = list(flags)
-  forked = _forked_command[0] if _forked_command else None
-  if forked and forked.env == _command_env() and not any(f.startswith("--use_xla")
-                                                         for f in flags):
-    return forked.run(flags, timeout)
-  return subprocess.run([sys.executable, "-m", "bert_pretrain.run_pretraining"] + flags,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, env=_command_env(), timeout=timeout)
+  """run_command of bert_pretrain.run_pretraining."""
+  return run_command("bert_pretrain.run_pretraining", *flags, timeout=timeout)
 
 
 def base_flags(data, output_dir, **overrides):

@@ -1,31 +1,51 @@
-"""Runs `python3 -m bert_pretrain.run_pretraining FLAGS...` many times for the price of
-one import: this process imports the command once, then forks a child per request, which
-runs it as the command line would (absl's app.run), its stdout and stderr going to the
-files the request names. The tests' single-process runs go this way
-(conftest.run_pretraining): each run as its own process spent about half its CPU time
+"""Runs `python3 -m MODULE FLAGS...` many times for the price of one import: this process
+imports what MODULE imports once (TensorFlow above all), then forks a child per request,
+which runs MODULE as `python3 -m` does (runpy, as __main__), its stdout and stderr going to
+the files the request names. The tests' single-process runs of the commands go this way
+(conftest.run_command): each run as its own process spent about half its CPU time
 importing TensorFlow.
 
-Protocol, one JSON object a line: on stdin {"argv": [flags], "stdout": path, "stderr":
-path, "cwd": path, "timeout": seconds}; on stdout {"returncode": int} once the child has
-exited (-SIGALRM when it ran out of time).
+Usage: python3 tests/forked_runs.py MODULE. Protocol, one JSON object a line: on stdin
+{"argv": [flags], "stdout": path, "stderr": path, "cwd": path, "timeout": seconds}; on
+stdout {"returncode": int} once the child has exited (-SIGALRM when it ran out of time).
 """
 
+import ast
 import atexit
+import importlib
+import importlib.util
 import json
 import os
 import random
+import runpy
 import signal
 import sys
 
-from absl import app
 import numpy as np
 
-from bert_pretrain import run_pretraining
+
+def import_what_it_imports(module):
+  """Imports the modules `module`'s top level imports, not `module` itself: run as
+  __main__ it defines its flags again, which absl refuses for flags defined already."""
+  spec = importlib.util.find_spec(module)
+  path = spec.origin
+  if spec.submodule_search_locations:  # a package: `python3 -m` runs its __main__
+    path = importlib.util.find_spec(module + ".__main__").origin
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  for node in tree.body:
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        importlib.import_module(alias.name)
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+      parent = importlib.import_module(node.module)
+      for alias in node.names:
+        if not hasattr(parent, alias.name):  # a submodule not imported by its package
+          importlib.import_module(node.module + "." + alias.name)
 
 
-def child(request):
-  """In the forked child: the command as `python3 -m` runs it (absl's app.run on
-  request["argv"]); never returns."""
+def child(module, request):
+  """In the forked child: `python3 -m module *request["argv"]`; never returns."""
   signal.alarm(request["timeout"])
   os.chdir(request["cwd"])
   # A new process draws fresh seeds; a forked one would repeat its parent's.
@@ -37,10 +57,11 @@ def child(request):
     with open(path, "w") as f:
       os.dup2(f.fileno(), fd)
   status = 1
+  sys.path[0] = os.getcwd()  # as -m has it, where this script's folder was
   try:
-    argv = ["run_pretraining"] + request["argv"]
-    run_pretraining.enable_cpu_xla(argv)
-    app.run(lambda argv: sys.exit(run_pretraining.main(argv)), argv=argv)
+    sys.argv = [module] + request["argv"]  # runpy puts the file's path first, as -m does
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    status = 0
   except SystemExit as e:
     if e.code is None or isinstance(e.code, int):
       status = e.code or 0
@@ -56,12 +77,13 @@ def child(request):
     os._exit(status)  # pylint: disable=protected-access
 
 
-def serve():
+def serve(module):
+  import_what_it_imports(module)
   for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
     if pid == 0:
-      child(request)
+      child(module, request)
     _, status = os.waitpid(pid, 0)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
     sys.stdout.write(json.dumps({"returncode": code}) + "\n")
@@ -69,4 +91,4 @@ def serve():
 
 
 if __name__ == "__main__":
-  serve()
+  serve(sys.argv[1])

@@ -2,10 +2,6 @@
 float32, layer by layer; exact against itself, within the tolerances in bfloat16 and
 float16, and a wrong op named at its layer."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import tensorflow.compat.v1 as tf
 
@@ -14,7 +10,7 @@ from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import modeling
 from bert_pretrain.training import pretraining
-from conftest import PREDICTIONS, ROOT, SEQ_LENGTH, TWO_LAYER_CONFIG
+from conftest import PREDICTIONS, SEQ_LENGTH, TWO_LAYER_CONFIG, run_command
 
 ENCODER_ROWS = ["bert/embeddings/LayerNorm",
                 "bert/encoder/layer_0/attention/output/LayerNorm",
@@ -24,10 +20,7 @@ ENCODER_ROWS = ["bert/embeddings/LayerNorm",
 
 
 def run_conformance(*flags):
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run([sys.executable, "-m", "bert_pretrain.conformance"] + list(flags),
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, env=env, timeout=600)
+  return run_command("bert_pretrain.conformance", *flags, timeout=600)
 
 
 def model_flags(data):

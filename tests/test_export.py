@@ -4,8 +4,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from bert_pretrain.training import checkpoints
 from bert_pretrain import export
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
-from conftest import ROOT, TWO_LAYER_CONFIG
+from conftest import TWO_LAYER_CONFIG, run_command
 
 SEQ = 16
 
@@ -67,11 +65,9 @@ def trained_like(tmp_path_factory):
 
 
 def _run_export(checkpoint, config, vocab, out):
-  return subprocess.run(
-      [sys.executable, "-m", "bert_pretrain.export", "--checkpoint=%s" % checkpoint,
-       "--bert_config_file=%s" % config, "--vocab_file=%s" % vocab, "--output_dir=%s" % out],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-      env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
+  return run_command("bert_pretrain.export", "--checkpoint=%s" % checkpoint,
+                     "--bert_config_file=%s" % config, "--vocab_file=%s" % vocab,
+                     "--output_dir=%s" % out)
 
 
 def _export(case, name):
@@ -139,12 +135,8 @@ def test_transformers_gives_our_models_logits_on_the_same_input(trained_like):
 def test_a_vocab_of_another_size_is_a_one_line_error(trained_like, tmp_path):
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("[PAD]\n[UNK]\n")
-  result = subprocess.run(
-      [sys.executable, "-m", "bert_pretrain.export", "--checkpoint=" + trained_like["prefix"],
-       "--bert_config_file=%s" % (trained_like["root"] / "bert_config.json"),
-       "--vocab_file=%s" % vocab, "--output_dir=%s" % (tmp_path / "out")],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-      env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
+  result = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
+                       vocab, tmp_path / "out")
   assert result.returncode == 2
   assert result.stderr.strip() == (
       "export: error: %s has 2 tokens but vocab_size is 600 in %s; pass the matching vocab "

@@ -18,7 +18,7 @@ from bert_pretrain import demo
 from bert_pretrain.model import modeling
 from bert_pretrain.finetune import classifier
 from bert_pretrain.data import tokenization
-from conftest import ROOT, SAMPLE_TEXT, TINY_CONFIG
+from conftest import ROOT, SAMPLE_TEXT, TINY_CONFIG, run_command
 
 
 def _write(path, lines):
@@ -153,11 +153,8 @@ def classify(task, output_dir, *extra, **flags):
                 learning_rate=1e-3, num_train_epochs=30, seed=1, intra_op_threads=1,
                 display_loss_steps=25)
   values.update(flags)
-  command = [sys.executable, "-m", "bert_pretrain.run_classifier"] + [
-      "--%s=%s" % item for item in values.items()] + list(extra)
-  return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, env=dict(os.environ, PYTHONPATH=ROOT),
-                        timeout=300)
+  return run_command("bert_pretrain.run_classifier",
+                     *["--%s=%s" % item for item in values.items()] + list(extra))
 
 
 def _results(output_dir):
