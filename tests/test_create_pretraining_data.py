@@ -9,8 +9,6 @@ instance statistics against a plain re-implementation of Google's instance loop.
 import collections
 import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import create_pretraining_data as cpd
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
+from conftest import run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
@@ -425,11 +424,7 @@ def test_bad_inputs(tmp_path, vocab_file):
 
 
 def _run_cli(*flags):
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run(
-      [sys.executable, "-m", "bert_pretrain.create_pretraining_data"] + list(flags),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, env=env,
-      timeout=120)
+  return run_command("bert_pretrain.create_pretraining_data", *flags, timeout=120)
 
 
 def test_command_line(tmp_path, vocab_file):

@@ -10,8 +10,6 @@ import collections
 import io
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
 from bert_pretrain.wiki import pipeline
 from bert_pretrain.wiki import workdir
+from conftest import run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKI_SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")
@@ -460,19 +459,14 @@ def test_a_second_run_on_the_same_folder_and_bad_flags(demo_data, tmp_path):
 
 
 def test_the_command_line(demo_data, tmp_path):
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  command = [sys.executable, "-m", "bert_pretrain.pack_records",
-             "--input=%s" % demo_data["input_files_dir"], "--jobs=1"]
-  result = subprocess.run(command + ["--output_dir=%s" % (tmp_path / "out")],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=env, timeout=300)
+  command = ["bert_pretrain.pack_records", "--input=%s" % demo_data["input_files_dir"],
+             "--jobs=1"]
+  result = run_command(*command + ["--output_dir=%s" % (tmp_path / "out")])
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith("pack_records: 4754 sequences in, 4754 out, in ")
   assert "pack_records: write: 4 files written (0 done before)" in result.stderr
   assert output_bytes(str(tmp_path / "out")) == output_bytes(demo_data["packed"])
-  result = subprocess.run(command + ["--output_dir=%s" % (tmp_path / "out"), "--seed=3"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=env, timeout=300)
+  result = run_command(*command + ["--output_dir=%s" % (tmp_path / "out"), "--seed=3"])
   assert result.returncode == 2
   assert [line for line in result.stderr.splitlines() if "error" in line] == [
       result.stderr.strip()]
