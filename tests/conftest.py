@@ -217,7 +217,11 @@ def run_command(module, *flags, timeout=300):
   env = _command_env()
   if _SESSION_ENV and env == _SESSION_ENV[0] and not any(f.startswith("--use_xla")
                                                          for f in flags):
-    command = _forked_commands.pop(module, None) or ForkedCommand(module, env)
+    command = _forked_commands.pop(module, None)
+    if command and command.server and command.server.poll() is not None:
+      command.close()  # it ended, its stderr saying why: a new one
+      command = None
+    command = command or ForkedCommand(module, env)
     _forked_commands[module] = command
     while len(_forked_commands) > 2:
       _forked_commands.pop(next(iter(_forked_commands))).close()

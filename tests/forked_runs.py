@@ -1,5 +1,5 @@
 """Runs `python3 -m MODULE FLAGS...` many times for the price of one import: this process
-imports what MODULE imports once (TensorFlow above all), then forks a child per request,
+imports what MODULE imports once (TensorFlow, for the commands that import it at the top), then forks a child per request,
 which runs MODULE as `python3 -m` does (runpy, as __main__), its stdout and stderr going to
 the files the request names. The tests' single-process runs of the commands go this way
 (conftest.run_command): each run as its own process spent about half its CPU time
@@ -81,6 +81,8 @@ def serve(module):
   import_what_it_imports(module)
   for line in sys.stdin:
     request = json.loads(line)
+    sys.stdout.flush()  # or the children would write what is buffered again
+    sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
       child(module, request)

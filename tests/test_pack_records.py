@@ -10,6 +10,8 @@ import collections
 import io
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,7 +26,6 @@ from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
 from bert_pretrain.wiki import pipeline
 from bert_pretrain.wiki import workdir
-from conftest import run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKI_SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")
@@ -459,14 +460,21 @@ def test_a_second_run_on_the_same_folder_and_bad_flags(demo_data, tmp_path):
 
 
 def test_the_command_line(demo_data, tmp_path):
-  command = ["bert_pretrain.pack_records", "--input=%s" % demo_data["input_files_dir"],
-             "--jobs=1"]
-  result = run_command(*command + ["--output_dir=%s" % (tmp_path / "out")])
+  # A process of its own: pack_records imports TensorFlow inside its functions, so a forked
+  # run would not save the import.
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  command = [sys.executable, "-m", "bert_pretrain.pack_records",
+             "--input=%s" % demo_data["input_files_dir"], "--jobs=1"]
+  result = subprocess.run(command + ["--output_dir=%s" % (tmp_path / "out")],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=env, timeout=300)
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith("pack_records: 4754 sequences in, 4754 out, in ")
   assert "pack_records: write: 4 files written (0 done before)" in result.stderr
   assert output_bytes(str(tmp_path / "out")) == output_bytes(demo_data["packed"])
-  result = run_command(*command + ["--output_dir=%s" % (tmp_path / "out"), "--seed=3"])
+  result = subprocess.run(command + ["--output_dir=%s" % (tmp_path / "out"), "--seed=3"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=env, timeout=300)
   assert result.returncode == 2
   assert [line for line in result.stderr.splitlines() if "error" in line] == [
       result.stderr.strip()]
