@@ -1,9 +1,9 @@
 """Runs `python3 -m MODULE FLAGS...` many times for the price of one import: this process
-imports what MODULE imports once (TensorFlow, for the commands that import it at the top), then forks a child per request,
-which runs MODULE as `python3 -m` does (runpy, as __main__), its stdout and stderr going to
-the files the request names. The tests' single-process runs of the commands go this way
-(conftest.run_command): each run as its own process spent about half its CPU time
-importing TensorFlow.
+imports what MODULE imports at its top once (TensorFlow, for the commands that import it
+there), then forks a child per request, which runs MODULE as `python3 -m` does (runpy, as
+__main__), its stdout and stderr going to the files the request names. The tests'
+single-process runs of the commands go this way (conftest.run_command): each run as its
+own process spent about half its CPU time importing TensorFlow.
 
 Usage: python3 tests/forked_runs.py MODULE. Protocol, one JSON object a line: on stdin
 {"argv": [flags], "stdout": path, "stderr": path, "cwd": path, "timeout": seconds}; on
