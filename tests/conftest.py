@@ -195,10 +195,44 @@ _forked_commands = {}
 _SESSION_ENV = []
 
 
+# PATH as the session found it: its horovodrun is the installed one.
+INSTALLED_PATH = os.environ["PATH"]
+_HOROVODRUN = """#!{python}
+# horovodrun for the tests (tests/conftest.py): Horovod's launcher, its build check answered.
+import sys
+from horovod.runner import launch
+if __name__ == "__main__":  # the launcher's helper processes import this file too
+  launch.gloo_built = lambda verbose=False: {gloo}
+  launch.mpi_built = lambda verbose=False: {mpi}
+  sys.exit(launch.run_commandline())
+"""
+
+
 @pytest.fixture(scope="session", autouse=True)
-def forked_commands():
+def horovodrun_checked_once(tmp_path_factory):
+  """Puts first on PATH a horovodrun that is Horovod's own launcher, whose check of how
+  Horovod was built (Gloo? MPI?) is answered by the same check run once here.
+
+  horovodrun makes that check on every launch in a new process importing TensorFlow,
+  about 5 s of CPU; the suite launches it about 80 times. Here the check's process forks
+  from this worker, which imported TensorFlow already. The tests of the launcher script
+  with the demo run the installed horovodrun (INSTALLED_PATH)."""
+  from horovod.common import util  # pylint: disable=g-import-not-at-top
+  folder = tmp_path_factory.mktemp("horovodrun")
+  path = folder / "horovodrun"
+  path.write_text(_HOROVODRUN.format(python=sys.executable, gloo=bool(util.gloo_built()),
+                                     mpi=bool(util.mpi_built())))
+  path.chmod(0o755)
+  os.environ["PATH"] = "%s:%s" % (folder, INSTALLED_PATH)
+  yield str(path)
+  os.environ["PATH"] = INSTALLED_PATH
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forked_commands(horovodrun_checked_once):
   """Closes this worker's ForkedCommands at the end; they keep the session's start's
   environment."""
+  del horovodrun_checked_once  # the environment holds it
   _SESSION_ENV.append(_command_env())
   yield _forked_commands
   for command in _forked_commands.values():

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from bert_pretrain.distributed import launch as launch_plan
-from conftest import ROOT, assert_same_weights, base_flags, ordered_flags, rank_pid, run_pretraining
+from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, ordered_flags,
+                      rank_pid, run_pretraining)
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
 
@@ -141,13 +142,14 @@ def test_launcher_rejects_inconsistent_card_counts(values, message, tmp_path):
 
 
 def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
+  """With the installed horovodrun (the other tests answer its build check from the session's)."""
   result = subprocess.run(
       ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh"), "--num_train_steps=4",
        "--display_loss_steps=2", "--samples_between_eval=100000", "--max_eval_steps=2",
        "--demo_cache_dir=%s" % (tmp_path / "cache")],
       cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       universal_newlines=True, timeout=400,
-      env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"))
+      env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", PATH=INSTALLED_PATH))
   assert result.returncode == 0, result.stdout[-3000:]
   out = result.stdout
   assert "Launching 2 ranks on 1 host (2 per host): horovodrun -np 2 -H localhost:2 --gloo" in out
