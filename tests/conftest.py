@@ -3,11 +3,13 @@ tests/data/sample_text.txt with the recipe's own vocab builder and create_pretra
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -147,7 +149,7 @@ def _command_env():
 class ForkedCommand(object):
   """A command as `python3 -m` runs it, forked from a process that imported what it
   imports once (tests/forked_runs.py), in the environment this worker had when it started
-  one."""
+  one. One run at a time."""
 
   def __init__(self, module, env):
     self.module = module
@@ -155,31 +157,57 @@ class ForkedCommand(object):
     self.server = None  # started by the first run
     self.folder = tempfile.mkdtemp(prefix="forked_runs-")
     self.count = 0
+    self.running = None  # the ForkedRun not yet ended
+    self._buffer = b""
 
-  def run(self, flags, timeout):
-    """Returns a CompletedProcess with the run's exit status, stdout and stderr."""
+  def start(self, flags, timeout, stdout, stderr):
+    """Starts a run writing to the files at `stdout` and `stderr` (the same path: one
+    file); returns its ForkedRun."""
+    assert self.running is None, "one run at a time"
     if self.server is None:
       self.server = subprocess.Popen(
           [sys.executable, os.path.join(ROOT, "tests", "forked_runs.py"), self.module],
-          env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-          universal_newlines=True)
+          env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    for path in (stdout, stderr):
+      open(str(path), "w").close()  # there once this returns, as with Popen
+    request = {"argv": flags, "stdout": str(stdout), "stderr": str(stderr),
+               "cwd": os.getcwd(), "timeout": timeout}
+    self.server.stdin.write((json.dumps(request) + "\n").encode())
+    self.running = ForkedRun(self, [self.module] + flags, self.message(None)["pid"])
+    return self.running
+
+  def message(self, timeout):
+    """The server's next message, or None when none came within `timeout` seconds
+    (None: waits as long as it takes)."""
+    deadline = None if timeout is None else time.time() + timeout
+    fd = self.server.stdout.fileno()
+    while b"\n" not in self._buffer:
+      left = None if deadline is None else max(0, deadline - time.time())
+      if not select.select([fd], [], [], left)[0]:
+        return None
+      chunk = os.read(fd, 4096)
+      assert chunk, "tests/forked_runs.py ended"
+      self._buffer += chunk
+    line, self._buffer = self._buffer.split(b"\n", 1)
+    return json.loads(line.decode())
+
+  def run(self, flags, timeout):
+    """Returns a CompletedProcess with the run's exit status, stdout and stderr."""
     self.count += 1
     paths = [os.path.join(self.folder, "run-%d.%s" % (self.count, name))
              for name in ("stdout", "stderr")]
-    self.server.stdin.write(json.dumps({"argv": flags, "stdout": paths[0], "stderr": paths[1],
-                                        "cwd": os.getcwd(), "timeout": timeout}) + "\n")
-    self.server.stdin.flush()
-    line = self.server.stdout.readline()
-    assert line, "tests/forked_runs.py ended"
+    returncode = self.start(flags, timeout, *paths).wait()
     outputs = [open(path).read() for path in paths]
     for path in paths:
       os.remove(path)
-    returncode = json.loads(line)["returncode"]
     if returncode == -signal.SIGALRM:
       raise subprocess.TimeoutExpired(flags, timeout, *outputs)
     return subprocess.CompletedProcess(flags, returncode, *outputs)
 
   def close(self):
+    if self.running is not None:
+      self.running.kill()
+      self.running.wait()
     if self.server is not None:
       self.server.stdin.close()
       try:
@@ -187,6 +215,40 @@ class ForkedCommand(object):
       except subprocess.TimeoutExpired:
         self.server.kill()
     shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class ForkedRun(object):
+  """A run of a ForkedCommand: what the tests use of subprocess.Popen."""
+
+  def __init__(self, command, args, pid):
+    self.command = command
+    self.args = args
+    self.pid = pid
+    self.returncode = None
+
+  def poll(self):
+    if self.returncode is None:
+      self._ended(self.command.message(0))
+    return self.returncode
+
+  def wait(self, timeout=None):
+    if self.returncode is None:
+      self._ended(self.command.message(timeout))
+      if self.returncode is None:
+        raise subprocess.TimeoutExpired(self.args, timeout)
+    return self.returncode
+
+  def send_signal(self, sig):
+    if self.returncode is None:
+      os.kill(self.pid, sig)
+
+  def kill(self):
+    self.send_signal(signal.SIGKILL)
+
+  def _ended(self, message):
+    if message is not None:
+      self.returncode = message["returncode"]
+      self.command.running = None
 
 
 # This worker's ForkedCommands by module, the last used last; at most two stay, each a
@@ -240,29 +302,55 @@ def forked_commands(horovodrun_checked_once):
   _forked_commands.clear()
 
 
+def _forked_command(module, flags):
+  """This worker's ForkedCommand of `module` for a run with `flags`, when the run could not
+  tell the difference: the same environment, no --use_xla (TensorFlow reads its XLA flags
+  from the environment once), and no other run of it going on; else None."""
+  if (not _SESSION_ENV or _command_env() != _SESSION_ENV[0] or
+      any(f.startswith("--use_xla") for f in flags)):
+    return None
+  command = _forked_commands.pop(module, None)
+  if command and command.running:
+    _forked_commands[module] = command
+    return None
+  if command and command.server and command.server.poll() is not None:
+    command.close()  # it ended, its stderr saying why: a new one
+    command = None
+  command = command or ForkedCommand(module, _SESSION_ENV[0])
+  _forked_commands[module] = command
+  idle = [m for m, c in _forked_commands.items() if not c.running and m != module]
+  for name in idle[:max(0, len(_forked_commands) - 2)]:
+    _forked_commands.pop(name).close()
+  return command
+
+
 def run_command(module, *flags, timeout=300):
   """Runs python3 -m `module` (a command of bert_pretrain); returns the CompletedProcess.
 
-  Forked from this worker's ForkedCommand of it where the run could not tell the
-  difference: the same environment, and no --use_xla (TensorFlow reads its XLA flags from
-  the environment once); otherwise a process of its own. Tests that signal a run start
-  their own."""
-  flags = list(flags)
-  env = _command_env()
-  if _SESSION_ENV and env == _SESSION_ENV[0] and not any(f.startswith("--use_xla")
-                                                         for f in flags):
-    command = _forked_commands.pop(module, None)
-    if command and command.server and command.server.poll() is not None:
-      command.close()  # it ended, its stderr saying why: a new one
-      command = None
-    command = command or ForkedCommand(module, env)
-    _forked_commands[module] = command
-    while len(_forked_commands) > 2:
-      _forked_commands.pop(next(iter(_forked_commands))).close()
-    return command.run(flags, timeout)
-  return subprocess.run([sys.executable, "-m", module] + flags, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, universal_newlines=True, env=env,
+  Forked from this worker's ForkedCommand of it (_forked_command) where the run could not
+  tell the difference; otherwise a process of its own."""
+  command = _forked_command(module, flags)
+  if command:
+    return command.run(list(flags), timeout)
+  return subprocess.run([sys.executable, "-m", module] + list(flags), stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, universal_newlines=True, env=_command_env(),
                         timeout=timeout)
+
+
+def start_command(module, *flags, stdout, stderr, timeout=300):
+  """Starts python3 -m `module`, its output going to the files at `stdout` and `stderr`
+  (the same path: one file), as run_command would run it; returns the process: a
+  ForkedRun or a subprocess.Popen, to poll, signal and wait for."""
+  command = _forked_command(module, flags)
+  if command:
+    return command.start(list(flags), timeout, stdout, stderr)
+  with open(str(stdout), "w") as out:
+    if str(stderr) == str(stdout):
+      return subprocess.Popen([sys.executable, "-m", module] + list(flags), stdout=out,
+                              stderr=subprocess.STDOUT, env=_command_env())
+    with open(str(stderr), "w") as err:
+      return subprocess.Popen([sys.executable, "-m", module] + list(flags), stdout=out,
+                              stderr=err, env=_command_env())
 
 
 def run_pretraining(*flags, timeout=300):

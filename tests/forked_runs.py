@@ -6,8 +6,10 @@ single-process runs of the commands go this way (conftest.run_command): each run
 own process spent about half its CPU time importing TensorFlow.
 
 Usage: python3 tests/forked_runs.py MODULE. Protocol, one JSON object a line: on stdin
-{"argv": [flags], "stdout": path, "stderr": path, "cwd": path, "timeout": seconds}; on
-stdout {"returncode": int} once the child has exited (-SIGALRM when it ran out of time).
+{"argv": [flags], "stdout": path, "stderr": path, "cwd": path, "timeout": seconds} (the
+same path twice: stderr into stdout); on stdout {"pid": int} once the child is forked (a
+test may signal it), then {"returncode": int} once it has exited (-SIGALRM when it ran out
+of time, -N when signal N ended it).
 """
 
 import ast
@@ -54,6 +56,9 @@ def child(module, request):
   with open(os.devnull) as f:
     os.dup2(f.fileno(), 0)
   for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+    if fd == 2 and path == request["stdout"]:
+      os.dup2(1, 2)
+      continue
     with open(path, "w") as f:
       os.dup2(f.fileno(), fd)
   status = 1
@@ -86,6 +91,8 @@ def serve(module):
     pid = os.fork()
     if pid == 0:
       child(module, request)
+    sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+    sys.stdout.flush()
     _, status = os.waitpid(pid, 0)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
     sys.stdout.write(json.dumps({"returncode": code}) + "\n")

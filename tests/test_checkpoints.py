@@ -16,7 +16,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.training import checkpoints
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import modeling
-from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining
+from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining, start_command
 
 
 def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
@@ -277,9 +277,8 @@ def test_a_second_run_on_the_same_output_dir_is_refused_until_the_first_is_kille
   flags = base_flags(pretraining_data, out, num_train_steps=10 ** 7,
                      save_checkpoints_steps=10 ** 7, display_loss_steps=10 ** 6,
                      nodo_eval=None)
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  first = subprocess.Popen([sys.executable, "-m", "bert_pretrain.run_pretraining"] + flags,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+  first = start_command("bert_pretrain.run_pretraining", *flags, stdout=os.devnull,
+                        stderr=os.devnull)
   try:
     lock = out / ".bert_pretrain.lock"
     holder = "pid %d on %s" % (first.pid, socket.gethostname())

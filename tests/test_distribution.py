@@ -19,7 +19,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (ROOT, assert_same_weights, base_flags, final_weights, ordered_flags,
-                      run_pretraining)
+                      run_pretraining, start_command)
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
 
@@ -251,9 +251,7 @@ def test_mirrored_stops_at_sigterm_with_a_checkpoint_and_the_rerun_continues(
                      display_loss_steps=1, nodo_eval=None, train_batch_size=4,
                      distribution="mirrored", cpu_devices=2)
   log = tmp_path / "run.log"
-  with open(str(log), "w") as output:
-    proc = subprocess.Popen(MODULE + flags, stdout=output, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  proc = start_command(MODULE[2], *flags, stdout=log, stderr=log)
   try:
     _wait_for(log, "Step 3,", [proc])
     proc.send_signal(signal.SIGTERM)

@@ -11,14 +11,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.training import signals
-from conftest import ROOT, TINY_CONFIG, base_flags, rank_pid, run_pretraining
+from conftest import (ROOT, TINY_CONFIG, base_flags, rank_pid, run_pretraining,
+                      start_command)
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
 GLOO = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
@@ -102,35 +102,34 @@ def _logged_last_step_before(dllog_path, moment):
 
 
 def _run_and_signal_once(command, out, at_step, target, sig, dllog):
-  """One run of _run_and_signal; returns its result and the time the signal was sent."""
+  """One run of _run_and_signal; returns its result and the time the signal was sent.
+  A run of the module alone starts as conftest.start_command starts it."""
   out.mkdir(parents=True, exist_ok=True)
-  with open(str(out.parent / (out.name + ".stderr")), "w+") as err:
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err,
-                            universal_newlines=True, env=_env())
-    try:
-      lines = []
-      def read():
-        for line in proc.stdout:
-          lines.append(line)
-      reader = threading.Thread(target=read, daemon=True)
-      reader.start()
-      step_line = re.compile(r"Step %d," % at_step)
-      while not (any(step_line.search(l) for l in list(lines)) or
-                 (dllog is not None and _logged_step(dllog) >= at_step)):
-        assert proc.poll() is None, "".join(lines)
-        time.sleep(0.01)
-      assert proc.poll() is None, "".join(lines)
-      sent = time.time()
-      os.kill(target(proc) if target else proc.pid, sig)
-      status = proc.wait(timeout=120)
-      reader.join(timeout=60)
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-    err.seek(0)
-    stdout = "".join(lines)
-    steps = [int(s) for s in re.findall(r"Step (\d+),", stdout)]
-    return (status, stdout, err.read(), max(steps)), sent
+  stdout_path, stderr_path = (out.parent / (out.name + ".stdout"),
+                              out.parent / (out.name + ".stderr"))
+  if command[:len(MODULE)] == MODULE:
+    proc = start_command(MODULE[2], *command[len(MODULE):], stdout=stdout_path,
+                         stderr=stderr_path)
+  else:
+    with open(str(stdout_path), "w") as stdout, open(str(stderr_path), "w") as stderr:
+      proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=_env())
+  try:
+    step_line = re.compile(r"Step %d," % at_step)
+    while not (step_line.search(stdout_path.read_text()) or
+               (dllog is not None and _logged_step(dllog) >= at_step)):
+      assert proc.poll() is None, stdout_path.read_text()
+      time.sleep(0.01)
+    assert proc.poll() is None, stdout_path.read_text()
+    sent = time.time()
+    os.kill(target(proc) if target else proc.pid, sig)
+    status = proc.wait(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  stdout = stdout_path.read_text()
+  steps = [int(s) for s in re.findall(r"Step (\d+),", stdout)]
+  return (status, stdout, stderr_path.read_text(), max(steps)), sent
 
 
 def _resumed_step(stdout):
@@ -337,9 +336,12 @@ def test_a_sigkilled_run_with_dropout_resumes_the_loss_curve_bit_identically(
       command, out, at_step=10, sig=signal.SIGKILL, dllog=out / "dllog.json",
       target=_rank_1 if launcher == "gloo" else None)
   assert status != 0
-  rerun = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         universal_newlines=True, env=_env(), timeout=600)
-  assert rerun.returncode == 0, rerun.stdout[-3000:]
+  if launcher == "gloo":
+    rerun = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True, env=_env(), timeout=600)
+  else:
+    rerun = run_pretraining(*flags, timeout=600)
+  assert rerun.returncode == 0, rerun.stdout[-3000:] + (rerun.stderr or "")[-3000:]
   resumed = _resumed_step(rerun.stdout)
   assert 0 < resumed < STEPS and resumed % SAVE_STEPS == 0
   print("%s, %d rank(s), accumulation %d: SIGKILL after step %d was logged, rerun resumed "
