@@ -277,8 +277,8 @@ def horovodrun_checked_once(tmp_path_factory):
 
   horovodrun makes that check on every launch in a new process importing TensorFlow,
   about 5 s of CPU; the suite launches it about 80 times. Here the check's process forks
-  from this worker, which imported TensorFlow already. The tests of the launcher script
-  with the demo run the installed horovodrun (INSTALLED_PATH)."""
+  from this worker, which imported TensorFlow already. The test of run_multi_card_FPS.sh
+  with the demo runs the installed horovodrun (INSTALLED_PATH)."""
   from horovod.common import util  # pylint: disable=g-import-not-at-top
   folder = tmp_path_factory.mktemp("horovodrun")
   path = folder / "horovodrun"
@@ -344,13 +344,10 @@ def start_command(module, *flags, stdout, stderr, timeout=300):
   command = _forked_command(module, flags)
   if command:
     return command.start(list(flags), timeout, stdout, stderr)
-  with open(str(stdout), "w") as out:
-    if str(stderr) == str(stdout):
-      return subprocess.Popen([sys.executable, "-m", module] + list(flags), stdout=out,
-                              stderr=subprocess.STDOUT, env=_command_env())
-    with open(str(stderr), "w") as err:
-      return subprocess.Popen([sys.executable, "-m", module] + list(flags), stdout=out,
-                              stderr=err, env=_command_env())
+  one_file = str(stderr) == str(stdout)
+  with open(str(stdout), "w") as out, open(os.devnull if one_file else str(stderr), "w") as err:
+    return subprocess.Popen([sys.executable, "-m", module] + list(flags), stdout=out,
+                            stderr=subprocess.STDOUT if one_file else err, env=_command_env())
 
 
 def run_pretraining(*flags, timeout=300):
@@ -390,7 +387,8 @@ def equal_weight_data(pretraining_data, tmp_path_factory):
         writer.write(example.SerializeToString())
   config = dict(TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   (root / "bert_config.json").write_text(json.dumps(config))
-  demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(config), str(root / "init" / "model.ckpt-0"))
+  demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(config),
+                              str(root / "init" / "model.ckpt-0"))
   return dict(pretraining_data, train=str(root / "train"), config=str(root / "bert_config.json"),
               init=str(root / "init" / "model.ckpt-0"))
 
