@@ -20,6 +20,8 @@ from bert_pretrain.distributed import device
 from bert_pretrain.model import modeling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORKED_RUNS = os.path.join(ROOT, "tests", "forked_runs.py")
+RANKS_MODULE = "bert_pretrain.run_pretraining"  # the command whose job processes fork
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
 SEQ_LENGTH = 64
 PREDICTIONS = 10
@@ -149,11 +151,13 @@ def _command_env():
 class ForkedCommand(object):
   """A command as `python3 -m` runs it, forked from a process that imported what it
   imports once (tests/forked_runs.py), in the environment this worker had when it started
-  one. One run at a time."""
+  one. One run at a time; with ranks_socket, also the processes of rank_command, any
+  number at once."""
 
-  def __init__(self, module, env):
+  def __init__(self, module, env, ranks_socket=None):
     self.module = module
     self.env = env
+    self.ranks_socket = ranks_socket  # where it takes ranks too (tests/forked_runs.py)
     self.server = None  # started by the first run
     self.folder = tempfile.mkdtemp(prefix="forked_runs-")
     self.count = 0
@@ -164,10 +168,7 @@ class ForkedCommand(object):
     """Starts a run writing to the files at `stdout` and `stderr` (the same path: one
     file); returns its ForkedRun."""
     assert self.running is None, "one run at a time"
-    if self.server is None:
-      self.server = subprocess.Popen(
-          [sys.executable, os.path.join(ROOT, "tests", "forked_runs.py"), self.module],
-          env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    self.serve()
     for path in (stdout, stderr):
       open(str(path), "w").close()  # there once this returns, as with Popen
     request = {"argv": flags, "stdout": str(stdout), "stderr": str(stderr),
@@ -175,6 +176,14 @@ class ForkedCommand(object):
     self.server.stdin.write((json.dumps(request) + "\n").encode())
     self.running = ForkedRun(self, [self.module] + flags, self.message(None)["pid"])
     return self.running
+
+  def serve(self):
+    """Starts the server unless it runs."""
+    if self.server is None:
+      self.server = subprocess.Popen(
+          [sys.executable, FORKED_RUNS, self.module] + (
+              [self.ranks_socket] if self.ranks_socket else []),
+          env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
 
   def message(self, timeout):
     """The server's next message, or None when none came within `timeout` seconds
@@ -215,6 +224,8 @@ class ForkedCommand(object):
       except subprocess.TimeoutExpired:
         self.server.kill()
     shutil.rmtree(self.folder, ignore_errors=True)
+    if self.ranks_socket and os.path.exists(self.ranks_socket):
+      os.remove(self.ranks_socket)
 
 
 class ForkedRun(object):
@@ -252,9 +263,10 @@ class ForkedRun(object):
 
 
 # This worker's ForkedCommands by module, the last used last; at most two stay, each a
-# process holding TensorFlow (about 450 MB).
+# process holding TensorFlow (about 450 MB), one of them RANKS_MODULE's.
 _forked_commands = {}
 _SESSION_ENV = []
+_RANKS_SOCKET = []  # where this worker's ForkedCommand of RANKS_MODULE takes ranks
 
 
 # PATH as the session found it: its horovodrun is the installed one.
@@ -291,11 +303,14 @@ def horovodrun_checked_once(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def forked_commands(horovodrun_checked_once):
-  """Closes this worker's ForkedCommands at the end; they keep the session's start's
-  environment."""
+def forked_commands(horovodrun_checked_once, tmp_path_factory):
+  """Starts this worker's ForkedCommand of run_pretraining, which forks the processes of
+  rank_command too, and closes its ForkedCommands at the end; they keep the session's
+  start's environment."""
   del horovodrun_checked_once  # the environment holds it
   _SESSION_ENV.append(_command_env())
+  _RANKS_SOCKET.append(str(tmp_path_factory.mktemp("ranks") / "socket"))
+  _forked_command(RANKS_MODULE, []).serve()
   yield _forked_commands
   for command in _forked_commands.values():
     command.close()
@@ -316,9 +331,11 @@ def _forked_command(module, flags):
   if command and command.server and command.server.poll() is not None:
     command.close()  # it ended, its stderr saying why: a new one
     command = None
-  command = command or ForkedCommand(module, _SESSION_ENV[0])
+  command = command or ForkedCommand(
+      module, _SESSION_ENV[0], _RANKS_SOCKET[0] if module == RANKS_MODULE else None)
   _forked_commands[module] = command
-  idle = [m for m, c in _forked_commands.items() if not c.running and m != module]
+  idle = [m for m, c in _forked_commands.items()
+          if not c.running and m not in (module, RANKS_MODULE)]
   for name in idle[:max(0, len(_forked_commands) - 2)]:
     _forked_commands.pop(name).close()
   return command
@@ -348,6 +365,15 @@ def start_command(module, *flags, stdout, stderr, timeout=300):
   with open(str(stdout), "w") as out, open(os.devnull if one_file else str(stderr), "w") as err:
     return subprocess.Popen([sys.executable, "-m", module] + list(flags), stdout=out,
                             stderr=subprocess.STDOUT if one_file else err, env=_command_env())
+
+
+def rank_command(*flags):
+  """The command of one process of a job (a Horovod rank under horovodrun or mpirun, a
+  multi_worker_mirrored worker): python3 -m bert_pretrain.run_pretraining FLAGS, forked
+  from this worker's ForkedCommand of it where the process could not tell the difference
+  (tests/forked_runs.py --rank); on this host only."""
+  return [sys.executable, FORKED_RUNS, "--rank", _RANKS_SOCKET[0], sys.executable, "-m",
+          RANKS_MODULE] + list(flags)
 
 
 def run_pretraining(*flags, timeout=300):
@@ -437,7 +463,8 @@ def assert_same_weights(one_dir, other_dir, init_checkpoint):
 
 def rank_pid(launcher, rank):
   """The pid of training rank `rank` among the descendants of the launcher process
-  (horovodrun or mpirun, a subprocess.Popen): never another job's process."""
+  (horovodrun or mpirun, a subprocess.Popen): never another job's process. Of a forked
+  rank (rank_command), the pid its client was told."""
   import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
   for child in psutil.Process(launcher.pid).children(recursive=True):
     try:
@@ -447,5 +474,12 @@ def rank_pid(launcher, rank):
       continue
     if "bert_pretrain.run_pretraining" in cmdline and str(rank) in (
         environ.get("HOROVOD_RANK"), environ.get("OMPI_COMM_WORLD_RANK")):
-      return child.pid
+      if cmdline[1:3] != [FORKED_RUNS, "--rank"]:
+        return child.pid
+      pid_file = "%s-%d.pid" % (cmdline[3], child.pid)
+      deadline = time.time() + 60
+      while not os.path.exists(pid_file) and time.time() < deadline and child.is_running():
+        time.sleep(0.1)
+      with open(pid_file) as f:
+        return int(f.read())
   raise AssertionError("rank %d not found among the launcher's processes" % rank)

@@ -1,17 +1,29 @@
 """Runs `python3 -m MODULE FLAGS...` many times for the price of one import: this process
 imports what MODULE imports at its top once (TensorFlow, for the commands that import it
 there), then forks a child per request, which runs MODULE as `python3 -m` does (runpy, as
-__main__), its stdout and stderr going to the files the request names. The tests'
-single-process runs of the commands go this way (conftest.run_command): each run as its
-own process spent about half its CPU time importing TensorFlow.
+__main__). The tests' single-process runs of the commands go this way
+(conftest.run_command), and so do the processes of their jobs on this host
+(conftest.rank_command): each as its own process spent about half its CPU time importing
+TensorFlow.
 
-Usage: python3 tests/forked_runs.py MODULE. Protocol, one JSON object a line: on stdin
-{"argv": [flags], "stdout": path, "stderr": path, "cwd": path, "timeout": seconds} (the
-same path twice: stderr into stdout); on stdout {"pid": int} once the child is forked (a
-test may signal it), then {"returncode": int} once it has exited (-SIGALRM when it ran out
-of time, -N when signal N ended it).
+Server: python3 tests/forked_runs.py MODULE [SOCKET]. Protocol on stdin and stdout, one
+JSON object a line: in, {"argv": [flags], "stdout": path, "stderr": path, "cwd": path,
+"timeout": seconds} (the same path twice: stderr into stdout); out, {"pid": int} once the
+child is forked (a test may signal it), then {"returncode": int} once it has exited
+(-SIGALRM when it ran out of time, -N when signal N ended it). One such run at a time.
+
+Ranks: with SOCKET, the server also takes runs from clients, any number at once:
+`python3 tests/forked_runs.py --rank SOCKET python3 -m MODULE FLAGS...` is what a job's
+launcher (horovodrun, mpirun, a test) starts. The client hands the server its stdin,
+stdout, stderr, environment and folder, passes on the signals it gets to the child,
+writes the child's pid to SOCKET-<its pid>.pid (for the tests that stop or kill a rank:
+conftest.rank_pid) and exits as the child did; the server SIGKILLs the child when the
+client has gone. Where the child could tell the difference (another Python or command,
+--use_xla, or an environment that differs in what Python or TensorFlow read when they
+start), the client runs the command itself.
 """
 
+import array
 import ast
 import atexit
 import importlib
@@ -20,10 +32,18 @@ import json
 import os
 import random
 import runpy
+import select
 import signal
+import socket
 import sys
 
-import numpy as np
+# What Python and TensorFlow read from the environment as they start or import: a rank
+# whose environment differs in these from the server's is not forked.
+_READ_AT_START = ("PYTHON", "TF_", "CUDA", "OMP_", "KMP_", "MKL", "ONEDNN", "DNNL", "XLA",
+                  "LD_")
+_READ_LATER = ("TF_CONFIG", "PYTHONUNBUFFERED")  # read as the run goes: it may differ
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+              signal.SIGUSR2)
 
 
 def import_what_it_imports(module):
@@ -46,25 +66,16 @@ def import_what_it_imports(module):
           importlib.import_module(node.module + "." + alias.name)
 
 
-def child(module, request):
-  """In the forked child: `python3 -m module *request["argv"]`; never returns."""
-  signal.alarm(request["timeout"])
-  os.chdir(request["cwd"])
+def run_as_main(module, argv):
+  """In a forked child: `python3 -m module *argv` in this folder; never returns."""
+  import numpy as np  # pylint: disable=g-import-not-at-top  (imported by the module already)
   # A new process draws fresh seeds; a forked one would repeat its parent's.
   random.seed()
   np.random.seed()
-  with open(os.devnull) as f:
-    os.dup2(f.fileno(), 0)
-  for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-    if fd == 2 and path == request["stdout"]:
-      os.dup2(1, 2)
-      continue
-    with open(path, "w") as f:
-      os.dup2(f.fileno(), fd)
   status = 1
   sys.path[0] = os.getcwd()  # as -m has it, where this script's folder was
   try:
-    sys.argv = [module] + request["argv"]  # runpy puts the file's path first, as -m does
+    sys.argv = [module] + argv  # runpy puts the file's path first, as -m does
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     status = 0
   except SystemExit as e:
@@ -82,22 +93,195 @@ def child(module, request):
     os._exit(status)  # pylint: disable=protected-access
 
 
-def serve(module):
-  import_what_it_imports(module)
-  for line in sys.stdin:
-    request = json.loads(line)
-    sys.stdout.flush()  # or the children would write what is buffered again
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-      child(module, request)
-    sys.stdout.write(json.dumps({"pid": pid}) + "\n")
-    sys.stdout.flush()
-    _, status = os.waitpid(pid, 0)
+def child(module, request):
+  """In the forked child of a request on stdin; never returns."""
+  signal.alarm(request["timeout"])
+  os.chdir(request["cwd"])
+  with open(os.devnull) as f:
+    os.dup2(f.fileno(), 0)
+  for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+    if fd == 2 and path == request["stdout"]:
+      os.dup2(1, 2)
+      continue
+    with open(path, "w") as f:
+      os.dup2(f.fileno(), fd)
+  run_as_main(module, request["argv"])
+
+
+def _differences(env, other):
+  return sorted(k for k in set(env) | set(other) if k.startswith(_READ_AT_START) and
+                k not in _READ_LATER and env.get(k) != other.get(k))
+
+
+def rank_child(module, request, fds):
+  """In the forked child of a client's request; never returns."""
+  os.environ.clear()
+  os.environ.update(request["env"])
+  os.chdir(request["cwd"])
+  for target, fd in enumerate(fds):
+    os.dup2(fd, target)
+    os.close(fd)
+  # As a new interpreter writes: unbuffered where horovodrun asks for it.
+  sys.stdout.reconfigure(line_buffering="PYTHONUNBUFFERED" in os.environ)
+  sys.stderr.reconfigure(line_buffering=True)
+  run_as_main(module, request["argv"])
+
+
+def _send(connection, message):
+  try:
+    connection.send(json.dumps(message).encode())
+  except OSError:  # the client has gone
+    pass
+
+
+def _sockets(listener, runs):
+  """The server's open sockets: its listener and its clients' connections."""
+  return [s for s in [listener] + list(runs.values()) if s is not None and s.fileno() >= 0]
+
+
+def _fork(in_child, sockets):
+  """Forks a child that closes the server's `sockets` and calls in_child() (which never
+  returns); returns its pid."""
+  sys.stdout.flush()  # or the child would write what is buffered again
+  sys.stderr.flush()
+  pid = os.fork()
+  if pid == 0:
+    for sock in sockets:
+      sock.close()
+    in_child()
+  return pid
+
+
+def _report_ended(runs):
+  """Tells the exit status of each ended child where its request came from: stdout
+  (None) or its client's connection, unless the client has gone (closed)."""
+  while runs:
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if not pid:
+      return
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
-    sys.stdout.write(json.dumps({"returncode": code}) + "\n")
-    sys.stdout.flush()
+    connection = runs.pop(pid)
+    if connection is None:
+      sys.stdout.write(json.dumps({"returncode": code}) + "\n")
+      sys.stdout.flush()
+    elif connection.fileno() >= 0:
+      _send(connection, {"returncode": code})
+      connection.close()
+
+
+def _end_orphans(ready, runs):
+  """SIGKILLs the children whose clients have gone (a killed rank): a stopped child too,
+  whose end of its launcher's pipes would keep the launcher waiting."""
+  for pid, connection in runs.items():
+    if connection in ready and not connection.recv(16):
+      os.kill(pid, signal.SIGKILL)
+      connection.close()
+
+
+def _take_rank(module, listener, runs):
+  """Forks the run a client asks for, or tells it why not."""
+  connection = listener.accept()[0]
+  fds = array.array("i")
+  message, ancillary, _, _ = connection.recvmsg(1 << 20, socket.CMSG_LEN(3 * fds.itemsize))
+  for level, kind, data in ancillary:
+    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+      fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+  request = json.loads(message.decode())
+  refusal = None
+  if len(fds) != 3:
+    refusal = "no stdin, stdout and stderr"
+  elif request["command"][:3] != [sys.executable, "-m", module]:
+    refusal = "not %s -m %s" % (sys.executable, module)
+  elif any(f.startswith("--use_xla") for f in request["command"]):
+    refusal = "--use_xla: TensorFlow reads its XLA flags once"
+  elif _differences(request["env"], os.environ):
+    refusal = "environment: " + ", ".join(_differences(request["env"], os.environ))
+  if refusal:
+    _send(connection, {"refused": refusal})
+    connection.close()
+  else:
+    pid = _fork(lambda: rank_child(module, dict(request, argv=request["command"][3:]),
+                                   list(fds)), _sockets(listener, runs) + [connection])
+    _send(connection, {"pid": pid})
+    runs[pid] = connection
+  for fd in fds:
+    os.close(fd)
+
+
+def serve(module, socket_path=None):
+  """Imports what `module` imports, then forks the runs asked for on stdin and, with
+  socket_path, by clients there; ends with stdin, the runs still going with it."""
+  import_what_it_imports(module)
+  listener = None
+  if socket_path:
+    if os.path.exists(socket_path):  # an ended server's
+      os.remove(socket_path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(socket_path)
+    listener.listen(16)
+  runs = {}  # pid -> its client's connection, or None for the run asked for on stdin
+  buffer = b""
+  while True:
+    ready = select.select([0] + _sockets(listener, runs), [], [], 0.05 if runs else None)[0]
+    _end_orphans(ready, runs)
+    _report_ended(runs)
+    if 0 in ready:
+      chunk = os.read(0, 65536)
+      if not chunk:  # the worker has ended
+        for pid in runs:
+          os.kill(pid, signal.SIGKILL)
+        return
+      buffer += chunk
+      while b"\n" in buffer:
+        line, buffer = buffer.split(b"\n", 1)
+        request = json.loads(line.decode())
+        pid = _fork(lambda: child(module, request), _sockets(listener, runs))
+        runs[pid] = None
+        sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+        sys.stdout.flush()
+    if listener in ready:
+      _take_rank(module, listener, runs)
+
+
+def rank_client(socket_path, command):
+  """Runs `command` (/path/to/python3 -m MODULE FLAGS...) as a child of the server at
+  socket_path, or itself where the server refuses or is not there; exits as it did."""
+  connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  try:
+    connection.connect(socket_path)
+    request = {"command": command, "env": dict(os.environ), "cwd": os.getcwd()}
+    connection.sendmsg([json.dumps(request).encode()], [(
+        socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+    reply = json.loads(connection.recv(1 << 16).decode())
+  except (OSError, ValueError):  # no server, or it ended before it answered
+    reply = {"refused": "no server"}
+  if "pid" not in reply:
+    connection.close()
+    os.execv(command[0], command)
+  pid = reply["pid"]
+
+  def pass_on(sig, _):
+    try:
+      os.kill(pid, sig)
+    except OSError:  # it has ended
+      pass
+  for sig in _FORWARDED:
+    signal.signal(sig, pass_on)
+  pid_file = "%s-%d.pid" % (socket_path, os.getpid())
+  with open(pid_file + ".tmp", "w") as f:
+    f.write("%d\n" % pid)
+  os.rename(pid_file + ".tmp", pid_file)
+  message = connection.recv(1 << 16)
+  code = json.loads(message.decode())["returncode"] if message else 1
+  if code < 0:  # ended by a signal: so is this process
+    if -code != signal.SIGKILL:
+      signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+  sys.exit(code)
 
 
 if __name__ == "__main__":
-  serve(sys.argv[1])
+  if sys.argv[1] == "--rank":
+    rank_client(sys.argv[2], sys.argv[3:])
+  else:
+    serve(*sys.argv[1:])

@@ -13,7 +13,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -21,8 +20,8 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.data import records
-from conftest import (PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG, base_flags, rank_pid,
-                      run_pretraining)
+from conftest import (PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG, base_flags, rank_command,
+                      rank_pid, run_pretraining)
 
 # The damaged record: far enough into part-1 that a few updates (and checkpoints) come
 # before the pipeline reaches it.
@@ -209,10 +208,9 @@ def _start_two_ranks(data, tmp_path, transport):
                      nodo_eval=None, stall_timeout_s=STALL_TIMEOUT_S)
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-  proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", transport,
-                           sys.executable, "-m", "bert_pretrain.run_pretraining", "--horovod"]
-                          + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, env=env)
+  proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", transport] +
+                          rank_command("--horovod", *flags), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True, env=env)
   deadline = time.time() + 180
   output = []
   for line in proc.stdout:

@@ -6,7 +6,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -16,7 +15,8 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.training import checkpoints
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import modeling
-from conftest import ROOT, TINY_CONFIG, base_flags, run_pretraining, start_command
+from conftest import (ROOT, TINY_CONFIG, base_flags, rank_command, run_pretraining,
+                      start_command)
 
 
 def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
@@ -369,8 +369,8 @@ def test_horovod_ranks_share_their_jobs_lock(pretraining_data, tmp_path):
   """Rank 0 takes the lock for the job: a 2-rank job runs (rank 1 does not ask for the
   lock rank 0 holds), and a 2-rank job on a folder another run holds is refused (rank 0
   exits 2, horovodrun ends rank 1). The timeouts only bound a hang on a loaded machine."""
-  gloo = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-          "bert_pretrain.run_pretraining", "--horovod"]
+  gloo = (["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"] +
+          rank_command("--horovod"))
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out, num_train_steps=2, nodo_eval=None)

@@ -18,11 +18,8 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.distributed import ranks as ranks_lib
-from conftest import (ROOT, assert_same_weights, base_flags, final_weights, ordered_flags,
-                      run_pretraining, start_command)
-
-MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
-
+from conftest import (RANKS_MODULE, ROOT, assert_same_weights, base_flags, final_weights,
+                      ordered_flags, rank_command, run_pretraining, start_command)
 
 def _accuracy(stdout):
   found = re.findall(r"masked_lm_accuracy = ([\d.]+)", stdout)
@@ -44,7 +41,7 @@ def start_workers(flags, logs, count=2):
                                      "task": {"type": "worker", "index": index}}))
     with open(str(logs / ("worker-%d.log" % index)), "w") as log:
       procs.append(subprocess.Popen(
-          MODULE + ["--distribution=multi_worker_mirrored"] + flags, stdout=log,
+          rank_command("--distribution=multi_worker_mirrored", *flags), stdout=log,
           stderr=subprocess.STDOUT, universal_newlines=True, env=env))
   return procs
 
@@ -175,7 +172,7 @@ def test_a_worker_whose_peer_never_comes_ends_within_the_stall_timeout_naming_it
              TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                    "task": {"type": "worker", "index": 0}}))
   started = time.time()
-  lone = subprocess.run(MODULE + ["--distribution=multi_worker_mirrored"] + flags,
+  lone = subprocess.run(rank_command("--distribution=multi_worker_mirrored", *flags),
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                         universal_newlines=True, env=env, timeout=300)
   assert lone.returncode == 3, lone.stderr[-3000:]
@@ -205,8 +202,9 @@ def test_workers_that_disagree_on_the_schedule_are_all_refused_at_start(pretrain
                TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                      "task": {"type": "worker", "index": index}}))
     with open(str(logs / ("worker-%d.log" % index)), "w") as log:
-      procs.append(subprocess.Popen(MODULE + ["--distribution=multi_worker_mirrored"] + flags,
-                                    stdout=log, stderr=subprocess.STDOUT, env=env))
+      procs.append(subprocess.Popen(
+          rank_command("--distribution=multi_worker_mirrored", *flags), stdout=log,
+          stderr=subprocess.STDOUT, env=env))
   results = finish(procs, logs, timeout=300)
   line = ("run_pretraining: error: the job's processes disagree on --num_train_steps "
           "(worker 0 (%s): 6, worker 1 (%s): 12); start every process with the same "
@@ -251,7 +249,7 @@ def test_mirrored_stops_at_sigterm_with_a_checkpoint_and_the_rerun_continues(
                      display_loss_steps=1, nodo_eval=None, train_batch_size=4,
                      distribution="mirrored", cpu_devices=2)
   log = tmp_path / "run.log"
-  proc = start_command(MODULE[2], *flags, stdout=log, stderr=log)
+  proc = start_command(RANKS_MODULE, *flags, stdout=log, stderr=log)
   try:
     _wait_for(log, "Step 3,", [proc])
     proc.send_signal(signal.SIGTERM)

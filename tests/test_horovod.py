@@ -5,17 +5,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from bert_pretrain.distributed import launch as launch_plan
 from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, ordered_flags,
-                      rank_pid, run_pretraining)
-
-MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
-
+                      rank_command, rank_pid, run_pretraining)
 
 def _env(**extra):
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
@@ -26,7 +22,7 @@ def _env(**extra):
 
 def launch(launcher, flags, timeout=240, **env):
   """Runs the training module under `launcher` (a list: horovodrun ... or mpirun ...)."""
-  return subprocess.run(launcher + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
+  return subprocess.run(launcher + rank_command("--horovod", *flags), stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, universal_newlines=True, env=_env(**env),
                         timeout=timeout)
 
@@ -80,7 +76,7 @@ def test_distributed_eval_equals_single_card_eval(equal_weight_data, tmp_path):
 def test_a_killed_rank_ends_the_job_quickly(pretraining_data, tmp_path):
   flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
                      display_loss_steps=5, nodo_eval=None)
-  proc = subprocess.Popen(GLOO + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
+  proc = subprocess.Popen(GLOO + rank_command("--horovod", *flags), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True, env=_env())
   try:
     deadline = time.time() + 120
@@ -282,8 +278,8 @@ def test_ranks_that_disagree_on_the_schedule_are_all_refused_at_start(pretrainin
   # --tag-output: each line of a rank whole, after "[job,rank]<stderr>:".
   command = (MPIRUN[:1] + MPIRUN[3:] + ["--tag-output", "-x", "PYTHONPATH", "-x",
                                          "TF_CPP_MIN_LOG_LEVEL", "-np", "1"] +
-             MODULE + ["--horovod"] + flags(6) +
-             [":", "-np", "1"] + MODULE + ["--horovod"] + flags(12))
+             rank_command("--horovod", *flags(6)) +
+             [":", "-np", "1"] + rank_command("--horovod", *flags(12)))
   result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, env=_env(), timeout=240)
   assert result.returncode == 2, result.stdout[-3000:]

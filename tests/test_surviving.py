@@ -17,8 +17,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.training import signals
-from conftest import (ROOT, TINY_CONFIG, base_flags, rank_pid, run_pretraining,
-                      start_command)
+from conftest import (ROOT, TINY_CONFIG, base_flags, rank_command, rank_pid,
+                      run_pretraining, start_command)
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
 GLOO = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
@@ -150,9 +150,9 @@ def reference_curves(dropout_free, tmp_path_factory):
       out = tmp_path_factory.mktemp("reference")
       flags = _flags(dropout_free, out, num_accumulation_steps=accumulation)
       if launcher == "gloo":
-        result = subprocess.run(GLOO + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, universal_newlines=True,
-                                env=_env(), timeout=400)
+        result = subprocess.run(GLOO + rank_command("--horovod", *flags),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                universal_newlines=True, env=_env(), timeout=400)
         assert result.returncode == 0, result.stdout[-3000:]
       else:
         result = run_pretraining(*flags)
@@ -260,8 +260,8 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
   # One rank only (as when a scheduler's signal reaches the ranks at different
   # moments), or horovodrun, which forwards SIGTERM to every rank.
   pick = _rank_1 if target == "one_rank" else None
-  status, stdout, stderr, _ = _run_and_signal(launcher + MODULE + ["--horovod"] + flags, out,
-                                              at_step=3, target=pick,
+  status, stdout, stderr, _ = _run_and_signal(launcher + rank_command("--horovod", *flags),
+                                              out, at_step=3, target=pick,
                                               dllog=out / "dllog.json")
   assert status != 0, stdout[-3000:] + stderr[-3000:]
   if launcher == GLOO:
@@ -284,8 +284,9 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
     # checkpoint is tested by the two others.
     return
 
-  rerun = subprocess.run(launcher + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, universal_newlines=True, env=_env(),
+  rerun = subprocess.run(launcher + rank_command("--horovod", *flags),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True, env=_env(),
                          timeout=400)
   assert rerun.returncode == 0, rerun.stdout[-3000:]
   assert _resumed_step(rerun.stdout) == stop_step
@@ -310,9 +311,9 @@ def dropout_curves(pretraining_data, tmp_path_factory):
       flags = _flags(pretraining_data, out, num_accumulation_steps=accumulation,
                      **({} if dtype == "float32" else {"amp_dtype": dtype}))
       if launcher == "gloo":
-        result = subprocess.run(GLOO + MODULE + ["--horovod"] + flags, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, universal_newlines=True,
-                                env=_env(), timeout=600)
+        result = subprocess.run(GLOO + rank_command("--horovod", *flags),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                universal_newlines=True, env=_env(), timeout=600)
         assert result.returncode == 0, result.stdout[-3000:]
       else:
         result = run_pretraining(*flags, timeout=600)
@@ -331,7 +332,7 @@ def test_a_sigkilled_run_with_dropout_resumes_the_loss_curve_bit_identically(
   out = tmp_path / "out"
   flags = _flags(pretraining_data, out, num_accumulation_steps=accumulation,
                  **({} if dtype == "float32" else {"amp_dtype": dtype}))
-  command = (GLOO + MODULE + ["--horovod"] if launcher == "gloo" else MODULE) + flags
+  command = GLOO + rank_command("--horovod", *flags) if launcher == "gloo" else MODULE + flags
   status, _, _, last_step = _run_and_signal(
       command, out, at_step=10, sig=signal.SIGKILL, dllog=out / "dllog.json",
       target=_rank_1 if launcher == "gloo" else None)
@@ -401,8 +402,8 @@ def test_a_two_rank_run_resumed_on_one_rank_or_mirrored_trains_the_next_records_
   over both runs every update trains on the records of that update of the uninterrupted
   run, so they are its first 32 records, none left out, none repeated."""
   two = tmp_path / "two"
-  first = subprocess.run(GLOO + MODULE + ["--horovod"] + _layout_flags(
-      pretraining_data, two, num_train_steps=4, train_batch_size=2),
+  first = subprocess.run(GLOO + rank_command("--horovod", *_layout_flags(
+      pretraining_data, two, num_train_steps=4, train_batch_size=2)),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          universal_newlines=True, env=_env(), timeout=600)
   assert first.returncode == 0, first.stdout[-3000:]
