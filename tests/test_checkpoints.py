@@ -37,7 +37,7 @@ def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
       sess.run(tf.global_variables_initializer())
       prefix = tf.train.Saver().save(sess, os.path.join(str(folder), "model.ckpt"),
                                      global_step=global_step)
-      values = {v.op.name: sess.run(v) for v in model_vars}
+      values = sess.run({v.op.name: v for v in model_vars})
   return prefix, values
 
 

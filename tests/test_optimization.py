@@ -72,7 +72,7 @@ def one_update(name, fused, adapt_every_variable=False):
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())
       sess.run(op)
-      values = {v.op.name: sess.run(v) for v in tf.global_variables()}
+      values = sess.run({v.op.name: v for v in tf.global_variables()})
   return values
 
 
@@ -152,7 +152,7 @@ def train_weights(batch_size, accumulation, updates=3, optimizer="lamb",
         for _ in range(accumulation - 1):
           sess.run(accumulate)
         sess.run(update)
-      return sess.run(step), {v.op.name: sess.run(v) for v in tf.trainable_variables()}
+      return sess.run((step, {v.op.name: v for v in tf.trainable_variables()}))
 
 
 @pytest.mark.parametrize("optimizer", ["lamb", "adam"])
@@ -305,8 +305,8 @@ def test_loss_scale_skips_overflow_and_halves():
 
 def _state(sess):
   """Every global variable but the loss scale's own: weights, slots, global_step."""
-  return {v.op.name: sess.run(v) for v in tf.global_variables()
-          if not v.op.name.startswith("loss_scale/")}
+  return sess.run({v.op.name: v for v in tf.global_variables()
+                   if not v.op.name.startswith("loss_scale/")})
 
 
 def test_a_float16_overflow_skips_the_update_and_the_scale_grows_after_the_interval():
