@@ -303,18 +303,20 @@ def horovodrun_checked_once(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def forked_commands(horovodrun_checked_once, tmp_path_factory):
+def forked_commands(horovodrun_checked_once):
   """Starts this worker's ForkedCommand of run_pretraining, which forks the processes of
   rank_command too, and closes its ForkedCommands at the end; they keep the session's
   start's environment."""
   del horovodrun_checked_once  # the environment holds it
   _SESSION_ENV.append(_command_env())
-  _RANKS_SOCKET.append(str(tmp_path_factory.mktemp("ranks") / "socket"))
+  folder = tempfile.mkdtemp(prefix="ranks-")  # short: a socket's path has 107 bytes at most
+  _RANKS_SOCKET.append(os.path.join(folder, "socket"))
   _forked_command(RANKS_MODULE, []).serve()
   yield _forked_commands
   for command in _forked_commands.values():
     command.close()
   _forked_commands.clear()
+  shutil.rmtree(folder, ignore_errors=True)
 
 
 def _forked_command(module, flags):
@@ -474,12 +476,25 @@ def rank_pid(launcher, rank):
       continue
     if "bert_pretrain.run_pretraining" in cmdline and str(rank) in (
         environ.get("HOROVOD_RANK"), environ.get("OMPI_COMM_WORLD_RANK")):
-      if cmdline[1:3] != [FORKED_RUNS, "--rank"]:
-        return child.pid
-      pid_file = "%s-%d.pid" % (cmdline[3], child.pid)
-      deadline = time.time() + 60
-      while not os.path.exists(pid_file) and time.time() < deadline and child.is_running():
-        time.sleep(0.1)
-      with open(pid_file) as f:
-        return int(f.read())
+      return _forked_pid(child)
   raise AssertionError("rank %d not found among the launcher's processes" % rank)
+
+
+def _forked_pid(process):
+  """The pid of the forked rank whose client is `process` (a psutil.Process), or its own
+  where it is not a client or ran the command itself."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  deadline = time.time() + 60
+  while time.time() < deadline:
+    try:
+      cmdline = process.cmdline()
+    except psutil.Error:
+      raise AssertionError("rank process %d ended" % process.pid)
+    if cmdline[1:3] != [FORKED_RUNS, "--rank"]:
+      return process.pid
+    try:
+      with open("%s-%d.pid" % (cmdline[3], process.pid)) as f:
+        return int(f.read())
+    except OSError:
+      time.sleep(0.1)
+  raise AssertionError("rank client %d told no pid within 60 s" % process.pid)

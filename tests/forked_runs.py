@@ -26,6 +26,7 @@ start), the client runs the command itself.
 import array
 import ast
 import atexit
+import ctypes
 import importlib
 import importlib.util
 import json
@@ -42,6 +43,7 @@ import sys
 _READ_AT_START = ("PYTHON", "TF_", "CUDA", "OMP_", "KMP_", "MKL", "ONEDNN", "DNNL", "XLA",
                   "LD_")
 _READ_LATER = ("TF_CONFIG", "PYTHONUNBUFFERED")  # read as the run goes: it may differ
+_PR_SET_PDEATHSIG = 1  # prctl's option: the signal this process gets when its parent ends
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2)
 
@@ -109,6 +111,7 @@ def child(module, request):
 
 
 def _differences(env, other):
+  """The names in _READ_AT_START whose values differ between two environments."""
   return sorted(k for k in set(env) | set(other) if k.startswith(_READ_AT_START) and
                 k not in _READ_LATER and env.get(k) != other.get(k))
 
@@ -121,7 +124,8 @@ def rank_child(module, request, fds):
   for target, fd in enumerate(fds):
     os.dup2(fd, target)
     os.close(fd)
-  # As a new interpreter writes: unbuffered where horovodrun asks for it.
+  # Flushed as often as a new interpreter's or more: by line where the environment asks
+  # for unbuffered output (horovodrun --gloo does).
   sys.stdout.reconfigure(line_buffering="PYTHONUNBUFFERED" in os.environ)
   sys.stderr.reconfigure(line_buffering=True)
   run_as_main(module, request["argv"])
@@ -141,14 +145,22 @@ def _sockets(listener, runs):
 
 def _fork(in_child, sockets):
   """Forks a child that closes the server's `sockets` and calls in_child() (which never
-  returns); returns its pid."""
+  returns), and dies with the server; returns its pid."""
   sys.stdout.flush()  # or the child would write what is buffered again
   sys.stderr.flush()
+  server = os.getpid()
   pid = os.fork()
   if pid == 0:
-    for sock in sockets:
-      sock.close()
-    in_child()
+    try:
+      ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+      if os.getppid() == server:  # else it ended before prctl
+        for sock in sockets:
+          sock.close()
+        in_child()
+    except BaseException:  # pylint: disable=broad-except  (a failed child must not serve)
+      import traceback  # pylint: disable=g-import-not-at-top
+      traceback.print_exc()
+    os._exit(1)  # pylint: disable=protected-access
   return pid
 
 
@@ -173,29 +185,44 @@ def _end_orphans(ready, runs):
   """SIGKILLs the children whose clients have gone (a killed rank): a stopped child too,
   whose end of its launcher's pipes would keep the launcher waiting."""
   for pid, connection in runs.items():
-    if connection in ready and not connection.recv(16):
-      os.kill(pid, signal.SIGKILL)
-      connection.close()
+    if connection in ready:
+      try:
+        gone = not connection.recv(16)
+      except OSError:
+        gone = True
+      if gone:
+        os.kill(pid, signal.SIGKILL)
+        connection.close()
 
 
 def _take_rank(module, listener, runs):
   """Forks the run a client asks for, or tells it why not."""
   connection = listener.accept()[0]
+  connection.settimeout(10)  # a client sends its request as it connects
   fds = array.array("i")
-  message, ancillary, _, _ = connection.recvmsg(1 << 20, socket.CMSG_LEN(3 * fds.itemsize))
-  for level, kind, data in ancillary:
-    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-      fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-  request = json.loads(message.decode())
+  try:
+    message, ancillary, _, _ = connection.recvmsg(1 << 20,
+                                                  socket.CMSG_LEN(3 * fds.itemsize))
+    for level, kind, data in ancillary:
+      if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    request = json.loads(message.decode())
+  except (OSError, ValueError):  # the client has gone
+    for fd in fds:
+      os.close(fd)
+    connection.close()
+    return
+  connection.settimeout(None)
   refusal = None
+  differences = _differences(request["env"], os.environ)
   if len(fds) != 3:
     refusal = "no stdin, stdout and stderr"
   elif request["command"][:3] != [sys.executable, "-m", module]:
     refusal = "not %s -m %s" % (sys.executable, module)
   elif any(f.startswith("--use_xla") for f in request["command"]):
     refusal = "--use_xla: TensorFlow reads its XLA flags once"
-  elif _differences(request["env"], os.environ):
-    refusal = "environment: " + ", ".join(_differences(request["env"], os.environ))
+  elif differences:
+    refusal = "environment: " + ", ".join(differences)
   if refusal:
     _send(connection, {"refused": refusal})
     connection.close()
@@ -210,7 +237,8 @@ def _take_rank(module, listener, runs):
 
 def serve(module, socket_path=None):
   """Imports what `module` imports, then forks the runs asked for on stdin and, with
-  socket_path, by clients there; ends with stdin, the runs still going with it."""
+  socket_path, by clients there; at the end of stdin, SIGKILLs the runs still going and
+  returns."""
   import_what_it_imports(module)
   listener = None
   if socket_path:
@@ -246,6 +274,19 @@ def serve(module, socket_path=None):
 def rank_client(socket_path, command):
   """Runs `command` (/path/to/python3 -m MODULE FLAGS...) as a child of the server at
   socket_path, or itself where the server refuses or is not there; exits as it did."""
+  pending = []  # signals that came before the child's pid
+  child = []
+
+  def pass_on(sig, _):
+    if not child:
+      pending.append(sig)
+      return
+    try:
+      os.kill(child[0], sig)
+    except OSError:  # it has ended
+      pass
+  for sig in _FORWARDED:
+    signal.signal(sig, pass_on)
   connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
   try:
     connection.connect(socket_path)
@@ -257,22 +298,22 @@ def rank_client(socket_path, command):
     reply = {"refused": "no server"}
   if "pid" not in reply:
     connection.close()
+    for sig in _FORWARDED:
+      signal.signal(sig, signal.SIG_DFL)
+    for sig in pending:
+      os.kill(os.getpid(), sig)
     os.execv(command[0], command)
-  pid = reply["pid"]
-
-  def pass_on(sig, _):
-    try:
-      os.kill(pid, sig)
-    except OSError:  # it has ended
-      pass
-  for sig in _FORWARDED:
-    signal.signal(sig, pass_on)
+  child.append(reply["pid"])
+  for sig in pending:
+    pass_on(sig, None)
   pid_file = "%s-%d.pid" % (socket_path, os.getpid())
   with open(pid_file + ".tmp", "w") as f:
-    f.write("%d\n" % pid)
+    f.write("%d\n" % child[0])
   os.rename(pid_file + ".tmp", pid_file)
   message = connection.recv(1 << 16)
-  code = json.loads(message.decode())["returncode"] if message else 1
+  os.remove(pid_file)
+  # Without an answer the server has gone, and the child with it (SIGKILL).
+  code = json.loads(message.decode())["returncode"] if message else -signal.SIGKILL
   if code < 0:  # ended by a signal: so is this process
     if -code != signal.SIGKILL:
       signal.signal(-code, signal.SIG_DFL)

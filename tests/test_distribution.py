@@ -21,6 +21,7 @@ from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (RANKS_MODULE, ROOT, assert_same_weights, base_flags, final_weights,
                       ordered_flags, rank_command, run_pretraining, start_command)
 
+
 def _accuracy(stdout):
   found = re.findall(r"masked_lm_accuracy = ([\d.]+)", stdout)
   assert len(found) == 1, stdout[-3000:]

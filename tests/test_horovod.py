@@ -13,6 +13,7 @@ from bert_pretrain.distributed import launch as launch_plan
 from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, ordered_flags,
                       rank_command, rank_pid, run_pretraining)
 
+
 def _env(**extra):
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
