@@ -380,7 +380,7 @@ def rank_command(*flags):
 
 def run_pretraining(*flags, timeout=300):
   """run_command of bert_pretrain.run_pretraining."""
-  return run_command("bert_pretrain.run_pretraining", *flags, timeout=timeout)
+  return run_command(RANKS_MODULE, *flags, timeout=timeout)
 
 
 def base_flags(data, output_dir, **overrides):
@@ -474,7 +474,7 @@ def rank_pid(launcher, rank):
       cmdline = child.cmdline()
     except psutil.Error:
       continue
-    if "bert_pretrain.run_pretraining" in cmdline and str(rank) in (
+    if RANKS_MODULE in cmdline and str(rank) in (
         environ.get("HOROVOD_RANK"), environ.get("OMPI_COMM_WORLD_RANK")):
       return _forked_pid(child)
   raise AssertionError("rank %d not found among the launcher's processes" % rank)
