@@ -87,8 +87,10 @@ BATCH_SIZES = {
     ("large", 512): 1,
 }
 LEARNING_RATE = 1e-4
-# The input pipeline's shuffle seed: every run of our step reads the same batches.
-PIPELINE_SEED = 12345
+# Our step's seed, as run_pretraining's --seed: the input pipeline's shuffle (every run
+# reads the same batches), the initialization and the dropout masks (the seeded masks
+# every run_pretraining run draws, not TensorFlow's unseeded ones).
+SEED = 12345
 # Intel's MLPerf Training v3.0 BERT on Xeon 8480+, BERT-Large at 512 in bfloat16 on AMX:
 # about 32 samples/s a 56-core socket (bench/published.json, intel_mlperf_v3.0).
 INTEL_SENTENCES_PER_CORE = 32.0 / 56
@@ -230,13 +232,13 @@ class TrainStep(object):
   """One graph and session of our training step (pretraining.build_train_graph, LAMB),
   fed by input_pipeline.make_dataset from TFRecords.
 
-  Calling it runs one step. The pipeline's shuffle is seeded (PIPELINE_SEED), so every
+  Calling it runs one step. It is seeded as a run_pretraining run is (SEED), so every
   run of a row, with LAMB or Adam, in every round, trains on the same batches in the same
-  order: the step's time depends on its batches' real tokens (the encoder skips the
-  padding). A second iterator of the same dataset (read_batches) reads those batches
-  again as numpy arrays; a step made by in_memory feeds them in place of the iterator's
-  output, so the input pipeline does not run, and the model, weights and session are
-  the same.
+  order, from the same weights, with the same dropout masks: the step's time depends on
+  its batches' real tokens (the encoder skips the padding). A second iterator of the
+  same dataset (read_batches) reads those batches again as numpy arrays; a step made by
+  in_memory feeds them in place of the iterator's output, so the input pipeline does not
+  run, and the model, weights and session are the same.
   """
 
   def __init__(self, row):
@@ -247,10 +249,12 @@ class TrainStep(object):
     from bert_pretrain.training import pretraining  # pylint: disable=g-import-not-at-top
     self.graph = tf.Graph()
     with self.graph.as_default():
+      tf.set_random_seed(SEED)
+
       def batches():
         dataset = input_pipeline.make_dataset(
             record_files(row["data_dir"], row["seq"]), row["batch"], row["seq"],
-            row["preds"], is_training=True, seed=PIPELINE_SEED)
+            row["preds"], is_training=True, seed=SEED)
         return tf.data.make_one_shot_iterator(dataset).get_next()
       self.features = batches()
       self.replay = batches()
@@ -263,7 +267,8 @@ class TrainStep(object):
                            num_train_steps=TRAIN_STEPS,
                            num_accumulation_steps=self.accumulation),
           attention_per_sequence=pretraining.attends_per_sequence(row["seq"], dtype, True,
-                                                                  row["xla"]))
+                                                                  row["xla"]),
+          seed=SEED)
       self.fetches = [train.update_op, train.outputs["total_loss"]]
       self.accumulate = train.accumulate_op
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
@@ -873,7 +878,7 @@ def row_config(row, side):
             "compute": "bfloat16" if row["precision"] == "amp" else "float32",
             "intra_threads": row["intra"], "inter_threads": row["inter"],
             "xla": row["xla"] if side.startswith("ours") else False,
-            "data": ("the demo corpus's TFRecords, shuffle seed %d" % PIPELINE_SEED
+            "data": ("the demo corpus's TFRecords, shuffle seed %d" % SEED
                      if side.startswith("ours") else "random token ids held in memory")}
   if side.startswith("ours"):
     config["optimizer"] = "adam" if side == "ours_adam" else "lamb"

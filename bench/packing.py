@@ -95,10 +95,11 @@ def layout_worker(row):
   slots = records.record_layout(next(tf.io.tf_record_iterator(files[0]))).max_sequences
   predictions = benchmark.PREDICTIONS[row["seq"]]
   with tf.Graph().as_default():
+    tf.set_random_seed(benchmark.SEED)
     dataset = input_pipeline.make_dataset(
         files, row["batch"], row["seq"],
         records.max_predictions_per_pack(predictions, slots) if packs else predictions,
-        is_training=True, seed=benchmark.PIPELINE_SEED, max_sequences=slots if packs else None)
+        is_training=True, seed=benchmark.SEED, max_sequences=slots if packs else None)
     features = tf.data.make_one_shot_iterator(dataset).get_next()
     dtype = tf.bfloat16 if row["precision"] == "amp" else tf.float32
     train = pretraining.build_train_graph(
@@ -107,7 +108,7 @@ def layout_worker(row):
                                 num_train_steps=benchmark.TRAIN_STEPS),
         attention_per_sequence=pretraining.attends_per_sequence(row["seq"], dtype, True,
                                                                 row["xla"]),
-        drop_padding=row["side"] != "padded")
+        drop_padding=row["side"] != "padded", seed=benchmark.SEED)
     init = tf.global_variables_initializer()
     with tf.Session(config=pretraining.session_config(row["intra"], row["inter"],
                                                       use_xla=row["xla"])) as sess:
