@@ -35,7 +35,6 @@ import json
 import logging
 import math
 import os
-import statistics
 import sys
 
 from absl import app

@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import struct
-import sys
 
 from absl import app
 from absl import flags

@@ -6,7 +6,6 @@ shapes, the [CLS] A [SEP] B [SEP] layout, masking and next-sentence statistics, 
 instance statistics against a plain re-implementation of Google's instance loop.
 """
 
-import collections
 import os
 import random
 

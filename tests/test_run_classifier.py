@@ -10,7 +10,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow.compat.v1 as tf
 
 from bert_pretrain.training import checkpoints
 from bert_pretrain.finetune import classifier_data

@@ -18,7 +18,7 @@ from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.model import modeling
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
-from conftest import (PREDICTIONS, SAMPLE_TEXT, SEQ_LENGTH, TINY_CONFIG, base_flags,
+from conftest import (PREDICTIONS, SAMPLE_TEXT, TINY_CONFIG, base_flags,
                       pack_fixture_records, run_pretraining)
 
 
