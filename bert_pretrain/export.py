@@ -70,7 +70,10 @@ _RENAMES = [
     (r"cls/seq_relationship/output_weights", r"cls.seq_relationship.weight", False),
     (r"cls/seq_relationship/output_bias", r"cls.seq_relationship.bias", False),
 ]
-_SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^loss_scale/|^gradient_accumulation)")
+# A run's state beside the weights: the step, the optimizer's slots, the loss scale, the
+# accumulated gradients and the place in the data order.
+_SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^loss_scale/|^gradient_accumulation|^%s$)"
+                      % checkpoints.DATA_POSITION)
 
 
 class ExportError(ValueError):

@@ -13,7 +13,7 @@ from bert_pretrain.training import checkpoints
 from bert_pretrain import export
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
-from conftest import TWO_LAYER_CONFIG, run_command
+from conftest import TINY_CONFIG, TWO_LAYER_CONFIG, base_flags, run_command, run_pretraining
 
 SEQ = 16
 
@@ -142,6 +142,24 @@ def test_a_vocab_of_another_size_is_a_one_line_error(trained_like, tmp_path):
       "export: error: %s has 2 tokens but vocab_size is 600 in %s; pass the matching vocab "
       "and config" % (vocab, trained_like["root"] / "bert_config.json"))
   assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_a_pretraining_run_wrote_is_exported_without_its_run_state(
+    pretraining_data, tmp_path):
+  run = run_pretraining(*base_flags(pretraining_data, tmp_path / "run", num_train_steps=2,
+                                    num_accumulation_steps=2, nodo_eval=None))
+  assert run.returncode == 0, run.stderr[-3000:]
+  prefix = str(tmp_path / "run" / "model.ckpt-2")
+  reader = tf.train.load_checkpoint(prefix)
+  assert reader.has_tensor(checkpoints.DATA_POSITION)
+  result = _run_export(tmp_path / "run", pretraining_data["config"], pretraining_data["vocab"],
+                       tmp_path / "hf")
+  assert result.returncode == 0, result.stderr[-3000:]
+  tensors = _read_safetensors(str(tmp_path / "hf" / "model.safetensors"))
+  layers = TINY_CONFIG["num_hidden_layers"]
+  assert len(tensors) == 16 * layers + 5 + 2 + 5 + 2, sorted(tensors)
+  np.testing.assert_array_equal(tensors["bert.embeddings.word_embeddings.weight"],
+                                reader.get_tensor("bert/embeddings/word_embeddings"))
 
 
 def test_a_variable_without_a_transformers_name_is_refused():
