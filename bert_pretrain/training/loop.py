@@ -90,6 +90,8 @@ def train(cfg, job, stop, results):
                          "--num_warmup_steps" % (step + 1))
         return step, False, 0, results
       last_scale = values["loss_scale"]
+      if int(values["stop_signal"]):  # a run of skipped updates can be long
+        return step, True, stopped_at(cfg, job, step, int(values["stop_signal"])), results
       continue
     step = int(values["step"])
     if job.train.loss_scale is not None:
@@ -106,13 +108,8 @@ def train(cfg, job, stop, results):
       if not job.save(step):
         return step, False, 0, results
       job.meter.pause(time.time() - save_start, checkpoint=True)
-    stopped_by = int(values["stop_signal"])
-    if stopped_by:
-      # Every rank says where it stopped: the ranks agree on the step.
-      print("%s: rank %d stops after step %d; to resume, run the same command with "
-            "--output_dir=%s" % (signals.name(stopped_by), job.ranks.rank, step,
-                                 cfg.run.output_dir), flush=True)
-      return step, True, stopped_by, results
+    if int(values["stop_signal"]):
+      return step, True, stopped_at(cfg, job, step, int(values["stop_signal"])), results
     if step < cfg.optimizer.num_train_steps and job.evals.due(step):
       job.evals.end_block()
       job.ranks.doing = "evaluation after update %d (its counts summed over the ranks)" % step
@@ -124,6 +121,15 @@ def train(cfg, job, stop, results):
                             step))
         break
   return step, True, 0, results
+
+
+def stopped_at(cfg, job, step, stopped_by):
+  """Says where this rank stops after the signal `stopped_by` (every rank says it: the
+  ranks agree on the step); returns stopped_by."""
+  print("%s: rank %d stops after step %d; to resume, run the same command with "
+        "--output_dir=%s" % (signals.name(stopped_by), job.ranks.rank, step,
+                             cfg.run.output_dir), flush=True)
+  return stopped_by
 
 
 def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_time):
