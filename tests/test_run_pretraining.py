@@ -5,9 +5,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import create_pretraining_data
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.model import modeling
+from bert_pretrain.training import loop
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (PREDICTIONS, SAMPLE_TEXT, TINY_CONFIG, base_flags,
@@ -302,9 +305,26 @@ BAD_INPUTS = [
     ("output_dir that cannot be written", lambda d, t: dict(output_dir=_unwritable_output(t)),
      r"--output_dir=\S+ cannot be written"),
     ("negative learning rate", lambda d, t: dict(learning_rate=-1),
-     r"--learning_rate=-1 must be positive \(the peak of the schedule\); pass e.g. "
-     r"--learning_rate=5e-05$"),
+     r"--learning_rate=-1 must be positive \(the peak of the schedule\) and finite; pass "
+     r"e.g. --learning_rate=5e-05$"),
     ("learning rate 0", lambda d, t: dict(learning_rate=0), r"--learning_rate=0 must be positive"),
+    ("infinite learning rate", lambda d, t: dict(learning_rate="inf"),
+     r"--learning_rate=inf must be positive \(the peak of the schedule\) and finite"),
+    ("a moment's decay of 1 or more", lambda d, t: dict(beta_1=1.5),
+     r"--beta_1=1.5 must be from 0 to below 1 \(the first moment's decay\) and finite; pass "
+     r"e.g. --beta_1=0.9$"),
+    ("negative epsilon", lambda d, t: dict(epsilon=-1),
+     r"--epsilon=-1 must be positive and finite; pass e.g. --epsilon=1e-06$"),
+    ("negative decay power", lambda d, t: dict(poly_power=-1),
+     r"--poly_power=-1 must be 0 or more \(the schedule's decay: 1 linear, 0 none\) and "
+     r"finite"),
+    ("infinite loss scale", lambda d, t: dict(amp_dtype="float16", init_loss_scale="inf"),
+     r"--init_loss_scale=inf must be at least 1 and finite; pass e.g. "
+     r"--init_loss_scale=32768$"),
+    ("loss scale NaN", lambda d, t: dict(amp_dtype="float16", init_loss_scale="nan"),
+     r"--init_loss_scale=nan must be at least 1 and finite"),
+    ("accuracy target above 1", lambda d, t: dict(stop_threshold=2),
+     r"--stop_threshold=2 must be a masked-LM accuracy from 0 to 1 \(0: never stop\)$"),
     ("packed mode on unpacked records", lambda d, t: dict(enable_packed_data_mode="true"),
      r"--enable_packed_data_mode expects packed records, but \S+ holds unpacked ones; pack "
      r"them .* or drop the flag$"),
@@ -459,6 +479,36 @@ def test_skipped_updates_are_not_counted_as_steps(pretraining_data, tmp_path):
   assert [r["step"] for r in records if r["type"] == "train"] == [2, 4]
   assert [r["device"] for r in records if r["type"] == "device"] == [
       "CPU, %d cores, compute float16" % os.cpu_count()]
+
+
+def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsys):
+  """A run of skipped updates (a loss scale far too high) is no place to ignore SIGTERM:
+  the training loop stops at the update the signal reached, without waiting for one to
+  be applied. The loop runs on a stand-in job whose updates all overflow."""
+  class SkippingJob(object):
+    step, split, calls = 3, None, 0
+    train = types.SimpleNamespace(loss_scale="a variable")
+    evals = types.SimpleNamespace(start_block=lambda step: None)
+    ranks = types.SimpleNamespace(doing="", rank=0)
+    meter = types.SimpleNamespace(updates=0, update=lambda seconds, steady: None)
+    logger = types.SimpleNamespace(print=print)
+
+    def loss_scale(self):
+      return 2.0 ** 20
+
+    def update(self, step, stop, trace):
+      self.calls += 1
+      return {"step": step, "loss_scale": 2.0 ** (20 - self.calls),
+              "stop_signal": signal.SIGTERM if self.calls == 3 else 0}
+
+  cfg = types.SimpleNamespace(
+      run=types.SimpleNamespace(do_train=True, fps_warmup_steps=10, output_dir="out"),
+      optimizer=types.SimpleNamespace(num_train_steps=10))
+  job = SkippingJob()
+  assert loop.train(cfg, job, None, {}) == (3, True, signal.SIGTERM, {})
+  assert job.calls == 3
+  assert ("SIGTERM: rank 0 stops after step 3; to resume, run the same command with "
+          "--output_dir=out") in capsys.readouterr().out
 
 
 def _xla_clusters(dump_dir):

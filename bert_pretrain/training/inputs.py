@@ -5,6 +5,7 @@ the user sees, with the fix.
 """
 
 import collections
+import math
 import os
 
 import tensorflow.compat.v1 as tf
@@ -56,24 +57,23 @@ def check_settings(cfg):
                      "run_multi_card_FPS.sh, set DISTRIBUTION=%s instead)"
                      % (cfg.runtime.distribution, cfg.runtime.distribution))
   device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine())
-  if not cfg.optimizer.learning_rate > 0:
-    raise ValueError("--learning_rate=%g must be positive (the peak of the schedule); pass "
-                     "e.g. --learning_rate=%g" % (cfg.optimizer.learning_rate,
-                                                 config.default(config.Optimizer, "learning_rate")))
+  check_optimizer(cfg.optimizer)
   if cfg.optimizer.reference_hyperparameters:
     mlperf.rcp_file()  # raises when mlperf-logging has no RCPs
   between = cfg.evaluation.samples_between_eval
   if between is not None and between < 1:
     raise ValueError("--samples_between_eval=%d must be at least 1 (or leave it out: "
                      "MLPerf's interval for the global batch)" % between)
-  if cfg.evaluation.initial_accuracy_tolerance < 0:
+  # Written as not (in range) so that NaN is refused too.
+  if not 0 <= cfg.evaluation.initial_accuracy_tolerance < math.inf:
     raise ValueError("--initial_accuracy_tolerance=%g must not be negative"
                      % cfg.evaluation.initial_accuracy_tolerance)
-  if cfg.run.peak_tflops < 0:
+  if not 0 <= cfg.evaluation.stop_threshold <= 1:
+    raise ValueError("--stop_threshold=%g must be a masked-LM accuracy from 0 to 1 (0: never "
+                     "stop)" % cfg.evaluation.stop_threshold)
+  if not 0 <= cfg.run.peak_tflops < math.inf:
     raise ValueError("--peak_tflops=%g must not be negative (a card's matmul peak in TFLOPS; "
                      "0: none)" % cfg.run.peak_tflops)
-  if cfg.optimizer.init_loss_scale < 1:
-    raise ValueError("--init_loss_scale=%g must be at least 1" % cfg.optimizer.init_loss_scale)
   unknown = sorted(set(cfg.run.allow_resume_change) - set(config.RESUME_CHANGES))
   if unknown:
     raise ValueError("--allow_resume_change=%s: %s is not one of %s; pass those to allow"
@@ -82,6 +82,28 @@ def check_settings(cfg):
   if cfg.run.do_train and cfg.optimizer.num_train_steps < 1:
     raise ValueError("--num_train_steps=%d must be at least 1 (or pass --nodo_train)"
                      % cfg.optimizer.num_train_steps)
+
+
+def check_optimizer(opt):
+  """Checks the optimizer's numbers (config.Optimizer): each in its range and finite.
+
+  Raises:
+    ValueError: with the one-line message the user sees.
+  """
+  ranges = (  # name, whether its value is in range, the range in words
+      ("learning_rate", lambda v: 0 < v < math.inf, "positive (the peak of the schedule)"),
+      ("beta_1", lambda v: 0 <= v < 1, "from 0 to below 1 (the first moment's decay)"),
+      ("beta_2", lambda v: 0 <= v < 1, "from 0 to below 1 (the second moment's decay)"),
+      ("epsilon", lambda v: 0 < v < math.inf, "positive"),
+      ("weight_decay_rate", lambda v: 0 <= v < math.inf, "0 or more"),
+      ("poly_power", lambda v: 0 <= v < math.inf,
+       "0 or more (the schedule's decay: 1 linear, 0 none)"),
+      ("init_loss_scale", lambda v: 1 <= v < math.inf, "at least 1"))
+  for name, in_range, words in ranges:
+    value = getattr(opt, name)
+    if not in_range(value):
+      raise ValueError("--%s=%g must be %s and finite; pass e.g. --%s=%g"
+                       % (name, value, words, name, config.default(config.Optimizer, name)))
 
 
 def check_inputs(cfg):
