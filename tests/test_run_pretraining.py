@@ -216,6 +216,26 @@ def _flipped_copy(data, tmp_path):
   return str(folder)
 
 
+def _records_of_length(data, tmp_path, seq, predictions, also_train=False):
+  """A folder with a file of records of other lengths (zz-other), after copies of the
+  training files if also_train."""
+  folder = tmp_path / "other_lengths"
+  folder.mkdir()
+  if also_train:
+    for name in os.listdir(data["train"]):
+      shutil.copy(os.path.join(data["train"], name), str(folder / name))
+  create_pretraining_data.create_pretraining_data(
+      [SAMPLE_TEXT], [str(folder / "zz-other")], data["vocab"], max_seq_length=seq,
+      max_predictions_per_seq=predictions, dupe_factor=1, random_seed=3)
+  return str(folder)
+
+
+def _train_copy(data, tmp_path):
+  folder = tmp_path / "train_copy"
+  shutil.copytree(data["train"], str(folder))
+  return str(folder)
+
+
 def _config_with(tmp_path, **changes):
   path = tmp_path / "changed_config.json"
   path.write_text(json.dumps(dict(TINY_CONFIG, **changes)))
@@ -281,6 +301,20 @@ BAD_INPUTS = [
      r"corrupt TFRecord file .*part-0"),
     ("records of another sequence length", lambda d, t: dict(max_seq_length=128),
      r"records of max_seq_length 64 .* pass --max_seq_length=64"),
+    ("training files of two lengths", lambda d, t: dict(
+        input_files_dir=_records_of_length(d, t, 32, 5, also_train=True)),
+     r"zz-other holds records of max_seq_length 32 and max_predictions_per_seq 5, but the "
+     r"run's are 64 and 10, as in \S+/part-0; make it again with those \(or move it out\)$"),
+    ("evaluation records of another length", lambda d, t: dict(
+        eval_files_dir=_records_of_length(d, t, 32, 5)),
+     r"zz-other holds records of max_seq_length 32 and max_predictions_per_seq 5, but the "
+     r"run's are 64 and 10, as in the training records; make it again with those"),
+    ("a corrupt evaluation file", lambda d, t: dict(eval_files_dir=_corrupt_copy(d, t)),
+     r"corrupt TFRecord file \S+part-0.*; re-create or remove the file$"),
+    ("output_dir that is the data folder", lambda d, t: dict(
+        input_files_dir=_train_copy(d, t), output_dir=str(t / "train_copy")),
+     r"--output_dir=\S+train_copy holds the run's records, and its checkpoints would be read "
+     r"as records; pass another --output_dir$"),
     ("missing eval folder", lambda d, t: dict(eval_files_dir=str(t / "nope")),
      r"--eval_files_dir=\S+ does not exist"),
     ("missing bert_config.json", lambda d, t: dict(bert_config_file=str(t / "nope.json")),

@@ -237,7 +237,7 @@ def check_corrupt_share(num_records, bad, max_share, flag="--max_corrupt_share")
 
 def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_size=None,
                        full_check=None, full_check_max_bytes=FULL_CHECK_MAX_BYTES,
-                       max_sequences=None):
+                       max_sequences=None, lengths_of=None, skippable=True):
   """Checks that the files are readable TFRecords of the expected sequence lengths.
 
   Reads the first record of every file and parses it with the feature spec; when the
@@ -252,6 +252,10 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
     full_check_max_bytes: see full_check.
     max_sequences: None for unpacked records; for packed ones, their sequence slots
       (max_predictions_per_seq is then a pack's masked-LM length).
+    lengths_of: (optional) what holds the lengths the files must have, when the flags
+      are not to be changed for them (e.g. "the training records", for an evaluation
+      set); by default the flags, unless an earlier file of `files` had them.
+    skippable: whether a corrupt file's fix may be --skip_corrupt_records.
 
   Returns:
     The number of records counted (exact with full_check, else None).
@@ -263,20 +267,20 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
   if full_check is None:
     full_check = sum(tf.gfile.Stat(f).length for f in files) < full_check_max_bytes
   total = 0
+  fix = "re-create or remove the file" + (", or pass --skip_corrupt_records" if skippable
+                                          else "")
   for path in files:
     if full_check:
       # The framing names the offset of a truncation; the iterator checks CRCs.
       offsets, framing_error = records.record_offsets(path)
       if framing_error:
-        raise ValueError("corrupt TFRecord file %s: %s; re-create or remove the file, or "
-                         "pass --skip_corrupt_records" % (path, framing_error))
+        raise ValueError("corrupt TFRecord file %s: %s; %s" % (path, framing_error, fix))
       try:
         serialized = list(tf.io.tf_record_iterator(path))
       except tf.errors.DataLossError:
         index, offset, message = records.corrupt_records(path, offsets)[0]
-        raise ValueError("corrupt TFRecord file %s record %d (byte %d): %s; re-create or "
-                         "remove the file, or pass --skip_corrupt_records"
-                         % (path, index, offset, message))
+        raise ValueError("corrupt TFRecord file %s record %d (byte %d): %s; %s"
+                         % (path, index, offset, message, fix))
       total += len(serialized)
     else:
       try:
@@ -287,7 +291,9 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
     if not serialized:
       raise ValueError("TFRecord file %s holds no records; re-create or remove it" % path)
     _check_example(path, serialized[0], max_seq_length, max_predictions_per_seq, vocab_size,
-                   max_sequences)
+                   max_sequences, lengths_of)
+    # Past here a file has the flags' lengths: a later one of others disagrees with it.
+    lengths_of = lengths_of or path
   return total if full_check else None
 
 
@@ -336,10 +342,11 @@ def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_s
 
 
 def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vocab_size,
-                   max_sequences=None):
+                   max_sequences=None, lengths_of=None):
   """Raises ValueError unless `serialized` is a pretraining example of the given lengths
   (packed into max_sequences slots, unless None) whose token ids are below vocab_size;
-  the message names the file and the fix."""
+  the message names the file and the fix (for other lengths: the flags to pass, or,
+  where `lengths_of` holds the run's lengths, to make the file with those)."""
   try:
     values = records.parse_example(serialized, packed=None)
   except records.RecordError as e:
@@ -366,6 +373,11 @@ def _check_example(path, serialized, max_seq_length, max_predictions_per_seq, vo
                        % (path, problem))
     return
   seq_length, predictions = [len(values[name]) for name in records.SET_LENGTH_FEATURES]
+  if (seq_length != max_seq_length or predictions != max_predictions_per_seq) and lengths_of:
+    raise ValueError("%s holds records of max_seq_length %d and max_predictions_per_seq %d, "
+                     "but the run's are %d and %d, as in %s; make it again with those (or "
+                     "move it out)" % (path, seq_length, predictions, max_seq_length,
+                                       max_predictions_per_seq, lengths_of))
   if seq_length != max_seq_length or predictions != max_predictions_per_seq:
     raise ValueError("%s holds records of max_seq_length %d and max_predictions_per_seq %d, "
                      "but the run uses %d and %d; pass --max_seq_length=%d "

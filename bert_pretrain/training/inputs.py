@@ -170,10 +170,14 @@ def check_inputs(cfg):
         bert_config.vocab_size, cfg.data.skip_corrupt_records, cfg.data.max_corrupt_share,
         full_check_bytes, packing.max_sequences))
   if eval_files:
-    input_pipeline.check_record_files(eval_files, cfg.data.max_seq_length,
-                                      cfg.data.max_predictions_per_seq,
-                                      vocab_size=bert_config.vocab_size,
-                                      full_check_max_bytes=full_check_bytes)
+    input_pipeline.check_record_files(
+        eval_files, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
+        vocab_size=bert_config.vocab_size, full_check_max_bytes=full_check_bytes,
+        lengths_of="the training records" if train_files else None, skippable=False)
+  if os.path.realpath(cfg.run.output_dir) in {os.path.realpath(os.path.dirname(f))
+                                              for f in train_files + eval_files}:
+    raise ValueError("--output_dir=%s holds the run's records, and its checkpoints would be "
+                     "read as records; pass another --output_dir" % cfg.run.output_dir)
   resume_checkpoint = checkpoints.find_resume_checkpoint(cfg.run.output_dir,
                                                          resume_settings(cfg, bert_config))
   if not cfg.run.do_train:
