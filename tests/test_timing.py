@@ -73,6 +73,8 @@ def test_a_run_reports_its_padding_its_update_time_split_and_its_mfu(padded_data
   assert "Update time (update 2 traced, " in result.stdout
   assert summary["time_allreduce_share"] == 0
   assert summary["time_input_share"] + summary["time_compute_share"] == pytest.approx(1)
+  assert re.search(r"^Throughput Average \(sentences/sec\) = [\d.]+ \(after 1 warm-up steps, "
+                   r"without checkpoint and eval time\)$", result.stdout, re.M)
   assert 0 < summary["time_compute_share"] <= 1
   # The FLOPs at the real tokens: 48 a sequence.
   real = SEQ_LENGTH - PADDED
@@ -98,6 +100,11 @@ def test_a_measured_peak_gives_the_mfu_and_the_last_update_is_traced_within_warm
   assert peak, result.stdout[-3000:]
   summary = _summary(tmp_path / "out")
   assert summary["peak_tflops"] == pytest.approx(float(peak.group(1)), rel=1e-2)
+  # 4 updates, all within the warm-up: the figure is the average with overhead, and says so.
+  assert summary["throughput"] == summary["throughput_with_overhead"]
+  assert ("Throughput Average (sentences/sec) = %.2f (with overhead: no update came after "
+          "the 10 warm-up steps; train more updates than --fps_warmup_steps or lower it)"
+          % summary["throughput"]) in result.stdout
   assert "(measured in %s)" % dtype in result.stdout
   assert "Update time (update 4 traced, " in result.stdout
 

@@ -186,8 +186,13 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
                "%.2f s" % (e2e_time, meter.sentences, meter.checkpoint_time, eval_time))
   logger.print("Throughput Average (sentences/sec) with overhead = %.2f (warm-up and checkpoint "
                "time included, evaluation excluded)" % fps_all)
-  logger.print("Throughput Average (sentences/sec) = %.2f (after %d warm-up steps, without "
-               "checkpoint and eval time)" % (fps_steady, cfg.run.fps_warmup_steps))
+  if meter.steady_time > 0 or not meter.sentences:
+    logger.print("Throughput Average (sentences/sec) = %.2f (after %d warm-up steps, without "
+                 "checkpoint and eval time)" % (fps_steady, cfg.run.fps_warmup_steps))
+  else:  # meter.averages gave the average with overhead
+    logger.print("Throughput Average (sentences/sec) = %.2f (with overhead: no update came "
+                 "after the %d warm-up steps; train more updates than --fps_warmup_steps or "
+                 "lower it)" % (fps_steady, cfg.run.fps_warmup_steps))
   if where is not None and cfg.run.do_train:
     summary.update(log_where_time_goes(logger, fps_steady, replicas=num_ranks, **where))
   accuracy = results.get("masked_lm_accuracy") if results else None
