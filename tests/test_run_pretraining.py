@@ -321,6 +321,14 @@ BAD_INPUTS = [
      r"bert config \S+ does not exist"),
     ("invalid bert_config.json", lambda d, t: dict(bert_config_file=_config_with(
         t, hidden_size="big")), r"hidden_size must be a positive integer"),
+    ("dropout probability above 1", lambda d, t: dict(bert_config_file=_config_with(
+        t, hidden_dropout_prob=1.5)), r"hidden_dropout_prob must be a probability from 0 to "
+     r"below 1, got 1.5; fix bert_config.json$"),
+    ("one token type for two segments", lambda d, t: dict(bert_config_file=_config_with(
+        t, type_vocab_size=1)), r"type_vocab_size=1 in \S+, but pretraining records hold two "
+     r"segments; set type_vocab_size to 2$"),
+    ("negative threads", lambda d, t: dict(intra_op_threads=-1),
+     r"--intra_op_threads=-1 must not be negative$"),
     ("vocab larger than vocab_size", lambda d, t: dict(vocab_file=_big_vocab(d, t)),
      r"has \d+ tokens but vocab_size in \S+ is 600"),
     ("data ids beyond vocab_size", lambda d, t: dict(bert_config_file=_config_with(

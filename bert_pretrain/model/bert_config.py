@@ -116,6 +116,11 @@ class BertConfig(object):
     if self.hidden_size % self.num_attention_heads:
       raise ValueError("%s: hidden_size %d is not a multiple of num_attention_heads %d; fix "
                        "bert_config.json" % (source, self.hidden_size, self.num_attention_heads))
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+      value = getattr(self, key, None)
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+        raise ValueError("%s: %s must be a probability from 0 to below 1, got %r; fix "
+                         "bert_config.json" % (source, key, value))
     if self.hidden_act not in ACTIVATION_NAMES:
       raise ValueError("%s: hidden_act %r is not one of %s; fix bert_config.json"
                        % (source, self.hidden_act, sorted(ACTIVATION_NAMES)))

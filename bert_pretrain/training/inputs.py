@@ -49,7 +49,8 @@ def check_settings(cfg):
     if values[name] < 1:
       raise ValueError("--%s=%d must be at least 1" % (name, values[name]))
   for name in ("num_warmup_steps", "start_warmup_step", "fps_warmup_steps",
-               "keep_checkpoint_max", "max_eval_steps", "samples_start_eval"):
+               "keep_checkpoint_max", "max_eval_steps", "samples_start_eval",
+               "intra_op_threads", "inter_op_threads", "stall_timeout_s"):
     if values[name] < 0:
       raise ValueError("--%s=%d must not be negative" % (name, values[name]))
   if cfg.runtime.horovod and cfg.runtime.distribution not in ("none", "horovod"):
@@ -129,6 +130,11 @@ def check_inputs(cfg):
                      "--max_seq_length or use a config with more positions"
                      % (cfg.data.max_seq_length, bert_config.max_position_embeddings,
                         cfg.model.bert_config_file))
+  if bert_config.type_vocab_size < 2:
+    # Every pretraining record is a pair of segments (segment_ids 0 and 1, for NSP).
+    raise ValueError("type_vocab_size=%d in %s, but pretraining records hold two segments; "
+                     "set type_vocab_size to 2" % (bert_config.type_vocab_size,
+                                                   cfg.model.bert_config_file))
   if cfg.data.max_predictions_per_seq > cfg.data.max_seq_length:
     raise ValueError("--max_predictions_per_seq=%d is above --max_seq_length=%d; lower it"
                      % (cfg.data.max_predictions_per_seq, cfg.data.max_seq_length))
