@@ -8,11 +8,40 @@ gpus_listed() {
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
 }
 
+# check_card_list: exits 2 unless CUDA_VISIBLE_DEVICES lists cards (indexes or GPU-/MIG-
+# UUIDs), each once: CUDA hides the cards after a bad entry, so -1 hides them all.
+check_card_list() {
+  local error="run_multi_card_FPS: error: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+  local entry twice
+  local -a entries
+  IFS=, read -r -a entries <<< "$CUDA_VISIBLE_DEVICES"
+  if [ -z "${CUDA_VISIBLE_DEVICES//,/}" ]; then
+    echo "$error lists no card; export the cards to use, e.g. CUDA_VISIBLE_DEVICES=0,1, or unset it for CPU ranks" >&2
+    exit 2
+  fi
+  for entry in "${entries[@]}"; do
+    if [ "$entry" = -1 ]; then
+      echo "$error hides every card; unset it for CPU ranks (IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)" >&2
+      exit 2
+    fi
+    if ! [[ "$entry" =~ ^([0-9]+|(GPU|MIG)-[A-Za-z0-9/-]+)$ ]]; then
+      echo "$error: '$entry' is not a card (its index or its GPU-/MIG- UUID); export the cards to use, e.g. CUDA_VISIBLE_DEVICES=0,1" >&2
+      exit 2
+    fi
+  done
+  twice="$(printf '%s\n' "${entries[@]}" | sort | uniq -d | head -n 1)"
+  if [ -n "$twice" ]; then
+    echo "$error lists card $twice twice; each rank needs a card of its own" >&2
+    exit 2
+  fi
+}
+
 # count_ranks: ranks per host: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of
 # CUDA_VISIBLE_DEVICES, else the GPUs nvidia-smi lists, else 2 CPU ranks.
 count_ranks() {
   local from_list=""
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    check_card_list
     from_list="$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)"
   fi
   if [ -n "${IX_NUM_CUDA_VISIBLE_DEVICES:-}" ]; then

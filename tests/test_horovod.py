@@ -107,6 +107,8 @@ def _launcher_env(**values):
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "4"}, "4", ""),
     ({"CUDA_VISIBLE_DEVICES": "0,1,2"}, "3", ""),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "0,1"}, "2", ""),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-8f6e2a1c-0d3b-4c5e-9a7f-112233445566,MIG-GPU-ab12/1/0"},
+     "2", ""),
     ({}, "2", "2 CPU ranks"),
 ])
 def test_rank_count_from_the_environment(values, ranks, message):
@@ -130,6 +132,13 @@ def _run_script(tmp_path, *flags, **values):
      "IX_NUM_CUDA_VISIBLE_DEVICES=8 but CUDA_VISIBLE_DEVICES=0,1 lists 2 cards"),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "eight"},
      "IX_NUM_CUDA_VISIBLE_DEVICES=eight is not a positive number"),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES=-1 hides every card; unset it for "
+     "CPU ranks (IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)"),
+    ({"CUDA_VISIBLE_DEVICES": ","}, "CUDA_VISIBLE_DEVICES=, lists no card"),
+    ({"CUDA_VISIBLE_DEVICES": "0,abc"}, "CUDA_VISIBLE_DEVICES=0,abc: 'abc' is not a card (its "
+     "index or its GPU-/MIG- UUID); export the cards to use, e.g. CUDA_VISIBLE_DEVICES=0,1"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,0"}, "CUDA_VISIBLE_DEVICES=0,1,0 lists card 0 twice; each "
+     "rank needs a card of its own"),
 ])
 def test_launcher_rejects_inconsistent_card_counts(values, message, tmp_path):
   result = _run_script(tmp_path, **values)
