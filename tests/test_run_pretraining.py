@@ -266,12 +266,12 @@ def _not_records_dir(tmp_path):
   return str(tmp_path / "not_records")
 
 
-def _encoder_checkpoint(tmp_path):
-  """A checkpoint of the tiny BERT's encoder with a classifier head, as run_classifier
-  writes: no masked-LM nor next-sentence head."""
+def _encoder_checkpoint(tmp_path, **changes):
+  """A checkpoint of the tiny BERT's encoder (its config with `changes`) with a classifier
+  head, as run_classifier writes: no masked-LM nor next-sentence head."""
   prefix = str(tmp_path / "fine_tuned" / "model.ckpt-9")
   with tf.Graph().as_default():
-    modeling.BertModel(modeling.BertConfig.from_dict(TINY_CONFIG), False,
+    modeling.BertModel(modeling.BertConfig.from_dict(dict(TINY_CONFIG, **changes)), False,
                        tf.zeros([1, 8], tf.int32))
     tf.get_variable("output_weights", [2, TINY_CONFIG["hidden_size"]])
     with tf.Session() as sess:
@@ -412,6 +412,11 @@ BAD_INPUTS = [
      r"\(cls/predictions/\) and no next-sentence head \(cls/seq_relationship/\): those "
      r"weights would be random, and so would the accuracy .* or --allow_random_heads to "
      r"evaluate it anyway$"),
+    ("training from a checkpoint of more layers", lambda d, t: dict(
+        init_checkpoint=_encoder_checkpoint(t, num_hidden_layers=2)),
+     r"--init_checkpoint=\S+ holds a model with num_hidden_layers=2 but "
+     r"--bert_config_file=\S+ says num_hidden_layers=1; pass the config the checkpoint was "
+     r"trained with$"),
     ("evaluation with a config of more layers", lambda d, t: dict(
         do_train="false", init_checkpoint=_encoder_checkpoint(t),
         bert_config_file=_config_with(t, num_hidden_layers=3)),

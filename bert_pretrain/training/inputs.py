@@ -152,6 +152,8 @@ def check_inputs(cfg):
   init_checkpoint = None
   if cfg.model.init_checkpoint:
     init_checkpoint = checkpoints.resolve_checkpoint(cfg.model.init_checkpoint)
+    checkpoints.check_config(init_checkpoint, bert_config,
+                             "--bert_config_file=%s" % cfg.model.bert_config_file)
   if not cfg.run.do_train and not cfg.evaluation.do_eval:
     raise ValueError("nothing to do: pass --do_train and/or --do_eval")
 
