@@ -136,13 +136,15 @@ def check_flags():
   if FLAGS.max_seq_length < 3:
     raise ValueError("--max_seq_length=%d leaves no room for text beside [CLS] and [SEP]; "
                      "pass 3 or more (128 is usual)" % FLAGS.max_seq_length)
-  if FLAGS.do_train and FLAGS.num_train_epochs <= 0:
-    raise ValueError("--num_train_epochs=%g must be positive (or pass --nodo_train)"
-                     % FLAGS.num_train_epochs)
-  if FLAGS.do_train and not FLAGS.learning_rate > 0:
-    raise ValueError("--learning_rate=%g must be positive (the peak of the schedule); pass "
-                     "e.g. --learning_rate=%g" % (FLAGS.learning_rate,
-                                                 FLAGS["learning_rate"].default))
+  # Written "not 0 < x < inf": NaN fails every comparison, so it is refused too.
+  if FLAGS.do_train and not 0 < FLAGS.num_train_epochs < float("inf"):
+    raise ValueError("--num_train_epochs=%g must be positive and finite (the passes over the "
+                     "train split); pass e.g. --num_train_epochs=%g, or --nodo_train"
+                     % (FLAGS.num_train_epochs, FLAGS["num_train_epochs"].default))
+  if FLAGS.do_train and not 0 < FLAGS.learning_rate < float("inf"):
+    raise ValueError("--learning_rate=%g must be positive and finite (the peak of the "
+                     "schedule); pass e.g. --learning_rate=%g"
+                     % (FLAGS.learning_rate, FLAGS["learning_rate"].default))
   if not 0 <= FLAGS.warmup_proportion <= 1:
     raise ValueError("--warmup_proportion=%g must be in [0, 1] (the share of the updates "
                      "that warm up); pass e.g. --warmup_proportion=%g"

@@ -198,12 +198,21 @@ def test_evaluating_without_training_needs_a_checkpoint_with_a_classifier_head(t
                                 r"max_position_embeddings=128; lower --max_seq_length"),
     (dict(max_seq_length=2), r"--max_seq_length=2 leaves no room for text"),
     (dict(display_loss_steps=0), r"--display_loss_steps=0 must be positive"),
-    (dict(learning_rate=-1), r"--learning_rate=-1 must be positive \(the peak of the "
-                             r"schedule\); pass e.g. --learning_rate=5e-05$"),
+    (dict(learning_rate=-1), r"--learning_rate=-1 must be positive and finite \(the peak of "
+                             r"the schedule\); pass e.g. --learning_rate=5e-05$"),
+    (dict(learning_rate="inf"), r"--learning_rate=inf must be positive and finite"),
+    (dict(learning_rate="nan"), r"--learning_rate=nan must be positive and finite"),
+    (dict(num_train_epochs="inf"), r"--num_train_epochs=inf must be positive and finite \(the "
+                                   r"passes over the train split\); pass e.g. "
+                                   r"--num_train_epochs=3, or --nodo_train$"),
+    (dict(num_train_epochs="nan"), r"--num_train_epochs=nan must be positive and finite"),
+    (dict(num_train_epochs=0), r"--num_train_epochs=0 must be positive and finite"),
     (dict(warmup_proportion=5), r"--warmup_proportion=5 must be in \[0, 1\]"),
+    (dict(warmup_proportion="nan"), r"--warmup_proportion=nan must be in \[0, 1\]"),
     (dict(cpu_devices=0, distribution="mirrored"), r"--cpu_devices=0 must be at least 1"),
 ], ids=["wrong-task", "no-vocab", "too-long", "too-short", "no-display", "negative-lr",
-        "warmup-5", "no-cpu-devices"])
+        "inf-lr", "nan-lr", "inf-epochs", "nan-epochs", "no-epochs", "warmup-5", "nan-warmup",
+        "no-cpu-devices"])
 def test_bad_inputs_stop_with_one_line_before_training(task, tmp_path, flags, message):
   result = classify(task, tmp_path / "out", **flags)
   assert result.returncode == 2
