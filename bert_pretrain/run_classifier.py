@@ -383,6 +383,8 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
               bert_config, iterator.get_next(), len(labels), False, device.dtype),
                                iterator=iterator, feed=feed)
     model_variables = tf.trainable_variables()
+    # Checked once, before the save: nothing with NaN or Inf is written (as run_pretraining).
+    all_finite = checkpoints.all_finite(model_variables) if FLAGS.do_train else None
     broadcast_op = ranks.broadcast_op()
   gpu = None
   if device.kind == "GPU":
@@ -410,8 +412,15 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
         log("Step %d, loss: %.4f, learning_rate: %.3e, sentences_per_second: %.2f"
             % (step, values["loss"], values["learning_rate"], meter.window_fps()))
         meter.new_window()
+        # The loss fetched for the log (the last update's is always): no cost per step. It
+        # is averaged over the ranks, so they stop together. float16 skips such a step.
+        if not np.isfinite(values["loss"]) and device.dtype != tf.float16:
+          return diverged("Loss is %s at step %d" % (values["loss"], step))
     meter.stop()
     log("Throughput Average (sentences/sec) = %.2f" % meter.averages()[1])
+    # A finite last loss was computed before the last update: the weights are checked too.
+    if not sess.run(all_finite):
+      return diverged("NaN or Inf in the weights after step %d" % step)
     if ranks.is_chief:
       saver = tf.train.Saver(model_variables, save_relative_paths=True)
       log("Saved %s" % checkpoints.save_checkpoint(saver, sess, FLAGS.output_dir,
@@ -437,6 +446,14 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
     log("Wrote the class probabilities of %d test examples (columns: %s) to %s"
         % (len(probabilities), " ".join(labels), path))
   return 0
+
+
+def diverged(what):
+  """Says in one line that the fine-tune diverged (what: where) and that nothing was saved;
+  returns the exit status, 1 (as run_pretraining's)."""
+  errors.print_error("run_classifier", "%s: stopping without saving. Lower --learning_rate "
+                     "or raise --warmup_proportion and run again" % what)
+  return 1
 
 
 def write_lines(path, lines):

@@ -221,6 +221,33 @@ def test_bad_inputs_stop_with_one_line_before_training(task, tmp_path, flags, me
   assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flags,stopped", [
+    (dict(learning_rate=1e6, num_train_epochs=4, display_loss_steps=5),
+     r"Loss is nan at step (\d+)"),
+    # One update at a learning rate that is Inf in float32: its loss, taken before the
+    # update, is finite; the weights after it are not.
+    (dict(learning_rate=1e39, num_train_epochs=0.2), r"NaN or Inf in the weights after step "
+                                                     r"(1)")], ids=["loss", "weights"])
+def test_a_fine_tune_that_diverges_stops_with_one_line_and_saves_nothing(task, tmp_path,
+                                                                         flags, stopped):
+  out = tmp_path / "out"
+  result = classify(task, out, "--do_predict", init_checkpoint=task["init"],
+                    warmup_proportion=0, **flags)
+  assert result.returncode == 1, result.stderr
+  (line,) = [l for l in result.stderr.splitlines() if l.startswith("run_classifier: error:")]
+  step = re.fullmatch(r"run_classifier: error: %s: stopping without saving\. Lower "
+                      r"--learning_rate or raise --warmup_proportion and run again" % stopped,
+                      line)
+  assert step, result.stderr
+  # It stops at the first display step whose loss is not finite.
+  shown = re.findall(r"^Step (\d+), loss: (\S+),", result.stdout, re.M)
+  assert shown[-1][0] == step.group(1), result.stdout
+  assert all(np.isfinite(float(loss)) for _, loss in shown[:-1]), result.stdout
+  assert not [n for n in os.listdir(str(out)) if n.startswith("model.ckpt")]
+  assert "Saved" not in result.stdout and "accuracy" not in result.stdout
+  assert sorted(os.listdir(str(out))) == [checkpoints.LOCK_FILE, checkpoints.RUN_MARKER]
+
+
 def test_an_unknown_label_is_named_with_its_file_and_line(task, tmp_path):
   data = tmp_path / "data"
   data.mkdir()
