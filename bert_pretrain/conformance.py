@@ -506,11 +506,13 @@ def inputs_from_flags():
   if FLAGS.max_predictions_per_seq > FLAGS.max_seq_length:
     raise ValueError("--max_predictions_per_seq=%d is above --max_seq_length=%d; lower it"
                      % (FLAGS.max_predictions_per_seq, FLAGS.max_seq_length))
-  if FLAGS.init_loss_scale < 1:
-    raise ValueError("--init_loss_scale=%g must be at least 1" % FLAGS.init_loss_scale)
-  if FLAGS.inject_fault_layer >= bert_config.num_hidden_layers:
+  if not 1 <= FLAGS.init_loss_scale < math.inf:
+    raise ValueError("--init_loss_scale=%g must be at least 1 and finite"
+                     % FLAGS.init_loss_scale)
+  if not -1 <= FLAGS.inject_fault_layer < bert_config.num_hidden_layers:
     raise ValueError("--inject_fault_layer=%d: the model has layers 0 to %d; pass one of "
-                     "them" % (FLAGS.inject_fault_layer, bert_config.num_hidden_layers - 1))
+                     "them (-1: none)" % (FLAGS.inject_fault_layer,
+                                          bert_config.num_hidden_layers - 1))
   init_checkpoint = None
   if FLAGS.init_checkpoint:
     init_checkpoint = checkpoints.resolve_checkpoint(FLAGS.init_checkpoint)

@@ -337,7 +337,8 @@ def define_flags():
                        "Expected max_predictions_per_seq (default: the first record's).")
   flags.DEFINE_integer("num_examples", 2, "Records decoded to text.")
   flags.DEFINE_integer("stats_records", 100000,
-                       "Records parsed for the spec check and statistics (0: all).")
+                       "Records parsed for the spec check and statistics (0: all).",
+                       lower_bound=0)
   flags.DEFINE_bool("check_crc", True, "Check the CRCs of every record.")
   flags.mark_flag_as_required("input")
 

@@ -109,7 +109,11 @@ def test_bad_inputs_are_one_line_errors_before_any_graph(pretraining_data, tmp_p
   for flags, message in (
       ([], "--bert_config_file is required"),
       (model_flags(pretraining_data) + ["--inject_fault_layer=1"],
-       "--inject_fault_layer=1: the model has layers 0 to 0"),
+       "--inject_fault_layer=1: the model has layers 0 to 0; pass one of them (-1: none)"),
+      (model_flags(pretraining_data) + ["--inject_fault_layer=-2"],
+       "--inject_fault_layer=-2: the model has layers 0 to 0"),
+      (model_flags(pretraining_data) + ["--init_loss_scale=inf"],
+       "--init_loss_scale=inf must be at least 1 and finite"),
       (model_flags(pretraining_data) + ["--init_checkpoint=" + str(tmp_path / "none")],
        "no checkpoint there")):
     result = run_conformance(*flags)

@@ -164,6 +164,9 @@ def test_bad_input_is_one_line(data, tmp_path):
   shutil.copy(os.path.join(data["output_dir"], "manifest.json"), str(empty))
   status, _, err = inspect(str(empty))
   assert status == 2 and "holds no TFRecord files" in err
+  result = run_cli("--input=" + data["train_dir"], "--stats_records=-5")
+  assert result.returncode != 0 and not result.stdout
+  assert "flag --stats_records=-5: -5 is not a non-negative integer" in result.stderr
 
 
 def test_packed_records_are_recognised_and_a_broken_pack_breaks_the_spec(data, tmp_path):
