@@ -178,7 +178,7 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
                           env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"))
   assert result.returncode == 2, result.stdout[-3000:]
   error = ("run_pretraining: error: --learning_rate=-1 must be positive (the peak of the "
-           "schedule); pass e.g. --learning_rate=5e-05")
+           "schedule) and finite; pass e.g. --learning_rate=5e-05")
   # Both ranks refuse the flag; the job ends with the first to exit.
   last = result.stdout.strip().splitlines()[-1]
   assert last in ["rank %d exited with status 2: %s" % (rank, error) for rank in (0, 1)], last
