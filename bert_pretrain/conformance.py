@@ -506,7 +506,7 @@ def inputs_from_flags():
   if FLAGS.max_predictions_per_seq > FLAGS.max_seq_length:
     raise ValueError("--max_predictions_per_seq=%d is above --max_seq_length=%d; lower it"
                      % (FLAGS.max_predictions_per_seq, FLAGS.max_seq_length))
-  if not 1 <= FLAGS.init_loss_scale < math.inf:
+  if not 1 <= FLAGS.init_loss_scale <= config.FLOAT32_MAX:
     raise ValueError("--init_loss_scale=%g must be at least 1 and finite"
                      % FLAGS.init_loss_scale)
   if not -1 <= FLAGS.inject_fault_layer < bert_config.num_hidden_layers:

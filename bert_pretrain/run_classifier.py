@@ -137,11 +137,11 @@ def check_flags():
     raise ValueError("--max_seq_length=%d leaves no room for text beside [CLS] and [SEP]; "
                      "pass 3 or more (128 is usual)" % FLAGS.max_seq_length)
   # Written "not 0 < x < inf": NaN fails every comparison, so it is refused too.
-  if FLAGS.do_train and not 0 < FLAGS.num_train_epochs < float("inf"):
+  if FLAGS.do_train and not 0 < FLAGS.num_train_epochs <= config.FLOAT32_MAX:
     raise ValueError("--num_train_epochs=%g must be positive and finite (the passes over the "
                      "train split); pass e.g. --num_train_epochs=%g, or --nodo_train"
                      % (FLAGS.num_train_epochs, FLAGS["num_train_epochs"].default))
-  if FLAGS.do_train and not 0 < FLAGS.learning_rate < float("inf"):
+  if FLAGS.do_train and not 0 < FLAGS.learning_rate <= config.FLOAT32_MAX:
     raise ValueError("--learning_rate=%g must be positive and finite (the peak of the "
                      "schedule); pass e.g. --learning_rate=%g"
                      % (FLAGS.learning_rate, FLAGS["learning_rate"].default))
@@ -413,9 +413,12 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
             % (step, values["loss"], values["learning_rate"], meter.window_fps()))
         meter.new_window()
         # The loss fetched for the log (the last update's is always): no cost per step. It
-        # is averaged over the ranks, so they stop together. float16 skips such a step.
+        # is averaged over the ranks, so they stop together. float16 skips such a step,
+        # which ends only while the weights are finite.
         if not np.isfinite(values["loss"]) and device.dtype != tf.float16:
           return diverged("Loss is %s at step %d" % (values["loss"], step))
+        if not np.isfinite(values["loss"]) and not sess.run(all_finite):
+          return diverged("NaN or Inf in the weights after step %d" % step)
     meter.stop()
     log("Throughput Average (sentences/sec) = %.2f" % meter.averages()[1])
     # A finite last loss was computed before the last update: the weights are checked too.

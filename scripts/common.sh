@@ -21,7 +21,7 @@ check_card_list() {
   fi
   for entry in "${entries[@]}"; do
     if [ "$entry" = -1 ]; then
-      echo "$error hides every card; unset it for CPU ranks (IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)" >&2
+      echo "$error: -1 hides the cards from there on; export only the cards to use, or unset it for CPU ranks (IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)" >&2
       exit 2
     fi
     if ! [[ "$entry" =~ ^([0-9]+|(GPU|MIG)-[A-Za-z0-9/-]+)$ ]]; then

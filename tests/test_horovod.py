@@ -132,8 +132,11 @@ def _run_script(tmp_path, *flags, **values):
      "IX_NUM_CUDA_VISIBLE_DEVICES=8 but CUDA_VISIBLE_DEVICES=0,1 lists 2 cards"),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "eight"},
      "IX_NUM_CUDA_VISIBLE_DEVICES=eight is not a positive number"),
-    ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES=-1 hides every card; unset it for "
-     "CPU ranks (IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)"),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES=-1: -1 hides the cards from there "
+     "on; export only the cards to use, or unset it for CPU ranks "
+     "(IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,-1"}, "CUDA_VISIBLE_DEVICES=0,1,-1: -1 hides the cards from "
+     "there on"),
     ({"CUDA_VISIBLE_DEVICES": ","}, "CUDA_VISIBLE_DEVICES=, lists no card"),
     ({"CUDA_VISIBLE_DEVICES": "0,abc"}, "CUDA_VISIBLE_DEVICES=0,abc: 'abc' is not a card (its "
      "index or its GPU-/MIG- UUID); export the cards to use, e.g. CUDA_VISIBLE_DEVICES=0,1"),

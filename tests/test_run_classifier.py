@@ -224,10 +224,15 @@ def test_bad_inputs_stop_with_one_line_before_training(task, tmp_path, flags, me
 @pytest.mark.parametrize("flags,stopped", [
     (dict(learning_rate=1e6, num_train_epochs=4, display_loss_steps=5),
      r"Loss is nan at step (\d+)"),
-    # One update at a learning rate that is Inf in float32: its loss, taken before the
-    # update, is finite; the weights after it are not.
-    (dict(learning_rate=1e39, num_train_epochs=0.2), r"NaN or Inf in the weights after step "
-                                                     r"(1)")], ids=["loss", "weights"])
+    # One update at a learning rate near float32's largest, whose step overflows: its
+    # loss, taken before the update, is finite; the weights after it are not.
+    (dict(learning_rate=3e38, num_train_epochs=0.2), r"NaN or Inf in the weights after step "
+                                                     r"(1)"),
+    # float16 skips the steps whose gradients overflow, but not forever once the weights
+    # are Inf: the first non-finite loss shown checks them.
+    (dict(learning_rate=3e38, num_train_epochs=1, display_loss_steps=1, amp_dtype="float16"),
+     r"NaN or Inf in the weights after step (\d+)")],
+    ids=["loss", "weights", "float16"])
 def test_a_fine_tune_that_diverges_stops_with_one_line_and_saves_nothing(task, tmp_path,
                                                                          flags, stopped):
   out = tmp_path / "out"

@@ -216,16 +216,16 @@ def _flipped_copy(data, tmp_path):
   return str(folder)
 
 
-def _records_of_length(data, tmp_path, seq, predictions, also_train=False):
-  """A folder with a file of records of other lengths (zz-other), after copies of the
+def _records_of_length(data, tmp_path, seq, predictions, also_train=False, name="zz-other"):
+  """A folder with a file `name` of records of other lengths, beside copies of the
   training files if also_train."""
   folder = tmp_path / "other_lengths"
   folder.mkdir()
   if also_train:
-    for name in os.listdir(data["train"]):
-      shutil.copy(os.path.join(data["train"], name), str(folder / name))
+    for train_file in os.listdir(data["train"]):
+      shutil.copy(os.path.join(data["train"], train_file), str(folder / train_file))
   create_pretraining_data.create_pretraining_data(
-      [SAMPLE_TEXT], [str(folder / "zz-other")], data["vocab"], max_seq_length=seq,
+      [SAMPLE_TEXT], [str(folder / name)], data["vocab"], max_seq_length=seq,
       max_predictions_per_seq=predictions, dupe_factor=1, random_seed=3)
   return str(folder)
 
@@ -305,6 +305,10 @@ BAD_INPUTS = [
         input_files_dir=_records_of_length(d, t, 32, 5, also_train=True)),
      r"zz-other holds records of max_seq_length 32 and max_predictions_per_seq 5, but the "
      r"run's are 64 and 10, as in \S+/part-0; make it again with those \(or move it out\)$"),
+    ("training files of two lengths, the odd one first", lambda d, t: dict(
+        input_files_dir=_records_of_length(d, t, 32, 5, also_train=True, name="aa-other")),
+     r"aa-other holds records of max_seq_length 32 and max_predictions_per_seq 5, but the "
+     r"run's are 64 and 10, as in \S+/part-0; make it again with those \(or move it out\)$"),
     ("evaluation records of another length", lambda d, t: dict(
         eval_files_dir=_records_of_length(d, t, 32, 5)),
      r"zz-other holds records of max_seq_length 32 and max_predictions_per_seq 5, but the "
@@ -360,6 +364,8 @@ BAD_INPUTS = [
     ("negative decay power", lambda d, t: dict(poly_power=-1),
      r"--poly_power=-1 must be 0 or more \(the schedule's decay: 1 linear, 0 none\) and "
      r"finite"),
+    ("loss scale beyond float32", lambda d, t: dict(amp_dtype="float16", init_loss_scale=1e39),
+     r"--init_loss_scale=1e\+39 must be at least 1 and finite"),
     ("infinite loss scale", lambda d, t: dict(amp_dtype="float16", init_loss_scale="inf"),
      r"--init_loss_scale=inf must be at least 1 and finite; pass e.g. "
      r"--init_loss_scale=32768$"),
@@ -395,7 +401,8 @@ BAD_INPUTS = [
         input_files_dir=_packed_copy(d, t, unpacked_file=True)),
      r"zz-unpacked holds unpacked records where packed ones are expected"),
     ("negative matmul peak", lambda d, t: dict(peak_tflops=-5),
-     r"--peak_tflops=-5 must not be negative \(a card's matmul peak in TFLOPS; 0: none\)$"),
+     r"--peak_tflops=-5 must be 0 or more and finite \(a card's matmul peak in TFLOPS; 0: "
+     r"none\)$"),
     ("float16 and --noamp", lambda d, t: dict(amp_dtype="float16", amp="false"),
      r"--amp_dtype=float16 asks for float16 compute and --noamp for float32; pass one$"),
     ("--use_fp16 and --noamp", lambda d, t: dict(use_fp16="true", amp="false"),

@@ -103,8 +103,8 @@ def test_a_measured_peak_gives_the_mfu_and_the_last_update_is_traced_within_warm
   # 4 updates, all within the warm-up: the figure is the average with overhead, and says so.
   assert summary["throughput"] == summary["throughput_with_overhead"]
   assert ("Throughput Average (sentences/sec) = %.2f (with overhead: no update came after "
-          "the 10 warm-up steps; train more updates than --fps_warmup_steps or lower it)"
-          % summary["throughput"]) in result.stdout
+          "the 10 warm-up steps and the traced one; train 2 updates more than "
+          "--fps_warmup_steps or lower it)" % summary["throughput"]) in result.stdout
   assert "(measured in %s)" % dtype in result.stdout
   assert "Update time (update 4 traced, " in result.stdout
 

@@ -254,7 +254,8 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
       (max_predictions_per_seq is then a pack's masked-LM length).
     lengths_of: (optional) what holds the lengths the files must have, when the flags
       are not to be changed for them (e.g. "the training records", for an evaluation
-      set); by default the flags, unless an earlier file of `files` had them.
+      set); by default the flags, unless most files have the flags' lengths and the
+      others not (_file_of_the_flags_lengths).
     skippable: whether a corrupt file's fix may be --skip_corrupt_records.
 
   Returns:
@@ -269,6 +270,8 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
   total = 0
   fix = "re-create or remove the file" + (", or pass --skip_corrupt_records" if skippable
                                           else "")
+  if lengths_of is None and max_sequences is None:
+    lengths_of = _file_of_the_flags_lengths(files, (max_seq_length, max_predictions_per_seq))
   for path in files:
     if full_check:
       # The framing names the offset of a truncation; the iterator checks CRCs.
@@ -292,9 +295,24 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
       raise ValueError("TFRecord file %s holds no records; re-create or remove it" % path)
     _check_example(path, serialized[0], max_seq_length, max_predictions_per_seq, vocab_size,
                    max_sequences, lengths_of)
-    # Past here a file has the flags' lengths: a later one of others disagrees with it.
-    lengths_of = lengths_of or path
   return total if full_check else None
+
+
+def _file_of_the_flags_lengths(files, lengths):
+  """Where the files' first records disagree on their lengths and most have the flags'
+  `lengths` (max_seq_length, max_predictions_per_seq), the first of those files: the
+  others are to be made again, not the flags changed. Else None."""
+  found = {}
+  for path in files:
+    try:
+      values = records.parse_example(next(tf.io.tf_record_iterator(path)), packed=None)
+      found[path] = tuple(len(values[name]) for name in records.SET_LENGTH_FEATURES)
+    except (records.RecordError, tf.errors.DataLossError, StopIteration, KeyError):
+      continue  # check_record_files names what is wrong with it
+  counts = collections.Counter(found.values())
+  if len(counts) < 2 or counts.most_common(1)[0][0] != lengths:
+    return None
+  return next(path for path in files if found.get(path) == lengths)
 
 
 def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_size,

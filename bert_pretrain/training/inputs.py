@@ -48,7 +48,8 @@ def check_settings(cfg):
                "save_checkpoints_steps", "shuffle_buffer"):
     if values[name] < 1:
       raise ValueError("--%s=%d must be at least 1" % (name, values[name]))
-  for name in ("num_warmup_steps", "start_warmup_step", "fps_warmup_steps",
+  # start_warmup_step may be negative: MLPerf's reference points set -700 and others.
+  for name in ("num_warmup_steps", "fps_warmup_steps",
                "keep_checkpoint_max", "max_eval_steps", "samples_start_eval",
                "intra_op_threads", "inter_op_threads", "stall_timeout_s"):
     if values[name] < 0:
@@ -67,14 +68,14 @@ def check_settings(cfg):
                      "MLPerf's interval for the global batch)" % between)
   # Written as not (in range) so that NaN is refused too.
   if not 0 <= cfg.evaluation.initial_accuracy_tolerance < math.inf:
-    raise ValueError("--initial_accuracy_tolerance=%g must not be negative"
+    raise ValueError("--initial_accuracy_tolerance=%g must be 0 or more and finite"
                      % cfg.evaluation.initial_accuracy_tolerance)
   if not 0 <= cfg.evaluation.stop_threshold <= 1:
     raise ValueError("--stop_threshold=%g must be a masked-LM accuracy from 0 to 1 (0: never "
                      "stop)" % cfg.evaluation.stop_threshold)
   if not 0 <= cfg.run.peak_tflops < math.inf:
-    raise ValueError("--peak_tflops=%g must not be negative (a card's matmul peak in TFLOPS; "
-                     "0: none)" % cfg.run.peak_tflops)
+    raise ValueError("--peak_tflops=%g must be 0 or more and finite (a card's matmul peak "
+                     "in TFLOPS; 0: none)" % cfg.run.peak_tflops)
   unknown = sorted(set(cfg.run.allow_resume_change) - set(config.RESUME_CHANGES))
   if unknown:
     raise ValueError("--allow_resume_change=%s: %s is not one of %s; pass those to allow"
@@ -91,15 +92,16 @@ def check_optimizer(opt):
   Raises:
     ValueError: with the one-line message the user sees.
   """
+  top = config.FLOAT32_MAX  # "finite": finite in float32, the graph's type
   ranges = (  # name, whether its value is in range, the range in words
-      ("learning_rate", lambda v: 0 < v < math.inf, "positive (the peak of the schedule)"),
+      ("learning_rate", lambda v: 0 < v <= top, "positive (the peak of the schedule)"),
       ("beta_1", lambda v: 0 <= v < 1, "from 0 to below 1 (the first moment's decay)"),
       ("beta_2", lambda v: 0 <= v < 1, "from 0 to below 1 (the second moment's decay)"),
-      ("epsilon", lambda v: 0 < v < math.inf, "positive"),
-      ("weight_decay_rate", lambda v: 0 <= v < math.inf, "0 or more"),
-      ("poly_power", lambda v: 0 <= v < math.inf,
+      ("epsilon", lambda v: 0 < v <= top, "positive"),
+      ("weight_decay_rate", lambda v: 0 <= v <= top, "0 or more"),
+      ("poly_power", lambda v: 0 <= v <= top,
        "0 or more (the schedule's decay: 1 linear, 0 none)"),
-      ("init_loss_scale", lambda v: 1 <= v < math.inf, "at least 1"))
+      ("init_loss_scale", lambda v: 1 <= v <= top, "at least 1"))
   for name, in_range, words in ranges:
     value = getattr(opt, name)
     if not in_range(value):
@@ -166,6 +168,11 @@ def check_inputs(cfg):
       raise ValueError("--eval_files_dir is not set; pass --eval_files_dir=/path/to/eval "
                        "records, or --nodo_eval to train without evaluation")
     eval_files = input_pipeline.list_record_files(cfg.data.eval_files_dir, "--eval_files_dir")
+  if os.path.realpath(cfg.run.output_dir) in {
+      os.path.realpath(folder) for folder in (cfg.data.input_files_dir, cfg.data.eval_files_dir)
+      if folder and tf.gfile.IsDirectory(folder)}:
+    raise ValueError("--output_dir=%s holds the run's records, and its checkpoints would be "
+                     "read as records; pass another --output_dir" % cfg.run.output_dir)
   if not 0 <= cfg.data.max_corrupt_share < 1:
     raise ValueError("--max_corrupt_share=%g must be in [0, 1)" % cfg.data.max_corrupt_share)
   full_check_bytes = cfg.data.full_record_check_mb * 1024 * 1024
@@ -182,10 +189,6 @@ def check_inputs(cfg):
         eval_files, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
         vocab_size=bert_config.vocab_size, full_check_max_bytes=full_check_bytes,
         lengths_of="the training records" if train_files else None, skippable=False)
-  if os.path.realpath(cfg.run.output_dir) in {os.path.realpath(os.path.dirname(f))
-                                              for f in train_files + eval_files}:
-    raise ValueError("--output_dir=%s holds the run's records, and its checkpoints would be "
-                     "read as records; pass another --output_dir" % cfg.run.output_dir)
   resume_checkpoint = checkpoints.find_resume_checkpoint(cfg.run.output_dir,
                                                          resume_settings(cfg, bert_config))
   if not cfg.run.do_train:

@@ -191,8 +191,8 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
                  "checkpoint and eval time)" % (fps_steady, cfg.run.fps_warmup_steps))
   else:  # meter.averages gave the average with overhead
     logger.print("Throughput Average (sentences/sec) = %.2f (with overhead: no update came "
-                 "after the %d warm-up steps; train more updates than --fps_warmup_steps or "
-                 "lower it)" % (fps_steady, cfg.run.fps_warmup_steps))
+                 "after the %d warm-up steps and the traced one; train 2 updates more than "
+                 "--fps_warmup_steps or lower it)" % (fps_steady, cfg.run.fps_warmup_steps))
   if where is not None and cfg.run.do_train:
     summary.update(log_where_time_goes(logger, fps_steady, replicas=num_ranks, **where))
   accuracy = results.get("masked_lm_accuracy") if results else None
