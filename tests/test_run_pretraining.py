@@ -432,6 +432,22 @@ BAD_INPUTS = [
 ]
 
 
+def test_a_negative_start_of_the_warm_up_as_mlperfs_reference_points_set_is_accepted():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from bert_pretrain import config  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.training import inputs  # pylint: disable=g-import-not-at-top
+
+  def settings(*argv):
+    values = flags.FlagValues()
+    config.define_pretraining_flags(values)
+    values(["run_pretraining"] + list(argv))
+    return config.settings_from_flags(values)
+
+  inputs.check_settings(settings("--start_warmup_step=-700"))
+  with pytest.raises(ValueError, match="--num_warmup_steps=-700 must not be negative"):
+    inputs.check_settings(settings("--num_warmup_steps=-700"))
+
+
 @pytest.mark.parametrize("case,overrides,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_a_one_line_error(pretraining_data, tmp_path, case, overrides, message):
   out = tmp_path / "out"
