@@ -136,7 +136,7 @@ def check_flags():
   if FLAGS.max_seq_length < 3:
     raise ValueError("--max_seq_length=%d leaves no room for text beside [CLS] and [SEP]; "
                      "pass 3 or more (128 is usual)" % FLAGS.max_seq_length)
-  # Written "not 0 < x < inf": NaN fails every comparison, so it is refused too.
+  # Written as not (in range): NaN fails every comparison, so it is refused too.
   if FLAGS.do_train and not 0 < FLAGS.num_train_epochs <= config.FLOAT32_MAX:
     raise ValueError("--num_train_epochs=%g must be positive and finite (the passes over the "
                      "train split); pass e.g. --num_train_epochs=%g, or --nodo_train"
@@ -399,31 +399,9 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
     checkpoints.write_run_marker(FLAGS.output_dir, settings)
   if FLAGS.do_train and not earlier:
     sess.run(train_iterator.initializer, train_feed)
-    meter = meters.Throughput(global_batch, warmup_steps=min(10, num_train_steps // 2))
-    step, runs = 0, 0
-    while step < num_train_steps:
-      runs += 1
-      shown = runs % FLAGS.display_loss_steps == 0 or step + 1 == num_train_steps
-      start = time.time()
-      values = sess.run(display if shown else {"step": display["step"]})
-      meter.update(time.time() - start)
-      step = values["step"]
-      if shown:
-        log("Step %d, loss: %.4f, learning_rate: %.3e, sentences_per_second: %.2f"
-            % (step, values["loss"], values["learning_rate"], meter.window_fps()))
-        meter.new_window()
-        # The loss fetched for the log (the last update's is always): no cost per step. It
-        # is averaged over the ranks, so they stop together. float16 skips such a step,
-        # which ends only while the weights are finite.
-        if not np.isfinite(values["loss"]) and device.dtype != tf.float16:
-          return diverged("Loss is %s at step %d" % (values["loss"], step))
-        if not np.isfinite(values["loss"]) and not sess.run(all_finite):
-          return diverged("NaN or Inf in the weights after step %d" % step)
-    meter.stop()
-    log("Throughput Average (sentences/sec) = %.2f" % meter.averages()[1])
-    # A finite last loss was computed before the last update: the weights are checked too.
-    if not sess.run(all_finite):
-      return diverged("NaN or Inf in the weights after step %d" % step)
+    status = train(sess, display, all_finite, num_train_steps, global_batch, device.dtype, log)
+    if status is not None:
+      return status
     if ranks.is_chief:
       saver = tf.train.Saver(model_variables, save_relative_paths=True)
       log("Saved %s" % checkpoints.save_checkpoint(saver, sess, FLAGS.output_dir,
@@ -449,6 +427,38 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
     log("Wrote the class probabilities of %d test examples (columns: %s) to %s"
         % (len(probabilities), " ".join(labels), path))
   return 0
+
+
+def train(sess, display, all_finite, num_train_steps, global_batch, dtype, log):
+  """Runs the updates, logging every --display_loss_steps (display: an update's fetches,
+  all_finite: whether the weights are finite). Returns None, or diverged's exit status."""
+  meter = meters.Throughput(global_batch, warmup_steps=min(10, num_train_steps // 2))
+  step, runs = 0, 0
+  while step < num_train_steps:
+    runs += 1
+    shown = runs % FLAGS.display_loss_steps == 0 or step + 1 == num_train_steps
+    start = time.time()
+    values = sess.run(display if shown else {"step": display["step"]})
+    meter.update(time.time() - start)
+    step = values["step"]
+    if shown:
+      log("Step %d, loss: %.4f, learning_rate: %.3e, sentences_per_second: %.2f"
+          % (step, values["loss"], values["learning_rate"], meter.window_fps()))
+      meter.new_window()
+      # The loss fetched for the log (the last update's is always): no cost per step. It is
+      # averaged over the ranks, so they stop together. float16 skips such a step, which
+      # ends only while the weights are finite.
+      if not np.isfinite(values["loss"]):
+        if dtype != tf.float16:
+          return diverged("Loss is %s at step %d" % (values["loss"], step))
+        if not sess.run(all_finite):
+          return diverged("NaN or Inf in the weights after step %d" % step)
+  meter.stop()
+  log("Throughput Average (sentences/sec) = %.2f" % meter.averages()[1])
+  # A finite last loss was computed before the last update: the weights are checked too.
+  if not sess.run(all_finite):
+    return diverged("NaN or Inf in the weights after step %d" % step)
+  return None
 
 
 def diverged(what):
