@@ -902,6 +902,20 @@ def define_flags():
     flags.mark_flag_as_required(name)
 
 
+def check_new_outputs(output_files):
+  """Raises ValueError if an output path is taken: the command never replaces records
+  an earlier run wrote (the library function does, for the pipelines that own them)."""
+  if isinstance(output_files, str):
+    output_files = [p.strip() for p in output_files.split(",") if p.strip()]
+  for path in output_files:
+    if tf.io.gfile.isdir(path):
+      raise ValueError("--output_file=%s is a folder; pass a file path in it, e.g. %s"
+                       % (path, os.path.join(path, "part-0")))
+    if tf.io.gfile.exists(path):
+      raise ValueError("--output_file=%s already exists and would be replaced; delete it "
+                       "to make it again, or pass another path" % path)
+
+
 def main(argv):
   """Runs create_pretraining_data from the flags; exits 1 with one line on bad input."""
   if len(argv) > 1:
@@ -909,6 +923,7 @@ def main(argv):
              "--flags" % argv[1:])
   flag_values = flags.FLAGS
   try:
+    check_new_outputs(flag_values.output_file)
     stats = create_pretraining_data(
         input_files=flag_values.input_file,
         output_files=flag_values.output_file,

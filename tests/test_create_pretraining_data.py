@@ -436,7 +436,7 @@ def test_command_line(tmp_path, vocab_file):
   assert "instances from 9 documents" in result.stdout
   assert len(read_records([output])) > 20
 
-  result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % output,
+  result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % output + "-2",
                     "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
                     "--max_predictions_per_seq=65")
   assert result.returncode == 1
@@ -461,8 +461,30 @@ def test_documents_of_one_sentence_each_give_a_one_line_warning(tmp_path, vocab_
       "sentence a line, with a blank line between documents only"]
   assert len(read_records([output])) == 40
   # Documents of several sentences: about half, no warning.
-  result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % output,
+  result = _run_cli("--input_file=%s" % SAMPLE_TEXT,
+                    "--output_file=%s" % str(tmp_path / "several.tfrecord"),
                     "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
                     "--max_predictions_per_seq=10", "--dupe_factor=1")
   assert result.returncode == 0, result.stderr
   assert "warning:" not in result.stderr
+
+
+def test_the_command_keeps_records_already_written_and_names_the_fix(tmp_path, vocab_file):
+  kept = str(tmp_path / "part-1")
+  cpd.create_pretraining_data([SAMPLE_TEXT], [kept], vocab_file, max_seq_length=64,
+                              max_predictions_per_seq=10, dupe_factor=1)
+  before = open(kept, "rb").read()
+  new = str(tmp_path / "part-0")
+  for outputs, message in [
+      ("%s,%s" % (new, kept), "--output_file=%s already exists and would be replaced; "
+       "delete it to make it again, or pass another path" % kept),
+      (str(tmp_path), "--output_file=%s is a folder; pass a file path in it, e.g. %s"
+       % (tmp_path, os.path.join(str(tmp_path), "part-0")))]:
+    result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % outputs,
+                      "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
+                      "--max_predictions_per_seq=10", "--dupe_factor=1")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "create_pretraining_data: error: " + message)
+    assert open(kept, "rb").read() == before
+    assert sorted(os.listdir(str(tmp_path))) == ["part-1"]
