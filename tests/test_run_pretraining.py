@@ -74,6 +74,22 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
   assert "Required" not in check.stdout, check.stdout
   problems = [l for l in check.stdout.splitlines() if l.startswith(("WARNING", "ERROR"))]
   assert all("eval_accuracy" in l or "FAILED" in l for l in problems), problems
+  throughput = float(re.search(r"^Throughput Average \(sentences/sec\) = ([\d.]+)", stdout,
+                               re.M).group(1))
+
+  # The same folder with fewer steps: it evaluates the checkpoint and measures no speed.
+  again = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                      dllog_path=str(tmp_path / "log.json")))
+  assert again.returncode == 0, again.stderr
+  assert "global_step 6 already reached --num_train_steps=4; nothing to train" in again.stdout
+  assert ("Throughput Average (sentences/sec): not measured, this process trained no update"
+          in again.stdout)
+  assert "Throughput Average (sentences/sec) =" not in again.stdout
+  assert re.search(r"^\| 1 card \| acc [\d.]+ \| fps n/a \| status aborted \|$", again.stdout,
+                   re.M)
+  # The report keeps the speed the training measured.
+  assert "steady-state average %.2f" % throughput in again.stdout
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-6")
 
 
 def test_a_run_at_sequence_512_attends_per_sequence_trains_and_evaluates(

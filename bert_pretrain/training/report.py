@@ -72,6 +72,7 @@ def summarize(records):
   train = _series(records, "train")
   evals = _series(records, "eval")
   summaries = [r for r in records if r.get("type") == "summary"]
+  trained = [r for r in summaries if "throughput" in r]
   warnings = [r for r in records if r.get("type") == "warning"]
   accuracies = [r["masked_lm_accuracy"] for r in evals if "masked_lm_accuracy" in r]
   fps = [r["throughput_train"] for r in train if "throughput_train" in r]
@@ -87,8 +88,9 @@ def summarize(records):
       "median_fps": statistics.median(fps) if fps else None,
       "min_fps": min(fps) if fps else None,
       "max_fps": max(fps) if fps else None,
-      "throughput": summaries[-1].get("throughput") if summaries else None,
-      "where": where_time_went(summaries[-1]) if summaries else None,
+      # A process that trained nothing (a finished run resumed) logs no throughput.
+      "throughput": trained[-1]["throughput"] if trained else None,
+      "where": where_time_went(trained[-1]) if trained else None,
       "runs": len(summaries),
       "warnings": [r.get("message", "") for r in warnings],
   }
@@ -187,8 +189,7 @@ def draw(records, png_path, title=None):
     ax.set_xlabel(x_label)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=8)
-  summaries = [r for r in records if r.get("type") == "summary"]
-  where = where_time_went(summaries[-1]) if summaries else ""
+  where = summarize(records)["where"]
   figure.suptitle((title or "BERT pretraining run") + ("\n" + where if where else ""))
   figure.tight_layout()
   figure.savefig(png_path, dpi=80)

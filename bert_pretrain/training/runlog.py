@@ -177,33 +177,46 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
   eval_time = evals.eval_time
   fps_all, fps_steady = meter.averages()
   summary = {"e2e_time_s": e2e_time, "training_sentences": meter.sentences,
-             "throughput_with_overhead": fps_all, "throughput": fps_steady,
              "checkpoint_time_s": meter.checkpoint_time, "eval_time_s": eval_time}
+  if meter.sentences:
+    summary.update(throughput_with_overhead=fps_all, throughput=fps_steady)
   if results_at_start and cfg.run.do_train:
     logger.print("masked_lm_accuracy before training: %.4f"
                  % results_at_start["masked_lm_accuracy"])
   logger.print("e2e_time: %.2f s, training sentences: %d, checkpoint time: %.2f s, eval time: "
                "%.2f s" % (e2e_time, meter.sentences, meter.checkpoint_time, eval_time))
-  logger.print("Throughput Average (sentences/sec) with overhead = %.2f (warm-up and checkpoint "
-               "time included, evaluation excluded)" % fps_all)
-  if meter.steady_time > 0 or not meter.sentences:
+  log_throughput(cfg, logger, meter)
+  if where is not None and cfg.run.do_train:
+    summary.update(log_where_time_goes(logger, fps_steady, replicas=num_ranks, **where))
+  accuracy = results.get("masked_lm_accuracy") if results else None
+  cards = "1 card" if num_ranks == 1 else "%d cards" % num_ranks
+  logger.print("| %s | acc %s | fps %s | status %s |"
+               % (cards, "%.6f" % accuracy if accuracy is not None else "n/a",
+                  "%.2f" % fps_steady if meter.sentences else "n/a",
+                  status if cfg.evaluation.stop_threshold > 0 else "no target"))
+  if cfg.run.do_train and meter.sentences and rcp is not None:
+    summary.update(log_time_to_train(logger, fps_steady, evals, rcp, status, step,
+                                     meter.batch_size))
+  logger.metrics(step, summary, prefix="summary")
+
+
+def log_throughput(cfg, logger, meter):
+  """Prints the training throughput: with overhead, then after the warm-up."""
+  fps_all, fps_steady = meter.averages()
+  if not meter.sentences:
+    # A zero would read as a measurement: a finished run resumed or an evaluation alone.
+    logger.print("Throughput Average (sentences/sec): not measured, this process trained no "
+                 "update")
+    return
+  logger.print("Throughput Average (sentences/sec) with overhead = %.2f (warm-up and "
+               "checkpoint time included, evaluation excluded)" % fps_all)
+  if meter.steady_time > 0:
     logger.print("Throughput Average (sentences/sec) = %.2f (after %d warm-up steps, without "
                  "checkpoint and eval time)" % (fps_steady, cfg.run.fps_warmup_steps))
   else:  # meter.averages gave the average with overhead
     logger.print("Throughput Average (sentences/sec) = %.2f (with overhead: no update came "
                  "after the %d warm-up steps and the traced one; train 2 updates more than "
                  "--fps_warmup_steps or lower it)" % (fps_steady, cfg.run.fps_warmup_steps))
-  if where is not None and cfg.run.do_train:
-    summary.update(log_where_time_goes(logger, fps_steady, replicas=num_ranks, **where))
-  accuracy = results.get("masked_lm_accuracy") if results else None
-  cards = "1 card" if num_ranks == 1 else "%d cards" % num_ranks
-  logger.print("| %s | acc %s | fps %.2f | status %s |"
-               % (cards, "%.6f" % accuracy if accuracy is not None else "n/a", fps_steady,
-                  status if cfg.evaluation.stop_threshold > 0 else "no target"))
-  if cfg.run.do_train and meter.sentences and rcp is not None:
-    summary.update(log_time_to_train(logger, fps_steady, evals, rcp, status, step,
-                                     meter.batch_size))
-  logger.metrics(step, summary, prefix="summary")
 
 
 def log_where_time_goes(logger, fps, tokens, split, flops_per_sequence, peak, replicas):
