@@ -55,7 +55,6 @@ other ones, or holding other files, is refused.
 """
 
 import collections
-import errno
 import hashlib
 import json
 import os
@@ -67,6 +66,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from bert_pretrain import errors
 from bert_pretrain.data import packing
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
                                         file_digest, locked, marker_is_valid, read_json,
@@ -800,16 +800,12 @@ def summary_line(summary, output_dir):
 
 
 def describe_os_error(error):
-  """One line for an OSError: a full disk says what to do."""
-  where = " writing %s" % error.filename if error.filename else ""
-  if error.errno == errno.ENOSPC:
-    return ("the disk is full%s (No space left on device); free space there (the packs "
-            "take about as much as the input) and run the same command again: finished "
-            "files are kept" % where)
-  if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-    return "cannot write%s (%s); pass an --output_dir you can write to" % (
-        where, error.strerror)
-  return "%s%s" % (error.strerror or error, where)
+  """One line for an OSError (errors.os_error_message); a full disk also says what the
+  packs need."""
+  return errors.os_error_message(error, disk_full=lambda what: (
+      "the disk is full writing %s (No space left on device); free space there (the packs "
+      "take about as much as the input) and run the same command again: finished files "
+      "are kept" % what))
 
 
 def define_flags():

@@ -77,6 +77,9 @@ COMMANDS = {
         "--max_predictions_per_seq=%d" % PREDICTIONS, "--dupe_factor=1",
         "--output_file=" + os.path.join(out, "part-0")],
     "demo": lambda d, out: ["-m", "bert_pretrain.demo", "--demo_cache_dir=" + out],
+    "pack_records": lambda d, out: [
+        "-m", "bert_pretrain.pack_records", "--input=" + d["train"], "--output_dir=" + out,
+        "--jobs=1"],
     "prepare_wiki": lambda d, out: [
         "-m", "bert_pretrain.wiki", "--dump=" + WIKI_SAMPLE, "--vocab=" + d["wiki_vocab"],
         "--output_dir=" + out, "--jobs=1"],
@@ -111,11 +114,12 @@ def test_a_read_only_disk_is_one_line_naming_the_file(model, tmp_path, tool):
                         "read and write")), line
 
 
-@pytest.mark.parametrize("tool", ["run_classifier", "demo", "prepare_wiki"])
+@pytest.mark.parametrize("tool", ["run_classifier", "demo", "prepare_wiki", "pack_records"])
 def test_an_output_folder_that_is_an_input_file_is_one_line(model, tmp_path, tool):
   data = dict(model, wiki_vocab=_wiki_vocab(str(tmp_path)) if tool == "prepare_wiki" else None)
   an_input = {"run_classifier": os.path.join(model["task"], "train.tsv"),
-              "demo": demo.CORPUS, "prepare_wiki": WIKI_SAMPLE}[tool]
+              "demo": demo.CORPUS, "prepare_wiki": WIKI_SAMPLE,
+              "pack_records": os.path.join(model["train"], "part-0")}[tool]
   before = open(an_input, "rb").read()
   line = _error_line(_run([sys.executable] + COMMANDS[tool](data, an_input)), tool)
   assert line.endswith("%s: File exists; a file of that name is in the way: pass another "
