@@ -40,6 +40,8 @@ DUPE_FACTOR = 10
 DATA_SEED = 12345
 CLIPPING = ("per_micro_batch", "after_allreduce")
 RESUME_CHANGES = ("global_batch", "seed", "data")
+# --seed is below this, as the seed a run draws is (TensorFlow takes int64 seeds).
+SEED_LIMIT = 2 ** 31
 # The largest finite float32: a flag's number above it is infinite in the graph.
 FLOAT32_MAX = 3.4028234663852886e38
 # The checkout (or the installed package's parent), where the scripts keep the demo's cache.

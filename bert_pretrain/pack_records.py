@@ -642,7 +642,7 @@ def reconcile_settings(layout, settings):
   return before
 
 
-def check_settings(max_sequences_per_pack, num_output_files, jobs):
+def check_settings(max_sequences_per_pack, num_output_files, jobs, seed):
   if max_sequences_per_pack < 1:
     raise PackError("--max_sequences_per_pack=%d must be >= 1 (MLPerf's submitters: 3)"
                     % max_sequences_per_pack)
@@ -651,6 +651,8 @@ def check_settings(max_sequences_per_pack, num_output_files, jobs):
                     % num_output_files)
   if jobs < 1:
     raise PackError("--jobs=%d must be >= 1" % jobs)
+  if not 0 <= seed < 2 ** 32:  # numpy's seeds
+    raise PackError("--seed=%d must be from 0 to %d" % (seed, 2 ** 32 - 1))
 
 
 def pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, seed=SEED,
@@ -678,7 +680,7 @@ def pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, seed
       reading, with nothing written lost).
   """
   started = time.time()
-  check_settings(max_sequences_per_pack, num_output_files, jobs)
+  check_settings(max_sequences_per_pack, num_output_files, jobs, seed)
   files = list(inputs) if isinstance(inputs, (list, tuple)) else list_inputs(inputs)
   # Absolute, so that the same files named from another folder resume the same run.
   absolute = {path: path if "://" in path else os.path.abspath(path) for path in files}

@@ -149,6 +149,9 @@ def check_flags():
     raise ValueError("--warmup_proportion=%g must be in [0, 1] (the share of the updates "
                      "that warm up); pass e.g. --warmup_proportion=%g"
                      % (FLAGS.warmup_proportion, FLAGS["warmup_proportion"].default))
+  if FLAGS.seed is not None and not 0 <= FLAGS.seed < config.SEED_LIMIT:
+    raise ValueError("--seed=%d must be from 0 to %d (or leave it out)"
+                     % (FLAGS.seed, config.SEED_LIMIT - 1))
   for name in ("bert_config_file", "vocab_file"):
     if not os.path.isfile(getattr(FLAGS, name)):
       raise ValueError("--%s=%s does not exist; pass the model's file"

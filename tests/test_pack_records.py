@@ -455,6 +455,9 @@ def test_a_second_run_on_the_same_folder_and_bad_flags(demo_data, tmp_path):
   err = error_line(*run(demo_data["input_files_dir"], str(tmp_path / "o"),
                         max_sequences_per_pack=0))
   assert "--max_sequences_per_pack=0 must be >= 1" in err
+  err = error_line(*run(demo_data["input_files_dir"], str(tmp_path / "o"), seed=-1))
+  assert err.strip().endswith("--seed=-1 must be from 0 to 4294967295")
+  assert not (tmp_path / "o").exists()
   err = error_line(*run(demo_data["input_files_dir"], demo_data["cache"]))
   assert "is inside --output_dir" in err
 

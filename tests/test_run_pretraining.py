@@ -348,7 +348,10 @@ BAD_INPUTS = [
         t, type_vocab_size=1)), r"type_vocab_size=1 in \S+, but pretraining records hold two "
      r"segments; set type_vocab_size to 2$"),
     ("negative threads", lambda d, t: dict(intra_op_threads=-1),
-     r"--intra_op_threads=-1 must not be negative$"),
+     r"--intra_op_threads=-1 must not be negative \(0: chosen for this host\)$"),
+    ("negative seed", lambda d, t: dict(seed=-1),
+     r"--seed=-1 must be from 0 to 2147483647 \(or leave it out: the run draws one\)$"),
+    ("seed too large", lambda d, t: dict(seed=2 ** 31), r"--seed=2147483648 must be from 0"),
     ("vocab larger than vocab_size", lambda d, t: dict(vocab_file=_big_vocab(d, t)),
      r"has \d+ tokens but vocab_size in \S+ is 600"),
     ("data ids beyond vocab_size", lambda d, t: dict(bert_config_file=_config_with(

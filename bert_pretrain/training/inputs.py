@@ -53,7 +53,11 @@ def check_settings(cfg):
                "keep_checkpoint_max", "max_eval_steps", "samples_start_eval",
                "intra_op_threads", "inter_op_threads", "stall_timeout_s"):
     if values[name] < 0:
-      raise ValueError("--%s=%d must not be negative" % (name, values[name]))
+      raise ValueError("--%s=%d must not be negative%s" % (
+          name, values[name], " (0: chosen for this host)" if "threads" in name else ""))
+  if cfg.run.seed is not None and not 0 <= cfg.run.seed < config.SEED_LIMIT:
+    raise ValueError("--seed=%d must be from 0 to %d (or leave it out: the run draws one)"
+                     % (cfg.run.seed, config.SEED_LIMIT - 1))
   if cfg.runtime.horovod and cfg.runtime.distribution not in ("none", "horovod"):
     raise ValueError("--horovod and --distribution=%s disagree; pass one (with "
                      "run_multi_card_FPS.sh, set DISTRIBUTION=%s instead)"

@@ -184,7 +184,7 @@ def choose_seed(cfg, inputs, ranks, device, session_config):
   candidate = cfg.run.seed
   if candidate is None:
     candidate = (recorded if recorded is not None
-                 else int.from_bytes(os.urandom(4), "big") >> 1)
+                 else int.from_bytes(os.urandom(4), "big") % config.SEED_LIMIT)
   values = config.as_flags(cfg)
   settings = {"--%s" % name: values[name] for name in JOB_SETTINGS}
   settings.update({"the model config": inputs.bert_config.to_dict(),
