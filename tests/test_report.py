@@ -111,6 +111,9 @@ def test_the_summary_gives_the_run_history_with_a_resume_counted_once(tmp_path):
   assert summary["warnings"] == ["throughput fell to 1.00 sentences/s at step 30"]
   text = "\n".join(report.format_summary(summary))
   assert "masked-LM accuracy: 0.0010 -> 0.0800 (best 0.0800, 3 evaluations)" in text
+  one = dict(summary, first_accuracy=0.08, evaluations=1)
+  assert ("masked-LM accuracy: 0.0800 -> 0.0800 (best 0.0800, 1 evaluation)"
+          in report.format_summary(one))
 
 
 def _png_size(path):

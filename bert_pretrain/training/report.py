@@ -119,9 +119,10 @@ def format_summary(summary):
       % (summary["last_step"], number(summary["samples"], "%d"), summary["runs"]),
       "total loss: %s -> %s" % (number(summary["first_loss"], "%.4f"),
                                 number(summary["last_loss"], "%.4f")),
-      "masked-LM accuracy: %s -> %s (best %s, %d evaluations)"
+      "masked-LM accuracy: %s -> %s (best %s, %d evaluation%s)"
       % (number(summary["first_accuracy"], "%.4f"), number(summary["last_accuracy"], "%.4f"),
-         number(summary["best_accuracy"], "%.4f"), summary["evaluations"]),
+         number(summary["best_accuracy"], "%.4f"), summary["evaluations"],
+         "" if summary["evaluations"] == 1 else "s"),
       "sentences/s per window: median %s (min %s, max %s); steady-state average %s"
       % (number(summary["median_fps"], "%.2f"), number(summary["min_fps"], "%.2f"),
          number(summary["max_fps"], "%.2f"), number(summary["throughput"], "%.2f")),
