@@ -413,6 +413,11 @@ BAD_INPUTS = [
     ("more sequences a pack than a pack holds", lambda d, t: dict(
         input_files_dir=_packed_copy(d, t, summary=False), avg_seq_per_pack=4),
      r"--avg_seq_per_pack=4 is outside 1..3, the sequences a pack of \S+ holds"),
+    ("packed training and an evaluation set of another length", lambda d, t: dict(
+        input_files_dir=_packed_copy(d, t), eval_files_dir=_records_of_length(d, t, 32, 5)),
+     r"zz-other holds records of max_seq_length 32 and max_predictions_per_seq 5, but the "
+     r"run's are 64 and 10, as in the packed training records' sequences; make it again "
+     r"with those"),
     ("a packed evaluation set", lambda d, t: dict(eval_files_dir=_packed_copy(d, t)),
      r"holds packed records where unpacked ones are expected: .* the evaluation set "
      r"unpacked, as MLPerf's eval_10k"),

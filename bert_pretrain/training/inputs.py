@@ -192,7 +192,9 @@ def check_inputs(cfg):
     input_pipeline.check_record_files(
         eval_files, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
         vocab_size=bert_config.vocab_size, full_check_max_bytes=full_check_bytes,
-        lengths_of="the training records" if train_files else None, skippable=False)
+        lengths_of=(None if not train_files else "the training records" if
+                    packing.max_sequences is None else "the packed training records' "
+                    "sequences"), skippable=False)
   resume_checkpoint = checkpoints.find_resume_checkpoint(cfg.run.output_dir,
                                                          resume_settings(cfg, bert_config))
   if not cfg.run.do_train:
