@@ -172,7 +172,10 @@ def checkpoint_tensors(prefix):
     mapped = hf_name(name)
     if mapped is None:
       continue
-    value = np.asarray(reader.get_tensor(name), dtype=np.float32)
+    try:
+      value = np.asarray(reader.get_tensor(name), dtype=np.float32)
+    except (tf.errors.OpError, IndexError) as e:  # IndexError: a .data file cut short
+      raise checkpoints.DamagedCheckpoint(prefix, e)
     tensors[mapped[0]] = np.ascontiguousarray(value.T if mapped[1] else value)
   return tensors
 

@@ -274,6 +274,56 @@ def test_resume_refuses_a_non_finite_checkpoint_and_names_the_last_good_one(
   assert checkpoints.non_finite_variable(str(out / "model.ckpt-6")) is None
 
 
+def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_one(
+    pretraining_data, tmp_path):
+  out = tmp_path / "out"
+  first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                      save_checkpoints_steps=2, nodo_eval=None))
+  assert first.returncode == 0, first.stderr
+  # A copy with flipped bytes fails the reader's checksum; the run's own is cut short.
+  data = str(out / "model.ckpt-4.data-00000-of-00001")
+  flipped = tmp_path / "flipped"
+  flipped.mkdir()
+  for name in os.listdir(str(out)):
+    if name.startswith("model.ckpt-4."):
+      content = bytearray((out / name).read_bytes())
+      if ".data-" in name:
+        content[len(content) // 2:len(content) // 2 + 64] = bytes(64)
+      (flipped / name).write_bytes(bytes(content))
+  with pytest.raises(checkpoints.DamagedCheckpoint):
+    checkpoints.non_finite_variable(str(flipped / "model.ckpt-4"))
+  with open(data, "r+b") as f:
+    f.truncate(os.path.getsize(data) // 2)
+  before = snapshot(out)
+  refused = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
+                                        nodo_eval=None))
+  assert refused.returncode == 2
+  errors = [l for l in refused.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, refused.stderr
+  move = "cd %s && mkdir -p damaged && mv model.ckpt-4.* damaged/" % out
+  assert errors[0] == (
+      "run_pretraining: error: --output_dir=%s: its newest checkpoint model.ckpt-4 is damaged "
+      "(Read less bytes than requested), cut short or corrupted on disk; the last good one "
+      "is model.ckpt-2: to resume from it move the newer ones away (%s) and run the same "
+      "command again, or start a new --output_dir with --init_checkpoint=%s/model.ckpt-2 "
+      "(weights only)" % (out, move, out))
+  assert snapshot(out) == before
+  # As --init_checkpoint of a new run: one line, no traceback.
+  init = run_pretraining(*base_flags(pretraining_data, tmp_path / "new", num_train_steps=1,
+                                     nodo_eval=None, init_checkpoint=str(out / "model.ckpt-4")))
+  assert init.returncode == 2 and "Traceback" not in init.stderr, init.stderr[-3000:]
+  assert init.stderr.strip().splitlines()[-1] == (
+      "run_pretraining: error: checkpoint %s/model.ckpt-4 is damaged (Read less bytes than "
+      "requested): cut short or corrupted on disk; pass a complete checkpoint" % out)
+  # Doing what the message says resumes from step 2.
+  subprocess.check_call(move, shell=True)
+  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                        nodo_eval=None))
+  assert resumed.returncode == 0, resumed.stderr
+  assert "Resuming from %s/model.ckpt-2 at step 2" % out in resumed.stdout
+  assert checkpoints.non_finite_variable(str(out / "model.ckpt-4")) is None
+
+
 def test_a_second_run_on_the_same_output_dir_is_refused_until_the_first_is_killed(
     pretraining_data, tmp_path):
   out = tmp_path / "out"

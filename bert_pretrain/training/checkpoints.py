@@ -56,13 +56,13 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
     output_dir: the run's --output_dir.
     settings: (optional) dict of the settings a resumed run must share with the
       earlier one (write_run_marker stored them).
-    check_values: read the checkpoint and refuse it if it holds NaN or Inf.
+    check_values: read the checkpoint and refuse it if it is damaged or holds NaN or Inf.
 
   Raises:
     ValueError: output_dir holds a checkpoint that this recipe did not write (MLPerf's
       model.ckpt-28252 copied there, say): resuming from it would take a foreign
-      global_step and optimizer state. Or its newest checkpoint holds NaN or Inf: the
-      message names the last good one and how to resume from it. Or its RUN_MARKER is
+      global_step and optimizer state. Or its newest checkpoint is damaged or holds NaN
+      or Inf: the message names the last good one and how to resume from it. Or its RUN_MARKER is
       damaged (read_run_marker).
   """
   if not tf.gfile.IsDirectory(output_dir) or \
@@ -92,7 +92,7 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
   if not found:
     return None
   if check_values:
-    _check_finite(output_dir, found)
+    _check_resumable_values(output_dir, found)
   return found[-1][1]
 
 
@@ -176,13 +176,36 @@ def non_finite_variable(prefix):
   """The name of the first variable in a checkpoint that holds NaN or Inf, or None.
 
   Reads the floating-point tensors one at a time: the I/O of one restore.
+
+  Raises:
+    DamagedCheckpoint: a file of the checkpoint is cut short or corrupted.
   """
-  reader = tf.train.load_checkpoint(prefix)
-  for name, dtype in sorted(reader.get_variable_to_dtype_map().items()):
-    if dtype.is_floating and \
-        not np.isfinite(np.asarray(reader.get_tensor(name), np.float32)).all():
-      return name
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    for name, dtype in sorted(reader.get_variable_to_dtype_map().items()):
+      if dtype.is_floating and \
+          not np.isfinite(np.asarray(reader.get_tensor(name), np.float32)).all():
+        return name
+  except (tf.errors.OpError, IndexError) as e:
+    # TensorFlow's reader raises IndexError for a .data file cut short.
+    raise DamagedCheckpoint(prefix, e)
   return None
+
+
+class DamagedCheckpoint(ValueError):
+  """A checkpoint whose files cannot be read back (cut short or corrupted on disk)."""
+
+  def __init__(self, prefix, error):
+    self.prefix = prefix
+    # A session's error wraps the reader's line in "Graph execution error:", the node
+    # and a stack: the reader's line is the last that is none of those.
+    lines = [l.strip() for l in str(getattr(error, "message", None) or error).splitlines()]
+    self.reason = ([l for l in lines if l and not l.startswith((
+        "Graph execution error", "Detected at node", "File ", "Node:", "[["))]
+                   or [type(error).__name__])[-1]
+    super(DamagedCheckpoint, self).__init__(
+        "checkpoint %s is damaged (%s): cut short or corrupted on disk; pass a complete "
+        "checkpoint" % (prefix, self.reason))
 
 
 def all_finite(variables):
@@ -196,33 +219,49 @@ def all_finite(variables):
                                  if v.dtype.base_dtype.is_floating]))
 
 
-def _check_finite(output_dir, found):
-  """Raises ValueError if the newest of `found` holds NaN or Inf; names the last good one.
+def _problem(prefix):
+  """What keeps a run from resuming at a checkpoint ("holds NaN or Inf (<variable>)", "is
+  damaged (<reason>)"), or None."""
+  try:
+    name = non_finite_variable(prefix)
+  except DamagedCheckpoint as e:
+    return "is damaged (%s)" % e.reason
+  return None if name is None else "holds NaN or Inf (%s)" % name
+
+
+def _check_resumable_values(output_dir, found):
+  """Raises ValueError if the newest of `found` is damaged or holds NaN or Inf; names the
+  last good one and how to resume from it.
 
   Args:
     output_dir: the run's --output_dir.
     found: list_checkpoints(output_dir), not empty.
   """
-  bad_name = non_finite_variable(found[-1][1])
-  if bad_name is None:
+  problem = _problem(found[-1][1])
+  if problem is None:
     return
   bad, good = [found[-1]], None
   for step, prefix in reversed(found[:-1]):
-    if non_finite_variable(prefix) is None:
+    if _problem(prefix) is None:
       good = prefix
       break
     bad.append((step, prefix))
-  what = ("--output_dir=%s: its newest checkpoint %s holds NaN or Inf (%s), the run that "
-          "wrote it diverged" % (output_dir, os.path.basename(found[-1][1]), bad_name))
+  diverged = problem.startswith("holds")
+  what = "--output_dir=%s: its newest checkpoint %s %s, %s" % (
+      output_dir, os.path.basename(found[-1][1]), problem,
+      "the run that wrote it diverged" if diverged else "cut short or corrupted on disk")
   if good is None:
-    raise ValueError("%s, and no checkpoint there is finite; start again with a new "
-                     "--output_dir and a lower --learning_rate" % what)
+    raise ValueError("%s, and no checkpoint there can be resumed; start again with a new "
+                     "--output_dir%s" % (what, " and a lower --learning_rate" if diverged
+                                         else ""))
+  folder = "diverged" if diverged else "damaged"
   raise ValueError("%s; the last good one is %s: to resume from it move the newer ones away "
-                   "(cd %s && mkdir -p diverged && mv %s diverged/) and run again with a "
-                   "lower --learning_rate, or start a new --output_dir with "
-                   "--init_checkpoint=%s (weights only)"
-                   % (what, os.path.basename(good), output_dir,
-                      " ".join("%s.*" % os.path.basename(p) for _, p in sorted(bad)), good))
+                   "(cd %s && mkdir -p %s && mv %s %s/) and run %s, or start a new "
+                   "--output_dir with --init_checkpoint=%s (weights only)"
+                   % (what, os.path.basename(good), output_dir, folder,
+                      " ".join("%s.*" % os.path.basename(p) for _, p in sorted(bad)), folder,
+                      "again with a lower --learning_rate" if diverged else
+                      "the same command again", good))
 
 
 def remove_partial_checkpoints(output_dir, step=None):
@@ -451,7 +490,8 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
 
   Raises:
     ValueError: a variable has another shape in the checkpoint (names both shapes), or
-      the checkpoint holds none of the model's variables.
+      the checkpoint holds none of the model's variables, or it is damaged
+      (DamagedCheckpoint).
   """
   checkpoint_shapes = dict(tf.train.list_variables(prefix))
   found = {}
@@ -472,7 +512,10 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
                      % (prefix, variable_name(model_variables[0])))
   # A list, not the dict: a Saver restores every replica's copy of a mirrored variable
   # from a list only (TensorFlow 1.15 fails on the dict, 2.15 sets the first copy).
-  tf.train.Saver(var_list=list(found.values())).restore(sess, prefix)
+  try:
+    tf.train.Saver(var_list=list(found.values())).restore(sess, prefix)
+  except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+    raise DamagedCheckpoint(prefix, e)
   log("Loaded %d of %d model variables from %s" % (len(found), len(model_variables), prefix))
   if missing:
     log("Model variables not in the checkpoint (initialized fresh): %s" % ", ".join(missing))
