@@ -265,6 +265,13 @@ def _big_vocab(data, tmp_path):
   return str(path)
 
 
+def _checkpoints_dir(tmp_path):
+  from bert_pretrain import demo
+  demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(TINY_CONFIG),
+                              str(tmp_path / "a_run" / "model.ckpt-0"))
+  return str(tmp_path / "a_run")
+
+
 def _empty_dir(tmp_path):
   (tmp_path / "empty").mkdir()
   return str(tmp_path / "empty")
@@ -309,6 +316,10 @@ BAD_INPUTS = [
      r"holds no TFRecord files"),
     ("no files matching", lambda d, t: dict(input_files_dir=_readme_only_dir(t)),
      r"holds no TFRecord files"),
+    ("a run's folder as the training records", lambda d, t: dict(
+        input_files_dir=_checkpoints_dir(t)),
+     r"--input_files_dir=\S+/a_run holds a run's checkpoints or logs "
+     r"\(model.ckpt-0.data-00000-of-00001\), not TFRecords; pass the folder of the records$"),
     ("not TFRecords", lambda d, t: dict(input_files_dir=_not_records_dir(t)),
      r"corrupt TFRecord file"),
     ("truncated TFRecord", lambda d, t: dict(input_files_dir=_corrupt_copy(d, t)),

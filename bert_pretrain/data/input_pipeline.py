@@ -45,6 +45,11 @@ def constant_features(batch_size, max_seq_length, max_predictions_per_seq):
   }
 
 
+# The files a training run writes beside its checkpoints: a checkpoint's data shards,
+# TensorFlow's `checkpoint` file and its event files.
+_RUN_FILE = re.compile(r"(\.data-\d+-of-\d+|^checkpoint|^events\.out\.tfevents\..*)$")
+
+
 def list_record_files(files_dir, flag_name="--input_files_dir"):
   """Lists the TFRecord files of a folder (or a glob, or one file), sorted.
 
@@ -65,6 +70,13 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
     if not names:
       raise ValueError("%s=%s does not exist; pass the folder that holds the TFRecord files"
                        % (flag_name, files_dir))
+  run_files = sorted((os.path.basename(n) for n in names if _RUN_FILE.search(
+      os.path.basename(n))), key=lambda name: (".data-" not in name, name))
+  if run_files:
+    # Its checkpoints would otherwise be "corrupt records", and the fix offered, removing
+    # them, would lose the run.
+    raise ValueError("%s=%s holds a run's checkpoints or logs (%s), not TFRecords; pass the "
+                     "folder of the records" % (flag_name, files_dir, run_files[0]))
   skipped_suffixes = (".txt", ".json", ".md", ".index", ".tsv", ".log")
   # ".tmp" anywhere in the name: a half-written output of create_pretraining_data or
   # bert_pretrain/wiki (part-00001.tmp-1234) is never training data.
