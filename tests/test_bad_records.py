@@ -156,6 +156,27 @@ def test_skipping_stops_past_the_share(pretraining_data, tmp_path):
   assert "Step " not in result.stdout
 
 
+def test_a_cut_tail_counts_among_the_records_as_well_as_among_the_bad_ones(pretraining_data,
+                                                                          tmp_path):
+  folder, path, _ = damaged_copy(pretraining_data, tmp_path, "cut")
+  files = input_pipeline.list_record_files(folder)
+  num_records, bad = input_pipeline.check_training_files(
+      files, SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"], skip_corrupt=True,
+      max_corrupt_share=0.1)
+  assert [(r.path, r.index) for r in bad] == [(path, BAD_INDEX)]
+  whole = sum(1 for f in files if f != path for _ in tf.io.tf_record_iterator(f))
+  assert num_records == whole + BAD_INDEX + 1
+  # A file that is one cut record: 1 of 1 bad, not 1 of 0.
+  only_cut = os.path.join(folder, "part-2")
+  with open(path, "rb") as source, open(only_cut, "wb") as f:
+    f.write(source.read(30))
+  with pytest.raises(ValueError, match=r"of (\d+) training records are corrupt \(") as error:
+    input_pipeline.check_training_files(
+        [only_cut], SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"], skip_corrupt=True,
+        max_corrupt_share=0.1)
+  assert "1 of 1 training records are corrupt (100%)" in str(error.value)
+
+
 def test_skipped_records_are_left_out_and_every_other_record_is_read(pretraining_data,
                                                                      tmp_path):
   folder, path, _ = damaged_copy(pretraining_data, tmp_path, "crc")

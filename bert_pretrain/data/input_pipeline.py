@@ -360,7 +360,8 @@ def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_s
   for path in files:
     count, file_bad = find_bad_records(path, max_seq_length, max_predictions_per_seq,
                                        vocab_size, max_sequences)
-    total += count
+    # A cut tail (index == count) is one bad record more, beyond those the framing holds.
+    total += count + sum(1 for r in file_bad if r.index == count)
     bad.extend(file_bad)
   # A set of other lengths gets its own message rather than "all records corrupt".
   bad_first = set(r.path for r in bad if r.index == 0)
