@@ -316,6 +316,10 @@ BAD_INPUTS = [
      r"holds no TFRecord files"),
     ("no files matching", lambda d, t: dict(input_files_dir=_readme_only_dir(t)),
      r"holds no TFRecord files"),
+    ("the evaluation records among the training ones", lambda d, t: dict(
+        input_files_dir=d["eval"]),
+     r"\S+/eval/part-0 is both a training and an evaluation file: the accuracy would be "
+     r"measured on trained records; pass held-out records as --eval_files_dir"),
     ("a run's folder as the training records", lambda d, t: dict(
         input_files_dir=_checkpoints_dir(t)),
      r"--input_files_dir=\S+/a_run holds a run's checkpoints or logs "

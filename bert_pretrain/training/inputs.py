@@ -172,6 +172,12 @@ def check_inputs(cfg):
       raise ValueError("--eval_files_dir is not set; pass --eval_files_dir=/path/to/eval "
                        "records, or --nodo_eval to train without evaluation")
     eval_files = input_pipeline.list_record_files(cfg.data.eval_files_dir, "--eval_files_dir")
+  shared = sorted(set(map(os.path.realpath, train_files)) &
+                  set(map(os.path.realpath, eval_files)))
+  if shared:
+    raise ValueError("%s is both a training and an evaluation file: the accuracy would be "
+                     "measured on trained records; pass held-out records as "
+                     "--eval_files_dir (MLPerf's eval_10k)" % shared[0])
   if os.path.realpath(cfg.run.output_dir) in {
       os.path.realpath(folder) for folder in (cfg.data.input_files_dir, cfg.data.eval_files_dir)
       if folder and tf.gfile.IsDirectory(folder)}:
