@@ -218,7 +218,7 @@ def test_the_plan_gives_horovodrun_the_total_and_every_host(run_args, ranks, hos
       ranks, len(hosts), "s" if len(hosts) > 1 else "")
 
 
-@pytest.mark.parametrize("form", ["--hostfile", "--hostfile="])
+@pytest.mark.parametrize("form", ["--hostfile", "--hostfile=", "-hostfile", "--hostf"])
 def test_a_hostfile_becomes_the_host_list(form, tmp_path):
   hostfile = tmp_path / "hosts"
   hostfile.write_text("# the cluster\nnode1 slots=4\n\nnode2   # no slots: the count per host\n")
@@ -241,6 +241,8 @@ def test_a_hostfile_becomes_the_host_list(form, tmp_path):
     (["-H", "h1", "--hostfile", "{hosts}"], "h2\n", "gives the hosts or -np twice"),
     (["-np", "8", "-H", "h1,h2"], None, "-np 8 in HOROVOD_RUN_ARGS but 2 hosts x 8 per host = 16"),
     (["-H"], None, "-H in HOROVOD_RUN_ARGS has no value"),
+    (["--num-pro", "4"], None, "-np 4 in HOROVOD_RUN_ARGS but 1 hosts x 8 per host = 8"),
+    (["--num-proc=16", "-H", "h1"], None, "-np 16 in HOROVOD_RUN_ARGS but 1 hosts x 8"),
 ])
 def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
   if hostfile is not None:
@@ -248,6 +250,58 @@ def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
   run_args = [a.format(hosts=tmp_path / "hosts", missing=tmp_path / "missing") for a in run_args]
   with pytest.raises(launch_plan.LaunchError, match=re.escape(message)):
     launch_plan.plan(["--gloo"] + run_args, per_host=8)
+
+
+@pytest.mark.parametrize("per_host,gpus,cores,message", [
+    (8, 8, 2, None),
+    (2, 0, 2, None),
+    (9, 8, 64, "9 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of "
+     "CUDA_VISIBLE_DEVICES) but nvidia-smi lists 8 GPUs on this host; export "
+     "IX_NUM_CUDA_VISIBLE_DEVICES=8 or fewer"),
+    (3, 0, 2, "3 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores and "
+     "no GPU: each would get less than a core; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or "
+     "fewer, or name the host to oversubscribe anyway: HOROVOD_RUN_ARGS=\"--gloo -H "
+     "localhost:3\""),
+])
+def test_a_job_on_this_host_alone_asks_for_no_more_cards_than_it_has(per_host, gpus, cores,
+                                                                    message):
+  if message is None:
+    launch_plan.check_this_host(per_host, gpus, cores)
+  else:
+    with pytest.raises(launch_plan.LaunchError) as error:
+      launch_plan.check_this_host(per_host, gpus, cores)
+    assert str(error.value) == message
+
+
+def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path):
+  bin_dir = tmp_path / "gpu_bin"
+  bin_dir.mkdir()
+  smi = bin_dir / "nvidia-smi"
+  smi.write_text("#!/bin/sh\necho 'GPU 0: A100 (UUID: GPU-0)'\necho 'GPU 1: A100 (UUID: GPU-1)'\n")
+  smi.chmod(0o755)
+  cores = os.cpu_count()
+  too_many = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
+                         IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=INSTALLED_PATH)
+  assert too_many.returncode == 2 and too_many.stdout == ""
+  assert too_many.stderr.strip() == (
+      "run_multi_card_FPS: error: %d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a "
+      "host of %d cores and no GPU: each would get less than a core; export "
+      "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to oversubscribe anyway: "
+      "HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\"" % (cores + 1, cores, cores, cores + 1))
+  named = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
+                      IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=INSTALLED_PATH,
+                      HOROVOD_RUN_ARGS="--gloo -H localhost:%d" % (cores + 1))
+  assert named.returncode == 0, named.stderr
+  assert named.stdout.startswith("Launching %d ranks on 1 host" % (cores + 1))
+  gpu_path = "%s:%s" % (bin_dir, INSTALLED_PATH)
+  three = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
+                      CUDA_VISIBLE_DEVICES="0,1,2", PATH=gpu_path)
+  assert three.returncode == 2
+  assert "nvidia-smi lists 2 GPUs on this host" in three.stderr
+  two = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path)
+  assert two.returncode == 0, two.stderr
+  assert two.stdout.startswith("Launching 2 ranks on 1 host (2 per host)")
+  assert sorted(os.listdir(str(tmp_path))) == ["gpu_bin"]
 
 
 def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):

@@ -31,6 +31,7 @@ import os
 import re
 import shlex
 import socket
+import subprocess
 import sys
 import time
 
@@ -53,14 +54,28 @@ class LaunchError(ValueError):
   """A host list that contradicts itself or the count per host; the text names the fix."""
 
 
+def _option_key(name):
+  """"hosts", "hostfile" or "np" for horovodrun's names of them, with its single-dash
+  -hostfile and the abbreviations its argument parser takes (--num-p, --hostf); else None."""
+  if name in _OPTIONS:
+    return _OPTIONS[name]
+  if name == "-hostfile" or (name.startswith("--hostf") and "--hostfile".startswith(name)):
+    return "hostfile"
+  if name.startswith("--num-p") and "--num-proc".startswith(name):
+    return "np"
+  return None
+
+
 def _split_options(run_args):
-  """Takes -H/--hosts, --hostfile and -np/--num-proc (`-H X`, `-H=X`, `--hosts=X`) out of
-  run_args; returns ({"hosts"|"hostfile"|"np": value}, the other arguments in order)."""
+  """Takes -H/--hosts, --hostfile and -np/--num-proc (`-H X`, `-H=X`, `--hosts=X`, and
+  _option_key's other spellings) out of run_args; returns ({"hosts"|"hostfile"|"np":
+  value}, the other arguments in order)."""
   found, rest, i = {}, [], 0
   while i < len(run_args):
     arg = run_args[i]
     name, value = arg.split("=", 1) if "=" in arg else (arg, None)
-    if name not in _OPTIONS:
+    key = _option_key(name)
+    if key is None:
       rest.append(arg)
       i += 1
       continue
@@ -70,7 +85,6 @@ def _split_options(run_args):
                           "-H h1:8,h2:8 or --hostfile hosts.txt" % name)
       value = run_args[i + 1]
       i += 1
-    key = _OPTIONS[name]
     if key in found or (key in ("hosts", "hostfile") and ("hosts" in found or "hostfile" in found)):
       raise LaunchError("HOROVOD_RUN_ARGS gives the hosts or -np twice (%s); keep one -H or "
                         "one --hostfile, and at most one -np" % name)
@@ -172,6 +186,44 @@ def plan(run_args, per_host, distribution="horovod"):
   host_list = ",".join("%s:%d" % (host, processes) for host in names)
   return Plan(ranks, names, per_host,
               ["-np", str(processes * len(names)), "-H", host_list] + rest)
+
+
+def names_hosts(run_args):
+  """Whether HOROVOD_RUN_ARGS names the hosts (else the job is this host's alone)."""
+  return bool({"hosts", "hostfile"} & set(_split_options(run_args)[0]))
+
+
+def check_this_host(per_host, gpus, cores):
+  """Raises LaunchError when a job on this host alone asks for more cards than it has:
+  more than the GPUs nvidia-smi lists, or with none listed, more CPU ranks than cores.
+
+  Args:
+    per_host: int, the ranks (cards) asked for.
+    gpus: int, the GPUs nvidia-smi lists here (0: none, or no nvidia-smi).
+    cores: int, this host's cores.
+  """
+  if gpus and per_host > gpus:
+    raise LaunchError("%d cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of "
+                      "CUDA_VISIBLE_DEVICES) but nvidia-smi lists %d GPUs on this host; export "
+                      "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer" % (per_host, gpus, gpus))
+  if not gpus and per_host > cores:
+    raise LaunchError("%d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of %d "
+                      "cores and no GPU: each would get less than a core; export "
+                      "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to "
+                      "oversubscribe anyway: HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\""
+                      % (per_host, cores, cores, per_host))
+
+
+def listed_gpus():
+  """The GPUs `nvidia-smi -L` lists on this host (0 without nvidia-smi)."""
+  try:
+    listing = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, universal_newlines=True, timeout=60)
+  except (OSError, subprocess.TimeoutExpired):
+    return 0
+  if listing.returncode != 0:
+    return 0
+  return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
 
 
 def launcher(job, distribution="horovod", port=MULTI_WORKER_PORT):
@@ -309,6 +361,8 @@ def main(argv):
       raise LaunchError("HOROVOD_RUN_ARGS cannot be split into arguments (%s); check its "
                         "quotes" % e)
     job = plan(run_args, int(argv[1]), distribution)
+    if not names_hosts(run_args):
+      check_this_host(job.per_host, listed_gpus(), os.cpu_count() or 1)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
