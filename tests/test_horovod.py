@@ -304,6 +304,14 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   assert sorted(os.listdir(str(tmp_path))) == ["gpu_bin"]
 
 
+def test_hosts_given_without_a_controller_keep_gloo(tmp_path):
+  result = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
+                       IX_NUM_CUDA_VISIBLE_DEVICES="8", HOROVOD_RUN_ARGS="-H h1,h2")
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("Launching 16 ranks on 2 hosts (8 per host): horovodrun "
+                                  "-np 16 -H h1:8,h2:8 --gloo python3 -m ")
+
+
 def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
   (tmp_path / "hosts").write_text("host1 slots=8\nhost2\n")
   result = _run_script(tmp_path, "--input_files_dir=/data/train", "--output_dir=/ckpt dir",

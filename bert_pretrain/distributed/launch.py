@@ -360,6 +360,9 @@ def main(argv):
     except ValueError as e:
       raise LaunchError("HOROVOD_RUN_ARGS cannot be split into arguments (%s); check its "
                         "quotes" % e)
+    if not {"--gloo", "--mpi", "--jsrun"} & set(run_args):
+      # horovodrun alone picks MPI where its build has it: the default stays Gloo.
+      run_args = ["--gloo"] + run_args
     job = plan(run_args, int(argv[1]), distribution)
     if not names_hosts(run_args):
       check_this_host(job.per_host, listed_gpus(), os.cpu_count() or 1)
