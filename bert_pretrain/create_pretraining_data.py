@@ -58,7 +58,6 @@ from bert_pretrain import errors
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
 
-_REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
 # Lines tokenized per batch call: large enough to amortize the call, small enough that
 # the Encoding objects of one batch stay a few MB.
 _TOKENIZE_BATCH_LINES = 20000
@@ -749,7 +748,7 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
   if os.path.realpath(vocab_file) in set(os.path.realpath(p) for p in output_files):
     raise ValueError("output file %r is also the vocab file; write elsewhere" % vocab_file)
   tokenizer = tokenization.FullTokenizer(vocab_file, do_lower_case=do_lower_case)
-  missing = [t for t in _REQUIRED_TOKENS if t not in tokenizer.vocab]
+  missing = tokenization.missing_special_tokens(tokenizer.vocab)
   if missing:
     raise ValueError("vocab file %r lacks %s; use a BERT vocab with [CLS] [SEP] [MASK] "
                      "[UNK]" % (vocab_file, " ".join(missing)))

@@ -39,6 +39,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain.training import checkpoints
 from bert_pretrain import errors
+from bert_pretrain.data import tokenization
 from bert_pretrain.model import modeling
 
 FLAGS = flags.FLAGS
@@ -220,6 +221,10 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
     raise ExportError("%s has %d tokens but vocab_size is %d in %s; pass the matching vocab "
                       "and config" % (vocab_file, vocab_size, bert_config.vocab_size,
                                       bert_config_file))
+  missing = tokenization.missing_special_tokens(tokenization.load_vocab(vocab_file))
+  if missing:
+    raise ExportError("--vocab_file=%s lacks %s, which the tokenizer needs; pass the BERT "
+                      "vocab.txt the model was trained with" % (vocab_file, " ".join(missing)))
   tensors = checkpoint_tensors(prefix)
   missing = [name for name in expected_names(bert_config) if name not in tensors]
   if missing:

@@ -33,6 +33,12 @@ def _model_log_probs(config, input_ids, input_mask, segment_ids):
   return mlm, nsp
 
 
+def _vocab_text(size):
+  """A vocab.txt of `size` lines: BERT's special tokens, then made-up words."""
+  tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  return "".join(t + "\n" for t in tokens + ["tok%d" % i for i in range(len(tokens), size)])
+
+
 @pytest.fixture(scope="module")
 def trained_like(tmp_path_factory):
   """A checkpoint whose every variable (biases, LayerNorm, heads) holds random values, as
@@ -41,7 +47,7 @@ def trained_like(tmp_path_factory):
   root = tmp_path_factory.mktemp("export")
   config = modeling.BertConfig.from_dict(TWO_LAYER_CONFIG)
   (root / "bert_config.json").write_text(json.dumps(TWO_LAYER_CONFIG))
-  (root / "vocab.txt").write_text("".join("tok%d\n" % i for i in range(config.vocab_size)))
+  (root / "vocab.txt").write_text(_vocab_text(config.vocab_size))
   rng = np.random.RandomState(3)
   inputs = {"input_ids": rng.randint(5, config.vocab_size, (2, SEQ)).astype(np.int32),
             "input_mask": np.ones((2, SEQ), np.int32),
@@ -144,6 +150,18 @@ def test_a_vocab_of_another_size_is_a_one_line_error(trained_like, tmp_path):
   assert not (tmp_path / "out").exists()
 
 
+def test_a_vocab_without_bert_special_tokens_is_a_one_line_error(trained_like, tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("".join("word%d\n" % i for i in range(600)))
+  result = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
+                       vocab, tmp_path / "out")
+  assert result.returncode == 2
+  assert result.stderr.strip() == (
+      "export: error: --vocab_file=%s lacks [CLS] [SEP] [MASK] [UNK], which the tokenizer "
+      "needs; pass the BERT vocab.txt the model was trained with" % vocab)
+  assert not (tmp_path / "out").exists()
+
+
 def test_a_checkpoint_a_pretraining_run_wrote_is_exported_without_its_run_state(
     pretraining_data, tmp_path):
   run = run_pretraining(*base_flags(pretraining_data, tmp_path / "run", num_train_steps=2,
@@ -223,7 +241,7 @@ def test_a_config_that_does_not_describe_the_checkpoint_writes_nothing(trained_l
   config = tmp_path / "bert_config.json"
   config.write_text(json.dumps(dict(TWO_LAYER_CONFIG, **changes)))
   vocab = tmp_path / "vocab.txt"
-  vocab.write_text("".join("tok%d\n" % i for i in range(changes.get("vocab_size", 600))))
+  vocab.write_text(_vocab_text(changes.get("vocab_size", 600)))
   result = _run_export(trained_like["prefix"], config, vocab, tmp_path / "out")
   assert result.returncode == 2
   assert result.stderr.strip() == (

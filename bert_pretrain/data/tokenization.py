@@ -95,6 +95,15 @@ def convert_to_unicode(text):
                    % type(text).__name__)
 
 
+# The tokens pretraining writes and a tokenizer of the model needs.
+SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
+
+
+def missing_special_tokens(vocab):
+  """The SPECIAL_TOKENS a vocab (load_vocab's dict) lacks, in their order."""
+  return [token for token in SPECIAL_TOKENS if token not in vocab]
+
+
 def load_vocab(vocab_file):
   """Reads a vocab file (one token a line; the line number is the id) into a dict.
 

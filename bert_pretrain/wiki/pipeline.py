@@ -44,7 +44,6 @@ DEFAULTS = collections.OrderedDict([
     ("do_whole_word_mask", False),
     ("max_sequences_per_pack", pack_records.MAX_SEQUENCES_PER_PACK),
 ])
-_REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
 
 
 def check_vocab(vocab):
@@ -57,7 +56,7 @@ def check_vocab(vocab):
   except (ValueError, UnicodeDecodeError) as e:
     raise PrepareError("vocab file %s cannot be read (%s); pass a BERT vocab.txt, one token "
                        "a line" % (vocab, e))
-  missing = [t for t in _REQUIRED_TOKENS if t not in tokens]
+  missing = tokenization.missing_special_tokens(tokens)
   if missing:
     raise PrepareError("vocab file %s lacks %s; pass a BERT vocab.txt (with [CLS] [SEP] "
                        "[MASK] [UNK])" % (vocab, " ".join(missing)))
