@@ -727,8 +727,8 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
 
   Returns:
     dict of statistics: num_input_files, num_input_bytes, num_documents, num_sentences,
-    num_input_tokens, num_instances, num_instance_tokens, num_masked_tokens,
-    num_random_next, num_one_sentence_documents, seconds.
+    num_input_tokens, num_unknown_tokens, num_instances, num_instance_tokens,
+    num_masked_tokens, num_random_next, num_one_sentence_documents, seconds.
 
   Raises:
     ValueError: on a bad argument or input, with the problem and the fix.
@@ -782,6 +782,8 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
       "num_documents": len(documents),
       "num_sentences": num_sentences,
       "num_input_tokens": int(sum(len(d.token_ids) for d in documents)),
+      "num_unknown_tokens": int(sum(np.count_nonzero(d.token_ids == tokenizer.vocab["[UNK]"])
+                                    for d in documents)),
       "num_instances": len(instances),
       "num_random_next": int(sum(instance[2] for instance in instances)),
       "num_one_sentence_documents": sum(1 for d in documents if d.num_sentences == 1),
@@ -795,9 +797,27 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
   return stats
 
 
+# Above this share of [UNK] tokens, a warning: BERT's vocabs leave well under 1% of
+# Wikipedia unknown, a wrong vocab or the wrong casing most of it.
+UNKNOWN_WARNING_SHARE = 0.05
 # Above this share of random next sentences (Google's rules give about half), a warning:
 # next-sentence prediction then learns little.
 RANDOM_NEXT_WARNING_SHARE = 0.75
+
+
+def unknown_tokens_warning(stats):
+  """One line when more than UNKNOWN_WARNING_SHARE of the text's tokens are [UNK], else
+  None.
+
+  Args:
+    stats: create_pretraining_data's statistics.
+  """
+  if stats["num_unknown_tokens"] <= UNKNOWN_WARNING_SHARE * stats["num_input_tokens"]:
+    return None
+  return ("%d of the %d tokens of the text (%.0f%%) are [UNK]: the vocab does not fit the "
+          "text; pass the model's vocab.txt, with --nodo_lower_case for a cased one"
+          % (stats["num_unknown_tokens"], stats["num_input_tokens"],
+             100.0 * stats["num_unknown_tokens"] / stats["num_input_tokens"]))
 
 
 def random_next_warning(stats):
@@ -941,9 +961,9 @@ def main(argv):
     if not errors.is_file_error(e):
       raise
     sys.exit("create_pretraining_data: error: %s" % errors.os_error_message(e))
-  warning = random_next_warning(stats)
-  if warning:
-    print("create_pretraining_data: warning: %s" % warning, file=sys.stderr)
+  for warning in (unknown_tokens_warning(stats), random_next_warning(stats)):
+    if warning:
+      print("create_pretraining_data: warning: %s" % warning, file=sys.stderr)
   print("create_pretraining_data: %d instances from %d documents (%.2f MB) in %.1f s, "
         "%d masked tokens" % (stats["num_instances"], stats["num_documents"],
                               stats["num_input_bytes"] / 1e6, stats["seconds"],

@@ -8,6 +8,7 @@ instance statistics against a plain re-implementation of Google's instance loop.
 
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -488,3 +489,23 @@ def test_the_command_keeps_records_already_written_and_names_the_fix(tmp_path, v
         "create_pretraining_data: error: " + message)
     assert open(kept, "rb").read() == before
     assert sorted(os.listdir(str(tmp_path))) == ["part-1"]
+
+
+def test_a_vocab_that_leaves_most_of_the_text_unknown_gives_a_one_line_warning(tmp_path,
+                                                                              vocab_file):
+  tiny = _write(tmp_path / "tiny_vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+  result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % (tmp_path / "o"),
+                    "--vocab_file=%s" % tiny, "--max_seq_length=64",
+                    "--max_predictions_per_seq=10", "--dupe_factor=1")
+  assert result.returncode == 0, result.stderr
+  [warning] = [l for l in result.stderr.splitlines() if "warning:" in l]
+  unknown, total = [int(n) for n in re.match(
+      r"^create_pretraining_data: warning: (\d+) of the (\d+) tokens of the text \(\d+%\) are "
+      r"\[UNK\]: the vocab does not fit the text; pass the model's vocab.txt, with "
+      r"--nodo_lower_case for a cased one$", warning).groups()]
+  assert 0.9 * total < unknown < total
+  # The text's own vocab: no warning.
+  result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % (tmp_path / "o2"),
+                    "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
+                    "--max_predictions_per_seq=10", "--dupe_factor=1")
+  assert result.returncode == 0 and "warning:" not in result.stderr, result.stderr
