@@ -1,6 +1,7 @@
 """Fine-tuning (run_classifier, classifier_data): GLUE's files as published, the inputs,
 the metrics, a run from a pretraining checkpoint, and its one-line errors."""
 
+import csv
 import json
 import os
 import re
@@ -78,6 +79,15 @@ def test_a_plain_tsv_task_takes_its_labels_from_train_tsv(tmp_path):
   examples = classifier_data.read_examples("tsv", str(tmp_path), "train")
   assert [tuple(e) for e in examples] == [("a b", None, "pos"), ("c d", None, "neg"),
                                           ("e", "f", "pos")]
+
+
+def test_a_line_longer_than_csvs_field_limit_is_read_whole(tmp_path):
+  long_text = "word " * 40000  # 200000 characters: csv refuses over 131072 by default
+  _write(tmp_path / "train.tsv", ["a b\tpos", long_text + "\tneg", "c\tpos", "d\tneg"])
+  examples = classifier_data.read_examples("tsv", str(tmp_path), "train")
+  assert [(len(e.text_a), e.label) for e in examples] == [(3, "pos"), (200000, "neg"),
+                                                          (1, "pos"), (1, "neg")]
+  assert csv.field_size_limit() == 131072  # as it was: others reading csv keep the limit
 
 
 def test_a_missing_file_or_a_short_line_is_named_with_the_fix(tmp_path):

@@ -49,6 +49,10 @@ TASKS = {
 }
 
 
+# The largest field csv reads here: any line (a C long on every platform, Windows' too).
+_FIELD_LIMIT = 2 ** 31 - 1
+
+
 def task_file(task_name, data_dir, split):
   """The path of a task's split ("train", "dev" or "test") in data_dir."""
   return os.path.join(data_dir, TASKS[task_name]["files"][split])
@@ -59,12 +63,26 @@ def _read_rows(path, task_name):
     files = " ".join(sorted(set(TASKS[task_name]["files"].values())))
     raise ValueError("%s does not exist; --data_dir must hold the %s files (%s)"
                      % (path, task_name, files))
+  # csv's limit of 131072 characters a field guards against an unclosed quote swallowing
+  # the file; quoting is off here, so a field ends at a tab or a line's end, and a long
+  # text is input like any other (cut to --max_seq_length tokens). Restored after.
+  limit = csv.field_size_limit(_FIELD_LIMIT)
+  rows = []
   try:
-    with open(path, encoding="utf-8", newline="") as reader:
-      return list(csv.reader(reader, delimiter="\t", quotechar=None))
-  except (UnicodeDecodeError, csv.Error) as e:
+    with open(path, encoding="utf-8", newline="") as f:
+      reader = csv.reader(f, delimiter="\t", quotechar=None)
+      try:
+        for row in reader:
+          rows.append(row)
+      except csv.Error as e:
+        raise ValueError("%s line %d cannot be read as tab-separated text (%s); correct the "
+                         "line" % (path, reader.line_num, e))
+  except UnicodeDecodeError as e:
     raise ValueError("%s cannot be read as tab-separated UTF-8 text (%s); save it as UTF-8 "
                      "TSV" % (path, e))
+  finally:
+    csv.field_size_limit(limit)
+  return rows
 
 
 def read_examples(task_name, data_dir, split, labels=None):
