@@ -85,7 +85,9 @@ def task_labels(init_checkpoint):
     if os.path.isfile(path):
       with open(path, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f if line.strip()]
-  return classifier_data.task_labels(FLAGS.task_name, FLAGS.data_dir)
+  # The labels come from train.tsv: one that is not labels (a header line, swapped
+  # columns) is refused here, before a head of its size is checked or trained.
+  return classifier_data.task_labels(FLAGS.task_name, FLAGS.data_dir, check_counts=True)
 
 
 def read_task(tokenizer, splits, labels):

@@ -326,6 +326,52 @@ def test_training_data_of_one_label_is_refused(task, tmp_path):
   assert not (tmp_path / "out").exists()
 
 
+def _task_folder(folder, train, dev):
+  folder.mkdir()
+  _write(folder / "train.tsv", train)
+  _write(folder / "dev.tsv", dev)
+  return str(folder)
+
+
+@pytest.mark.parametrize("change,message", [
+    # 20 lines of text<TAB>label turned into label<TAB>text: 20 labels.
+    (lambda rows: ["%s\t%s" % tuple(reversed(row.split("\t"))) for row in rows],
+     r"train.tsv has 20 different labels in 20 lines: columns swapped, or a file without "
+     r"labels\? the label is the last column \(text_a\[<TAB>text_b\]<TAB>label\); correct "
+     r"the file$"),
+    (lambda rows: ["text\tlabel"] + rows,
+     r"train.tsv line 1 holds the only example of the label 'label' \(the others have \d+ "
+     r"lines or more\): a header line\? remove it; a plain TSV has none"),
+    (lambda rows: rows[:5] + ["a sentence\tnon"] + rows[5:],
+     r"train.tsv line 6 holds the only example of the label 'non' \(the others have \d+ "
+     r"lines or more\): columns swapped, or a typo\? the label is the last column "
+     r"\(text_a\[<TAB>text_b\]<TAB>label\); correct the line or remove it$"),
+    (lambda rows: rows + ["a sentence\t "],
+     r"train.tsv line 21 has an empty label \(the last column\); give it its label or "
+     r"remove the line$"),
+], ids=["swapped", "header", "one-line-label", "empty-label"])
+def test_training_lines_whose_last_column_is_not_a_label_are_refused(task, tmp_path, change,
+                                                                      message):
+  data = _task_folder(tmp_path / "data", change(task["rows"][:20]), task["rows"][20:30])
+  result = classify(task, tmp_path / "out", data_dir=data, init_checkpoint=task["init"])
+  assert result.returncode == 2, result.stdout[-2000:]
+  line = result.stderr.strip().splitlines()[-1]
+  assert line.startswith("run_classifier: error: %s" % os.path.join(data, "train.tsv"))
+  assert re.search(message, line), line
+  assert not (tmp_path / "out").exists()
+
+
+def test_spaces_around_a_label_do_not_make_another_class(task, tmp_path):
+  rows = task["rows"][:20]
+  spaced = [row + " " if i % 3 else row.replace("\t", "\t  ") for i, row in enumerate(rows)]
+  data = _task_folder(tmp_path / "data", spaced, rows[:8])
+  result = classify(task, tmp_path / "out", data_dir=data, init_checkpoint=task["init"],
+                    num_train_epochs=1)
+  assert result.returncode == 0, result.stderr
+  assert "labels ['and', 'none']" in result.stdout, result.stdout
+  assert (tmp_path / "out" / "labels.txt").read_text() == "and\nnone\n"
+
+
 def _files(folder):
   """name -> bytes of the files in folder (the lock file aside: each run rewrites it)."""
   return {name: (folder / name).read_bytes() for name in sorted(os.listdir(str(folder)))

@@ -16,7 +16,8 @@ Tasks and their files (in --data_dir; the columns are those of the GLUE download
                                               hypothesis in the 10th, label last
   tsv    train.tsv dev.tsv test.tsv           no header; text_a[<TAB>text_b]<TAB>label; the
                                               labels are those of train.tsv (else dev.tsv),
-                                              test.tsv's label column is not read
+                                              without the spaces around them; test.tsv's
+                                              label column is not read
 
 Test files carry no labels: their examples get the first label, and only predictions
 are made from them.
@@ -114,7 +115,7 @@ def read_examples(task_name, data_dir, split, labels=None):
       if len(row) not in (2, 3):
         raise ValueError("%s line %d has %d columns; a plain TSV line is "
                          "text_a[<TAB>text_b]<TAB>label" % (path, number, len(row)))
-      label = row[-1] if split != "test" else labels[0]
+      label = _tsv_label(row, path, number) if split != "test" else labels[0]
       _check_label(label, labels, path, number, "the labels of train.tsv")
       examples.append(Example(row[0], row[1] if len(row) == 3 else None, label))
     return examples
@@ -140,18 +141,72 @@ def _check_label(label, labels, path, number, known):
                      "line or the task" % (path, number, label, known, labels))
 
 
-def task_labels(task_name, data_dir):
+def _tsv_label(row, path, number):
+  """A plain TSV line's label: its last column, without the spaces around it (an editor's
+  trailing space would make another class)."""
+  label = row[-1].strip()
+  if not label:
+    raise ValueError("%s line %d has an empty label (the last column); give it its label or "
+                     "remove the line" % (path, number))
+  return label
+
+
+def task_labels(task_name, data_dir, check_counts=False):
   """The task's labels in id order: GLUE's, or for a plain TSV the sorted labels of
-  train.tsv (dev.tsv when there is no train.tsv)."""
+  train.tsv (dev.tsv when there is no train.tsv).
+
+  check_counts: also refuse a train.tsv whose last column does not look like labels
+  (check_label_counts), as a fine-tune must."""
   labels = TASKS[task_name]["labels"]
   if labels is not None:
     return list(labels)
   for split in ("train", "dev"):
     path = task_file(task_name, data_dir, split)
     if os.path.isfile(path):
-      return sorted({row[-1] for row in _read_rows(path, task_name) if row})
+      lines = collections.defaultdict(list)  # label -> its line numbers
+      for number, row in enumerate(_read_rows(path, task_name), 1):
+        if row:
+          lines[_tsv_label(row, path, number)].append(number)
+      if check_counts and split == "train":
+        check_label_counts(lines, path)
+      return sorted(lines)
   raise ValueError("%s has neither train.tsv nor dev.tsv; the labels of a plain TSV task "
                    "come from them" % data_dir)
+
+
+def check_label_counts(lines, path):
+  """Refuses training lines whose last column is not a label: about as many labels as
+  lines (the columns swapped), or a label on one line while the others have more (a
+  header line, a typo), which a classifier would learn as a class of its own.
+
+  Args:
+    lines: dict label -> the numbers of its lines in path.
+    path: the training file, for the message.
+
+  Raises:
+    ValueError: naming the file (and the line) and the fix.
+  """
+  total = sum(len(numbers) for numbers in lines.values())
+  if len(lines) > 1 and 2 * len(lines) > total:
+    raise ValueError("%s has %d different labels in %d lines: columns swapped, or a file "
+                     "without labels? the label is the last column "
+                     "(text_a[<TAB>text_b]<TAB>label); correct the file"
+                     % (path, len(lines), total))
+  single = sorted((numbers[0], label) for label, numbers in lines.items()
+                  if len(numbers) == 1)
+  others = [len(numbers) for numbers in lines.values() if len(numbers) > 1]
+  if not single or not others:
+    return
+  number, label = single[0]
+  more = {1: "", 2: ", and 1 more label has one line"}.get(
+      len(single), ", and %d more labels have one line each" % (len(single) - 1))
+  said = ("%s line %d holds the only example of the label %r%s (the others have %d lines "
+          "or more)" % (path, number, label, more, min(others)))
+  if number == min(n for numbers in lines.values() for n in numbers):
+    raise ValueError("%s: a header line? remove it; a plain TSV has none, its lines are "
+                     "text_a[<TAB>text_b]<TAB>label" % said)
+  raise ValueError("%s: columns swapped, or a typo? the label is the last column "
+                   "(text_a[<TAB>text_b]<TAB>label); correct the line or remove it" % said)
 
 
 def _truncate_pair(tokens_a, tokens_b, max_length):
