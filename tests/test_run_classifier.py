@@ -81,6 +81,32 @@ def test_a_plain_tsv_task_takes_its_labels_from_train_tsv(tmp_path):
                                           ("e", "f", "pos")]
 
 
+def test_a_test_tsv_has_train_tsvs_columns_with_or_without_the_label(tmp_path):
+  pair, single = tmp_path / "pair", tmp_path / "single"
+  for folder in (pair, single):
+    folder.mkdir()
+  _write(pair / "train.tsv", ["a b\tc d\tpos", "e\tf\tneg"])
+  _write(pair / "test.tsv", ["g h\ti j", "k\tl\tneg"])  # a pair without, one with a label
+  examples = classifier_data.read_examples("tsv", str(pair), "test", ["neg", "pos"])
+  assert [tuple(e) for e in examples] == [("g h", "i j", "neg"), ("k", "l", "neg")]
+  _write(single / "train.tsv", ["a b\tpos", "c\tneg"])
+  _write(single / "test.tsv", ["g h", "k\tpos"])
+  examples = classifier_data.read_examples("tsv", str(single), "test", ["neg", "pos"])
+  assert [tuple(e) for e in examples] == [("g h", None, "neg"), ("k", None, "neg")]
+  _write(single / "test.tsv", ["g h", "k\tl\tpos"])
+  with pytest.raises(ValueError, match=r"^%s line 2 has 3 columns but the lines of train.tsv "
+                                       r"have 2; give a test line those columns without the "
+                                       r"label \(1\) or with it \(2, not read\)$"
+                                       % re.escape(str(single / "test.tsv"))):
+    classifier_data.read_examples("tsv", str(single), "test", ["neg", "pos"])
+  # Without a file of the task's layout, two columns may be either.
+  os.remove(str(pair / "train.tsv"))
+  with pytest.raises(ValueError, match=r"test.tsv line 1 has 2 columns: text_a<TAB>text_b, or "
+                                       r"text<TAB>label\? there is no train.tsv or dev.tsv "
+                                       r"beside it to tell; give its lines the label column"):
+    classifier_data.read_examples("tsv", str(pair), "test", ["neg", "pos"])
+
+
 def test_a_line_longer_than_csvs_field_limit_is_read_whole(tmp_path):
   long_text = "word " * 40000  # 200000 characters: csv refuses over 131072 by default
   _write(tmp_path / "train.tsv", ["a b\tpos", long_text + "\tneg", "c\tpos", "d\tneg"])
@@ -358,6 +384,20 @@ def test_training_lines_whose_last_column_is_not_a_label_are_refused(task, tmp_p
   line = result.stderr.strip().splitlines()[-1]
   assert line.startswith("run_classifier: error: %s" % os.path.join(data, "train.tsv"))
   assert re.search(message, line), line
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_test_tsv_of_other_columns_than_train_tsv_is_refused_before_training(task,
+                                                                               tmp_path):
+  data = _task_folder(tmp_path / "data", task["rows"][:20], task["rows"][20:30])
+  _write(tmp_path / "data" / "test.tsv", ["one\ttwo\tand", "three\tfour\tnone"])
+  result = classify(task, tmp_path / "out", "--do_predict", data_dir=data,
+                    init_checkpoint=task["init"])
+  assert result.returncode == 2, result.stdout[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: %s line 1 has 3 columns but the lines of train.tsv have 2; give "
+      "a test line those columns without the label (1) or with it (2, not read)"
+      % os.path.join(data, "test.tsv"))
   assert not (tmp_path / "out").exists()
 
 

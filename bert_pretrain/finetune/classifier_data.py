@@ -16,8 +16,9 @@ Tasks and their files (in --data_dir; the columns are those of the GLUE download
                                               hypothesis in the 10th, label last
   tsv    train.tsv dev.tsv test.tsv           no header; text_a[<TAB>text_b]<TAB>label; the
                                               labels are those of train.tsv (else dev.tsv),
-                                              without the spaces around them; test.tsv's
-                                              label column is not read
+                                              without the spaces around them; test.tsv
+                                              has train.tsv's columns, its label column
+                                              left out or not read
 
 Test files carry no labels: their examples get the first label, and only predictions
 are made from them.
@@ -109,13 +110,16 @@ def read_examples(task_name, data_dir, split, labels=None):
     labels = task_labels(task_name, data_dir)
   examples = []
   if task_name == "tsv":
+    if split == "test":
+      return [Example(text_a, text_b, labels[0])
+              for text_a, text_b in _tsv_test_texts(rows, path, data_dir)]
     for number, row in enumerate(rows, 1):
       if not row:
         continue
       if len(row) not in (2, 3):
         raise ValueError("%s line %d has %d columns; a plain TSV line is "
                          "text_a[<TAB>text_b]<TAB>label" % (path, number, len(row)))
-      label = _tsv_label(row, path, number) if split != "test" else labels[0]
+      label = _tsv_label(row, path, number)
       _check_label(label, labels, path, number, "the labels of train.tsv")
       examples.append(Example(row[0], row[1] if len(row) == 3 else None, label))
     return examples
@@ -133,6 +137,47 @@ def read_examples(task_name, data_dir, split, labels=None):
     _check_label(label, labels, path, number, "GLUE's %s labels" % task_name)
     examples.append(Example(row[a], row[b] if b is not None else None, label))
   return examples
+
+
+def _tsv_test_texts(rows, path, data_dir):
+  """(text_a, text_b or None) of each test.tsv line of a plain TSV task, which has
+  train.tsv's columns (else dev.tsv's) with or without the label (not read).
+
+  Raises:
+    ValueError: a line of another number of columns; or of two, text_a<TAB>text_b or
+      text<TAB>label, when no file of one layout tells which.
+  """
+  labelled, known = set(), None
+  for split in ("train", "dev"):
+    known = task_file("tsv", data_dir, split)
+    if os.path.isfile(known):
+      labelled = {len(row) for row in _read_rows(known, "tsv") if row}
+      break
+  texts = []
+  for number, row in enumerate(rows, 1):
+    if not row:
+      continue
+    if len(labelled) == 1:
+      (columns,) = labelled
+      if len(row) not in (columns - 1, columns):
+        raise ValueError("%s line %d has %d columns but the lines of %s have %d; give a test "
+                         "line those columns without the label (%d) or with it (%d, not read)"
+                         % (path, number, len(row), os.path.basename(known), columns,
+                            columns - 1, columns))
+      pair = columns == 3
+    elif len(row) == 2:
+      why = ("%s has lines of both 2 and 3 columns" % os.path.basename(known) if labelled
+             else "there is no train.tsv or dev.tsv beside it")
+      raise ValueError("%s line %d has 2 columns: text_a<TAB>text_b, or text<TAB>label? %s "
+                       "to tell; give its lines the label column too (any label, it is not "
+                       "read)" % (path, number, why))
+    elif len(row) not in (1, 3):
+      raise ValueError("%s line %d has %d columns; a plain TSV test line is "
+                       "text_a[<TAB>text_b][<TAB>label]" % (path, number, len(row)))
+    else:
+      pair = len(row) == 3
+    texts.append((row[0], row[1] if pair else None))
+  return texts
 
 
 def _check_label(label, labels, path, number, known):
