@@ -23,6 +23,7 @@ python3 -m bert_pretrain.run_classifier --task_name=mrpc --data_dir=glue/MRPC \
     --init_checkpoint=model.ckpt-28252 --output_dir=./mrpc
 """
 
+import hashlib
 import os
 import sys
 import time
@@ -203,10 +204,13 @@ def resume_settings(bert_config, labels, init_checkpoint, num_train_steps, repli
   """
   settings = {"tool": "run_classifier", "task_name": FLAGS.task_name, "labels": labels,
               "bert_config": bert_config.to_dict(), "max_seq_length": FLAGS.max_seq_length,
-              "do_lower_case": FLAGS.do_lower_case}
+              "do_lower_case": FLAGS.do_lower_case,
+              "vocab_sha256": file_digest(FLAGS.vocab_file)}
   if FLAGS.do_train:
     settings.update(
         data_dir=os.path.abspath(FLAGS.data_dir), num_train_steps=num_train_steps,
+        train_sha256=file_digest(classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir,
+                                                           "train")),
         init_checkpoint=os.path.abspath(init_checkpoint) if init_checkpoint else None,
         global_batch=FLAGS.train_batch_size * replicas, learning_rate=FLAGS.learning_rate,
         warmup_proportion=FLAGS.warmup_proportion, optimizer=FLAGS.optimizer,
@@ -214,13 +218,45 @@ def resume_settings(bert_config, labels, init_checkpoint, num_train_steps, repli
   return settings
 
 
+def file_digest(path):
+  """The sha256 of a file's bytes, in hex (train.tsv and the vocab: a second or less)."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def check_inputs_unchanged(settings):
+  """Refuses a fine-tune in --output_dir made from other bytes of train.tsv or the vocab
+  than this run's, though at the same paths (the run marker records their digests; an
+  older marker without them is taken as before)."""
+  if not tf.gfile.IsDirectory(FLAGS.output_dir) or \
+      not tf.gfile.Glob(os.path.join(FLAGS.output_dir, "*.index")):
+    return  # No fine-tune there: nothing to take up (as find_resume_checkpoint).
+  earlier = checkpoints.read_run_marker(FLAGS.output_dir) or {}
+  if earlier.get("tool") != "run_classifier":
+    return  # find_resume_checkpoint names whose folder it is.
+  files = (("train_sha256", classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir,
+                                                      "train")),
+           ("vocab_sha256", "--vocab_file=%s" % FLAGS.vocab_file))
+  changed = [name for key, name in files
+             if key in earlier and key in settings and earlier[key] != settings[key]]
+  if changed:
+    raise ValueError("--output_dir=%s holds a fine-tune of other inputs: %s changed since it "
+                     "was trained (another sha256); pass a new --output_dir, or the files "
+                     "it was trained on" % (FLAGS.output_dir, " and ".join(changed)))
+
+
 def earlier_fine_tune(settings, init_checkpoint):
   """The fine-tune --output_dir already holds: its checkpoint prefix, or None.
 
   Raises:
-    ValueError: it is not run_classifier's, it was made with other settings (named), or
-      --nodo_train would write the results of another checkpoint beside it.
+    ValueError: it is not run_classifier's, it was made from other bytes of train.tsv or
+      the vocab, or with other settings (named), or --nodo_train would write the results
+      of another checkpoint beside it.
   """
+  check_inputs_unchanged(settings)
   prefix = checkpoints.find_resume_checkpoint(FLAGS.output_dir, settings)
   if prefix and not FLAGS.do_train and (
       not init_checkpoint or os.path.abspath(prefix) != os.path.abspath(init_checkpoint)):

@@ -455,6 +455,41 @@ def test_an_output_dir_with_a_fine_tune_is_resumed_by_the_same_command_only(task
           % out) in old.stderr
 
 
+def test_a_fine_tune_is_not_taken_up_after_its_train_tsv_or_vocab_changed(task, tmp_path):
+  data = _task_folder(tmp_path / "data", task["rows"][:16], task["rows"][16:24])
+  vocab = tmp_path / "vocab.txt"
+  shutil.copy(task["vocab"], str(vocab))
+  out = tmp_path / "out"
+  flags = dict(data_dir=data, vocab_file=str(vocab), init_checkpoint=task["init"],
+               num_train_epochs=1)
+  assert classify(task, out, **flags).returncode == 0
+  before = _files(out)
+  # The same lines but for a trailing space: the same labels and updates, other bytes.
+  train = tmp_path / "data" / "train.tsv"
+  _write(train, task["rows"][:15] + [task["rows"][15] + " "])
+  changed = classify(task, out, **flags)
+  assert changed.returncode == 2
+  assert changed.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: --output_dir=%s holds a fine-tune of other inputs: %s changed "
+      "since it was trained (another sha256); pass a new --output_dir, or the files it was "
+      "trained on" % (out, train))
+  _write(train, task["rows"][:16])
+  tokens = vocab.read_text(encoding="utf-8").splitlines()
+  _write(vocab, tokens[:-2] + tokens[:-3:-1])  # the last two tokens swapped
+  changed = classify(task, out, **flags)
+  assert changed.returncode == 2
+  assert ("holds a fine-tune of other inputs: --vocab_file=%s changed since it was trained"
+          % vocab) in changed.stderr.strip().splitlines()[-1]
+  assert _files(out) == before
+  # A fine-tune of a version that recorded no digests is taken up as before.
+  record = json.loads((out / checkpoints.RUN_MARKER).read_text())
+  del record["train_sha256"], record["vocab_sha256"]
+  checkpoints.write_run_marker(str(out), record)
+  older = classify(task, out, **flags)
+  assert older.returncode == 0, older.stderr
+  assert "already holds this fine-tune" in older.stdout
+
+
 def test_pretraining_and_fine_tuning_refuse_each_others_output_dir(task, tmp_path):
   pretrained = tmp_path / "pretrained"
   pretrained.mkdir()
