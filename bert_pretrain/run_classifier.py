@@ -23,7 +23,6 @@ python3 -m bert_pretrain.run_classifier --task_name=mrpc --data_dir=glue/MRPC \
     --init_checkpoint=model.ckpt-28252 --output_dir=./mrpc
 """
 
-import hashlib
 import os
 import sys
 import time
@@ -45,6 +44,7 @@ from bert_pretrain.training import optimization
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain.data import tokenization
+from bert_pretrain.wiki.workdir import file_digest
 
 flags.DEFINE_enum("task_name", None, sorted(classifier_data.TASKS),
                   "GLUE task (its files as downloaded) or tsv: "
@@ -205,26 +205,17 @@ def resume_settings(bert_config, labels, init_checkpoint, num_train_steps, repli
   settings = {"tool": "run_classifier", "task_name": FLAGS.task_name, "labels": labels,
               "bert_config": bert_config.to_dict(), "max_seq_length": FLAGS.max_seq_length,
               "do_lower_case": FLAGS.do_lower_case,
-              "vocab_sha256": file_digest(FLAGS.vocab_file)}
+              "vocab_sha256": file_digest(FLAGS.vocab_file)["sha256"]}
   if FLAGS.do_train:
     settings.update(
         data_dir=os.path.abspath(FLAGS.data_dir), num_train_steps=num_train_steps,
         train_sha256=file_digest(classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir,
-                                                           "train")),
+                                                           "train"))["sha256"],
         init_checkpoint=os.path.abspath(init_checkpoint) if init_checkpoint else None,
         global_batch=FLAGS.train_batch_size * replicas, learning_rate=FLAGS.learning_rate,
         warmup_proportion=FLAGS.warmup_proportion, optimizer=FLAGS.optimizer,
         seed=FLAGS.seed)
   return settings
-
-
-def file_digest(path):
-  """The sha256 of a file's bytes, in hex (train.tsv and the vocab: a second or less)."""
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def check_inputs_unchanged(settings):
