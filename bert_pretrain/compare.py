@@ -24,11 +24,11 @@ losses differ from the first common step on. (TensorFlow 1.15 draws other dropou
 in a graph of another compute type, seed or not: there only a dropout-free config keeps
 float32 and mixed-precision runs on one trajectory.)
 
-compare.png has six panels against training samples: total loss; its difference to the
-reference's, with the band; masked-LM accuracy at the evaluations; sentences/s of each
-display window; the learning rate (and the float16 loss scale); each run's steady-state
-sentences/s with its ratio to the reference's. A run's own report.png
-(python3 -m bert_pretrain.training.report) is not touched.
+compare.png (--png_path: a .png, .svg or .pdf) has six panels against training samples:
+total loss; its difference to the reference's, with the band; masked-LM accuracy at the
+evaluations; sentences/s of each display window; the learning rate (and the float16 loss
+scale); each run's steady-state sentences/s with its ratio to the reference's. A run's
+own report.png (python3 -m bert_pretrain.training.report) is not touched.
 """
 
 import json
@@ -43,10 +43,14 @@ from absl import flags
 from bert_pretrain import errors
 from bert_pretrain.training import report
 
-flags.DEFINE_string("png_path", "compare.png", "The picture to write.")
+flags.DEFINE_string("png_path", "compare.png", "The picture to write: .png, .svg or .pdf.")
 flags.DEFINE_float("band", 0.001, "Half-width of the band around the reference's total "
                    "loss, as a fraction of it.")
 FLAGS = flags.FLAGS
+
+# What --png_path may end with: matplotlib writes more, but would add .png to a name
+# without one of its endings, and refuse others only after the table was printed.
+PICTURE_FORMATS = (".png", ".svg", ".pdf")
 
 
 class Run(object):
@@ -279,6 +283,24 @@ def draw(runs, rows, png_path, band):
   plt.close(figure)
 
 
+def picture_path_problem(path):
+  """Why --png_path cannot be written ("" when it can): its ending, or its folder."""
+  if not path:
+    return "--png_path is empty; pass the picture's path, e.g. --png_path=compare.png"
+  folder, name = os.path.split(path)
+  stem, ending = os.path.splitext(name)
+  if ending.lower() not in PICTURE_FORMATS:
+    return ("--png_path=%s does not end with %s; pass e.g. --png_path=%s.png"
+            % (path, ", ".join(PICTURE_FORMATS[:-1]) + " or " + PICTURE_FORMATS[-1],
+               os.path.join(folder, stem if stem.lower() not in PICTURE_FORMATS + ("",)
+                            else "compare")))
+  if folder and not os.path.isdir(folder):
+    return ("--png_path=%s: %s %s; pass a path in a folder that exists" % (
+        path, folder, "is a file, not a folder" if os.path.exists(folder) else
+        "does not exist"))
+  return ""
+
+
 def run_names(folders):
   """Each folder's name; the whole path where two names are the same."""
   names = [os.path.basename(os.path.normpath(f)) for f in folders]
@@ -295,6 +317,9 @@ def main(argv):
   if not 0 < FLAGS.band < 1:
     errors.print_error("compare", "--band=%g must be between 0 and 1 (a fraction of the "
                        "loss, e.g. 0.001)" % FLAGS.band)
+    return 2
+  if picture_path_problem(FLAGS.png_path):
+    errors.print_error("compare", picture_path_problem(FLAGS.png_path))
     return 2
   try:
     runs = [Run(folder, name) for folder, name in zip(folders, run_names(folders))]
@@ -317,6 +342,9 @@ def main(argv):
     print("compare: matplotlib is not installed, so no picture; pip install matplotlib "
           "(or bash init_tf.sh)")
     return 0
+  except EnvironmentError as e:  # a read-only folder, a folder of the picture's name...
+    errors.print_error("compare", errors.os_error_message(e))
+    return 2
   print("compare: %s" % FLAGS.png_path)
   return 0
 

@@ -144,6 +144,29 @@ def test_bad_run_folders_are_one_line_errors(runs, tmp_path):
   assert not (tmp_path / "compare.png").exists()
 
 
+def test_a_picture_path_that_cannot_be_written_is_one_line_and_the_written_path_is_printed(
+    runs, tmp_path):
+  pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
+  (tmp_path / "taken.png").mkdir()
+  for path, message in (
+      ("x.txt", "--png_path=x.txt does not end with .png, .svg or .pdf; pass e.g. "
+       "--png_path=x.png"),
+      ("afile", "--png_path=afile does not end with .png, .svg or .pdf; pass e.g. "
+       "--png_path=afile.png"),
+      ("missing/x.png", "--png_path=missing/x.png: missing does not exist; pass a path in "
+       "a folder that exists"),
+      # Found only when the picture is written, after the table.
+      ("taken.png", "taken.png: Is a directory; it is a folder: pass a file there")):
+    result = run_compare(runs["fp32"], runs["bf16"], "--png_path=" + path, cwd=str(tmp_path))
+    assert result.returncode == 2, result.stdout
+    assert result.stderr == "compare: error: %s\n" % message
+  assert sorted(os.listdir(str(tmp_path))) == ["taken.png"]
+  result = run_compare(runs["fp32"], runs["bf16"], "--png_path=c.SVG", cwd=str(tmp_path))
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines()[-1] == "compare: c.SVG"
+  assert open(str(tmp_path / "c.SVG")).read().lstrip().startswith("<?xml")
+
+
 def test_a_log_cut_after_some_steps_is_compared_up_to_there(runs, tmp_path):
   cut = tmp_path / "cut"
   shutil.copytree(runs["bf16"], str(cut))
