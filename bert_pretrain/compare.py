@@ -31,7 +31,6 @@ scale); each run's steady-state sentences/s with its ratio to the reference's. A
 own report.png (python3 -m bert_pretrain.training.report) is not touched.
 """
 
-import json
 import logging
 import math
 import os
@@ -67,8 +66,9 @@ class Run(object):
     path = os.path.join(folder, "dllog.json")
     if not os.path.isdir(folder):
       raise ValueError("%s is not a folder; pass the --output_dir of each run" % folder)
-    self.records = report.read_records(path)
-    self.cut_lines = _cut_lines(path)
+    self.skipped = []
+    self.records = report.read_records(path, self.skipped)
+    self.cut_lines = [number for number, why in self.skipped if why == report.CUT_SHORT]
     # report's one-record-per-step series: a resumed run's redone steps count once.
     self.train = [r for r in report._series(self.records, "train")  # pylint: disable=protected-access
                   if "total_loss" in r]
@@ -94,20 +94,6 @@ class Run(object):
   def throughput(self):
     """The steady-state sentences/s of the last run logged, else the median window's."""
     return self.summary["throughput"] or self.summary["median_fps"]
-
-
-def _cut_lines(path):
-  """Numbers of the lines of a JSON-lines file that are not JSON (cut short by a kill)."""
-  cut = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        json.loads(line)
-      except ValueError:
-        cut.append(number)
-  return cut
 
 
 def settings_differ(run, reference):
@@ -330,6 +316,9 @@ def main(argv):
     if run.cut_lines:
       print("compare: note: %s: line %d of its dllog.json is cut short (a killed run?); "
             "its other records are compared" % (run.name, run.cut_lines[0]))
+    if report.not_text_note(os.path.join(run.folder, "dllog.json"), run.skipped):
+      print("compare: note: " + report.not_text_note(os.path.join(run.folder, "dllog.json"),
+                                                     run.skipped))
   rows = compare_runs(runs, FLAGS.band)
   for line in format_rows(rows, FLAGS.band):
     print(line)

@@ -180,3 +180,20 @@ def test_a_log_cut_after_some_steps_is_compared_up_to_there(runs, tmp_path):
   assert ("compare: note: cut: line %d of its dllog.json is cut short (a killed run?)"
           % (steps[2] + 1)) in result.stdout
   assert "never, to step 4 (" in table_row(result.stdout, "cut")
+
+
+def test_a_log_with_a_line_that_is_not_utf8_is_compared_without_it_and_named(runs, tmp_path):
+  damaged = tmp_path / "damaged"
+  shutil.copytree(runs["bf16"], str(damaged))
+  with open(os.path.join(runs["bf16"], "dllog.json"), "rb") as f:
+    lines = f.read().splitlines(True)
+  steps = [i for i, line in enumerate(lines) if b'"type": "train"' in line]
+  lines[steps[1]] = b"\xff" + lines[steps[1]][1:]
+  with open(str(damaged / "dllog.json"), "wb") as f:
+    f.write(b"".join(lines))
+  result = run_compare(runs["fp32"], str(damaged), "--png_path=" + str(tmp_path / "c.png"))
+  assert result.returncode == 0, result.stderr
+  assert ("compare: note: %s: line %d is not UTF-8 text (damaged?) and passed over; the "
+          "other records are read" % (damaged / "dllog.json", steps[1] + 1)
+          ) in result.stdout.splitlines()
+  assert "never, to step %d (" % STEPS in table_row(result.stdout, "damaged")

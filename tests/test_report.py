@@ -144,6 +144,28 @@ def test_a_missing_or_foreign_log_is_a_one_line_error(tmp_path):
   assert result.returncode == 2 and "holds no log records" in result.stderr
 
 
+def test_a_line_that_is_not_utf8_is_passed_over_with_a_note_naming_the_file_and_line(
+    tmp_path):
+  _write_log(tmp_path / "dllog.json")
+  with open(str(tmp_path / "dllog.json"), "rb") as f:
+    lines = f.read().splitlines(True)
+  # A damaged block inside the second training record.
+  lines[2] = lines[2][:20] + b"\xff\xfe" + lines[2][22:]
+  with open(str(tmp_path / "dllog.json"), "wb") as f:
+    f.write(b"".join(lines))
+  result = run_report(str(tmp_path), "--png_path=" + str(tmp_path / "r.png"))
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines()[0] == (
+      "report: note: %s: line 3 is not UTF-8 text (damaged?) and passed over; the other "
+      "records are read" % (tmp_path / "dllog.json"))
+  # Steps 10 and 30 of the three; the cut last line is passed over without a note.
+  assert "report: updates: 30, training samples: 960, runs logged: 1" in result.stdout
+  skipped = []
+  records = report.read_records(str(tmp_path / "dllog.json"), skipped)
+  assert [r["step"] for r in records if r["type"] == "train"] == [10, 30]
+  assert skipped == [(3, report.NOT_TEXT), (len(lines), report.CUT_SHORT)]
+
+
 def test_every_run_ends_with_its_report(pretraining_data, tmp_path):
   pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
   from conftest import base_flags, run_pretraining

@@ -28,10 +28,22 @@ from bert_pretrain.training import timing
 FLAGS = flags.FLAGS
 
 
-def read_records(path):
+# Why read_records passes a line over: a record cut short, or bytes that are no text.
+CUT_SHORT = "cut short"
+NOT_TEXT = "not UTF-8 text"
+
+
+def read_records(path, skipped=None):
   """Returns the JSON records of a dllog.json, in order.
 
-  A line cut short by a killed run is passed over.
+  A line cut short by a killed run is passed over, and so is one that is not UTF-8
+  text (a damaged disk block, bytes some other program appended): like a cut line it
+  holds no record, and the records around it still tell the run.
+
+  Args:
+    path: the dllog.json.
+    skipped: (optional) list to which each line passed over is appended, as (its
+      number, CUT_SHORT or NOT_TEXT).
 
   Raises:
     ValueError: the file does not exist or holds no record.
@@ -39,18 +51,35 @@ def read_records(path):
   if not os.path.isfile(path):
     raise ValueError("%s does not exist; pass the --output_dir of a run (it holds "
                      "dllog.json) or --dllog_path" % path)
+  skipped = [] if skipped is None else skipped
   records = []
-  with open(path) as f:
-    for line in f:
+  with open(path, "rb") as f:
+    for number, line in enumerate(f, 1):
       try:
-        record = json.loads(line)
+        record = json.loads(line.decode("utf-8"))
+      except UnicodeDecodeError:
+        skipped.append((number, NOT_TEXT))
+        continue
       except ValueError:
+        if line.strip():
+          skipped.append((number, CUT_SHORT))
         continue
       if isinstance(record, dict) and "type" in record:
         records.append(record)
   if not records:
     raise ValueError("%s holds no log records; it is not a dllog.json of this recipe" % path)
   return records
+
+
+def not_text_note(path, skipped):
+  """The note on the lines of a log that are not UTF-8 text ("" when none): unlike a line
+  cut by a kill, they mean damage worth a look, so the report and compare say so."""
+  lines = [number for number, why in skipped if why == NOT_TEXT]
+  if not lines:
+    return ""
+  return ("%s: %s not UTF-8 text (damaged?) and passed over; the other records are read"
+          % (path, "line %d is" % lines[0] if len(lines) == 1 else
+             "%d lines (the first: line %d) are" % (len(lines), lines[0])))
 
 
 def _series(records, kind):
@@ -210,7 +239,10 @@ def write_report(output_dir, dllog_path=None, png_path=None, log=print, picture=
   """
   dllog_path = dllog_path or os.path.join(output_dir, "dllog.json")
   png_path = png_path or os.path.join(output_dir, "report.png")
-  records = read_records(dllog_path)
+  skipped = []
+  records = read_records(dllog_path, skipped)
+  if not_text_note(dllog_path, skipped):
+    log("report: note: " + not_text_note(dllog_path, skipped))
   for line in format_summary(summarize(records)):
     log("report: " + line)
   if not picture:
