@@ -96,7 +96,8 @@ def expand_input_files(input_files):
     list of file paths, patterns expanded in sorted order.
 
   Raises:
-    ValueError: if nothing is given, a path does not exist or a pattern matches nothing.
+    ValueError: if nothing is given, a path does not exist or is a folder, or a pattern
+      matches nothing.
   """
   if isinstance(input_files, str):
     input_files = input_files.split(",")
@@ -110,7 +111,10 @@ def expand_input_files(input_files):
       if not matches:
         raise ValueError("input pattern %r matches no files; check --input_file" % pattern)
       paths.extend(matches)
-    elif not tf.io.gfile.exists(pattern) or tf.io.gfile.isdir(pattern):
+    elif tf.io.gfile.isdir(pattern):
+      raise ValueError("input file %r is a folder; pass the text files in it, e.g. "
+                       "--input_file=%s" % (pattern, os.path.join(pattern, "*.txt")))
+    elif not tf.io.gfile.exists(pattern):
       raise ValueError("input file %r does not exist; check --input_file" % pattern)
     else:
       paths.append(pattern)

@@ -91,6 +91,9 @@ def _read_vocab(vocab_file):
   """(id -> token dict, the [MASK] id, the vocabulary size) of vocab_file, or Nones."""
   if not vocab_file:
     return None, None, None
+  if os.path.isdir(vocab_file):
+    raise InspectError("--vocab=%s is a folder; pass the vocab file (the vocab.txt the "
+                       "records were made with), or leave --vocab out" % vocab_file)
   if not os.path.isfile(vocab_file):
     raise InspectError("vocab file %s does not exist; pass the vocab.txt the records "
                        "were made with, or leave --vocab out" % vocab_file)
@@ -361,10 +364,13 @@ def run_inspect(inputs, vocab=None, max_seq_length=None, max_predictions_per_seq
   out = out or sys.stdout
   err = err or sys.stderr
   try:
+    patterns = [p.strip() for p in (inputs or "").split(",") if p.strip()]
+    if not patterns:
+      # No file is no data: a report of 0 records with an "ok" spec would pass a check.
+      raise InspectError("--input is empty; pass --input=<records folder, glob or file>")
     files = []
-    for pattern in inputs.split(","):
-      if pattern.strip():
-        files.extend(input_pipeline.list_record_files(pattern.strip(), "--input"))
+    for pattern in patterns:
+      files.extend(input_pipeline.list_record_files(pattern, "--input"))
     report = inspect_files(files, vocab, max_seq_length, max_predictions_per_seq,
                            num_examples, stats_records, check_crc)
   except (InspectError, ValueError) as e:

@@ -169,6 +169,18 @@ def test_bad_input_is_one_line(data, tmp_path):
   assert "flag --stats_records=-5: -5 is not a non-negative integer" in result.stderr
 
 
+def test_an_empty_input_or_a_vocab_folder_is_one_line_naming_what_to_pass(data, tmp_path):
+  for given in ("--input=", "--input= , "):
+    result = run_cli(given, "--vocab=" + data["vocab"])
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == ("inspect_tfrecords: error: --input is empty; pass "
+                             "--input=<records folder, glob or file>\n")
+  status, out, err = inspect(data["train_dir"], vocab=str(data["root"]))
+  assert (status, out) == (2, "")
+  assert err == ("inspect_tfrecords: error: --vocab=%s is a folder; pass the vocab file (the "
+                 "vocab.txt the records were made with), or leave --vocab out\n" % data["root"])
+
+
 def test_packed_records_are_recognised_and_a_broken_pack_breaks_the_spec(data, tmp_path):
   from bert_pretrain import pack_records  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top

@@ -119,6 +119,10 @@ def load_vocab(vocab_file):
   Raises:
     ValueError: if the file is missing or holds no tokens.
   """
+  if os.path.isdir(vocab_file):
+    inside = os.path.join(vocab_file, "vocab.txt")
+    raise ValueError("vocab file %r is a folder; pass the vocab file%s" % (
+        vocab_file, ", e.g. %s" % inside if os.path.isfile(inside) else " in it"))
   if not os.path.isfile(vocab_file):
     raise ValueError("vocab file %r does not exist; pass --vocab_file=<path to vocab.txt>"
                      % (vocab_file,))
