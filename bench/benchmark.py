@@ -59,6 +59,7 @@ try:
 except ImportError:
   import card  # python3 bench/benchmark.py: bench/ is the script's own folder
   import google_peer
+from bert_pretrain import errors
 from bert_pretrain.training import timing  # the FLOP count the runs' MFU uses too
 
 CORPUS = os.path.join(ROOT, "bert_pretrain", "demo_data", "corpus.txt")
@@ -810,20 +811,20 @@ def environment(peak, rows, load_at_start):
 def run_benchmark():
   for name in FLAGS.configs:
     if name not in CONFIGS or name == "large":
-      raise app.UsageError("--configs: unknown %r; use %s" % (
+      errors.usage_error("benchmark", "--configs: unknown %r; use %s" % (
           name, ",".join(n for n in CONFIGS if n != "large")))
   seq_lengths = [int(s) for s in FLAGS.seq_lengths]
   for seq in seq_lengths:
     if seq not in PREDICTIONS:
-      raise app.UsageError("--seq_lengths: %d is not one of 128, 512" % seq)
+      errors.usage_error("benchmark", "--seq_lengths: %d is not one of 128, 512" % seq)
   for precision in FLAGS.precisions:
     if precision not in ("fp32", "amp"):
-      raise app.UsageError("--precisions: %r is not fp32 or amp" % precision)
+      errors.usage_error("benchmark", "--precisions: %r is not fp32 or amp" % precision)
   if not FLAGS.optimizers or not set(FLAGS.optimizers) <= {"lamb", "adam"}:
-    raise app.UsageError("--optimizers: %r; use lamb and/or adam, e.g. --optimizers=lamb,adam"
-                         % ",".join(FLAGS.optimizers))
+    errors.usage_error("benchmark", "--optimizers: %r; use lamb and/or adam, e.g. "
+                       "--optimizers=lamb,adam" % ",".join(FLAGS.optimizers))
   if FLAGS.rounds < 1:
-    raise app.UsageError("--rounds: %d; use 1 or more" % FLAGS.rounds)
+    errors.usage_error("benchmark", "--rounds: %d; use 1 or more" % FLAGS.rounds)
   for sub in ("logs", "data"):
     if not os.path.isdir(os.path.join(FLAGS.out_dir, sub)):
       os.makedirs(os.path.join(FLAGS.out_dir, sub))
@@ -913,7 +914,7 @@ def write_card(results, path):
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+    errors.unexpected_arguments("benchmark", argv[1:])
   if FLAGS.worker:
     row = json.loads(FLAGS.row)
     {"ours": ours_worker, "google": google_worker, "peer": peer_worker,

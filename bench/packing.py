@@ -42,6 +42,7 @@ try:
 except ImportError:
   import benchmark  # python3 bench/packing.py
   import benchmark_data
+from bert_pretrain import errors  # pylint: disable=g-import-not-at-top
 
 WIKI_SAMPLE = os.path.join(benchmark.ROOT, "tests", "data", "wiki_sample.xml")
 SIDES = ("padded", "unpadded", "packed")
@@ -203,7 +204,7 @@ def run():
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+    errors.unexpected_arguments("packing", argv[1:])
   if FLAGS.layout_row:
     layout_worker(json.loads(FLAGS.layout_row))
     return 0

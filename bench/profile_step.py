@@ -36,6 +36,7 @@ try:
 except ImportError:
   import backward  # python3 bench/profile_step.py: bench/ is the script's own folder
   import benchmark
+from bert_pretrain import errors  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string("config", "base", "BERT size: tiny, mini, small, medium, base, large.")
 flags.DEFINE_integer("seq", 128, "Sequence length (128 or 512).")
@@ -156,7 +157,7 @@ def print_profile(by_part, by_type, wall_s, steps):
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+    errors.unexpected_arguments("profile_step", argv[1:])
   row = dict(config=FLAGS.config, seq=FLAGS.seq, preds=benchmark.PREDICTIONS[FLAGS.seq],
              batch=FLAGS.batch, precision=FLAGS.precision, intra=FLAGS.intra_threads,
              inter=FLAGS.inter_threads, xla=FLAGS.xla,

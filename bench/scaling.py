@@ -65,6 +65,7 @@ from absl import app
 from absl import flags
 
 from bench import card
+from bert_pretrain import errors
 from bert_pretrain.distributed import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -496,7 +497,7 @@ def max_batch_markdown(rows):
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+    errors.unexpected_arguments("scaling", argv[1:])
   for name, values, known in (("models", FLAGS.models, DEFAULTS),
                               ("engines", FLAGS.engines, ENGINES),
                               ("tables", FLAGS.tables, TABLES),
@@ -505,11 +506,11 @@ def main(argv):
                                [str(seq) for seq in PREDICTIONS])):
     for value in values:
       if value not in known:
-        raise app.UsageError("--%s: unknown %r; use %s" % (name, value, ", ".join(
+        errors.usage_error("scaling", "--%s: unknown %r; use %s" % (name, value, ", ".join(
             map(str, known))))
   for value in FLAGS.batch_sizes:
     if not value.isdigit() or int(value) < 1:
-      raise app.UsageError("--batch_sizes: %r is not a positive whole number" % value)
+      errors.usage_error("scaling", "--batch_sizes: %r is not a positive whole number" % value)
   for sub in ("logs", "scaling_demo"):
     if not os.path.isdir(os.path.join(FLAGS.out_dir, sub)):
       os.makedirs(os.path.join(FLAGS.out_dir, sub))

@@ -534,8 +534,7 @@ def inputs_from_flags():
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError("unexpected arguments: %s; flags take the form --name=value"
-                         % " ".join(argv[1:]))
+    errors.unexpected_arguments("conformance", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   log = lambda line: print("conformance: " + line)

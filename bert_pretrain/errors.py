@@ -86,3 +86,17 @@ def print_error(tool, message):
   each piece of a print at once, and mpirun --tag-output would tag the newline apart."""
   sys.stderr.write("%s: error: %s\n" % (tool, message))
   sys.stderr.flush()
+
+
+def usage_error(tool, message):
+  """Prints `TOOL: error: MESSAGE` and exits with status 2: what absl's app.UsageError
+  does, without the module's help that it prints first and that hides the line."""
+  print_error(tool, message)
+  sys.exit(2)
+
+
+def unexpected_arguments(tool, arguments):
+  """usage_error for words on the command line that are no flag, such as the `false` of
+  `--amp false` (a true/false flag takes no value) or a path without its --flag=."""
+  usage_error(tool, "unexpected arguments: %s; pass everything as --flags: --name=value, "
+              "and a true/false flag as --name or --noname (e.g. --noamp)" % " ".join(arguments))

@@ -271,7 +271,7 @@ def write_folder(folder, tensors, bert_config, vocab_file, do_lower_case):
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError("unexpected arguments: %s" % " ".join(argv[1:]))
+    errors.unexpected_arguments("export", argv[1:])
   try:
     count = export(FLAGS.checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file,
                    FLAGS.output_dir, FLAGS.do_lower_case)

@@ -38,8 +38,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError("unexpected arguments: %s; flags take the form --name=value"
-                         % " ".join(argv[1:]))
+    errors.unexpected_arguments("run_pretraining", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   stop = signals.StopRequest()

@@ -127,6 +127,35 @@ def test_an_output_folder_that_is_an_input_file_is_one_line(model, tmp_path, too
   assert open(an_input, "rb").read() == before
 
 
+STRAY_WORDS = {
+    "run_pretraining": ["bert_pretrain.run_pretraining", "--amp", "false"],
+    "conformance": ["bert_pretrain.conformance", "--amp", "false"],
+    "export": ["bert_pretrain.export", "--checkpoint=c", "--bert_config_file=b",
+               "--vocab_file=v", "--output_dir=o", "false"],
+    "benchmark": ["bench.benchmark", "--noxla", "false"],
+}
+
+
+@pytest.mark.parametrize("tool", sorted(STRAY_WORDS))
+def test_a_word_that_is_no_flag_is_one_line_without_the_modules_help(tool, tmp_path):
+  result = subprocess.run([sys.executable, "-m"] + STRAY_WORDS[tool], cwd=str(tmp_path),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert (result.returncode, result.stdout) == (2, "")
+  assert result.stderr == (
+      "%s: error: unexpected arguments: false; pass everything as --flags: --name=value, and "
+      "a true/false flag as --name or --noname (e.g. --noamp)\n" % tool)
+  assert os.listdir(str(tmp_path)) == []
+
+
+def test_the_report_without_its_run_folder_is_one_line_without_the_modules_help():
+  result = _run([sys.executable, "-m", "bert_pretrain.training.report"])
+  assert (result.returncode, result.stdout) == (2, "")
+  assert result.stderr == ("report: error: give one run folder: python3 -m "
+                           "bert_pretrain.training.report OUTPUT_DIR\n")
+
+
 def test_each_os_error_reads_as_the_file_the_problem_and_the_fix():
   assert errors.os_error_message(OSError(errno.ENOTDIR, "Not a directory", "/a/f/x")) == (
       "/a/f/x: Not a directory; a part of the path is a file, not a folder: check the path")

@@ -261,7 +261,8 @@ def write_report(output_dir, dllog_path=None, png_path=None, log=print, picture=
 
 def main(argv):
   if len(argv) != 2:
-    raise app.UsageError("usage: python3 -m bert_pretrain.training.report OUTPUT_DIR")
+    errors.usage_error("report", "give one run folder: python3 -m "
+                       "bert_pretrain.training.report OUTPUT_DIR")
   try:
     write_report(argv[1], FLAGS.dllog_path, FLAGS.png_path)
   except ValueError as e:
