@@ -206,8 +206,14 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
   Raises:
     ExportError / ValueError: a missing or mismatched input (one-line messages).
   """
+  if not output_dir:
+    # "" is the current folder to realpath: check_output_dir would take it for one.
+    raise ExportError("--output_dir is empty; pass --output_dir=<a new folder>, e.g. hf_bert")
   prefix = checkpoints.resolve_checkpoint(checkpoint, "--checkpoint")
   bert_config = modeling.BertConfig.from_json_file(bert_config_file)
+  if os.path.isdir(vocab_file):
+    raise ExportError("--vocab_file=%s is a folder; pass the vocab file (the vocab.txt the "
+                      "model was trained with)" % vocab_file)
   if not os.path.isfile(vocab_file):
     raise ExportError("--vocab_file=%s does not exist; pass the vocab.txt the model was "
                       "trained with" % vocab_file)

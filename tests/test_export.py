@@ -228,6 +228,20 @@ def test_a_folder_with_files_or_holding_an_input_is_not_written_over(trained_lik
   assert sorted(os.listdir(str(tmp_path))) == ["empty", "held"]  # No temporary folder left.
 
 
+def test_an_empty_output_dir_or_a_vocab_folder_is_one_line_naming_what_to_pass(trained_like,
+                                                                              tmp_path):
+  root = trained_like["root"]
+  for vocab, out, message in (
+      (root / "vocab.txt", "", "--output_dir is empty; pass --output_dir=<a new folder>, e.g. "
+       "hf_bert"),
+      (root, tmp_path / "hf", "--vocab_file=%s is a folder; pass the vocab file (the vocab.txt "
+       "the model was trained with)" % root)):
+    result = _run_export(trained_like["prefix"], root / "bert_config.json", vocab, out)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "export: error: " + message
+  assert os.listdir(str(tmp_path)) == []
+
+
 @pytest.mark.parametrize("changes,named", [
     (dict(num_hidden_layers=4), "num_hidden_layers=2 but --bert_config_file=%s says "
      "num_hidden_layers=4"),
