@@ -337,7 +337,8 @@ def log_masked_lm_baseline(pretrained_dir, eval_files_dir, vocab_file, log):
          other))
 
 
-def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None):
+def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None,
+             known_run=False):
   """The downstream step: logs the run's masked-LM accuracy beside the most frequent
   token's, fine-tunes the latest checkpoint in pretrained_dir on the word-order task,
   then the same model from random weights, and prints both dev accuracies.
@@ -349,19 +350,40 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None
       (default: the demo's).
     log: function taking a line.
     epochs: fine-tuning epochs (default: FINETUNE_FLAGS').
+    known_run: pretrained_dir is the run that just ended (run_pretraining's call), not a
+      folder to tell a run by its files: one with --dllog_path elsewhere that saved
+      nothing holds neither log nor run marker.
 
   Returns:
     dict: "pretrained" and "random" -> dev accuracy; None when pretrained_dir holds no
     checkpoint (a run with --nodo_train).
+
+  Raises:
+    ValueError: pretrained_dir is not a pretraining run (a fine-tune's folder, the
+      demo's cache...): nothing is written there.
   """
   if not os.path.isdir(pretrained_dir):
     raise ValueError("--finetune_from=%s does not exist; pass the --output_dir of the demo's "
                      "pretraining run (results/demo-<time>)" % pretrained_dir)
-  if not tf.gfile.Glob(os.path.join(pretrained_dir, "*.index")):
-    if not os.path.exists(os.path.join(pretrained_dir, checkpoints.LOCK_FILE)):
-      raise ValueError("--finetune_from=%s holds neither a checkpoint nor a pretraining run; "
-                       "pass the --output_dir of the demo's pretraining run "
-                       "(results/demo-<time>)" % pretrained_dir)
+  # A pretraining run leaves its log and, once it saved, a run marker naming no other
+  # tool; the lock file alone does not tell (the demo's cache holds one too), nor a
+  # checkpoint (a fine-tune's, or the cache's initial one), and the fine-tunes would be
+  # written into the folder.
+  marker = checkpoints.read_run_marker(pretrained_dir)
+  if marker is not None and marker.get("tool", "run_pretraining") != "run_pretraining":
+    raise ValueError("--finetune_from=%s holds a fine-tune of %s, not a pretraining run; "
+                     "pass the --output_dir of the demo's pretraining run "
+                     "(results/demo-<time>)" % (pretrained_dir, marker["tool"]))
+  is_run = known_run or marker is not None or os.path.isfile(
+      os.path.join(pretrained_dir, "dllog.json"))
+  has_checkpoint = bool(tf.gfile.Glob(os.path.join(pretrained_dir, "*.index")))
+  if not is_run:
+    raise ValueError("--finetune_from=%s %s; pass the --output_dir of the demo's pretraining "
+                     "run (results/demo-<time>)" % (pretrained_dir, (
+                         "holds a checkpoint but no pretraining run (no %s or dllog.json)"
+                         % checkpoints.RUN_MARKER) if has_checkpoint else
+                     "holds neither a checkpoint nor a pretraining run"))
+  if not has_checkpoint:
     log("demo: no checkpoint in %s (an evaluation-only run?): no downstream step"
         % pretrained_dir)
     return None

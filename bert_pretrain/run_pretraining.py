@@ -80,7 +80,7 @@ def main(argv):
       demo.finetune(demo_settings.demo_cache_dir, cfg.run.output_dir,
                     {"bert_config_file": cfg.model.bert_config_file,
                      "vocab_file": cfg.model.vocab_file},
-                    epochs=demo_settings.demo_finetune_epochs)
+                    epochs=demo_settings.demo_finetune_epochs, known_run=True)
     return status
   except Exception as e:  # pylint: disable=broad-except
     status = error_status(e, cfg, inputs, ranks)

@@ -126,3 +126,43 @@ def test_the_downstream_step_prints_the_baseline_and_both_word_order_accuracies(
   for name in ("finetune-model.ckpt-2", "finetune-random"):
     assert os.path.isfile(os.path.join(short_demo_run["output_dir"], name,
                                        "eval_results.txt"))
+
+
+def _listing(folder):
+  """Every path under folder with its size, to tell that nothing was written there."""
+  return sorted((os.path.relpath(os.path.join(root, name), folder),
+                 os.path.getsize(os.path.join(root, name)))
+                for root, _, names in os.walk(folder) for name in names)
+
+
+def test_fine_tuning_from_a_folder_that_is_not_a_pretraining_run_is_an_error_writing_nothing(
+    short_demo_run, tmp_path):
+  cache, paths = short_demo_run["cache"], short_demo_run["paths"]
+  # A fine-tune run_classifier wrote: a checkpoint and a run marker of its own.
+  demo.write_word_order_task(str(tmp_path / "task"))
+  classifier = str(tmp_path / "classifier")
+  values = dict(demo.FINETUNE_FLAGS, data_dir=str(tmp_path / "task"), output_dir=classifier,
+                bert_config_file=paths["bert_config_file"], vocab_file=paths["vocab_file"],
+                num_train_epochs=0.01,
+                init_checkpoint=os.path.join(short_demo_run["output_dir"], "model.ckpt-2"))
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  trained = subprocess.run([sys.executable, "-m", "bert_pretrain.run_classifier"] + [
+      "--%s=%s" % item for item in sorted(values.items())], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, universal_newlines=True, env=env,
+                           timeout=300)
+  assert trained.returncode == 0, trained.stdout[-3000:]
+  fix = "; pass the --output_dir of the demo's pretraining run (results/demo-<time>)"
+  for folder, problem in (
+      (classifier, "holds a fine-tune of run_classifier, not a pretraining run"),
+      # The lock file of the cache is no run's.
+      (cache, "holds neither a checkpoint nor a pretraining run"),
+      (os.path.dirname(paths["init_checkpoint"]), "holds a checkpoint but no pretraining run "
+       "(no bert_pretrain_run.json or dllog.json)")):
+    before = _listing(folder)
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_pretrain.demo", "--demo_cache_dir=" + cache,
+         "--finetune_from=" + folder], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        universal_newlines=True, env=env, timeout=300)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert result.stderr == "demo: error: --finetune_from=%s %s%s\n" % (folder, problem, fix)
+    assert _listing(folder) == before
