@@ -942,8 +942,7 @@ def check_new_outputs(output_files):
 def main(argv):
   """Runs create_pretraining_data from the flags; exits 1 with one line on bad input."""
   if len(argv) > 1:
-    sys.exit("create_pretraining_data: unexpected arguments %s; pass everything as "
-             "--flags" % argv[1:])
+    errors.unexpected_arguments("create_pretraining_data", argv[1:])
   flag_values = flags.FLAGS
   try:
     check_new_outputs(flag_values.output_file)

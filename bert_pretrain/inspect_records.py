@@ -44,6 +44,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
 
+from bert_pretrain import errors  # pylint: disable=g-import-not-at-top
 from bert_pretrain.data import input_pipeline  # pylint: disable=g-import-not-at-top
 from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
 from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
@@ -384,9 +385,7 @@ def run_inspect(inputs, vocab=None, max_seq_length=None, max_predictions_per_seq
 def main(argv):
   """Prints the report; exits 1 on corrupt or malformed records, 2 on bad input."""
   if len(argv) > 1:
-    sys.stderr.write("inspect_tfrecords: error: unexpected arguments %s; pass --input=...\n"
-                     % " ".join(argv[1:]))
-    sys.exit(2)
+    errors.unexpected_arguments("inspect_tfrecords", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)
   flag_values = flags.FLAGS
   sys.exit(run_inspect(flag_values.input, flag_values.vocab, flag_values.max_seq_length,

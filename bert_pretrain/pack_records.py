@@ -857,9 +857,7 @@ def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, 
 def main(argv):
   """Packs from the flags; exits 2 with one line on bad input."""
   if len(argv) > 1:
-    sys.stderr.write("%s: error: unexpected arguments %s; pass everything as --flags\n"
-                     % (TOOL, " ".join(argv[1:])))
-    sys.exit(2)
+    errors.unexpected_arguments(TOOL, argv[1:])
   flag_values = flags.FLAGS
   sys.exit(run_pack(flag_values.input, flag_values.output_dir,
                     flag_values.max_sequences_per_pack, flag_values.seed,

@@ -297,10 +297,7 @@ def run_in_order(sess, graph, fetches):
 
 def main(argv):
   if len(argv) > 1:
-    # Not app.UsageError: absl prints the whole --help before it, which buries the line.
-    errors.print_error("run_classifier", "unexpected arguments %s; pass everything as --flags"
-                       % " ".join(argv[1:]))
-    return 2
+    errors.unexpected_arguments("run_classifier", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   try:

@@ -258,15 +258,6 @@ def test_bad_inputs_stop_with_one_line_before_training(task, tmp_path, flags, me
   assert not (tmp_path / "out").exists()
 
 
-def test_a_stray_argument_is_one_line_without_the_help(task, tmp_path):
-  result = classify(task, tmp_path / "out", "stray")
-  assert result.returncode == 2
-  assert result.stderr.strip().splitlines()[-1] == (
-      "run_classifier: error: unexpected arguments stray; pass everything as --flags")
-  assert "--task_name" not in result.stderr  # absl's help lists every flag
-  assert not (tmp_path / "out").exists()
-
-
 @pytest.mark.parametrize("flags,stopped", [
     (dict(learning_rate=1e6, num_train_epochs=4, display_loss_steps=5),
      r"Loss is nan at step (\d+)"),

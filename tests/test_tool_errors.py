@@ -133,6 +133,11 @@ STRAY_WORDS = {
     "export": ["bert_pretrain.export", "--checkpoint=c", "--bert_config_file=b",
                "--vocab_file=v", "--output_dir=o", "false"],
     "benchmark": ["bench.benchmark", "--noxla", "false"],
+    "run_classifier": ["bert_pretrain.run_classifier", "--amp", "false"],
+    "create_pretraining_data": ["bert_pretrain.create_pretraining_data", "--input_file=i",
+                                "--output_file=o", "--vocab_file=v", "false"],
+    "pack_records": ["bert_pretrain.pack_records", "--input=i", "--output_dir=o", "false"],
+    "inspect_tfrecords": ["bert_pretrain.inspect_records", "--input=i", "false"],
 }
 
 
