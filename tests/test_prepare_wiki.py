@@ -346,14 +346,77 @@ def test_resume_redoes_only_what_is_missing(run_a, vocab, tmp_path):
   assert "extract: done before (5 chunks)" in result.stderr
 
 
-def test_other_settings_are_refused(run_a, vocab):
-  before = os.stat(os.path.join(run_a, "settings.json")).st_mtime_ns
-  result = run_cli(run_a, vocab, max_seq_length=128, dupe_factor=5)
-  line = error_line(result)
-  assert "holds a run made with other settings" in line
-  assert "max_seq_length=64 there, 128 now" in line and "dupe_factor=2 there, 5 now" in line
-  assert "new --output_dir" in line
-  assert os.stat(os.path.join(run_a, "settings.json")).st_mtime_ns == before
+def test_another_casing_or_a_setting_of_a_step_left_out_is_refused(run_a, vocab):
+  before = files_under(run_a)
+  mtime = os.stat(os.path.join(run_a, "settings.json")).st_mtime_ns
+  # Lower-casing, like the dump and the vocab, makes a dataset for another model.
+  line = error_line(run_cli(run_a, vocab, do_lower_case="false", max_seq_length=128))
+  assert "holds a run made with other settings (do_lower_case=true there, false now)" in line
+  assert "new --output_dir" in line and "max_seq_length" not in line
+  # A step's setting is redone only by running that step: a forgotten flag on
+  # --steps=manifest must not throw away the TFRecords.
+  line = error_line(run_cli(run_a, vocab, steps="manifest", max_seq_length=128,
+                            dupe_factor=5))
+  assert ("holds a run made with other settings (max_seq_length=64 there, 128 now) of "
+          "step tfrecords, which this run leaves out") in line
+  assert "run step tfrecords (and the steps after it) to redo it" in line
+  assert files_under(run_a) == before
+  assert os.stat(os.path.join(run_a, "settings.json")).st_mtime_ns == mtime
+
+
+def test_lowering_num_shards_after_its_error_keeps_the_text_steps_and_matches_a_fresh_run(
+    run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "out")
+  line = error_line(run_cli(output_dir, vocab, num_shards=40))
+  assert "39 articles, too few for 4 held-out articles and 40 shards" in line
+  assert "lower --num_eval_articles or --num_shards and run again" in line
+  assert "new --output_dir" not in line
+  result = run_cli(output_dir, vocab)
+  assert result.returncode == 0, result.stderr
+  assert ("prepare_wiki: settings changed (num_shards=40 there, 4 now): redoing steps "
+          "shard, tfrecords, eval, manifest; the finished work of the other steps is kept"
+          in result.stderr)
+  assert "extract: done before (5 chunks)" in result.stderr
+  assert "clean: 5 chunks (5 done before)" in result.stderr
+  assert "segment: 5 chunks (5 done before)" in result.stderr
+  assert files_under(output_dir) == files_under(run_a)
+
+
+def test_lowering_num_eval_samples_after_its_error_runs_on_the_same_folder(
+    run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "out")
+  line = error_line(run_cli(output_dir, vocab, num_eval_samples=1000))
+  assert "fewer than --num_eval_samples=1000; lower --num_eval_samples (to " in line
+  assert "new --output_dir" not in line
+  result = run_cli(output_dir, vocab, steps="eval")
+  assert result.returncode == 0, result.stderr
+  assert ("settings changed (num_eval_samples=1000 there, 20 now): redoing step eval; "
+          in result.stderr)
+  assert os.listdir(os.path.join(output_dir, "eval_data")) == ["eval_20"]
+  result = run_cli(output_dir, vocab)
+  assert result.returncode == 0, result.stderr
+  assert "settings changed" not in result.stderr and "eval: done before" in result.stderr
+  assert files_under(output_dir) == files_under(run_a)
+
+
+def test_a_finished_folder_redoes_only_the_steps_a_changed_setting_touches(
+    run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "c")
+  shutil.copytree(run_a, output_dir)
+  original = files_under(run_a)
+  result = run_cli(output_dir, vocab, steps="eval", num_eval_samples=5)
+  assert result.returncode == 0, result.stderr
+  assert ("settings changed (num_eval_samples=20 there, 5 now): redoing step eval (and "
+          "manifest when run); " in result.stderr)
+  after = files_under(output_dir)
+  # The old eval set and the manifest that lists it are gone; nothing else changed.
+  assert sorted(set(original) - set(after)) == ["eval_data/eval_20", "manifest.json"]
+  assert sorted(set(after) - set(original)) == ["eval_data/eval_5"]
+  assert {p: b for p, b in after.items() if p not in ("eval_data/eval_5", "settings.json")} == {
+      p: b for p, b in original.items() if p not in ("eval_data/eval_20", "manifest.json",
+                                                     "settings.json")}
+  settings = json.load(open(os.path.join(output_dir, "settings.json")))["settings"]
+  assert settings["num_eval_samples"] == 5
 
 
 def test_folder_of_other_files_is_refused(vocab, tmp_path):
@@ -554,5 +617,15 @@ def test_pack_adds_packed_records_to_a_finished_folder_and_resumes_like_the_othe
   assert "pack:" not in result.stderr
   line = error_line(run_cli(output_dir, vocab, steps="pack"))
   assert "step pack packs the training records only with --pack; pass --pack" in line
-  line = error_line(run_cli(output_dir, vocab, pack="true", max_sequences_per_pack=2))
-  assert "max_sequences_per_pack=3 there, 2 now" in line
+  line = error_line(run_cli(output_dir, vocab, max_sequences_per_pack=2))
+  assert "(max_sequences_per_pack=3 there, 2 now) of step pack, which this run" in line
+  # With --pack, other packing settings redo the packs alone.
+  result = run_cli(output_dir, vocab, pack="true", max_sequences_per_pack=2)
+  assert result.returncode == 0, result.stderr
+  assert ("settings changed (max_sequences_per_pack=3 there, 2 now): redoing steps pack, "
+          "manifest; " in result.stderr)
+  assert "tfrecords: 0 files made (5 done before)" in result.stderr
+  assert "eval: done before" in result.stderr
+  manifest = json.load(open(os.path.join(output_dir, "manifest.json")))
+  assert manifest["settings"]["max_sequences_per_pack"] == 2
+  assert manifest["packed"]["sequences_in"] == manifest["packed"]["sequences_out"]

@@ -34,8 +34,10 @@ finished unit of work (a chunk, the shards, a TFRecord shard) leaves a done-mark
 work/done/ with its settings, inputs and outputs. A run started again after a kill
 skips every unit whose marker matches and whose outputs are there, and redoes the rest.
 Each long step prints a progress line with its rate and ETA to stderr every 15 s.
-output_dir/settings.json records the settings; a folder made with other settings is
-refused. The same dump, vocab and settings give byte-identical files, whatever --jobs.
+output_dir/settings.json records the settings. Another value of a step's setting redoes
+that step and the steps after it (one line says which) and keeps the others' work; a
+folder made from another dump, vocab or lower-casing is refused. The same dump, vocab and
+settings give byte-identical files, whatever --jobs.
 """
 
 import os

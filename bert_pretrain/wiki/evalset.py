@@ -12,6 +12,18 @@ from bert_pretrain.wiki.workdir import (PrepareError, file_digest, marker_is_val
                                         write_json)
 
 
+def check_eval_samples(settings, available):
+  """Raises PrepareError when the held-out articles gave fewer than --num_eval_samples
+  instances (`available`); step tfrecords calls it as soon as eval_all is made."""
+  if available < settings["num_eval_samples"]:
+    raise PrepareError(
+        "the %d held-out articles gave %d eval instances, fewer than --num_eval_samples=%d; "
+        "lower --num_eval_samples (to %d at most) or raise --num_eval_articles, and run "
+        "again: the finished work of the steps before is kept"
+        % (settings["num_eval_articles"], available, settings["num_eval_samples"],
+           available))
+
+
 def run_eval(layout, settings):
   """Step eval: picks exactly num_eval_samples records as MLCommons' pick_eval_samples."""
   marker = read_json(layout.marker("tfrecords", "eval_all"))
@@ -28,11 +40,7 @@ def run_eval(layout, settings):
   os.makedirs(layout.eval_data, exist_ok=True)
   remove_stale_temporaries(layout.eval_data)
   available = marker["stats"]["num_instances"]
-  if available < wanted:
-    raise PrepareError(
-        "the %d held-out articles gave %d eval instances, fewer than --num_eval_samples=%d; "
-        "raise --num_eval_articles or lower --num_eval_samples (use a new --output_dir)"
-        % (settings["num_eval_articles"], available, wanted))
+  check_eval_samples(settings, available)
   # MLCommons picks records[int(i * ratio)], spread evenly over the shuffled instances.
   ratio = available / wanted
   picked = set(int(i * ratio) for i in range(wanted))

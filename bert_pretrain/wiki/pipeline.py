@@ -1,13 +1,16 @@
 """The run: checks the inputs and settings against the output folder, then runs the steps.
 
-output_dir/settings.json records the settings of the steps run so far; a folder made
-with other settings is refused. The same dump, vocab and settings give byte-identical
-files, whatever --jobs.
+output_dir/settings.json records the settings of the steps run so far. A folder made
+from another dump, vocab or lower-casing is refused; another value of a step's setting
+redoes that step and the steps after it, keeping the others' finished work. The same
+dump, vocab and settings give byte-identical files, whatever --jobs and however many
+runs it took.
 """
 
 import collections
 import json
 import os
+import shutil
 
 from bert_pretrain import config
 from bert_pretrain import errors
@@ -22,7 +25,8 @@ from bert_pretrain.wiki.shard import run_shard
 from bert_pretrain.wiki.tfrecords import run_tfrecords
 from bert_pretrain.wiki.workdir import (FORMAT_VERSION, STEP_SETTINGS, Layout,
                                         PrepareError, atomic_output, file_digest,
-                                        locked, read_json, remove_quietly, write_json)
+                                        locked, read_json, remove_quietly, say,
+                                        write_json)
 
 STEPS = ("extract", "clean", "segment", "shard", "tfrecords", "pack", "eval", "manifest")
 
@@ -44,6 +48,16 @@ DEFAULTS = collections.OrderedDict([
     ("do_whole_word_mask", False),
     ("max_sequences_per_pack", pack_records.MAX_SEQUENCES_PER_PACK),
 ])
+# Which dump and which model the folder is for: another value is refused, not redone.
+# The dump changes what every step makes; the vocab and lower-casing change every
+# TFRecord, which is most of the work, and make a dataset for another model.
+FOLDER_SETTINGS = ("format_version", "dump_name", "dump_bytes", "vocab_sha256",
+                   "do_lower_case")
+# The steps each step reads: when a step is redone, the steps that read it are too.
+_READS = {"clean": ("extract",), "segment": ("clean",), "shard": ("segment",),
+          "tfrecords": ("shard",), "pack": ("tfrecords",), "eval": ("tfrecords",),
+          "manifest": ("extract", "clean", "segment", "shard", "tfrecords", "pack",
+                       "eval")}
 
 
 def check_vocab(vocab):
@@ -67,8 +81,11 @@ def reconcile_settings(layout, settings, step_list):
   """Checks the run's settings against output_dir/settings.json and records them.
 
   The file holds the settings of the steps run so far in the folder (and the dump's
-  and vocab's identity); every one of them must match. Settings this run does not
-  know (no --dump, no --vocab) are taken from the file.
+  and vocab's identity). The dump, the vocab and lower-casing must match. Another value
+  of a step's setting is taken when this run runs that step: the steps that use it and
+  those that read their output are forgotten (markers and outputs) and redone; the
+  others' finished work is kept. Settings this run does not know (no --dump, no
+  --vocab) are taken from the file.
 
   Args:
     layout: Layout.
@@ -79,7 +96,8 @@ def reconcile_settings(layout, settings, step_list):
     the settings to run with.
 
   Raises:
-    PrepareError: the folder was made with other settings, or holds other files.
+    PrepareError: the folder was made for another dump or model, or with other
+      settings of a step this run leaves out, or holds other files.
   """
   stored = read_json(layout.settings)
   if stored is None:
@@ -94,15 +112,35 @@ def reconcile_settings(layout, settings, step_list):
     stored = {}
   else:
     stored = stored.get("settings", {})
-  differences = []
+  differences = collections.OrderedDict()
   for key, value in settings.items():
     if value is not None and stored.get(key) is not None and stored[key] != value:
-      differences.append("%s=%s there, %s now" % (key, json.dumps(stored[key]),
-                                                   json.dumps(value)))
-  if differences:
+      differences[key] = "%s=%s there, %s now" % (key, json.dumps(stored[key]),
+                                                 json.dumps(value))
+  refused = [text for key, text in differences.items() if key in FOLDER_SETTINGS]
+  if refused:
     raise PrepareError("output folder %s holds a run made with other settings (%s); pass "
                        "the same settings to resume it, or a new --output_dir"
-                       % (layout.root, "; ".join(differences)))
+                       % (layout.root, "; ".join(refused)))
+  for key, text in differences.items():
+    first = _steps_using(key)[0]
+    if first not in step_list:
+      # Redoing it would leave this run's steps without their input (or, with flags
+      # left at their defaults, throw away work nobody asked to redo).
+      raise PrepareError("output folder %s holds a run made with other settings (%s) of "
+                         "step %s, which this run leaves out; pass the same settings to "
+                         "resume it, or run step %s (and the steps after it) to redo it"
+                         % (layout.root, text, first, first))
+  if differences:
+    redone = _redone_steps(set(s for key in differences for s in _steps_using(key)))
+    now = [s for s in redone if s in step_list]
+    later = [s for s in redone if s not in step_list and _has_work(layout, s)]
+    say("settings changed (%s): redoing step%s %s%s; the finished work of the other "
+        "steps is kept" % ("; ".join(differences.values()), "s" * (len(now) > 1),
+                           ", ".join(now),
+                           " (and %s when run)" % ", ".join(later) if later else ""))
+    for step in redone:
+      _forget_step(layout, step)
   # Only the settings of steps that ran bind the folder: an extract-only first run
   # leaves the TFRecord settings free.
   relevant = set(["format_version", "dump_name", "dump_bytes", "vocab_sha256"])
@@ -117,6 +155,54 @@ def reconcile_settings(layout, settings, step_list):
     if effective.get(key) is None:
       effective[key] = value
   return effective
+
+
+def _steps_using(key):
+  """The steps whose outputs depend on setting `key`, in pipeline order."""
+  return [step for step in STEPS if key in STEP_SETTINGS.get(step, ())]
+
+
+def _redone_steps(changed):
+  """The steps in `changed` and every step that reads their output, in pipeline order."""
+  redone = set(changed)
+  for step in STEPS:  # each step's inputs come before it in STEPS
+    if redone.intersection(_READS.get(step, ())):
+      redone.add(step)
+  return [step for step in STEPS if step in redone]
+
+
+def _output_paths(layout, step):
+  """The folders (and files) that hold the outputs of `step`."""
+  return {"extract": [layout.extracted], "clean": [layout.cleaned],
+          "segment": [layout.sentences], "shard": [layout.text_train, layout.text_eval],
+          "tfrecords": [layout.train_data, layout.eval_intermediate],
+          "pack": [layout.packed_train_data], "eval": [layout.eval_data],
+          "manifest": [layout.manifest]}[step]
+
+
+def _has_work(layout, step):
+  """Whether the folder holds any marker or output of `step`."""
+  paths = [layout.marker(step), os.path.join(layout.done, step)] + _output_paths(layout,
+                                                                                step)
+  return any(os.path.isfile(p) or (os.path.isdir(p) and os.listdir(p)) for p in paths)
+
+
+def _forget_step(layout, step):
+  """Deletes the markers, then the outputs, of `step`: made with other settings, they
+  must not be reused, nor lie beside the new ones (eval_data/eval_20 next to eval_5)."""
+  remove_quietly(layout.marker(step))
+  paths = [os.path.join(layout.done, step)] + _output_paths(layout, step)
+  for path in paths:
+    if os.path.isdir(path):
+      # The folder stays (it may be a link to another disk); what is in it goes.
+      for name in os.listdir(path):
+        inner = os.path.join(path, name)
+        if os.path.isdir(inner) and not os.path.islink(inner):
+          shutil.rmtree(inner)
+        else:
+          os.remove(inner)
+    elif os.path.isfile(path):
+      os.remove(path)
 
 
 def parse_steps(steps):

@@ -50,7 +50,8 @@ def run_shard(layout, settings):
   if num_articles < num_eval + num_shards:
     raise PrepareError(
         "the dump gives %d articles, too few for %d held-out articles and %d shards of at "
-        "least one article; lower --num_eval_articles or --num_shards"
+        "least one article; lower --num_eval_articles or --num_shards and run again: "
+        "the finished work of the steps before is kept"
         % (num_articles, num_eval, num_shards))
   eval_keys = set(heapq.nsmallest(num_eval, keys))
   if len(eval_keys) != num_eval:
