@@ -388,6 +388,9 @@ def test_lowering_num_eval_samples_after_its_error_runs_on_the_same_folder(
   line = error_line(run_cli(output_dir, vocab, num_eval_samples=1000))
   assert "fewer than --num_eval_samples=1000; lower --num_eval_samples (to " in line
   assert "new --output_dir" not in line
+  # Found as soon as the held-out records are made, before any training shard.
+  assert os.listdir(os.path.join(output_dir, "eval_intermediate")) == ["eval_all"]
+  assert os.listdir(os.path.join(output_dir, "train_data")) == []
   result = run_cli(output_dir, vocab, steps="eval")
   assert result.returncode == 0, result.stderr
   assert ("settings changed (num_eval_samples=1000 there, 20 now): redoing step eval; "
@@ -396,6 +399,7 @@ def test_lowering_num_eval_samples_after_its_error_runs_on_the_same_folder(
   result = run_cli(output_dir, vocab)
   assert result.returncode == 0, result.stderr
   assert "settings changed" not in result.stderr and "eval: done before" in result.stderr
+  assert "tfrecords: 4 files made (1 done before)" in result.stderr
   assert files_under(output_dir) == files_under(run_a)
 
 

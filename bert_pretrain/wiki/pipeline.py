@@ -286,7 +286,7 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
         elif step == "shard":
           run_shard(layout, settings)
         elif step == "tfrecords":
-          run_tfrecords(layout, settings, vocab, jobs)
+          run_tfrecords(layout, settings, vocab, jobs, check_eval="eval" in step_list)
         elif step == "pack":
           run_pack(layout, settings, jobs)
         elif step == "eval":

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import time
 
+from bert_pretrain.wiki.evalset import check_eval_samples
 from bert_pretrain.wiki.shard import valid_shard_marker
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, file_digest,
                                         marker_is_valid, read_json,
@@ -58,8 +59,12 @@ def tfrecord_task(task):
   return {"name": name, "input_bytes": source_digest["bytes"]}
 
 
-def run_tfrecords(layout, settings, vocab, jobs):
-  """Step tfrecords: every text shard and the held-out text -> TFRecords."""
+def run_tfrecords(layout, settings, vocab, jobs, check_eval=False):
+  """Step tfrecords: every text shard and the held-out text -> TFRecords.
+
+  With check_eval (step eval follows), eval_all is made first and a --num_eval_samples
+  above its instances is refused then, not after every training shard.
+  """
   shard_marker = valid_shard_marker(layout, settings)
   if not shard_marker:
     raise PrepareError("step tfrecords needs the text shards of step shard, which are not "
@@ -77,11 +82,14 @@ def run_tfrecords(layout, settings, vocab, jobs):
   for name, source, output in units:
     digest = shard_marker["outputs"][layout.relative(source)]
     inputs = {layout.relative(source): digest}
-    if not marker_is_valid(layout, read_json(layout.marker("tfrecords", name)), settings,
-                           "tfrecords", inputs):
+    marker = read_json(layout.marker("tfrecords", name))
+    if not marker_is_valid(layout, marker, settings, "tfrecords", inputs):
       tasks.append((layout.root, settings, vocab, name, source, digest, output))
-  # Largest first, so no big shard is left alone at the end.
-  tasks.sort(key=lambda task: -task[5]["bytes"])
+    elif name == "eval_all" and check_eval:
+      check_eval_samples(settings, marker["stats"]["num_instances"])
+  # eval_all first (it decides whether --num_eval_samples can be met), then the largest
+  # first, so no big shard is left alone at the end.
+  tasks.sort(key=lambda task: (task[3] != "eval_all", -task[5]["bytes"]))
   total = sum(task[5]["bytes"] for task in tasks)
   progress = Progress("tfrecords", total)
   done = [0, 0]
@@ -91,6 +99,9 @@ def run_tfrecords(layout, settings, vocab, jobs):
     done[0] += result["input_bytes"]
     done[1] += 1
     progress.update(done[0])
+    if result["name"] == "eval_all" and check_eval:
+      marker = read_json(layout.marker("tfrecords", "eval_all"))
+      check_eval_samples(settings, marker["stats"]["num_instances"])
 
   # spawn: each worker starts TensorFlow itself rather than inheriting a forked one.
   run_tasks(tfrecord_task, tasks, jobs, on_result, context="spawn")
