@@ -10,7 +10,9 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -366,7 +368,7 @@ def test_another_casing_or_a_setting_of_a_step_left_out_is_refused(run_a, vocab)
 
 def test_lowering_num_shards_after_its_error_keeps_the_text_steps_and_matches_a_fresh_run(
     run_a, vocab, tmp_path):
-  output_dir = str(tmp_path / "out")
+  output_dir = str(tmp_path / "out dir")
   line = error_line(run_cli(output_dir, vocab, num_shards=40))
   assert "39 articles, too few for 4 held-out articles and 40 shards" in line
   assert "lower --num_eval_articles or --num_shards and run again" in line
@@ -380,6 +382,10 @@ def test_lowering_num_shards_after_its_error_keeps_the_text_steps_and_matches_a_
   assert "clean: 5 chunks (5 done before)" in result.stderr
   assert "segment: 5 chunks (5 done before)" in result.stderr
   assert files_under(output_dir) == files_under(run_a)
+  # The folder has a space: the hint quotes it, to be pasted into a shell as it is.
+  assert "Train with --input_files_dir=%s --eval_files_dir=%s\n" % (
+      shlex.quote(os.path.join(output_dir, "train_data")),
+      shlex.quote(os.path.join(output_dir, "eval_data"))) in result.stdout
 
 
 def test_lowering_num_eval_samples_after_its_error_runs_on_the_same_folder(
@@ -570,6 +576,44 @@ def test_full_disk_is_reported_and_finished_work_kept(run_a, vocab, tmp_path, mo
   monkeypatch.setattr(shard, "atomic_output", real_atomic_output)
   pipeline.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, **SMALL)
   assert files_under(output_dir) == files_under(run_a)
+
+
+def test_full_disk_names_the_file_or_else_the_output_folder(tmp_path):
+  path = str(tmp_path / "part-00001-of-00004")
+  with pytest.raises(OSError) as raised:
+    with workdir.atomic_output(path) as writer:
+      writer.write("text")
+      # What write() raises on a full disk: no file named.
+      raise OSError(errno.ENOSPC, "No space left on device")
+  assert pipeline.describe_os_error(raised.value, str(tmp_path)).startswith(
+      "the disk is full writing %s (No space left on device)" % path)
+  assert os.listdir(str(tmp_path)) == []
+  bare = OSError(errno.ENOSPC, "No space left on device")
+  assert pipeline.describe_os_error(bare, "/data/bert wiki").startswith(
+      "the disk is full writing files in /data/bert wiki (No space left on device)")
+
+
+def test_sigterm_says_how_to_go_on_and_exits_143(vocab, tmp_path):
+  output_dir = str(tmp_path / "out")
+  values = dict(SMALL, dump=SAMPLE, vocab=vocab, output_dir=output_dir, jobs=2)
+  process = subprocess.Popen(
+      ["bash", os.path.join(ROOT, "tools", "prepare_wiki.sh")] +
+      ["--%s=%s" % item for item in values.items()], stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, universal_newlines=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  seen = []
+  for line in process.stderr:
+    seen.append(line)
+    if line.startswith("prepare_wiki: shard:"):
+      break
+  # Step tfrecords is starting its workers (each loads TensorFlow): stop it there.
+  process.send_signal(signal.SIGTERM)
+  _, rest = process.communicate(timeout=120)
+  stderr = "".join(seen) + rest
+  assert process.returncode == 143, stderr
+  assert stderr.splitlines()[-1] == ("prepare_wiki: terminated (SIGTERM); run the same "
+                                     "command again to go on where it stopped")
+  assert "Traceback" not in stderr
 
 
 def test_tensorflow_write_errors_read_as_os_errors():

@@ -41,6 +41,8 @@ settings give byte-identical files, whatever --jobs.
 """
 
 import os
+import shlex
+import signal
 import sys
 
 from absl import app
@@ -95,11 +97,33 @@ def define_flags():
                        "With --pack: the most sequences in one packed record.")
 
 
+class Terminated(KeyboardInterrupt):
+  """SIGTERM in the main process: raised as Ctrl-C's KeyboardInterrupt is, so the same
+  cleanup runs (temporary files, the process pool) and the same kind of line is said."""
+
+
+def _on_sigterm(main_pid):
+  """The SIGTERM handler: Terminated in the main process, the default death elsewhere."""
+
+  def handler(signum, unused_frame):
+    if os.getpid() != main_pid:
+      # A forked worker (the pool ends its workers with SIGTERM): die as by default.
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+      return
+    # Once: a second SIGTERM must not cut the cleanup short.
+    signal.signal(signum, signal.SIG_IGN)
+    raise Terminated()
+
+  return handler
+
+
 def main(argv):
   """Runs the pipeline from the flags; exits 1 with one line on bad input."""
   if len(argv) > 1:
     sys.exit("prepare_wiki: error: unexpected arguments %s; pass everything as --flags"
              % " ".join(argv[1:]))
+  signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
   flag_values = flags.FLAGS
   if not flag_values["verbosity"].present:
     # create_pretraining_data logs two INFO lines per shard; the progress line suffices.
@@ -110,6 +134,11 @@ def main(argv):
                  pack=flag_values.pack, **{key: flag_values[key].value for key in DEFAULTS})
   except PrepareError as e:
     sys.exit("prepare_wiki: error: %s" % e)
+  except Terminated:
+    # 128 + 15, the status a SIGTERM gives, so a scheduler still sees what ended it.
+    sys.stderr.write("prepare_wiki: terminated (SIGTERM); run the same command again to "
+                     "go on where it stopped\n")
+    sys.exit(128 + signal.SIGTERM)
   except KeyboardInterrupt:
     sys.exit("prepare_wiki: interrupted; run the same command again to go on where it "
              "stopped")
@@ -117,11 +146,12 @@ def main(argv):
     # create_pretraining_data's own one-line errors (an unusable vocab, say).
     sys.exit("prepare_wiki: error: %s" % e)
   except OSError as e:
-    sys.exit("prepare_wiki: error: %s" % describe_os_error(e))
+    sys.exit("prepare_wiki: error: %s" % describe_os_error(e, flag_values.output_dir))
   layout = Layout(flag_values.output_dir)
   if os.path.exists(layout.manifest) and "manifest" in parse_steps(flag_values.steps):
+    # Quoted, so that the flags can be pasted into a shell as they are.
     print("prepare_wiki: done. Train with --input_files_dir=%s --eval_files_dir=%s"
-          % (layout.train_data, layout.eval_data))
+          % (shlex.quote(layout.train_data), shlex.quote(layout.eval_data)))
     if flag_values.pack:
       print("prepare_wiki: the packed training records are in %s"
             % layout.packed_train_data)

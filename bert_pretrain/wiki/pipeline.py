@@ -347,10 +347,12 @@ def _check_settings(settings, jobs):
     raise PrepareError("--short_seq_prob=%g must be in [0, 1]" % settings["short_seq_prob"])
 
 
-def describe_os_error(error):
+def describe_os_error(error, output_dir=None):
   """One line for an OSError (errors.os_error_message); a full disk also says what the
-  dataset needs."""
+  dataset needs, and where: the file, else (an error that names none) output_dir."""
+  named = getattr(error, "filename", None) or not output_dir
   return errors.os_error_message(error, disk_full=lambda what: (
       "the disk is full writing %s (No space left on device); free space there (the full "
       "MLPerf set needs about 450 GB, 365 GB of it TFRecords; work/ can go once step "
-      "shard is done) and run the same command again: finished work is kept" % what))
+      "shard is done) and run the same command again: finished work is kept"
+      % (what if named else "files in %s" % output_dir)))

@@ -9,6 +9,7 @@ rate and ETA to stderr every 15 s (Progress). One run at a time holds the folder
 """
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -36,6 +37,8 @@ STEP_SETTINGS = {
     "pack_write": ("pack_version", "max_sequences_per_pack", "seed", "num_output_files"),
 }
 _HASH_BLOCK = 4 << 20
+# The errors of a write that found no room: only a write raises them, so it is the file's.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class PrepareError(Exception):
@@ -73,12 +76,15 @@ def atomic_output(path, binary=False):
     yield handle
     handle.close()
     os.replace(temporary, path)
-  except BaseException:
+  except BaseException as e:
     try:
       handle.close()
     except OSError:
       pass
     remove_quietly(temporary)
+    if isinstance(e, OSError) and e.errno in _DISK_FULL and not e.filename:
+      # write() and close() name no file; a full disk's line should say which one.
+      raise OSError(e.errno, e.strerror, path) from e
     raise
 
 
