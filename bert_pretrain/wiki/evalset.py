@@ -17,9 +17,9 @@ def check_eval_samples(settings, available):
   instances (`available`); step tfrecords calls it as soon as eval_all is made."""
   if available < settings["num_eval_samples"]:
     raise PrepareError(
-        "the %d held-out articles gave %d eval instances, fewer than --num_eval_samples=%d; "
-        "lower --num_eval_samples (to %d at most) or raise --num_eval_articles, and run "
-        "again: the finished work of the steps before is kept"
+        "the %d held-out articles gave %d eval instances, fewer than "
+        "--num_eval_samples=%d; lower --num_eval_samples (to %d at most) or raise "
+        "--num_eval_articles, and run again: the finished work of the steps before is kept"
         % (settings["num_eval_articles"], available, settings["num_eval_samples"],
            available))
 
