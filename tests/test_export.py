@@ -157,7 +157,7 @@ def test_a_vocab_without_bert_special_tokens_is_a_one_line_error(trained_like, t
                        vocab, tmp_path / "out")
   assert result.returncode == 2
   assert result.stderr.strip() == (
-      "export: error: --vocab_file=%s lacks [CLS] [SEP] [MASK] [UNK], which the tokenizer "
+      "export: error: --vocab_file=%s lacks [UNK] [CLS] [SEP] [MASK], which the tokenizer "
       "needs; pass the BERT vocab.txt the model was trained with" % vocab)
   assert not (tmp_path / "out").exists()
 

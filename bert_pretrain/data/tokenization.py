@@ -95,13 +95,11 @@ def convert_to_unicode(text):
                    % type(text).__name__)
 
 
-# The tokens pretraining writes and a tokenizer of the model needs.
-SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
-
-
 def missing_special_tokens(vocab):
-  """The SPECIAL_TOKENS a vocab (load_vocab's dict) lacks, in their order."""
-  return [token for token in SPECIAL_TOKENS if token not in vocab]
+  """The SPECIAL_TOKENS but [PAD] (id 0 pads whatever its token) that a vocab
+  (load_vocab's dict) lacks, in their order: pretraining writes them and a tokenizer of
+  the model needs them."""
+  return [token for token in SPECIAL_TOKENS if token != "[PAD]" and token not in vocab]
 
 
 def load_vocab(vocab_file):
