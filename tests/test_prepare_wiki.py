@@ -414,7 +414,15 @@ def test_a_finished_folder_redoes_only_the_steps_a_changed_setting_touches(
   output_dir = str(tmp_path / "c")
   shutil.copytree(run_a, output_dir)
   original = files_under(run_a)
-  result = run_cli(output_dir, vocab, steps="eval", num_eval_samples=5)
+  # Finished work is deleted only when asked: a flag left out must not cost it.
+  line = error_line(run_cli(output_dir, vocab, steps="eval", num_eval_samples=5))
+  assert line.endswith("holds a run made with other settings (num_eval_samples=20 there, 5 "
+                       "now): that redoes steps eval, manifest, whose finished work would be "
+                       "deleted; pass --redo_changed_steps to do so, or the same settings to "
+                       "resume")
+  assert files_under(output_dir) == original
+  result = run_cli(output_dir, vocab, steps="eval", num_eval_samples=5,
+                   redo_changed_steps="true")
   assert result.returncode == 0, result.stderr
   assert ("settings changed (num_eval_samples=20 there, 5 now): redoing step eval (and "
           "manifest when run); " in result.stderr)
@@ -667,8 +675,13 @@ def test_pack_adds_packed_records_to_a_finished_folder_and_resumes_like_the_othe
   assert "step pack packs the training records only with --pack; pass --pack" in line
   line = error_line(run_cli(output_dir, vocab, max_sequences_per_pack=2))
   assert "(max_sequences_per_pack=3 there, 2 now) of step pack, which this run" in line
-  # With --pack, other packing settings redo the packs alone.
-  result = run_cli(output_dir, vocab, pack="true", max_sequences_per_pack=2)
+  # With --pack, other packing settings redo the packs alone, when asked to.
+  line = error_line(run_cli(output_dir, vocab, pack="true", max_sequences_per_pack=2))
+  assert line.endswith("(max_sequences_per_pack=3 there, 2 now): that redoes steps pack, "
+                       "manifest, whose finished work would be deleted; pass "
+                       "--redo_changed_steps to do so, or the same settings to resume")
+  result = run_cli(output_dir, vocab, pack="true", max_sequences_per_pack=2,
+                   redo_changed_steps="true")
   assert result.returncode == 0, result.stderr
   assert ("settings changed (max_sequences_per_pack=3 there, 2 now): redoing steps pack, "
           "manifest; " in result.stderr)

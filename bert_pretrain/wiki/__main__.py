@@ -49,6 +49,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from bert_pretrain import errors
 from bert_pretrain.wiki.pipeline import (DEFAULTS, STEPS, describe_os_error, parse_steps,
                                          run_pipeline)
 from bert_pretrain.wiki.workdir import Layout, PrepareError
@@ -66,6 +67,8 @@ def define_flags():
                        "Processes for the parallel steps (extract, clean, segment, "
                        "tfrecords); about 2 GB of memory each at the MLPerf settings.")
   flags.DEFINE_bool("verify", False, "Manifest: re-hash every output file.")
+  flags.DEFINE_bool("redo_changed_steps", False, "Another value of a setting redoes the "
+                    "steps that use it even where they finished (their work is deleted).")
   flags.DEFINE_bool("pack", False, "Also pack the training records (step pack) into "
                     "packed_train_data/.")
   flags.DEFINE_integer("pages_per_chunk", DEFAULTS["pages_per_chunk"],
@@ -121,8 +124,7 @@ def _on_sigterm(main_pid):
 def main(argv):
   """Runs the pipeline from the flags; exits 1 with one line on bad input."""
   if len(argv) > 1:
-    sys.exit("prepare_wiki: error: unexpected arguments %s; pass everything as --flags"
-             % " ".join(argv[1:]))
+    errors.unexpected_arguments("prepare_wiki", argv[1:])
   signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
   flag_values = flags.FLAGS
   if not flag_values["verbosity"].present:
@@ -131,7 +133,8 @@ def main(argv):
   try:
     run_pipeline(flag_values.output_dir, dump=flag_values.dump, vocab=flag_values.vocab,
                  steps=flag_values.steps, jobs=flag_values.jobs, verify=flag_values.verify,
-                 pack=flag_values.pack, **{key: flag_values[key].value for key in DEFAULTS})
+                 pack=flag_values.pack, redo_changed_steps=flag_values.redo_changed_steps,
+                 **{key: flag_values[key].value for key in DEFAULTS})
   except PrepareError as e:
     sys.exit("prepare_wiki: error: %s" % e)
   except Terminated:

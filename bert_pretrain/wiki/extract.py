@@ -10,7 +10,6 @@ import bz2
 import collections
 import itertools
 import json
-import multiprocessing
 import os
 import re
 import time
@@ -18,7 +17,7 @@ import xml.etree.ElementTree as ElementTree
 
 from bert_pretrain.wiki.markup import wikitext_to_text
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
-                                        file_digest, marker_is_valid, read_json,
+                                        file_digest, make_pool, marker_is_valid, read_json,
                                         remove_stale_temporaries, say, step_settings,
                                         write_json)
 
@@ -289,7 +288,7 @@ def run_extract(layout, settings, dump_path, jobs):
   else:
     # Bounded in flight: the parser must not run ahead of the converters by more than a
     # few chunks, or the whole dump would queue up in memory.
-    pool = multiprocessing.get_context("fork").Pool(jobs)
+    pool = make_pool(jobs)
     pending = collections.deque()
     try:
       for index, chunk_done, batch in chunks(pool):

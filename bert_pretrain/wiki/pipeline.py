@@ -77,7 +77,7 @@ def check_vocab(vocab):
   return file_digest(vocab)["sha256"]
 
 
-def reconcile_settings(layout, settings, step_list):
+def reconcile_settings(layout, settings, step_list, redo=False):
   """Checks the run's settings against output_dir/settings.json and records them.
 
   The file holds the settings of the steps run so far in the folder (and the dump's
@@ -91,13 +91,17 @@ def reconcile_settings(layout, settings, step_list):
     layout: Layout.
     settings: dict; None values mean "not given in this run".
     step_list: the steps this run will run.
+    redo: whether finished work of the steps to redo may be deleted (--redo_changed_steps);
+      without it only steps that never finished are redone, so a flag left out by mistake
+      costs no work.
 
   Returns:
     the settings to run with.
 
   Raises:
     PrepareError: the folder was made for another dump or model, or with other
-      settings of a step this run leaves out, or holds other files.
+      settings of a step this run leaves out, or of a step with finished work and not
+      redo, or holds other files.
   """
   stored = read_json(layout.settings)
   if stored is None:
@@ -133,6 +137,13 @@ def reconcile_settings(layout, settings, step_list):
                          % (layout.root, text, first, first))
   if differences:
     redone = _redone_steps(set(s for key in differences for s in _steps_using(key)))
+    done = [s for s in redone if _has_work(layout, s)]
+    if done and not redo:
+      raise PrepareError("output folder %s holds a run made with other settings (%s): that "
+                         "redoes step%s %s, whose finished work would be deleted; pass "
+                         "--redo_changed_steps to do so, or the same settings to resume"
+                         % (layout.root, "; ".join(differences.values()),
+                            "s" * (len(done) > 1), ", ".join(done)))
     now = [s for s in redone if s in step_list]
     later = [s for s in redone if s not in step_list and _has_work(layout, s)]
     say("settings changed (%s): redoing step%s %s%s; the finished work of the other "
@@ -218,7 +229,7 @@ def parse_steps(steps):
 
 
 def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=False,
-                 pack=False, **overrides):
+                 pack=False, redo_changed_steps=False, **overrides):
   """Runs the requested steps; what is already complete is skipped.
 
   Args:
@@ -230,6 +241,8 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
     verify: manifest re-hashes every output.
     pack: run step pack (packed training records); without it, step pack is left
       out.
+    redo_changed_steps: a changed setting may delete the finished work of the steps it
+      redoes (reconcile_settings' redo).
     **overrides: settings from DEFAULTS.
 
   Returns:
@@ -273,7 +286,7 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
   manifest = None
   with locked(layout):
     settings_before = _read_bytes(layout.settings)
-    settings = reconcile_settings(layout, settings, step_list)
+    settings = reconcile_settings(layout, settings, step_list, redo_changed_steps)
     finished = []
     try:
       for step in step_list:

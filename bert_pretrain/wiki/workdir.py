@@ -15,6 +15,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 
@@ -252,6 +253,17 @@ def say(message, tool="prepare_wiki"):
   sys.stderr.flush()
 
 
+def make_pool(processes, context="fork"):
+  """A process pool whose workers die of SIGTERM as by default, whatever handler this
+  process has: Pool.terminate() ends them with it, and a Python handler would not run in
+  a worker stuck in C (a lock held at the fork), which would then hang the join."""
+  handler = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  try:
+    return multiprocessing.get_context(context).Pool(processes)
+  finally:
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run_tasks(function, tasks, jobs, on_result, context="fork"):
   """Runs function(task) for every task, `jobs` at once; on_result(result) in the caller.
 
@@ -269,7 +281,7 @@ def run_tasks(function, tasks, jobs, on_result, context="fork"):
     for task in tasks:
       on_result(function(task))
     return
-  pool = multiprocessing.get_context(context).Pool(min(jobs, len(tasks)))
+  pool = make_pool(min(jobs, len(tasks)), context)
   try:
     for result in pool.imap_unordered(function, tasks, chunksize=1):
       on_result(result)
