@@ -172,17 +172,7 @@ def check_inputs(cfg):
       raise ValueError("--eval_files_dir is not set; pass --eval_files_dir=/path/to/eval "
                        "records, or --nodo_eval to train without evaluation")
     eval_files = input_pipeline.list_record_files(cfg.data.eval_files_dir, "--eval_files_dir")
-  shared = sorted(set(map(os.path.realpath, train_files)) &
-                  set(map(os.path.realpath, eval_files)))
-  if shared:
-    raise ValueError("%s is both a training and an evaluation file: the accuracy would be "
-                     "measured on trained records; pass held-out records as "
-                     "--eval_files_dir (MLPerf's eval_10k)" % shared[0])
-  if os.path.realpath(cfg.run.output_dir) in {
-      os.path.realpath(folder) for folder in (cfg.data.input_files_dir, cfg.data.eval_files_dir)
-      if folder and tf.gfile.IsDirectory(folder)}:
-    raise ValueError("--output_dir=%s holds the run's records, and its checkpoints would be "
-                     "read as records; pass another --output_dir" % cfg.run.output_dir)
+  _check_folders_apart(cfg, train_files, eval_files)
   if not 0 <= cfg.data.max_corrupt_share < 1:
     raise ValueError("--max_corrupt_share=%g must be in [0, 1)" % cfg.data.max_corrupt_share)
   full_check_bytes = cfg.data.full_record_check_mb * 1024 * 1024
@@ -223,6 +213,22 @@ def global_batch_size(cfg, replicas, packing):
   ones counted at the data's mean sequences a pack (packing: Packing)."""
   records = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * replicas
   return int(round(records * packing.sequences_per_record))
+
+
+def _check_folders_apart(cfg, train_files, eval_files):
+  """Raises ValueError if a file is both trained and evaluated on, or --output_dir is a
+  records folder (its checkpoints would be read as records)."""
+  shared = sorted(set(map(os.path.realpath, train_files)) &
+                  set(map(os.path.realpath, eval_files)))
+  if shared:
+    raise ValueError("%s is both a training and an evaluation file: the accuracy would be "
+                     "measured on trained records; pass held-out records as "
+                     "--eval_files_dir (MLPerf's eval_10k)" % shared[0])
+  if os.path.realpath(cfg.run.output_dir) in {
+      os.path.realpath(folder) for folder in (cfg.data.input_files_dir, cfg.data.eval_files_dir)
+      if folder and tf.gfile.IsDirectory(folder)}:
+    raise ValueError("--output_dir=%s holds the run's records, and its checkpoints would be "
+                     "read as records; pass another --output_dir" % cfg.run.output_dir)
 
 
 def check_packing(cfg, train_files):
