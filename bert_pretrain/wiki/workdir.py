@@ -256,12 +256,14 @@ def say(message, tool="prepare_wiki"):
 def make_pool(processes, context="fork"):
   """A process pool whose workers die of SIGTERM as by default, whatever handler this
   process has: Pool.terminate() ends them with it, and a Python handler would not run in
-  a worker stuck in C (a lock held at the fork), which would then hang the join."""
-  handler = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  try:
-    return multiprocessing.get_context(context).Pool(processes)
-  finally:
-    signal.signal(signal.SIGTERM, handler)
+  a worker stuck in C (a lock held at the fork), which would then hang the join. Set in
+  each worker, not around the fork: a SIGTERM to this process meanwhile must reach its
+  own handler."""
+  return multiprocessing.get_context(context).Pool(processes, initializer=_default_sigterm)
+
+
+def _default_sigterm():
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_tasks(function, tasks, jobs, on_result, context="fork"):
