@@ -88,7 +88,9 @@ def task_labels(init_checkpoint):
         return [line.rstrip("\n") for line in f if line.strip()]
   # The labels come from train.tsv: one that is not labels (a header line, swapped
   # columns) is refused here, before a head of its size is checked or trained.
-  return classifier_data.task_labels(FLAGS.task_name, FLAGS.data_dir, check_counts=True)
+  return classifier_data.task_labels(
+      FLAGS.task_name, FLAGS.data_dir,
+      warn=lambda line: print("run_classifier: warning: " + line, file=sys.stderr))
 
 
 def read_task(tokenizer, splits, labels):

@@ -196,43 +196,58 @@ def _tsv_label(row, path, number):
   return label
 
 
-def task_labels(task_name, data_dir, check_counts=False):
+def task_labels(task_name, data_dir, warn=None):
   """The task's labels in id order: GLUE's, or for a plain TSV the sorted labels of
   train.tsv (dev.tsv when there is no train.tsv).
 
-  check_counts: also refuse a train.tsv whose last column does not look like labels
-  (check_label_counts), as a fine-tune must."""
+  warn: (optional) function taking a line: then train.tsv's last column is also checked
+  to look like labels (check_label_counts), as a fine-tune must."""
   labels = TASKS[task_name]["labels"]
   if labels is not None:
     return list(labels)
   for split in ("train", "dev"):
     path = task_file(task_name, data_dir, split)
     if os.path.isfile(path):
-      lines = collections.defaultdict(list)  # label -> its line numbers
-      for number, row in enumerate(_read_rows(path, task_name), 1):
-        if row:
-          lines[_tsv_label(row, path, number)].append(number)
-      if check_counts and split == "train":
-        check_label_counts(lines, path)
+      lines = _label_lines(path, task_name)
+      if warn is not None and split == "train":
+        dev = task_file(task_name, data_dir, "dev")
+        check_label_counts(lines, path, _label_lines(dev, task_name) if os.path.isfile(dev)
+                           else {}, warn)
       return sorted(lines)
   raise ValueError("%s has neither train.tsv nor dev.tsv; the labels of a plain TSV task "
                    "come from them" % data_dir)
 
 
-def check_label_counts(lines, path):
-  """Refuses training lines whose last column is not a label: about as many labels as
-  lines (the columns swapped), or a label on one line while the others have more (a
-  header line, a typo), which a classifier would learn as a class of its own.
+def _label_lines(path, task_name):
+  """dict label -> the numbers of its lines in a plain TSV file."""
+  lines = collections.defaultdict(list)
+  for number, row in enumerate(_read_rows(path, task_name), 1):
+    if row:
+      lines[_tsv_label(row, path, number)].append(number)
+  return lines
+
+
+# Fewer training lines than this are too few to tell swapped columns from a small task.
+_MIN_LINES_FOR_SWAPPED = 10
+
+
+def check_label_counts(lines, path, dev_lines, warn):
+  """Checks that the last column of the training lines holds labels. Refused: about as
+  many labels as lines (the columns swapped), a first line whose label is the only one
+  of its kind and not in dev.tsv (a header). Said in a warning: other labels of one line
+  while the others have more (a rare class, or a typo the classifier would learn).
 
   Args:
     lines: dict label -> the numbers of its lines in path.
-    path: the training file, for the message.
+    path: the training file, for the messages.
+    dev_lines: dict label -> its lines in dev.tsv ({} without one).
+    warn: function taking a line.
 
   Raises:
     ValueError: naming the file (and the line) and the fix.
   """
   total = sum(len(numbers) for numbers in lines.values())
-  if len(lines) > 1 and 2 * len(lines) > total:
+  if len(lines) > 1 and total >= _MIN_LINES_FOR_SWAPPED and 2 * len(lines) > total:
     raise ValueError("%s has %d different labels in %d lines: columns swapped, or a file "
                      "without labels? the label is the last column "
                      "(text_a[<TAB>text_b]<TAB>label); correct the file"
@@ -247,11 +262,12 @@ def check_label_counts(lines, path):
       len(single), ", and %d more labels have one line each" % (len(single) - 1))
   said = ("%s line %d holds the only example of the label %r%s (the others have %d lines "
           "or more)" % (path, number, label, more, min(others)))
-  if number == min(n for numbers in lines.values() for n in numbers):
+  first = min(n for numbers in lines.values() for n in numbers)
+  if number == first and label not in dev_lines:
     raise ValueError("%s: a header line? remove it; a plain TSV has none, its lines are "
                      "text_a[<TAB>text_b]<TAB>label" % said)
-  raise ValueError("%s: columns swapped, or a typo? the label is the last column "
-                   "(text_a[<TAB>text_b]<TAB>label); correct the line or remove it" % said)
+  warn("%s: a typo, or columns swapped? the label is the last column "
+       "(text_a[<TAB>text_b]<TAB>label); correct the line if so" % said)
 
 
 def _truncate_pair(tokens_a, tokens_b, max_length):
