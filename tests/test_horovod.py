@@ -255,9 +255,8 @@ def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
 @pytest.mark.parametrize("per_host,gpus,cores,message", [
     (8, 8, 2, None),
     (2, 0, 2, None),
-    (9, 8, 64, "9 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of "
-     "CUDA_VISIBLE_DEVICES) but nvidia-smi lists 8 GPUs on this host; export "
-     "IX_NUM_CUDA_VISIBLE_DEVICES=8 or fewer"),
+    (9, 8, 64, "9 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but nvidia-smi lists 8 on "
+     "this host; export IX_NUM_CUDA_VISIBLE_DEVICES=8 or fewer"),
     (3, 0, 2, "3 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores and "
      "no GPU: each would get less than a core; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or "
      "fewer, or name the host to oversubscribe anyway: HOROVOD_RUN_ARGS=\"--gloo -H "
@@ -295,21 +294,54 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   assert named.stdout.startswith("Launching %d ranks on 1 host" % (cores + 1))
   gpu_path = "%s:%s" % (bin_dir, INSTALLED_PATH)
   three = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                      CUDA_VISIBLE_DEVICES="0,1,2", PATH=gpu_path)
+                      IX_NUM_CUDA_VISIBLE_DEVICES="3", PATH=gpu_path)
   assert three.returncode == 2
-  assert "nvidia-smi lists 2 GPUs on this host" in three.stderr
+  assert three.stderr.strip() == (
+      "run_multi_card_FPS: error: 3 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but "
+      "nvidia-smi lists 2 on this host; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer")
   two = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path)
   assert two.returncode == 0, two.stderr
   assert two.stdout.startswith("Launching 2 ranks on 1 host (2 per host)")
+  # A card list is CUDA's to check where the ranks start; the script's default of 2 CPU
+  # ranks stands on any host.
+  for values in (dict(CUDA_VISIBLE_DEVICES="0,1,2", PATH=gpu_path), dict(PATH=INSTALLED_PATH)):
+    listed = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", **values)
+    assert listed.returncode == 0, listed.stderr
   assert sorted(os.listdir(str(tmp_path))) == ["gpu_bin"]
 
 
-def test_hosts_given_without_a_controller_keep_gloo(tmp_path):
+def test_a_gpu_split_into_mig_slices_counts_its_slices(tmp_path, monkeypatch):
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  smi = bin_dir / "nvidia-smi"
+  smi.write_text("#!/bin/sh\necho 'GPU 0: A100 (UUID: GPU-0)'\n"
+                 "echo '  MIG 3g.20gb     Device  0: (UUID: MIG-a)'\n"
+                 "echo '  MIG 3g.20gb     Device  1: (UUID: MIG-b)'\n"
+                 "echo 'GPU 1: A100 (UUID: GPU-1)'\n")
+  smi.chmod(0o755)
+  monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+  assert launch_plan.listed_cards() == 3
+
+
+def test_hosts_given_without_a_controller_keep_gloo_and_mpi_options_keep_mpi(tmp_path):
   result = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
                        IX_NUM_CUDA_VISIBLE_DEVICES="8", HOROVOD_RUN_ARGS="-H h1,h2")
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith("Launching 16 ranks on 2 hosts (8 per host): horovodrun "
                                   "-np 16 -H h1:8,h2:8 --gloo python3 -m ")
+  result = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
+                       IX_NUM_CUDA_VISIBLE_DEVICES="8",
+                       HOROVOD_RUN_ARGS="-H h1,h2 --mpi-args=--bind-to=none")
+  assert result.returncode == 0, result.stderr
+  assert "-H h1:8,h2:8 --mpi-args=--bind-to=none python3 -m " in result.stdout
+
+
+def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):
+  def fails():
+    raise RuntimeError("ssh: connect to host h2 port 22: Connection refused\nmore")
+  assert launch_plan.run_horovodrun(["-np", "2"], fails) == 1
+  assert capsys.readouterr().err == (
+      "horovodrun: error: ssh: connect to host h2 port 22: Connection refused\n")
 
 
 def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):

@@ -50,6 +50,11 @@ _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
             "-np": "np", "--num-proc": "np"}
 
 
+# horovodrun's controllers, and options that only MPI takes: with any of them the
+# controller is the user's, else --gloo goes in front.
+_NOT_GLOO = ("--gloo", "--mpi", "--jsrun", "--binding-args")
+
+
 class LaunchError(ValueError):
   """A host list that contradicts itself or the count per host; the text names the fix."""
 
@@ -195,17 +200,17 @@ def names_hosts(run_args):
 
 def check_this_host(per_host, gpus, cores):
   """Raises LaunchError when a job on this host alone asks for more cards than it has:
-  more than the GPUs nvidia-smi lists, or with none listed, more CPU ranks than cores.
+  more than the cards nvidia-smi lists, or with none listed, more CPU ranks than cores.
 
   Args:
-    per_host: int, the ranks (cards) asked for.
-    gpus: int, the GPUs nvidia-smi lists here (0: none, or no nvidia-smi).
+    per_host: int, the ranks (cards) IX_NUM_CUDA_VISIBLE_DEVICES asks for.
+    gpus: int, the cards nvidia-smi lists here (listed_cards; 0: none, or no nvidia-smi).
     cores: int, this host's cores.
   """
   if gpus and per_host > gpus:
-    raise LaunchError("%d cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of "
-                      "CUDA_VISIBLE_DEVICES) but nvidia-smi lists %d GPUs on this host; export "
-                      "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer" % (per_host, gpus, gpus))
+    raise LaunchError("%d cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but nvidia-smi lists "
+                      "%d on this host; export IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
+                      % (per_host, gpus, gpus))
   if not gpus and per_host > cores:
     raise LaunchError("%d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of %d "
                       "cores and no GPU: each would get less than a core; export "
@@ -214,8 +219,9 @@ def check_this_host(per_host, gpus, cores):
                       % (per_host, cores, cores, per_host))
 
 
-def listed_gpus():
-  """The GPUs `nvidia-smi -L` lists on this host (0 without nvidia-smi)."""
+def listed_cards():
+  """The cards `nvidia-smi -L` lists on this host: each GPU, or the MIG slices listed
+  under it when it is split (0 without nvidia-smi)."""
   try:
     listing = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, universal_newlines=True, timeout=60)
@@ -223,7 +229,13 @@ def listed_gpus():
     return 0
   if listing.returncode != 0:
     return 0
-  return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
+  slices = []  # per GPU, its MIG slices
+  for line in listing.stdout.splitlines():
+    if line.startswith("GPU "):
+      slices.append(0)
+    elif line.strip().startswith("MIG ") and slices:
+      slices[-1] += 1
+  return sum(max(count, 1) for count in slices)
 
 
 def launcher(job, distribution="horovod", port=MULTI_WORKER_PORT):
@@ -295,25 +307,25 @@ def run_horovodrun(args, run_commandline):
     0, or the exit status of the rank that failed first, after a last line naming it
     with its error line.
   """
-  errors = RankErrors(sys.stderr)
-  sys.argv, sys.stderr = ["horovodrun"] + list(args), errors
+  rank_errors = RankErrors(sys.stderr)
+  sys.argv, sys.stderr = ["horovodrun"] + list(args), rank_errors
   try:
     run_commandline()
     return 0
   except RuntimeError as e:
     failed = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(e))
-    sys.stderr = errors.stream
+    sys.stderr = rank_errors.stream
     if not failed:
       errors.print_error("horovodrun", str(e).strip().splitlines()[0])
       return 1
     rank, status = int(failed.group(1)), int(failed.group(2))
-    print("rank %d exited with status %d%s" % (rank, status, ": " + errors.errors[rank]
-                                                 if rank in errors.errors
+    print("rank %d exited with status %d%s" % (rank, status, ": " + rank_errors.errors[rank]
+                                                 if rank in rank_errors.errors
                                                  else " (its lines are above)"),
           file=sys.stderr)
     return status if 0 < status < 256 else 1
   finally:
-    sys.stderr = errors.stream
+    sys.stderr = rank_errors.stream
 
 
 def run(words):
@@ -360,12 +372,15 @@ def main(argv):
     except ValueError as e:
       raise LaunchError("HOROVOD_RUN_ARGS cannot be split into arguments (%s); check its "
                         "quotes" % e)
-    if not {"--gloo", "--mpi", "--jsrun"} & set(run_args):
+    if not any(arg.startswith(_NOT_GLOO) for arg in run_args):
       # horovodrun alone picks MPI where its build has it: the default stays Gloo.
       run_args = ["--gloo"] + run_args
     job = plan(run_args, int(argv[1]), distribution)
-    if not names_hosts(run_args):
-      check_this_host(job.per_host, listed_gpus(), os.cpu_count() or 1)
+    # Only a count given for this host alone: CUDA_VISIBLE_DEVICES is checked where the
+    # ranks start, and the script's own default is within the host.
+    if os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES") and \
+        not os.environ.get("CUDA_VISIBLE_DEVICES") and not names_hosts(run_args):
+      check_this_host(job.per_host, listed_cards(), os.cpu_count() or 1)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
