@@ -175,8 +175,8 @@ def checkpoint_tensors(prefix):
       continue
     try:
       value = np.asarray(reader.get_tensor(name), dtype=np.float32)
-    except (tf.errors.OpError, IndexError) as e:  # IndexError: a .data file cut short
-      raise checkpoints.DamagedCheckpoint(prefix, e)
+    except (tf.errors.OpError, IndexError) as e:
+      raise checkpoints.DamagedCheckpoint.or_error(prefix, e)
     tensors[mapped[0]] = np.ascontiguousarray(value.T if mapped[1] else value)
   return tensors
 

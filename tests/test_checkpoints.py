@@ -324,6 +324,15 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_on
   assert checkpoints.non_finite_variable(str(out / "model.ckpt-4")) is None
 
 
+def test_a_permission_or_network_error_is_not_taken_for_a_damaged_checkpoint():
+  denied = tf.errors.PermissionDeniedError(None, None, "model.ckpt-4.index; Permission denied")
+  assert checkpoints.DamagedCheckpoint.or_error("model.ckpt-4", denied) is denied
+  cut = IndexError("Read less bytes than requested")
+  damaged = checkpoints.DamagedCheckpoint.or_error("model.ckpt-4", cut)
+  assert isinstance(damaged, checkpoints.DamagedCheckpoint)
+  assert damaged.reason == "Read less bytes than requested"
+
+
 def test_a_second_run_on_the_same_output_dir_is_refused_until_the_first_is_killed(
     pretraining_data, tmp_path):
   out = tmp_path / "out"

@@ -187,13 +187,25 @@ def non_finite_variable(prefix):
           not np.isfinite(np.asarray(reader.get_tensor(name), np.float32)).all():
         return name
   except (tf.errors.OpError, IndexError) as e:
-    # TensorFlow's reader raises IndexError for a .data file cut short.
-    raise DamagedCheckpoint(prefix, e)
+    raise DamagedCheckpoint.or_error(prefix, e)
   return None
 
 
 class DamagedCheckpoint(ValueError):
   """A checkpoint whose files cannot be read back (cut short or corrupted on disk)."""
+
+  @classmethod
+  def or_error(cls, prefix, error):
+    """A DamagedCheckpoint when `error` (raised reading the checkpoint) says its bytes are
+    cut short or corrupted, else the error itself: a permission or network error is not
+    damage, and its fix is not to move the checkpoint aside."""
+    message = str(getattr(error, "message", None) or error)
+    # The reader raises IndexError for a .data file cut short, and a bare OpError for
+    # a failed checksum.
+    if isinstance(error, (IndexError, tf.errors.DataLossError, tf.errors.OutOfRangeError)) \
+        or "Checksum does not match" in message:
+      return cls(prefix, error)
+    return error
 
   def __init__(self, prefix, error):
     self.prefix = prefix
@@ -514,8 +526,8 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
   # from a list only (TensorFlow 1.15 fails on the dict, 2.15 sets the first copy).
   try:
     tf.train.Saver(var_list=list(found.values())).restore(sess, prefix)
-  except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
-    raise DamagedCheckpoint(prefix, e)
+  except (tf.errors.OpError, IndexError) as e:
+    raise DamagedCheckpoint.or_error(prefix, e)
   log("Loaded %d of %d model variables from %s" % (len(found), len(model_variables), prefix))
   if missing:
     log("Model variables not in the checkpoint (initialized fresh): %s" % ", ".join(missing))
