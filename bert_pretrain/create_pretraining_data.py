@@ -940,7 +940,8 @@ def check_new_outputs(output_files):
 
 
 def main(argv):
-  """Runs create_pretraining_data from the flags; exits 1 with one line on bad input."""
+  """Runs create_pretraining_data from the flags; exits with one line on bad input (2
+  for stray words, else 1)."""
   if len(argv) > 1:
     errors.unexpected_arguments("create_pretraining_data", argv[1:])
   flag_values = flags.FLAGS

@@ -550,6 +550,16 @@ def test_step_without_its_input_is_refused(vocab, tmp_path):
   assert "needs the text shards of step shard" in line and "--steps=shard" in line
 
 
+@pytest.mark.parametrize("values,message", [
+    (dict(random_seed=-1), "--random_seed=-1 must be from 0 to 4294967295"),
+    (dict(max_sequences_per_pack=0), "--max_sequences_per_pack=0 must be >= 1"),
+])
+def test_settings_out_of_range_are_refused_before_any_step(vocab, tmp_path, values, message):
+  line = error_line(run_cli(str(tmp_path / "out"), vocab, pack="true", **values))
+  assert message in line
+  assert not os.path.exists(str(tmp_path / "out" / "work"))
+
+
 def test_missing_vocab(tmp_path):
   output_dir = tmp_path / "out"
   line = error_line(run_cli(str(output_dir), str(tmp_path / "vocab.txt")))

@@ -122,7 +122,8 @@ def _on_sigterm(main_pid):
 
 
 def main(argv):
-  """Runs the pipeline from the flags; exits 1 with one line on bad input."""
+  """Runs the pipeline from the flags; exits with one line on bad input (2 for stray
+  words, else 1)."""
   if len(argv) > 1:
     errors.unexpected_arguments("prepare_wiki", argv[1:])
   signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))

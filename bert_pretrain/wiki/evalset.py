@@ -18,8 +18,9 @@ def check_eval_samples(settings, available):
   if available < settings["num_eval_samples"]:
     raise PrepareError(
         "the %d held-out articles gave %d eval instances, fewer than "
-        "--num_eval_samples=%d; lower --num_eval_samples (to %d at most) or raise "
-        "--num_eval_articles, and run again: the finished work of the steps before is kept"
+        "--num_eval_samples=%d; lower --num_eval_samples (to %d at most) and run again, "
+        "or raise --num_eval_articles and run again with --redo_changed_steps (it redoes "
+        "the shards and records)"
         % (settings["num_eval_articles"], available, settings["num_eval_samples"],
            available))
 

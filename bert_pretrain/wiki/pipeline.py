@@ -349,6 +349,9 @@ def _check_settings(settings, jobs):
   if settings["max_sequences_per_pack"] < 1:
     raise PrepareError("--max_sequences_per_pack=%d must be >= 1 (MLPerf's submitters: 3)"
                        % settings["max_sequences_per_pack"])
+  if not 0 <= settings["random_seed"] < 2 ** 32:  # numpy's seeds, for step pack
+    raise PrepareError("--random_seed=%d must be from 0 to %d"
+                       % (settings["random_seed"], 2 ** 32 - 1))
   if settings["max_seq_length"] < 5:
     raise PrepareError("--max_seq_length=%d must be >= 5" % settings["max_seq_length"])
   if not 1 <= settings["max_predictions_per_seq"] <= settings["max_seq_length"]:
