@@ -156,14 +156,21 @@ def test_skipping_stops_past_the_share(pretraining_data, tmp_path):
   assert "Step " not in result.stdout
 
 
-def test_a_cut_tail_counts_among_the_records_as_well_as_among_the_bad_ones(pretraining_data,
-                                                                          tmp_path):
-  folder, path, _ = damaged_copy(pretraining_data, tmp_path, "cut")
+def _skipping_check(data, tmp_path, kind):
+  """check_training_files with skipping on damaged_copy's folder of `kind`, whose one bad
+  record it must find; returns (folder, damaged file, the folder's files, records)."""
+  folder, path, _ = damaged_copy(data, tmp_path, kind)
   files = input_pipeline.list_record_files(folder)
   num_records, bad = input_pipeline.check_training_files(
       files, SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"], skip_corrupt=True,
       max_corrupt_share=0.1)
   assert [(r.path, r.index) for r in bad] == [(path, BAD_INDEX)]
+  return folder, path, files, num_records, bad
+
+
+def test_a_cut_tail_counts_among_the_records_as_well_as_among_the_bad_ones(pretraining_data,
+                                                                          tmp_path):
+  folder, path, files, num_records, _ = _skipping_check(pretraining_data, tmp_path, "cut")
   whole = sum(1 for f in files if f != path for _ in tf.io.tf_record_iterator(f))
   assert num_records == whole + BAD_INDEX + 1
   # A file that is one cut record: 1 of 1 bad, not 1 of 0.
@@ -179,12 +186,7 @@ def test_a_cut_tail_counts_among_the_records_as_well_as_among_the_bad_ones(pretr
 
 def test_skipped_records_are_left_out_and_every_other_record_is_read(pretraining_data,
                                                                      tmp_path):
-  folder, path, _ = damaged_copy(pretraining_data, tmp_path, "crc")
-  files = input_pipeline.list_record_files(folder)
-  num_records, bad = input_pipeline.check_training_files(
-      files, SEQ_LENGTH, PREDICTIONS, TINY_CONFIG["vocab_size"], skip_corrupt=True,
-      max_corrupt_share=0.1)
-  assert [(r.path, r.index) for r in bad] == [(path, BAD_INDEX)]
+  _, path, files, num_records, bad = _skipping_check(pretraining_data, tmp_path, "crc")
   expected = []
   for name in sorted(os.listdir(pretraining_data["train"])):
     source = os.path.join(pretraining_data["train"], name)

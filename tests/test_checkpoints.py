@@ -251,27 +251,39 @@ def test_resume_refuses_a_non_finite_checkpoint_and_names_the_last_good_one(
         str(out / "model.ckpt-4"), str(out / ("model.ckpt-%d" % step)),
         lambda name, value: (value * np.nan if name == nan_in else
                              np.int64(step) if name == "global_step" else value))
-  before = snapshot(out)
-  refused = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=10,
-                                        nodo_eval=None))
-  assert refused.returncode == 2
-  errors = [l for l in refused.stderr.splitlines() if "error:" in l]
-  assert len(errors) == 1, refused.stderr
+  error = _refused_with_one_line_keeping_the_folder(pretraining_data, out, 10)
   move = "cd %s && mkdir -p diverged && mv model.ckpt-6.* model.ckpt-8.* diverged/" % out
-  assert errors[0] == (
+  assert error == (
       "run_pretraining: error: --output_dir=%s: its newest checkpoint model.ckpt-8 holds NaN "
       "or Inf (%s), the run that wrote it diverged; the last good one is model.ckpt-4: to "
       "resume from it move the newer ones away (%s) and run again with a lower "
       "--learning_rate, or start a new --output_dir with --init_checkpoint=%s/model.ckpt-4 "
       "(weights only)" % (out, nan_in, move, out))
+  _resumes_after(move, pretraining_data, out, 4, 6)
+
+
+def _refused_with_one_line_keeping_the_folder(pretraining_data, out, steps):
+  """Runs on `out` to `steps` updates; returns the run's one error line after checking
+  that it exited 2 and left the folder as it was."""
+  before = snapshot(out)
+  refused = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=steps,
+                                        nodo_eval=None))
+  assert refused.returncode == 2
+  errors = [l for l in refused.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, refused.stderr
   assert snapshot(out) == before
-  # Doing what the message says resumes from step 4.
+  return errors[0]
+
+
+def _resumes_after(move, pretraining_data, out, step, steps):
+  """Doing what the message says (`move`) resumes from `step`; the run to `steps` saves
+  a finite checkpoint."""
   subprocess.check_call(move, shell=True)
-  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
+  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=steps,
                                         nodo_eval=None))
   assert resumed.returncode == 0, resumed.stderr
-  assert "Resuming from %s/model.ckpt-4 at step 4" % out in resumed.stdout
-  assert checkpoints.non_finite_variable(str(out / "model.ckpt-6")) is None
+  assert "Resuming from %s/model.ckpt-%d at step %d" % (out, step, step) in resumed.stdout
+  assert checkpoints.non_finite_variable(str(out / ("model.ckpt-%d" % steps))) is None
 
 
 def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_one(
@@ -294,20 +306,14 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_on
     checkpoints.non_finite_variable(str(flipped / "model.ckpt-4"))
   with open(data, "r+b") as f:
     f.truncate(os.path.getsize(data) // 2)
-  before = snapshot(out)
-  refused = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
-                                        nodo_eval=None))
-  assert refused.returncode == 2
-  errors = [l for l in refused.stderr.splitlines() if "error:" in l]
-  assert len(errors) == 1, refused.stderr
+  error = _refused_with_one_line_keeping_the_folder(pretraining_data, out, 6)
   move = "cd %s && mkdir -p damaged && mv model.ckpt-4.* damaged/" % out
-  assert errors[0] == (
+  assert error == (
       "run_pretraining: error: --output_dir=%s: its newest checkpoint model.ckpt-4 is damaged "
       "(Read less bytes than requested), cut short or corrupted on disk; the last good one "
       "is model.ckpt-2: to resume from it move the newer ones away (%s) and run the same "
       "command again, or start a new --output_dir with --init_checkpoint=%s/model.ckpt-2 "
       "(weights only)" % (out, move, out))
-  assert snapshot(out) == before
   # As --init_checkpoint of a new run: one line, no traceback.
   init = run_pretraining(*base_flags(pretraining_data, tmp_path / "new", num_train_steps=1,
                                      nodo_eval=None, init_checkpoint=str(out / "model.ckpt-4")))
@@ -315,13 +321,7 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_on
   assert init.stderr.strip().splitlines()[-1] == (
       "run_pretraining: error: checkpoint %s/model.ckpt-4 is damaged (Read less bytes than "
       "requested): cut short or corrupted on disk; pass a complete checkpoint" % out)
-  # Doing what the message says resumes from step 2.
-  subprocess.check_call(move, shell=True)
-  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
-                                        nodo_eval=None))
-  assert resumed.returncode == 0, resumed.stderr
-  assert "Resuming from %s/model.ckpt-2 at step 2" % out in resumed.stdout
-  assert checkpoints.non_finite_variable(str(out / "model.ckpt-4")) is None
+  _resumes_after(move, pretraining_data, out, 2, 4)
 
 
 def test_a_permission_or_network_error_is_not_taken_for_a_damaged_checkpoint():
