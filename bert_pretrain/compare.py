@@ -304,8 +304,9 @@ def main(argv):
     errors.print_error("compare", "--band=%g must be between 0 and 1 (a fraction of the "
                        "loss, e.g. 0.001)" % FLAGS.band)
     return 2
-  if picture_path_problem(FLAGS.png_path):
-    errors.print_error("compare", picture_path_problem(FLAGS.png_path))
+  problem = picture_path_problem(FLAGS.png_path)
+  if problem:
+    errors.print_error("compare", problem)
     return 2
   try:
     runs = [Run(folder, name) for folder, name in zip(folders, run_names(folders))]
@@ -316,9 +317,9 @@ def main(argv):
     if run.cut_lines:
       print("compare: note: %s: line %d of its dllog.json is cut short (a killed run?); "
             "its other records are compared" % (run.name, run.cut_lines[0]))
-    if report.not_text_note(os.path.join(run.folder, "dllog.json"), run.skipped):
-      print("compare: note: " + report.not_text_note(os.path.join(run.folder, "dllog.json"),
-                                                     run.skipped))
+    note = report.not_text_note(os.path.join(run.folder, "dllog.json"), run.skipped)
+    if note:
+      print("compare: note: " + note)
   rows = compare_runs(runs, FLAGS.band)
   for line in format_rows(rows, FLAGS.band):
     print(line)

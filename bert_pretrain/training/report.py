@@ -241,8 +241,9 @@ def write_report(output_dir, dllog_path=None, png_path=None, log=print, picture=
   png_path = png_path or os.path.join(output_dir, "report.png")
   skipped = []
   records = read_records(dllog_path, skipped)
-  if not_text_note(dllog_path, skipped):
-    log("report: note: " + not_text_note(dllog_path, skipped))
+  note = not_text_note(dllog_path, skipped)
+  if note:
+    log("report: note: " + note)
   for line in format_summary(summarize(records)):
     log("report: " + line)
   if not picture:

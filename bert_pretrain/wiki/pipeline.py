@@ -145,7 +145,7 @@ def reconcile_settings(layout, settings, step_list, redo=False):
                          % (layout.root, "; ".join(differences.values()),
                             "s" * (len(done) > 1), ", ".join(done)))
     now = [s for s in redone if s in step_list]
-    later = [s for s in redone if s not in step_list and _has_work(layout, s)]
+    later = [s for s in done if s not in step_list]
     say("settings changed (%s): redoing step%s %s%s; the finished work of the other "
         "steps is kept" % ("; ".join(differences.values()), "s" * (len(now) > 1),
                            ", ".join(now),
