@@ -780,13 +780,14 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
 
   masker = MaskedLmMasker(tokenizer.vocab, masked_lm_prob, max_predictions_per_seq,
                           do_whole_word_mask, np_rng)
+  unknown_id = tokenizer.vocab[tokenization.UNK_TOKEN]
   stats = {
       "num_input_files": len(input_paths),
       "num_input_bytes": num_input_bytes,
       "num_documents": len(documents),
       "num_sentences": num_sentences,
       "num_input_tokens": int(sum(len(d.token_ids) for d in documents)),
-      "num_unknown_tokens": int(sum(np.count_nonzero(d.token_ids == tokenizer.vocab["[UNK]"])
+      "num_unknown_tokens": int(sum(np.count_nonzero(d.token_ids == unknown_id)
                                     for d in documents)),
       "num_instances": len(instances),
       "num_random_next": int(sum(instance[2] for instance in instances)),
