@@ -28,12 +28,23 @@ PREDICTIONS = 10
 # The slowest files, longest first (their times: docs/performance.md); the others follow.
 # pytest-xdist's --dist loadfile hands out files by their number of tests, which started
 # slow files after the quick ones: the suite ended on one busy worker.
-SLOWEST_FIRST = ["test_surviving.py", "test_distribution.py", "test_run_pretraining.py",
-                 "test_scaling.py", "test_checkpoints.py", "test_bad_records.py",
-                 "test_horovod.py", "test_run_classifier.py", "test_multihost.py",
-                 "test_bench.py", "test_compare.py", "test_scripts.py", "test_demo.py",
-                 "test_conformance.py", "test_export.py", "test_pack_records.py",
-                 "test_anchor_flags.py", "test_optimization.py"]
+SLOWEST_FIRST = ["test_distribution.py", "test_scaling.py", "test_surviving.py",
+                 "test_bench.py", "test_bad_records.py", "test_run_pretraining.py",
+                 "test_checkpoints.py", "test_export.py", "test_multihost.py",
+                 "test_run_classifier.py", "test_scripts.py", "test_horovod.py",
+                 "test_tool_errors.py", "test_prepare_wiki.py", "test_demo.py",
+                 "test_modeling.py", "test_pack_records.py", "test_create_pretraining_data.py",
+                 "test_compare.py", "test_packed_run.py", "test_optimization.py"]
+
+def pytest_configure(config):
+  """Compiles the project's sources once, before the workers start: with
+  PYTHONDONTWRITEBYTECODE set, each of the suite's hundreds of subprocesses would compile
+  every module it imports again."""
+  if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+    import compileall  # pylint: disable=g-import-not-at-top
+    for folder in ("bert_pretrain", "bench", "tools", "tests"):
+      compileall.compile_dir(os.path.join(ROOT, folder), quiet=1)
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
