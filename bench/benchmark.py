@@ -25,8 +25,9 @@ sides taking turns for --rounds rounds within the row:
     peak RSS of each side, the load average at the start and end of the row;
 
 and whether BERT-Large at sequence 512, batch 1 can take a training step here, and
-BERT-Large at 512 in mixed precision in MLPerf's configuration (a micro-batch of 4
-accumulated into updates of 64), per core beside Intel's MLPerf submission. The table
+BERT-Large at 512 in mixed precision in MLPerf's configuration (--mlperf_batch
+sequences a micro-batch, accumulated into updates of 64), per core beside Intel's MLPerf
+submission. The table
 is printed and written to --out_dir (benchmark.md, benchmark.json, benchmark.png), and
 a card (bench/card.py) to benchmark_card.json: the environment, each side's config hash,
 mean and spread over its timing windows, and the anchors' published rows of the same

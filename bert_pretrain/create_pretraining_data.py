@@ -802,27 +802,9 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
   return stats
 
 
-# Above this share of [UNK] tokens, a warning: BERT's vocabs leave well under 1% of
-# Wikipedia unknown, a wrong vocab or the wrong casing most of it.
-UNKNOWN_WARNING_SHARE = 0.05
 # Above this share of random next sentences (Google's rules give about half), a warning:
 # next-sentence prediction then learns little.
 RANDOM_NEXT_WARNING_SHARE = 0.75
-
-
-def unknown_tokens_warning(stats):
-  """One line when more than UNKNOWN_WARNING_SHARE of the text's tokens are [UNK], else
-  None.
-
-  Args:
-    stats: create_pretraining_data's statistics.
-  """
-  if stats["num_unknown_tokens"] <= UNKNOWN_WARNING_SHARE * stats["num_input_tokens"]:
-    return None
-  return ("%d of the %d tokens of the text (%.0f%%) are [UNK]: the vocab does not fit the "
-          "text; pass the model's vocab.txt, with --nodo_lower_case for a cased one"
-          % (stats["num_unknown_tokens"], stats["num_input_tokens"],
-             100.0 * stats["num_unknown_tokens"] / stats["num_input_tokens"]))
 
 
 def random_next_warning(stats):
@@ -966,7 +948,10 @@ def main(argv):
     if not errors.is_file_error(e):
       raise
     sys.exit("create_pretraining_data: error: %s" % errors.os_error_message(e))
-  for warning in (unknown_tokens_warning(stats), random_next_warning(stats)):
+  unknown = tokenization.unknown_tokens_warning(
+      stats["num_unknown_tokens"], stats["num_input_tokens"],
+      "pass the model's vocab.txt, with --nodo_lower_case for a cased one")
+  for warning in (unknown, random_next_warning(stats)):
     if warning:
       print("create_pretraining_data: warning: %s" % warning, file=sys.stderr)
   print("create_pretraining_data: %d instances from %d documents (%.2f MB) in %.1f s, "

@@ -10,6 +10,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -316,6 +317,25 @@ def test_same_seed_gives_byte_identical_output_with_two_jobs(run_a, vocab, tmp_p
   result = run_cli(output_dir, vocab, jobs=2)
   assert result.returncode == 0, result.stderr
   assert files_under(output_dir) == files_under(run_a)
+  assert "[UNK]" not in result.stderr  # the dump's own vocab fits it
+
+
+def test_a_vocab_that_leaves_most_of_the_text_unknown_is_told_at_the_held_out_text(tmp_path):
+  tiny = tmp_path / "vocab.txt"
+  tiny.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+  result = run_cli(str(tmp_path / "out"), str(tiny))
+  assert result.returncode == 0, result.stderr
+  [warning] = [l for l in result.stderr.splitlines() if "warning:" in l]
+  unknown, total = [int(n) for n in re.match(
+      r"^prepare_wiki: warning: (\d+) of the (\d+) tokens of the text \(\d+%\) are \[UNK\]: "
+      r"the vocab does not fit the text; pass --vocab=<the model's vocab.txt>, with "
+      r"--do_lower_case=false for a cased one$", warning).groups()]
+  assert 0.9 * total < unknown < total
+  # Told within step tfrecords, before its summary line.
+  lines = result.stderr.splitlines()
+  [summary] = [i for i, l in enumerate(lines)
+               if re.match(r"prepare_wiki: tfrecords: \d+ files made", l)]
+  assert lines.index(warning) < summary
 
 
 def test_resume_redoes_only_what_is_missing(run_a, vocab, tmp_path):

@@ -95,6 +95,26 @@ def convert_to_unicode(text):
                    % type(text).__name__)
 
 
+# Above this share of [UNK] tokens, a warning: BERT's vocabs leave well under 1% of
+# Wikipedia unknown, a wrong vocab or the wrong casing most of it.
+UNKNOWN_WARNING_SHARE = 0.05
+
+
+def unknown_tokens_warning(num_unknown, num_tokens, fix):
+  """One line when more than UNKNOWN_WARNING_SHARE of a text's tokens are [UNK], else
+  None.
+
+  Args:
+    num_unknown: the text's [UNK] tokens.
+    num_tokens: all its tokens.
+    fix: what to pass instead, in the flags of the tool that warns.
+  """
+  if num_unknown <= UNKNOWN_WARNING_SHARE * num_tokens:
+    return None
+  return ("%d of the %d tokens of the text (%.0f%%) are [UNK]: the vocab does not fit the "
+          "text; %s" % (num_unknown, num_tokens, 100.0 * num_unknown / num_tokens, fix))
+
+
 def missing_special_tokens(vocab):
   """The SPECIAL_TOKENS but [PAD] (id 0 pads whatever its token) that a vocab
   (load_vocab's dict) lacks, in their order: pretraining writes them and a tokenizer of

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import time
 
+from bert_pretrain.data import tokenization
 from bert_pretrain.wiki.evalset import check_eval_samples
 from bert_pretrain.wiki.shard import valid_shard_marker
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, file_digest,
@@ -99,9 +100,16 @@ def run_tfrecords(layout, settings, vocab, jobs, check_eval=False):
     done[0] += result["input_bytes"]
     done[1] += 1
     progress.update(done[0])
-    if result["name"] == "eval_all" and check_eval:
-      marker = read_json(layout.marker("tfrecords", "eval_all"))
-      check_eval_samples(settings, marker["stats"]["num_instances"])
+    if result["name"] == "eval_all":
+      # The held-out text goes first: a vocab that does not fit it is told before the rest.
+      stats = read_json(layout.marker("tfrecords", "eval_all"))["stats"]
+      warning = tokenization.unknown_tokens_warning(
+          stats["num_unknown_tokens"], stats["num_input_tokens"],
+          "pass --vocab=<the model's vocab.txt>, with --do_lower_case=false for a cased one")
+      if warning:
+        say("warning: " + warning)
+      if check_eval:
+        check_eval_samples(settings, stats["num_instances"])
 
   # spawn: each worker starts TensorFlow itself rather than inheriting a forked one.
   run_tasks(tfrecord_task, tasks, jobs, on_result, context="spawn")
