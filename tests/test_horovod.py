@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -334,6 +335,19 @@ def test_hosts_given_without_a_controller_keep_gloo_and_mpi_options_keep_mpi(tmp
                        HOROVOD_RUN_ARGS="-H h1,h2 --mpi-args=--bind-to=none")
   assert result.returncode == 0, result.stderr
   assert "-H h1:8,h2:8 --mpi-args=--bind-to=none python3 -m " in result.stdout
+
+
+def test_a_job_its_ranks_stopped_at_sigterm_ends_with_143_though_horovodrun_returned(capsys):
+  def stopped():  # as horovodrun does when it lost the status of the ranks it killed
+    sys.stderr.write("[1]<stderr>:run_pretraining: SIGTERM received: finishing the current "
+                     "update, then saving a checkpoint; run the same command again to resume "
+                     "(send SIGTERM again to exit at once)\n")
+
+  def finished():
+    sys.stderr.write("[1]<stderr>:run_pretraining: warning: a line\n")
+  assert launch_plan.run_horovodrun(["-np", "2"], stopped) == 143
+  assert launch_plan.run_horovodrun(["-np", "2"], finished) == 0
+  assert "[1]<stderr>:run_pretraining: SIGTERM received" in capsys.readouterr().err
 
 
 def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):

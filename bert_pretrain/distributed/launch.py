@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -276,20 +277,25 @@ def summary(job, distribution="horovod"):
 
 class RankErrors(object):
   """A text stream in front of sys.stderr that passes everything on and keeps each rank's
-  last error line: horovodrun --gloo writes the ranks' lines as "[N]<stderr>:line", each
-  in one write."""
+  last error line, and the signal a rank said it stops at: horovodrun --gloo writes the
+  ranks' lines as "[N]<stderr>:line", each in one write."""
 
   _LINE = re.compile(r"^\[(\d+)\]<stderr>:(.*\berror: .*)$")
+  _STOP = re.compile(r"^\[\d+\]<stderr>:\S+: (SIG[A-Z]+) received: finishing")
 
   def __init__(self, stream):
     self.stream = stream
     self.errors = {}  # rank -> its last line with "error: "
+    self.stop_signal = None  # the signal a rank stops at (signals.py), e.g. "SIGTERM"
 
   def write(self, text):
     for line in text.splitlines():
       match = self._LINE.match(line)
       if match:
         self.errors[int(match.group(1))] = match.group(2).strip()
+      stop = self._STOP.match(line)
+      if stop and self.stop_signal is None:
+        self.stop_signal = stop.group(1)
     return self.stream.write(text)
 
   def __getattr__(self, name):
@@ -304,13 +310,17 @@ def run_horovodrun(args, run_commandline):
     run_commandline: horovod.runner.launch.run_commandline.
 
   Returns:
-    0, or the exit status of the rank that failed first, after a last line naming it
-    with its error line.
+    0; 128 + the signal for a job its ranks stopped at a signal; or the exit status of
+    the rank that failed first, after a last line naming it with its error line.
   """
   rank_errors = RankErrors(sys.stderr)
   sys.argv, sys.stderr = ["horovodrun"] + list(args), rank_errors
   try:
     run_commandline()
+    # horovodrun can return normally for ranks it killed after its 5 s grace (its
+    # middleman reaps their shell before Popen.wait does, which then reads 0).
+    if rank_errors.stop_signal:
+      return 128 + getattr(signal, rank_errors.stop_signal)
     return 0
   except RuntimeError as e:
     failed = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(e))
