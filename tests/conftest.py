@@ -36,6 +36,7 @@ SLOWEST_FIRST = ["test_distribution.py", "test_scaling.py", "test_surviving.py",
                  "test_modeling.py", "test_pack_records.py", "test_create_pretraining_data.py",
                  "test_compare.py", "test_packed_run.py", "test_optimization.py"]
 
+
 def pytest_configure(config):
   """Compiles the project's sources once, before the workers start: with
   PYTHONDONTWRITEBYTECODE set, each of the suite's hundreds of subprocesses would compile
