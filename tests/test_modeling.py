@@ -211,9 +211,9 @@ def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtyp
     ops = [op for op in tf.get_default_graph().get_operations()
            if op.name.startswith("bert/encoder/")]
     by_type = {t: [op.outputs[0].dtype for op in ops if op.type == t]
-               for t in ("Tanh", "Softmax", "Rsqrt", "MatMul")}
+               for t in ("Sigmoid", "Softmax", "Rsqrt", "MatMul")}
     # GELU and the attention softmax (dropout: below): every layer has them.
-    for op_type in ("Tanh", "Softmax"):
+    for op_type in ("Sigmoid", "Softmax"):
       assert by_type[op_type] and set(by_type[op_type]) == {elementwise}, op_type
     # Layer norm's statistics are float32 whatever the compute type.
     assert by_type["Rsqrt"] and set(by_type["Rsqrt"]) == {tf.float32}
