@@ -65,7 +65,7 @@ def gelu(x):
   """Gaussian Error Linear Unit, the tanh approximation BERT was trained with:
   0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), in elementwise_dtype(x.dtype),
   computed as x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 * x^3)), the same function
-  in fewer passes over x.
+  in fewer passes over x, without 1 + tanh's cancellation below x = -3.
 
   Its gradient is written out: upstream * slope, the slope computed in the forward pass
   from x and the sigmoid s: s + x * s * (1 - s) * d/dx of the sigmoid's argument, the
