@@ -261,6 +261,26 @@ def test_both_clipping_orders_match_numpy(accumulation):
     assert difference < 1e-6  # one micro-batch: the same gradient either way
 
 
+def test_a_clipped_micro_batch_is_added_to_its_accumulator_by_one_fused_op():
+  """Clipped per micro-batch, each accumulator takes factor * gradient in one pass
+  (ApplyGradientDescent with -factor), holding numpy's clipped gradient after it."""
+  with tf.Graph().as_default():
+    x = tf.constant(CLIP_INPUTS[0])
+    w = tf.get_variable("layer/kernel", initializer=CLIP_W0)
+    accumulate, _ = optimization.create_train_ops(
+        tf.reduce_sum(tf.square(w * x)), optimization.create_optimizer("lamb", 0.1),
+        tf.train.get_or_create_global_step(), 2,
+        clipping=optimization.CLIP_PER_MICRO_BATCH)
+    assert [op.type for op in accumulate.control_inputs] == ["ApplyGradientDescent"]
+    (accumulator,) = tf.local_variables("gradient_accumulation")
+    with tf.Session() as sess:
+      sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+      sess.run(accumulate)
+      got = sess.run(accumulator)
+  grad = 2.0 * CLIP_W0 * CLIP_INPUTS[0] ** 2
+  np.testing.assert_allclose(got, grad / max(np.linalg.norm(grad), 1.0), rtol=1e-6)
+
+
 def test_a_micro_batch_that_overflows_skips_the_accumulated_update():
   """Clipped per micro-batch under loss scaling, an overflow in one micro-batch of an
   accumulated update leaves a NaN in the sum: the update is skipped and the scale halves."""

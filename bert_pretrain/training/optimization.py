@@ -383,9 +383,15 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, tvars)]
   grads = [tf.cast(g, tf.float32) for g in grads]
   all_finite = None
+  # The micro-batch's gradient is factor * grads; the factor is left for the
+  # accumulation to apply in its own pass when nothing else reads the product.
+  factor = None
   if clipping == CLIP_PER_MICRO_BATCH:
     with tf.name_scope("clip_micro_batch"):
-      (grads, all_finite) = _clip_and_unscale(grads, clip_norm, loss_scale)
+      (factor, all_finite) = _clip_factor(grads, clip_norm, loss_scale)
+  if pre_accumulation_fn is not None or (factor is not None and num_accumulation_steps == 1):
+    grads = _scaled(grads, factor)
+    factor = None
   if pre_accumulation_fn is not None:
     grads = pre_accumulation_fn(grads)
 
@@ -400,9 +406,15 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
                                       synchronization=tf.VariableSynchronization.ON_READ,
                                       aggregation=tf.VariableAggregation.SUM)
                       for v in tvars]
-    accumulate_op = tf.group(*[a.assign_add(g) for a, g in zip(accumulators, grads)])
+    if factor is None:
+      accumulate_op = tf.group(*[a.assign_add(g) for a, g in zip(accumulators, grads)])
+    else:
+      # a += factor * g in one pass over a and g.
+      accumulate_op = tf.group(*[_apply_gradient_descent(a, -factor, g)
+                                 for a, g in zip(accumulators, grads)])
     # The last micro-batch is added in the update itself, then the sum is averaged.
-    grads = [(a + g) / float(num_accumulation_steps) for a, g in zip(accumulators, grads)]
+    grads = [(a + g) / float(num_accumulation_steps)
+             for a, g in zip(accumulators, _scaled(grads, factor))]
 
   if allreduce_fn is not None:
     grads = allreduce_fn(grads)
@@ -416,7 +428,8 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
 
   with tf.name_scope("optimizer"):
     if clipping == CLIP_AFTER_ALLREDUCE:
-      (grads, all_finite) = _clip_and_unscale(grads, clip_norm, loss_scale)
+      (factor, all_finite) = _clip_factor(grads, clip_norm, loss_scale)
+      grads = _scaled(grads, factor)
     elif loss_scale is not None and (
         num_accumulation_steps > 1 or allreduce_fn or pre_accumulation_fn):
       # A micro-batch that overflowed (here or on another rank) left NaN in the sum.
@@ -446,22 +459,28 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   return accumulate_op, update_op
 
 
-def _clip_and_unscale(grads, clip_norm, loss_scale=None):
-  """The gradients clipped to the global norm clip_norm, divided by the loss scale.
+def _clip_factor(grads, clip_norm, loss_scale=None):
+  """The factor that clips the gradients to the global norm clip_norm and divides them
+  by the loss scale, as tf.clip_by_global_norm computes it.
 
   One pass over the scaled gradients gives their norm, which is finite only if every
-  gradient is; unscaling is folded into the clipping factor.
+  gradient is; the factor is NaN where it is not, so that a sum of the gradients stays
+  non-finite.
 
   Returns:
-    (list of float32 Tensors, all_finite): all_finite is a bool scalar Tensor with a
-    loss scale (the gradients are then NaN where it is false, so that a sum of them
-    stays non-finite), None without one.
+    (float32 scalar Tensor, all_finite): all_finite is a bool scalar Tensor with a loss
+    scale, None without one.
   """
-  if loss_scale is None:
-    return tf.clip_by_global_norm(grads, clip_norm=clip_norm)[0], None
   scaled_norm = tf.global_norm(grads)
+  if loss_scale is None:
+    factor = clip_norm * tf.minimum(1.0 / scaled_norm, 1.0 / clip_norm)
+    return factor + (scaled_norm - scaled_norm), None
   all_finite = tf.is_finite(scaled_norm)
   norm = scaled_norm / loss_scale.scale
   factor = clip_norm / tf.maximum(norm, clip_norm) / loss_scale.scale
-  factor = tf.where(all_finite, factor, tf.constant(float("nan")))
-  return [g * factor for g in grads], all_finite
+  return tf.where(all_finite, factor, tf.constant(float("nan"))), all_finite
+
+
+def _scaled(grads, factor):
+  """grads * factor; grads when factor is None."""
+  return grads if factor is None else [g * factor for g in grads]
