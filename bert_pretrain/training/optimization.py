@@ -395,26 +395,10 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   if pre_accumulation_fn is not None:
     grads = pre_accumulation_fn(grads)
 
-  accumulate_op = None
+  (accumulate_op, accumulators) = (None, [])
   if num_accumulation_steps > 1:
-    # ON_READ: under a tf.distribute strategy each replica sums its own gradients.
-    with tf.variable_scope("gradient_accumulation"):
-      accumulators = [tf.get_variable(checkpoints.variable_name(v).replace("/", "_"),
-                                      shape=v.shape.as_list(), dtype=tf.float32,
-                                      trainable=False, initializer=tf.zeros_initializer(),
-                                      collections=[tf.GraphKeys.LOCAL_VARIABLES],
-                                      synchronization=tf.VariableSynchronization.ON_READ,
-                                      aggregation=tf.VariableAggregation.SUM)
-                      for v in tvars]
-    if factor is None:
-      accumulate_op = tf.group(*[a.assign_add(g) for a, g in zip(accumulators, grads)])
-    else:
-      # a += factor * g in one pass over a and g.
-      accumulate_op = tf.group(*[_apply_gradient_descent(a, -factor, g)
-                                 for a, g in zip(accumulators, grads)])
-    # The last micro-batch is added in the update itself, then the sum is averaged.
-    grads = [(a + g) / float(num_accumulation_steps)
-             for a, g in zip(accumulators, _scaled(grads, factor))]
+    (accumulate_op, accumulators, grads) = _accumulation(tvars, grads, factor,
+                                                         num_accumulation_steps)
 
   if allreduce_fn is not None:
     grads = allreduce_fn(grads)
@@ -453,10 +437,38 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
     after_update = [tf.no_op()]
     if loss_scale is not None:
       after_update.append(loss_scale.update(all_finite))
-    if num_accumulation_steps > 1:
-      after_update.extend(a.assign(tf.zeros_like(a)) for a in accumulators)
+    after_update.extend(a.assign(tf.zeros_like(a)) for a in accumulators)
     update_op = tf.group(*after_update)
   return accumulate_op, update_op
+
+
+def _accumulation(tvars, grads, factor, num_accumulation_steps):
+  """The float32 accumulators of tvars' gradients and the op that adds a micro-batch's
+  factor * grads (grads when factor is None) to them.
+
+  Returns:
+    (accumulate_op, accumulators, mean): mean is the update's mean gradient, the
+    accumulators' sum with this micro-batch's gradients added.
+  """
+  # ON_READ: under a tf.distribute strategy each replica sums its own gradients.
+  with tf.variable_scope("gradient_accumulation"):
+    accumulators = [tf.get_variable(checkpoints.variable_name(v).replace("/", "_"),
+                                    shape=v.shape.as_list(), dtype=tf.float32,
+                                    trainable=False, initializer=tf.zeros_initializer(),
+                                    collections=[tf.GraphKeys.LOCAL_VARIABLES],
+                                    synchronization=tf.VariableSynchronization.ON_READ,
+                                    aggregation=tf.VariableAggregation.SUM)
+                    for v in tvars]
+  if factor is None:
+    accumulate_op = tf.group(*[a.assign_add(g) for a, g in zip(accumulators, grads)])
+  else:
+    # a += factor * g in one pass over a and g.
+    accumulate_op = tf.group(*[_apply_gradient_descent(a, -factor, g)
+                               for a, g in zip(accumulators, grads)])
+  # The last micro-batch is added in the update itself, then the sum is averaged.
+  mean = [(a + g) / float(num_accumulation_steps)
+          for a, g in zip(accumulators, _scaled(grads, factor))]
+  return accumulate_op, accumulators, mean
 
 
 def _clip_factor(grads, clip_norm, loss_scale=None):
