@@ -383,8 +383,8 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, tvars)]
   grads = [tf.cast(g, tf.float32) for g in grads]
   all_finite = None
-  # The micro-batch's gradient is factor * grads; the factor is left for the
-  # accumulation to apply in its own pass when nothing else reads the product.
+  # The micro-batch's gradient is factor * grads; accumulate_op applies the factor in
+  # its pass over each gradient instead of a product of its own.
   factor = None
   if clipping == CLIP_PER_MICRO_BATCH:
     with tf.name_scope("clip_micro_batch"):
@@ -473,7 +473,7 @@ def _accumulation(tvars, grads, factor, num_accumulation_steps):
 
 def _clip_factor(grads, clip_norm, loss_scale=None):
   """The factor that clips the gradients to the global norm clip_norm and divides them
-  by the loss scale, as tf.clip_by_global_norm computes it.
+  by the loss scale; without one, as tf.clip_by_global_norm computes it.
 
   One pass over the scaled gradients gives their norm, which is finite only if every
   gradient is; the factor is NaN where it is not, so that a sum of the gradients stays
@@ -485,7 +485,7 @@ def _clip_factor(grads, clip_norm, loss_scale=None):
   """
   scaled_norm = tf.global_norm(grads)
   if loss_scale is None:
-    factor = clip_norm * tf.minimum(1.0 / scaled_norm, 1.0 / clip_norm)
+    factor = clip_norm * tf.minimum(1.0 / scaled_norm, tf.constant(1.0) / clip_norm)
     return factor + (scaled_norm - scaled_norm), None
   all_finite = tf.is_finite(scaled_norm)
   norm = scaled_norm / loss_scale.scale
