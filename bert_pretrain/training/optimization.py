@@ -389,9 +389,8 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   if clipping == CLIP_PER_MICRO_BATCH:
     with tf.name_scope("clip_micro_batch"):
       (factor, all_finite) = _clip_factor(grads, clip_norm, loss_scale)
-  if pre_accumulation_fn is not None or (factor is not None and num_accumulation_steps == 1):
-    grads = _scaled(grads, factor)
-    factor = None
+  if pre_accumulation_fn is not None or num_accumulation_steps == 1:
+    (grads, factor) = (_scaled(grads, factor), None)
   if pre_accumulation_fn is not None:
     grads = pre_accumulation_fn(grads)
 
@@ -463,7 +462,8 @@ def _accumulation(tvars, grads, factor, num_accumulation_steps):
     accumulate_op = tf.group(*[a.assign_add(g) for a, g in zip(accumulators, grads)])
   else:
     # a += factor * g in one pass over a and g.
-    accumulate_op = tf.group(*[_apply_gradient_descent(a, -factor, g)
+    alpha = -factor
+    accumulate_op = tf.group(*[_apply_gradient_descent(a, alpha, g)
                                for a, g in zip(accumulators, grads)])
   # The last micro-batch is added in the update itself, then the sum is averaged.
   mean = [(a + g) / float(num_accumulation_steps)
