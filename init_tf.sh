@@ -13,7 +13,8 @@
 #   CUDA_HOME        CUDA for Horovod's GPU operations (default /usr/local/cuda)
 #   NCCL_HOME        NCCL for them (default: the nvidia-nccl-cu12 package, then /usr)
 #   INIT_TF_DRY_RUN  1: print the decisions and the commands, run nothing
-# Last, it installs this checkout as the package bert_pretrain in editable mode (pip -e).
+# Then it installs this checkout as the package bert_pretrain in editable mode (pip -e) and
+# builds its fused CPU kernels for this TensorFlow (bert_pretrain/model/kernels.py).
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # quiet TensorFlow imports
 
@@ -176,6 +177,17 @@ print(version(pip) >= (21, 3) and version(setuptools) >= (64, 0))' 2>/dev/null |
     pip_install -U "pip>=21.3" "setuptools>=64" wheel
   fi
   pip_install --no-deps --no-build-isolation -e "$checkout"
+fi
+
+# 7. The fused CPU kernels (bert_pretrain/model/kernels.cc) for this TensorFlow, built once
+#    (kept while the source and TensorFlow stay). Where they do not build, the recipe runs
+#    TensorFlow's ops instead and its device line says why.
+if [ "$DRY_RUN" = 1 ]; then
+  run "$PYTHON" -m bert_pretrain.model.kernels
+elif built=$(cd / && "$PYTHON" -m bert_pretrain.model.kernels 2>&1); then
+  say "$(echo "$built" | tail -n 1)"
+else
+  say "$(echo "$built" | tail -n 1); TensorFlow's ops stand in for them"
 fi
 
 if [ "$DRY_RUN" = 1 ]; then exit 0; fi

@@ -11,6 +11,7 @@ import tensorflow.compat.v1 as tf
 from bench import backward
 from bert_pretrain import config
 from bert_pretrain.model import heads
+from bert_pretrain.model import kernels
 from bert_pretrain.model import modeling
 from bert_pretrain.model import unpadded
 from bert_pretrain.model import precision
@@ -203,7 +204,11 @@ def test_reduced_precision_compute_keeps_float32_variables(dtype):
 
 @pytest.mark.parametrize("dtype,elementwise", [(tf.bfloat16, tf.float32), (tf.float16, tf.float16)],
                          ids=["bfloat16", "float16"])
-def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(dtype, elementwise):
+def test_elementwise_math_computes_in_float32_when_the_matmuls_are_bfloat16(
+    dtype, elementwise, monkeypatch):
+  # TensorFlow's ops (the fused kernels, which compute the same in float32 within:
+  # test_kernels.py).
+  monkeypatch.setattr(kernels, "_loaded", {kernels.library_path(): "off"})
   with tf.Graph().as_default():
     batch = features(2, 16, 3)
     model = modeling.BertModel(CONFIG, True, batch["input_ids"], batch["input_mask"],

@@ -15,6 +15,8 @@ import re
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain.model import kernels
+
 
 class Device(object):
   """Where this process computes: kind "GPU" or "CPU", the GPUs TensorFlow lists
@@ -235,9 +237,13 @@ def device_line(device, ranks, name="", cores=None):
 
 
 def compute_text(device):
-  """The end of device_line: "compute bfloat16", or "compute float32 (why; the fix)"."""
+  """The end of device_line: "compute bfloat16", or "compute float32 (why; the fix)", or
+  "compute bfloat16 (fused kernels not built ...; the fix)" where the CPU's bfloat16
+  runs without its fused kernels (model/kernels.py)."""
   text = "compute %s" % device.dtype.name
   if device.why:  # run_pretraining's --amp_dtype chooses
     text += " (%s; --amp_dtype=bfloat16 forces bfloat16)" % device.why
+  elif device.kind == "CPU" and device.dtype == tf.bfloat16 and kernels.why_unavailable():
+    text += " (fused kernels %s)" % kernels.why_unavailable()
   return text
 

@@ -8,12 +8,16 @@ exact in low precision without changing its numbers.
   softmax_cross_entropy: the GELU, the attention's softmax (with its dropout and product),
   layer norm, the dense layers' products and the masked-LM loss with gradients that take
   fewer passes over the activations, or keep fewer of them for the backward pass, than
-  TensorFlow derives (the measurements: docs/performance.md).
+  TensorFlow derives (the measurements: docs/performance.md). In bfloat16 on a CPU, the
+  GELU and the attention's softmax and dropout run kernels.py's fused kernels where
+  they are built.
 """
 
 import math
 
 import tensorflow.compat.v1 as tf
+
+from bert_pretrain.model import kernels
 
 
 def get_custom_getter(compute_type):
@@ -60,18 +64,19 @@ _GELU_A = 2 * math.sqrt(2 / math.pi)
 _GELU_B = _GELU_A * 0.044715
 
 
-@tf.custom_gradient
 def gelu(x):
   """Gaussian Error Linear Unit, the tanh approximation BERT was trained with:
   0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), in elementwise_dtype(x.dtype),
   computed as x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 * x^3)), the same function
   in fewer passes over x, without 1 + tanh's cancellation below x = -3.
 
-  Its gradient is written out: upstream * slope, the slope computed in the forward pass
-  from x and the sigmoid s: s + x * s * (1 - s) * d/dx of the sigmoid's argument, the
-  middle product one SigmoidGrad. TensorFlow's own derivation keeps four float32
-  tensors of x's size for the backward pass (x, x^2, the tanh, the cdf), the largest
-  part of a layer's activations; this keeps the slope, in x's type.
+  Its gradient is written out: upstream * slope, the slope s + x * s * (1 - s) * d/dx of
+  the sigmoid's argument (s the sigmoid), rounded to x's type. TensorFlow's own
+  derivation keeps four float32 tensors of x's size for the backward pass (x, x^2, the
+  tanh, the cdf), the largest part of a layer's activations.
+
+  In bfloat16, where the fused kernels are built (kernels.py), each pass is one kernel
+  that keeps only x; elsewhere TensorFlow's ops compute the same formula.
 
   Args:
     x: float Tensor.
@@ -79,6 +84,25 @@ def gelu(x):
   Returns:
     Tensor of the shape and type of `x`.
   """
+  fused = kernels.load() if x.dtype == tf.bfloat16 else None
+  if fused is not None:
+    return _fused_gelu(x, fused)
+  return _gelu_ops(x)
+
+
+def _fused_gelu(x, fused):
+  """gelu(x) for bfloat16 x by the kernels' BertGelu and BertGeluGrad."""
+  @tf.custom_gradient
+  def fused_gelu(x):
+    return fused.bert_gelu(x), lambda upstream: fused.bert_gelu_grad(x, upstream)
+
+  return fused_gelu(x)
+
+
+@tf.custom_gradient
+def _gelu_ops(x):
+  """gelu(x) by TensorFlow's ops, the slope from the sigmoid: SigmoidGrad is its middle
+  product."""
   v = tf.cast(x, elementwise_dtype(x.dtype))
   square = tf.square(v)
   s = tf.sigmoid(v * (_GELU_A + _GELU_B * square))
@@ -127,11 +151,14 @@ def dropped_attention(scores, value, keep, dropout_prob):
   (one tensor of the probabilities' size less for each layer).
 
   The dropped probabilities come from the kept copy in both passes, so the forward
-  pass's product and the backward pass's agree.
+  pass's product and the backward pass's agree. In bfloat16, where the fused kernels
+  are built (kernels.py), the softmax and dropout are one kernel each way, reading the
+  scores in their own type; elsewhere TensorFlow's ops compute them in
+  elementwise_dtype.
 
   Args:
-    scores: float Tensor [B, N, F, T], the masked attention scores, in
-      elementwise_dtype of value's type.
+    scores: float Tensor [B, N, F, T], the masked attention scores, in value's type or
+      elementwise_dtype of it.
     value: float Tensor [B, N, T, H].
     keep: bool Tensor [B, N, F, T], False where dropout zeroes a probability.
     dropout_prob: Python float in (0, 1).
@@ -140,6 +167,10 @@ def dropped_attention(scores, value, keep, dropout_prob):
     Tensor [B, N, F, H] in value's type.
   """
   scale = 1.0 / (1.0 - dropout_prob)
+  fused = kernels.load() if value.dtype == tf.bfloat16 else None
+  if fused is not None:
+    return _fused_dropped_attention(scores, value, keep, scale, fused)
+  scores = tf.cast(scores, elementwise_dtype(value.dtype))
 
   def drop(kept):
     x = tf.cast(kept, scores.dtype) * scale
@@ -160,6 +191,26 @@ def dropped_attention(scores, value, keep, dropout_prob):
       return p * (grad_p - tf.reduce_sum(grad_p * p, -1, keepdims=True)), grad_v
 
     return tf.matmul(drop(kept), v), grad
+
+  return attention(scores, value)
+
+
+def _fused_dropped_attention(scores, value, keep, scale, fused):
+  """dropped_attention for bfloat16 `value` by the kernels' BertAttentionProbs (softmax
+  and dropout), BertDropout and BertAttentionProbsGrad."""
+  @tf.custom_gradient
+  def attention(x, v):
+    kept, dropped = fused.bert_attention_probs(x, keep, scale=scale)
+
+    def grad(upstream):
+      with tf.control_dependencies([upstream]):
+        dropped = fused.bert_dropout(kept, keep, scale=scale)
+      grad_v = tf.matmul(dropped, upstream, transpose_a=True)
+      grad_dropped = tf.matmul(upstream, v, transpose_b=True)
+      return fused.bert_attention_probs_grad(kept, keep, grad_dropped, scale=scale,
+                                             T=x.dtype), grad_v
+
+    return tf.matmul(dropped, v), grad
 
   return attention(scores, value)
 

@@ -1,0 +1,399 @@
+// CPU kernels that fuse elementwise chains TensorFlow runs as many passes (built by
+// init_tf.sh, loaded by kernels.py; without them precision.py uses TensorFlow's ops).
+//
+// BertGelu / BertGeluGrad: precision.gelu on bfloat16 in one pass each way, the math in
+// float32 as there. The backward pass recomputes the sigmoid from x instead of keeping
+// float32 copies of the forward's values.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+// One build for every x86 CPU: the loader picks the widest vector clone the CPU runs.
+#if defined(__x86_64__)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+namespace {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+
+constexpr float kA = 1.5957691216057308f;   // 2 * sqrt(2 / pi)
+constexpr float kB = 0.07135481627159672f;  // kA * 0.044715
+constexpr int64_t kBlock = 4096;            // values a shard takes at a time
+
+inline float ToFloat(uint16_t bits) {
+  uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+// Round to nearest even, as TensorFlow's Cast to bfloat16 does; NaN stays a quiet NaN.
+inline uint16_t ToBfloat16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+// exp(x) to about 2 float32 ulps, 0 below float32's normal range (as the softmax of a
+// masked score is), written so that the compiler vectorizes it.
+inline float Exp(float input) {
+  float x = input < -87.0f ? -87.0f : (input > 88.0f ? 88.0f : input);
+  // Adding and taking away 1.5 * 2^23 rounds to the nearest integer.
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &exponent, sizeof(scale));
+  return input < -87.0f ? 0.0f : p * scale;
+}
+
+CLONES void GeluForward(const uint16_t* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = ToFloat(x[i]);
+    float s = 1.0f / (1.0f + Exp(-v * (kA + kB * v * v)));
+    y[i] = ToBfloat16(v * s);
+  }
+}
+
+CLONES void GeluBackward(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = ToFloat(x[i]);
+    float square = v * v;
+    float s = 1.0f / (1.0f + Exp(-v * (kA + kB * square)));
+    float slope = s + s * (1.0f - s) * (v * (kA + 3.0f * kB * square));
+    // The slope rounded to bfloat16 first, as precision.gelu multiplies it in x's type.
+    dx[i] = ToBfloat16(ToFloat(dy[i]) * ToFloat(ToBfloat16(slope)));
+  }
+}
+
+// `value` where keep, else 0 (+0.0 in bfloat16), without a branch.
+inline uint16_t Kept(uint8_t keep, uint16_t value) {
+  return static_cast<uint16_t>(value & (0u - static_cast<uint32_t>(keep)));
+}
+
+constexpr int kLanes = 16;  // partial sums and maxima the compiler keeps in one vector
+
+// probs = softmax(x) rounded to bfloat16; dropped = probs * scale where keep, else 0, as
+// precision.dropped_attention's float32 ops compute them. `e` holds a row's exponentials.
+CLONES void SoftmaxDropoutRow(const float* x, const uint8_t* keep, float scale, float* e,
+                              uint16_t* probs, uint16_t* dropped, int64_t n) {
+  float lanes[kLanes];
+  for (int j = 0; j < kLanes; ++j) lanes[j] = -INFINITY;
+  int64_t whole = n - n % kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  float max = -INFINITY;
+  for (int j = 0; j < kLanes; ++j) max = lanes[j] > max ? lanes[j] : max;
+  for (int64_t i = whole; i < n; ++i) max = x[i] > max ? x[i] : max;
+  for (int j = 0; j < kLanes; ++j) lanes[j] = 0.0f;
+  for (int64_t i = 0; i < whole; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] += (e[i + j] = Exp(x[i + j] - max));
+  float sum = 0.0f;
+  for (int64_t i = whole; i < n; ++i) sum += (e[i] = Exp(x[i] - max));
+  for (int j = 0; j < kLanes; ++j) sum += lanes[j];
+  float inverse = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t p = ToBfloat16(e[i] * inverse);
+    probs[i] = p;
+    dropped[i] = Kept(keep[i], ToBfloat16(ToFloat(p) * scale));
+  }
+}
+
+// The gradient of the scores: g = upstream * scale where keep, else 0, then
+// p * (g - sum(g * p)), with p the kept probabilities. `g` holds a row of g.
+CLONES void SoftmaxDropoutGradRow(const uint16_t* probs, const uint8_t* keep,
+                                  const uint16_t* upstream, float scale, float* g,
+                                  float* grad, int64_t n) {
+  float lanes[kLanes] = {0.0f};
+  int64_t whole = n - n % kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      g[i + j] = ToFloat(upstream[i + j]) * (keep[i + j] ? scale : 0.0f);
+      lanes[j] += g[i + j] * ToFloat(probs[i + j]);
+    }
+  float dot = 0.0f;
+  for (int64_t i = whole; i < n; ++i) {
+    g[i] = ToFloat(upstream[i]) * (keep[i] ? scale : 0.0f);
+    dot += g[i] * ToFloat(probs[i]);
+  }
+  for (int j = 0; j < kLanes; ++j) dot += lanes[j];
+  for (int64_t i = 0; i < n; ++i) grad[i] = ToFloat(probs[i]) * (g[i] - dot);
+}
+
+CLONES void DropoutRow(const uint16_t* x, const uint8_t* keep, float scale, uint16_t* y,
+                       int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Kept(keep[i], ToBfloat16(ToFloat(x[i]) * scale));
+}
+
+CLONES void ToFloats(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ToFloat(x[i]);
+}
+
+CLONES void ToBfloat16s(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ToBfloat16(x[i]);
+}
+
+template <typename Fn>
+void Shard(OpKernelContext* context, int64_t n, Fn fn) {
+  auto* workers = context->device()->tensorflow_cpu_worker_threads();
+  int64_t blocks = (n + kBlock - 1) / kBlock;
+  tensorflow::Shard(workers->num_threads, workers->workers, blocks, 50 * kBlock,
+                    [&](int64_t first, int64_t last) {
+                      int64_t begin = first * kBlock;
+                      int64_t end = last * kBlock < n ? last * kBlock : n;
+                      fn(begin, end - begin);
+                    });
+}
+
+const uint16_t* Bits(const Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.tensor_data().data());
+}
+
+uint16_t* MutableBits(Tensor* t) {
+  return reinterpret_cast<uint16_t*>(const_cast<char*>(t->tensor_data().data()));
+}
+
+class BertGeluOp : public OpKernel {
+ public:
+  explicit BertGeluOp(OpKernelConstruction* context) : OpKernel(context) {}
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    Tensor* y = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
+    const uint16_t* in = Bits(x);
+    uint16_t* out = MutableBits(y);
+    Shard(context, x.NumElements(),
+          [&](int64_t begin, int64_t n) { GeluForward(in + begin, out + begin, n); });
+  }
+};
+
+class BertGeluGradOp : public OpKernel {
+ public:
+  explicit BertGeluGradOp(OpKernelConstruction* context) : OpKernel(context) {}
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const Tensor& dy = context->input(1);
+    OP_REQUIRES(context, x.shape() == dy.shape(),
+                tensorflow::errors::InvalidArgument("BertGeluGrad: x and dy differ in shape"));
+    Tensor* dx = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &dx));
+    const uint16_t* in = Bits(x);
+    const uint16_t* upstream = Bits(dy);
+    uint16_t* out = MutableBits(dx);
+    Shard(context, x.NumElements(), [&](int64_t begin, int64_t n) {
+      GeluBackward(in + begin, upstream + begin, out + begin, n);
+    });
+  }
+};
+
+
+// Rows of the last axis, sharded over the CPU's threads.
+template <typename Fn>
+void ShardRows(OpKernelContext* context, int64_t rows, int64_t width, Fn fn) {
+  auto* workers = context->device()->tensorflow_cpu_worker_threads();
+  tensorflow::Shard(workers->num_threads, workers->workers, rows, 40 * width,
+                    [&](int64_t first, int64_t last) { fn(first, last); });
+}
+
+// A row of T as floats: float rows are read in place, bfloat16 ones through `buffer`.
+const float* RowAsFloats(const float* row, float*, int64_t) { return row; }
+const float* RowAsFloats(const tensorflow::bfloat16* row, float* buffer, int64_t n) {
+  ToFloats(reinterpret_cast<const uint16_t*>(row), buffer, n);
+  return buffer;
+}
+
+// Where a float row is written: a float output in place, a bfloat16 one through `buffer`
+// and StoreRow.
+float* RowToWrite(float* row, float*) { return row; }
+float* RowToWrite(tensorflow::bfloat16*, float* buffer) { return buffer; }
+void StoreRow(const float*, float*, int64_t) {}
+void StoreRow(const float* buffer, tensorflow::bfloat16* row, int64_t n) {
+  ToBfloat16s(buffer, reinterpret_cast<uint16_t*>(row), n);
+}
+
+// A bool Tensor's bytes (0 or 1): the compiler vectorizes loads of bytes, not of bools.
+const uint8_t* KeepBytes(const Tensor& keep) {
+  return reinterpret_cast<const uint8_t*>(keep.tensor_data().data());
+}
+
+bool SameShapes(OpKernelContext* context, const Tensor& a, const Tensor& b, const char* op) {
+  if (a.shape() == b.shape() && a.dims() >= 1) return true;
+  context->CtxFailure(tensorflow::errors::InvalidArgument(
+      op, ": the inputs differ in shape or are scalars: ", a.shape().DebugString(), " and ",
+      b.shape().DebugString()));
+  return false;
+}
+
+// BertAttentionProbs(scores, keep) -> (probs, dropped): the attention's softmax over the
+// last axis and its dropout, each in bfloat16.
+template <typename T>
+class BertAttentionProbsOp : public OpKernel {
+ public:
+  explicit BertAttentionProbsOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+  }
+  void Compute(OpKernelContext* context) override {
+    const Tensor& scores = context->input(0);
+    const Tensor& keep = context->input(1);
+    if (!SameShapes(context, scores, keep, "BertAttentionProbs")) return;
+    Tensor* probs = nullptr;
+    Tensor* dropped = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, scores.shape(), &probs));
+    OP_REQUIRES_OK(context, context->allocate_output(1, scores.shape(), &dropped));
+    int64_t width = scores.dim_size(scores.dims() - 1);
+    if (scores.NumElements() == 0) return;
+    const T* in = scores.flat<T>().data();
+    const uint8_t* kept = KeepBytes(keep);
+    uint16_t* out_probs = MutableBits(probs);
+    uint16_t* out_dropped = MutableBits(dropped);
+    ShardRows(context, scores.NumElements() / width, width, [&](int64_t first, int64_t last) {
+      std::vector<float> buffer(2 * width);
+      for (int64_t row = first; row < last; ++row) {
+        int64_t at = row * width;
+        const float* x = RowAsFloats(in + at, buffer.data() + width, width);
+        SoftmaxDropoutRow(x, kept + at, scale_, buffer.data(), out_probs + at,
+                          out_dropped + at, width);
+      }
+    });
+  }
+
+ private:
+  float scale_;
+};
+
+// BertAttentionProbsGrad(probs, keep, upstream) -> the gradient of BertAttentionProbs's
+// scores from the gradient of its dropped output.
+template <typename T>
+class BertAttentionProbsGradOp : public OpKernel {
+ public:
+  explicit BertAttentionProbsGradOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+  }
+  void Compute(OpKernelContext* context) override {
+    const Tensor& probs = context->input(0);
+    const Tensor& keep = context->input(1);
+    const Tensor& upstream = context->input(2);
+    if (!SameShapes(context, probs, keep, "BertAttentionProbsGrad") ||
+        !SameShapes(context, probs, upstream, "BertAttentionProbsGrad")) return;
+    Tensor* grad = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, probs.shape(), &grad));
+    int64_t width = probs.dim_size(probs.dims() - 1);
+    if (probs.NumElements() == 0) return;
+    const uint16_t* p = Bits(probs);
+    const uint8_t* kept = KeepBytes(keep);
+    const uint16_t* up = Bits(upstream);
+    T* out = grad->flat<T>().data();
+    ShardRows(context, probs.NumElements() / width, width, [&](int64_t first, int64_t last) {
+      std::vector<float> buffer(2 * width);
+      for (int64_t row = first; row < last; ++row) {
+        int64_t at = row * width;
+        float* written = RowToWrite(out + at, buffer.data() + width);
+        SoftmaxDropoutGradRow(p + at, kept + at, up + at, scale_, buffer.data(), written, width);
+        StoreRow(written, out + at, width);
+      }
+    });
+  }
+
+ private:
+  float scale_;
+};
+
+// BertDropout(x, keep) -> x * scale where keep, else 0, in bfloat16.
+class BertDropoutOp : public OpKernel {
+ public:
+  explicit BertDropoutOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+  }
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const Tensor& keep = context->input(1);
+    if (!SameShapes(context, x, keep, "BertDropout")) return;
+    Tensor* y = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
+    const uint16_t* in = Bits(x);
+    const uint8_t* kept = KeepBytes(keep);
+    uint16_t* out = MutableBits(y);
+    Shard(context, x.NumElements(), [&](int64_t begin, int64_t n) {
+      DropoutRow(in + begin, kept + begin, scale_, out + begin, n);
+    });
+  }
+
+ private:
+  float scale_;
+};
+
+}  // namespace
+
+REGISTER_OP("BertGelu")
+    .Input("x: bfloat16")
+    .Output("y: bfloat16")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+REGISTER_OP("BertGeluGrad")
+    .Input("x: bfloat16")
+    .Input("dy: bfloat16")
+    .Output("dx: bfloat16")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+REGISTER_OP("BertAttentionProbs")
+    .Input("scores: T")
+    .Input("keep: bool")
+    .Output("probs: bfloat16")
+    .Output("dropped: bfloat16")
+    .Attr("scale: float")
+    .Attr("T: {float, bfloat16}")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      return tensorflow::Status();
+    });
+
+REGISTER_OP("BertAttentionProbsGrad")
+    .Input("probs: bfloat16")
+    .Input("keep: bool")
+    .Input("upstream: bfloat16")
+    .Output("grad: T")
+    .Attr("scale: float")
+    .Attr("T: {float, bfloat16}")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+REGISTER_OP("BertDropout")
+    .Input("x: bfloat16")
+    .Input("keep: bool")
+    .Output("y: bfloat16")
+    .Attr("scale: float")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+REGISTER_KERNEL_BUILDER(Name("BertGelu").Device(tensorflow::DEVICE_CPU), BertGeluOp);
+REGISTER_KERNEL_BUILDER(Name("BertGeluGrad").Device(tensorflow::DEVICE_CPU), BertGeluGradOp);
+#define REGISTER_ATTENTION_PROBS(T)                                                    \
+  REGISTER_KERNEL_BUILDER(                                                           \
+      Name("BertAttentionProbs").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      BertAttentionProbsOp<T>);                                                      \
+  REGISTER_KERNEL_BUILDER(                                                           \
+      Name("BertAttentionProbsGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      BertAttentionProbsGradOp<T>)
+REGISTER_ATTENTION_PROBS(float);
+REGISTER_ATTENTION_PROBS(tensorflow::bfloat16);
+REGISTER_KERNEL_BUILDER(Name("BertDropout").Device(tensorflow::DEVICE_CPU), BertDropoutOp);

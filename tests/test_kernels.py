@@ -1,0 +1,258 @@
+"""The fused CPU kernels (bert_pretrain/model/kernels.cc): built here with the compiler
+init_tf.sh uses, checked against TensorFlow's ops and float64, and the fallback without
+them."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.model import dropout, kernels, modeling, precision
+
+GELU_A = 2 * np.sqrt(2 / np.pi)
+GELU_B = GELU_A * 0.044715
+
+
+@pytest.fixture(scope="module")
+def fused():
+  """The kernels' op module, built as init_tf.sh builds it where it is not yet."""
+  kernels.build()
+  assert kernels.load() is not None, kernels.why_unavailable()
+  return kernels.load()
+
+
+@pytest.fixture
+def without_library(monkeypatch):
+  """The process as one where the kernels are not built."""
+  monkeypatch.setattr(kernels, "_loaded", {})
+  monkeypatch.setattr(kernels, "library_path", lambda: "/nonexistent/kernels.so")
+
+
+def _gelu_values(gelu, x, upstream):
+  """GELU and its gradient of bfloat16 x, as float32 numpy."""
+  with tf.Graph().as_default():
+    xs = tf.cast(tf.constant(x), tf.bfloat16)
+    y = gelu(xs)
+    dx = tf.gradients(y, xs, tf.cast(tf.constant(upstream), tf.bfloat16))[0]
+    op_types = {op.type for op in tf.get_default_graph().get_operations()}
+    with tf.Session() as session:
+      values = session.run([tf.cast(y, tf.float32), tf.cast(dx, tf.float32)])
+  return values, op_types
+
+
+def _bfloat16(values):
+  """float32 numpy rounded to bfloat16 (to nearest even), as float32."""
+  with tf.Graph().as_default(), tf.Session() as session:
+    return session.run(tf.cast(tf.cast(values, tf.bfloat16), tf.float32))
+
+
+def test_the_fused_gelu_is_within_a_bfloat16_rounding_of_float64_both_ways(fused):
+  rng = np.random.RandomState(0)
+  x = np.concatenate([rng.randn(30000) * 3, np.linspace(-12, 12, 2001)]).astype(np.float32)
+  upstream = rng.randn(x.size).astype(np.float32)
+  (y, dx), op_types = _gelu_values(lambda v: precision._fused_gelu(v, fused), x, upstream)
+  assert {"BertGelu", "BertGeluGrad"} <= op_types
+
+  v = _bfloat16(x).astype(np.float64)
+  s = 1 / (1 + np.exp(-v * (GELU_A + GELU_B * v * v)))
+  truth = v * s
+  normal = np.abs(truth) > 1e-30  # below, float32's own subnormals
+  # A bfloat16 unit in the last place is 2^-8 to 2^-7 of a value: at most one off.
+  assert np.all(np.abs(y - truth)[normal] <= 2.0 ** -7 * np.abs(truth)[normal])
+  # The gradient multiplies the bfloat16 upstream by the slope rounded to bfloat16.
+  term = s * (1 - s) * v * (GELU_A + 3 * GELU_B * v * v)
+  up = _bfloat16(upstream).astype(np.float64)
+  true_dx = up * _bfloat16((s + term).astype(np.float32))
+  # Two roundings to bfloat16 (the slope's can land a unit off where float32's slope and
+  # float64's straddle a rounding boundary, the product's half a unit), and float32's
+  # rounding of the slope's two terms, which cancel near x = -0.75; below 1e-30, subnormals.
+  tolerance = (2.0 ** -6 * np.abs(true_dx) + 2.0 ** -20 * np.abs(up) * (s + np.abs(term))
+               + 1e-30)
+  assert np.all(np.abs(dx - true_dx) <= tolerance)
+
+
+def test_the_fused_gelu_gives_tensorflows_numbers(fused):
+  rng = np.random.RandomState(1)
+  x = (rng.randn(50000) * 3).astype(np.float32)
+  upstream = rng.randn(x.size).astype(np.float32)
+  (y, dx), _ = _gelu_values(lambda v: precision._fused_gelu(v, fused), x, upstream)
+  (y_ops, dx_ops), op_types = _gelu_values(precision._gelu_ops, x, upstream)
+  assert "BertGelu" not in op_types
+  if not tf.__version__.startswith("1."):
+    np.testing.assert_array_equal(y, y_ops)  # every bit
+    np.testing.assert_array_equal(dx, dx_ops)
+  else:
+    # TensorFlow 1.15's sigmoid is less exact (below x = -3 it loses the relative
+    # precision the test above holds the kernel to): above, a bfloat16 unit at most.
+    above = x > -3
+    for ours, theirs in ((y, y_ops), (dx, dx_ops)):
+      assert np.all(np.abs(ours - theirs)[above] <= 2.0 ** -7 * np.abs(theirs)[above])
+      assert np.mean(ours[above] != theirs[above]) < 0.01
+
+
+def test_non_finite_values_stay_non_finite_through_the_fused_gelu(fused):
+  x = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
+  (y, dx), _ = _gelu_values(lambda v: precision._fused_gelu(v, fused), x, np.ones(4, np.float32))
+  assert np.isnan(y[0]) and y[1] == np.inf and not np.isfinite(y[2]) and y[3] > 0.8
+  assert np.isnan(dx[0]) and np.isfinite(dx[3])
+
+
+def test_gelu_runs_the_fused_kernels_in_bfloat16_only(fused):
+  x = np.linspace(-4, 4, 64).astype(np.float32)
+  _, op_types = _gelu_values(precision.gelu, x, np.ones(64, np.float32))
+  assert {"BertGelu", "BertGeluGrad"} <= op_types
+  with tf.Graph().as_default():
+    precision.gelu(tf.constant(x))
+    assert "BertGelu" not in {op.type for op in tf.get_default_graph().get_operations()}
+
+
+def test_without_the_library_gelu_runs_tensorflows_ops_and_the_device_line_says_why(
+    without_library):
+  x = np.linspace(-4, 4, 64).astype(np.float32)
+  (y, _), op_types = _gelu_values(precision.gelu, x, np.ones(64, np.float32))
+  assert "BertGelu" not in op_types and "Sigmoid" in op_types and y[-1] > 3.9
+  cpu = device_lib.Device("CPU", [], tf.bfloat16)
+  assert device_lib.compute_text(cpu) == (
+      "compute bfloat16 (fused kernels not built for this TensorFlow; bash init_tf.sh "
+      "builds them)")
+  assert device_lib.compute_text(device_lib.Device("CPU", [], tf.float32)) == "compute float32"
+
+
+def test_the_kernels_can_be_turned_off_for_a_comparison(fused, monkeypatch):
+  monkeypatch.setattr(kernels, "_loaded", {})
+  monkeypatch.setenv(kernels.ENABLE_VARIABLE, "0")
+  assert kernels.load() is None
+  assert kernels.why_unavailable() == "off (BERT_PRETRAIN_FUSED_KERNELS=0)"
+
+
+def test_a_library_is_named_for_its_source_and_tensorflow(tmp_path, monkeypatch):
+  path = kernels.library_path()
+  assert os.path.dirname(path) == os.path.dirname(kernels.SOURCE)
+  edited = tmp_path / "kernels.cc"
+  edited.write_text(open(kernels.SOURCE).read() + "// edited\n")
+  monkeypatch.setattr(kernels, "SOURCE", str(edited))
+  kernels.library_path.cache_clear()
+  try:
+    assert os.path.basename(kernels.library_path()) != os.path.basename(path)
+  finally:
+    kernels.library_path.cache_clear()
+
+
+def test_a_build_makes_a_library_that_loads_and_runs_in_a_new_process(tmp_path):
+  path, seconds = kernels.build(str(tmp_path / "kernels.so"))
+  assert seconds > 0 and os.listdir(str(tmp_path)) == ["kernels.so"]
+  assert kernels.build(path) == (path, 0.0)  # kept, not built again
+  script = ("import tensorflow.compat.v1 as tf; tf.disable_eager_execution(); "
+            "ops = tf.load_op_library(%r); x = tf.constant([-1.0, 0.0, 2.0], tf.bfloat16); "
+            "print(tf.Session().run(tf.cast(ops.bert_gelu(x), tf.float32)).tolist())" % path)
+  result = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert [round(v, 2) for v in eval(result.stdout.strip().splitlines()[-1])] == [-0.16, 0.0, 1.95]
+
+
+def test_a_missing_compiler_is_one_line_with_the_fix(tmp_path, monkeypatch):
+  monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+  with pytest.raises(kernels.BuildError) as error:
+    kernels.build(str(tmp_path / "kernels.so"))
+  message = str(error.value)
+  assert "\n" not in message and "no C++ compiler" in message and "apt-get install -y g++" in message
+  assert not os.listdir(str(tmp_path))
+
+
+def test_a_failed_compilation_names_its_first_error_and_leaves_no_library(tmp_path, monkeypatch):
+  broken = tmp_path / "kernels.cc"
+  broken.write_text("this is not C++;\n")
+  monkeypatch.setattr(kernels, "SOURCE", str(broken))
+  with pytest.raises(kernels.BuildError) as error:
+    kernels.build(str(tmp_path / "out.so"))
+  assert "\n" not in str(error.value) and "error" in str(error.value)
+  assert sorted(os.listdir(str(tmp_path))) == ["kernels.cc"]
+
+
+def _attention_values(attention, scores, value, keep, upstream, scores_dtype):
+  """dropped_attention's output and gradients (scores, value) for bfloat16 value, as
+  float32 numpy, and the graph's op types."""
+  with tf.Graph().as_default():
+    s = tf.cast(tf.constant(scores), scores_dtype)
+    v = tf.cast(tf.constant(value), tf.bfloat16)
+    out = attention(s, v, tf.constant(keep), 0.1)
+    grads = tf.gradients(out, [s, v], tf.cast(tf.constant(upstream), tf.bfloat16))
+    op_types = {op.type for op in tf.get_default_graph().get_operations()}
+    with tf.Session() as session:
+      values = session.run([tf.cast(t, tf.float32) for t in [out] + grads])
+  return values, op_types
+
+
+@pytest.mark.parametrize("scores_dtype", [tf.bfloat16, tf.float32])
+def test_the_fused_attention_gives_tensorflows_numbers_to_a_bfloat16_unit(
+    fused, monkeypatch, scores_dtype):
+  # 37 and 130 keys: rows that are not a multiple of the kernels' 16 lanes.
+  rng = np.random.RandomState(2)
+  for shape in ([2, 3, 11, 37], [1, 2, 5, 130]):
+    scores = (rng.randn(*shape) * 3).astype(np.float32)
+    scores[..., -3:] -= 10000.0  # masked keys, as attend adds the mask
+    value = rng.randn(*(shape[:2] + [shape[3], 8])).astype(np.float32)
+    keep = rng.rand(*shape) >= 0.1
+    upstream = rng.randn(*(shape[:3] + [8])).astype(np.float32)
+    args = (scores, value, keep, upstream, scores_dtype)
+    ours, op_types = _attention_values(precision.dropped_attention, *args)
+    assert {"BertAttentionProbs", "BertAttentionProbsGrad", "BertDropout"} <= op_types
+    monkeypatch.setattr(kernels, "_loaded", {kernels.library_path(): "off"})
+    theirs, op_types = _attention_values(precision.dropped_attention, *args)
+    monkeypatch.undo()
+    assert "BertAttentionProbs" not in op_types
+    # A probability a bfloat16 unit apart (float32's sums in another order) moves what
+    # is computed from it by that much of its share.
+    for got, want in zip(ours, theirs):
+      assert np.all(np.abs(got - want) <= 2.0 ** -6 * np.abs(want).max())
+    # In bfloat16, most values are the same bits (float32 gradients differ in the last
+    # bits of float32 sums).
+    for got, want in zip(ours, theirs) if scores_dtype == tf.bfloat16 else [(ours[0], theirs[0])]:
+      assert np.mean(got != want) < 0.01
+
+
+def test_the_fused_softmax_is_a_bfloat16_rounding_of_float64_and_zero_where_masked(fused):
+  rng = np.random.RandomState(3)
+  scores = (rng.randn(4, 77) * 4).astype(np.float32)
+  scores[:, :5] -= 10000.0
+  keep = rng.rand(4, 77) >= 0.25
+  with tf.Graph().as_default(), tf.Session() as session:
+    probs, dropped = session.run([tf.cast(t, tf.float32) for t in fused.bert_attention_probs(
+        tf.constant(scores), tf.constant(keep), scale=1 / 0.75)])
+  exact = np.exp(scores - scores.max(-1, keepdims=True))
+  exact /= exact.sum(-1, keepdims=True)
+  assert np.all(probs[:, :5] == 0) and np.all(dropped[:, :5] == 0)
+  assert np.all(np.abs(probs - exact) <= 2.0 ** -8 * exact + 1e-30)
+  np.testing.assert_array_equal(dropped, np.where(keep, _bfloat16(probs / 0.75), 0))
+
+
+def test_the_fused_attentions_kernels_name_mismatched_shapes(fused):
+  with tf.Graph().as_default(), tf.Session() as session:
+    probs = fused.bert_attention_probs(tf.zeros([2, 5]), tf.ones([2, 4], tf.bool), scale=2.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="BertAttentionProbs: the inputs "
+                       "differ in shape"):
+      session.run(probs)
+
+
+@pytest.mark.parametrize("dtype, fused_ops", [(tf.bfloat16, 2), (tf.float32, 0)])
+def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fused_ops):
+  config = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3,
+                               num_attention_heads=2, intermediate_size=37)
+  with tf.Graph().as_default():
+    ids = tf.constant(np.arange(24).reshape(2, 12) % 99, tf.int32)
+    # Seeded masks, as training makes them (TensorFlow 1.15 drops out unseeded values
+    # with tf.nn.dropout).
+    model = modeling.BertModel(config, True, ids, tf.ones([2, 12], tf.int32),
+                               compute_type=dtype,
+                               dropout_seeds=dropout.DropoutSeeds(1, tf.constant(0)))
+    tf.gradients(tf.reduce_sum(tf.cast(model.get_sequence_output(), tf.float32)),
+                 tf.trainable_variables())
+    names = [op.name for op in tf.get_default_graph().get_operations()
+             if op.type in ("BertGelu", "BertAttentionProbs")]
+  for layer in range(3):
+    assert len([n for n in names if "/layer_%d/" % layer in n]) == fused_ops, names
