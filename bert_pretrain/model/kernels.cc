@@ -245,14 +245,23 @@ bool SameShapes(OpKernelContext* context, const Tensor& a, const Tensor& b, cons
   return false;
 }
 
+// A kernel of an op with dropout's scale, 1 / (1 - rate), as its attribute `scale`.
+class ScaledOpKernel : public OpKernel {
+ public:
+  explicit ScaledOpKernel(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+  }
+
+ protected:
+  float scale_;
+};
+
 // BertAttentionProbs(scores, keep) -> (probs, dropped): the attention's softmax over the
 // last axis and its dropout, each in bfloat16.
 template <typename T>
-class BertAttentionProbsOp : public OpKernel {
+class BertAttentionProbsOp : public ScaledOpKernel {
  public:
-  explicit BertAttentionProbsOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
-  }
+  using ScaledOpKernel::ScaledOpKernel;
   void Compute(OpKernelContext* context) override {
     const Tensor& scores = context->input(0);
     const Tensor& keep = context->input(1);
@@ -277,19 +286,14 @@ class BertAttentionProbsOp : public OpKernel {
       }
     });
   }
-
- private:
-  float scale_;
 };
 
 // BertAttentionProbsGrad(probs, keep, upstream) -> the gradient of BertAttentionProbs's
 // scores from the gradient of its dropped output.
 template <typename T>
-class BertAttentionProbsGradOp : public OpKernel {
+class BertAttentionProbsGradOp : public ScaledOpKernel {
  public:
-  explicit BertAttentionProbsGradOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
-  }
+  using ScaledOpKernel::ScaledOpKernel;
   void Compute(OpKernelContext* context) override {
     const Tensor& probs = context->input(0);
     const Tensor& keep = context->input(1);
@@ -314,17 +318,12 @@ class BertAttentionProbsGradOp : public OpKernel {
       }
     });
   }
-
- private:
-  float scale_;
 };
 
 // BertDropout(x, keep) -> x * scale where keep, else 0, in bfloat16.
-class BertDropoutOp : public OpKernel {
+class BertDropoutOp : public ScaledOpKernel {
  public:
-  explicit BertDropoutOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
-  }
+  using ScaledOpKernel::ScaledOpKernel;
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
     const Tensor& keep = context->input(1);
@@ -338,9 +337,6 @@ class BertDropoutOp : public OpKernel {
       DropoutRow(in + begin, kept + begin, scale_, out + begin, n);
     });
   }
-
- private:
-  float scale_;
 };
 
 }  // namespace
