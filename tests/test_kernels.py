@@ -142,8 +142,13 @@ def test_a_library_is_named_for_its_source_and_tensorflow(tmp_path, monkeypatch)
     kernels.library_path.cache_clear()
 
 
-def test_a_build_makes_a_library_that_loads_and_runs_in_a_new_process(tmp_path):
+def test_a_build_makes_a_library_that_loads_and_runs_in_a_new_process(tmp_path, monkeypatch):
+  monkeypatch.setattr(kernels, "_loaded", {})
+  monkeypatch.setattr(kernels, "library_path", lambda: str(tmp_path / "kernels.so"))
+  assert kernels.load() is None and "not built" in kernels.why_unavailable()
   path, seconds = kernels.build(str(tmp_path / "kernels.so"))
+  # A load() before the build does not keep later ones from loading it.
+  assert path not in kernels._loaded
   assert seconds > 0 and os.listdir(str(tmp_path)) == ["kernels.so"]
   assert kernels.build(path) == (path, 0.0)  # kept, not built again
   script = ("import tensorflow.compat.v1 as tf; tf.disable_eager_execution(); "

@@ -82,6 +82,8 @@ def build(output=None):
     raise BuildError("%s failed on %s: %s" % (command[0], SOURCE, (
         errors or result.stdout.splitlines() or ["exit %d" % result.returncode])[0].strip()))
   os.replace(partial, output)
+  if isinstance(_loaded.get(output), str):
+    del _loaded[output]  # a load() before this build found none: the next one loads it
   return output, time.time() - start
 
 
