@@ -244,7 +244,7 @@ def test_the_fused_attentions_kernels_name_mismatched_shapes(fused):
       session.run(probs)
 
 
-@pytest.mark.parametrize("dtype, fused_ops", [(tf.bfloat16, 2), (tf.float32, 0)])
+@pytest.mark.parametrize("dtype, fused_ops", [(tf.bfloat16, 4), (tf.float32, 0)])
 def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fused_ops):
   config = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3,
                                num_attention_heads=2, intermediate_size=37)
@@ -258,6 +258,89 @@ def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fu
     tf.gradients(tf.reduce_sum(tf.cast(model.get_sequence_output(), tf.float32)),
                  tf.trainable_variables())
     names = [op.name for op in tf.get_default_graph().get_operations()
-             if op.type in ("BertGelu", "BertAttentionProbs")]
+             if op.type in ("BertGelu", "BertAttentionProbs", "BertDropoutAddLayerNorm")]
   for layer in range(3):
     assert len([n for n in names if "/layer_%d/" % layer in n]) == fused_ops, names
+
+
+def _sublayer_end_inputs(rows, width, seed):
+  """x (bfloat16 values), residual, gamma, beta and upstream of a sublayer's end."""
+  rng = np.random.RandomState(seed)
+  return (_bfloat16(rng.randn(rows, width).astype(np.float32)),
+          (rng.randn(rows, width) * 2 + 0.5).astype(np.float32),
+          (1 + 0.3 * rng.randn(width)).astype(np.float32),
+          (0.1 * rng.randn(width)).astype(np.float32),
+          rng.randn(rows, width).astype(np.float32))
+
+
+def _sublayer_end_values(x, residual, gamma, beta, upstream):
+  """dropout_add_layer_norm(x, residual) at 0.1 with gamma and beta, its gradients (x,
+  residual, gamma, beta) as float32 numpy, its keep mask, and the graph's op types."""
+  with tf.Graph().as_default():
+    xs = tf.cast(tf.constant(x), tf.bfloat16)
+    res = tf.constant(residual)
+    y = modeling.dropout_add_layer_norm(xs, res, 0.1,
+                                        seeds=dropout.DropoutSeeds(3, tf.constant(5)))
+    with tf.variable_scope("LayerNorm", reuse=True):
+      variables = [tf.get_variable("gamma"), tf.get_variable("beta")]
+    # The mask the layer drew: the same seed (site 1 of DropoutSeeds(3, 5)) again.
+    keep = dropout.keep_mask(tf.shape(xs), 0.1, dropout.DropoutSeeds(3, tf.constant(5)))
+    grads = tf.gradients(y, [xs, res] + variables, tf.constant(upstream))
+    op_types = {op.type for op in tf.get_default_graph().get_operations()}
+    with tf.Session() as session:
+      session.run([v.assign(value) for v, value in zip(variables, (gamma, beta))])
+      values = session.run([y] + [tf.cast(g, tf.float32) for g in grads] + [keep])
+  return values[:-1], values[-1], op_types
+
+
+@pytest.mark.parametrize("rows, width", [(70, 37), (5, 130), (33, 1024)])
+def test_the_fused_dropout_add_layer_norm_gives_tensorflows_numbers(
+    fused, monkeypatch, rows, width):
+  # Widths that are not a multiple of the kernels' 16 lanes, and rows that leave the
+  # gradient's 32 chunks uneven.
+  inputs = _sublayer_end_inputs(rows, width, rows)
+  ours, keep, op_types = _sublayer_end_values(*inputs)
+  assert {"BertDropoutAddLayerNorm", "BertDropoutAddLayerNormGrad"} <= op_types
+  monkeypatch.setattr(kernels, "_loaded", {kernels.library_path(): "off"})
+  theirs, keep_ops, op_types = _sublayer_end_values(*inputs)
+  assert "BertDropoutAddLayerNorm" not in op_types
+  np.testing.assert_array_equal(keep, keep_ops)
+  assert 0.8 < keep.mean() < 0.97
+  (y, dx, d_residual, d_gamma, d_beta), (y_ops, dx_ops) = ours, theirs[:2]
+  # float32 sums in another order: a few float32 units of the largest value.
+  for got, want in zip([y, d_residual, d_gamma, d_beta], [y_ops] + theirs[2:]):
+    assert np.all(np.abs(got - want) <= 1e-5 * np.abs(want).max())
+  # x's gradient in bfloat16: where the float32 values straddle a rounding boundary,
+  # one unit apart.
+  assert np.all(dx[~keep] == 0)
+  assert np.all(np.abs(dx - dx_ops) <= 2.0 ** -7 * np.abs(dx_ops) + 1e-5 * np.abs(dx_ops).max())
+  assert np.mean(dx != dx_ops) < 0.01
+
+
+def test_the_fused_dropout_add_layer_norm_is_float64s_layer_norm(fused):
+  x, residual, gamma, beta, upstream = _sublayer_end_inputs(9, 300, 7)
+  (y, dx, d_residual, d_gamma, d_beta), keep, _ = _sublayer_end_values(
+      x, residual, gamma, beta, upstream)
+  summed = np.where(keep, x.astype(np.float64) / 0.9, 0) + residual
+  centered = summed - summed.mean(-1, keepdims=True)
+  inverse_std = 1 / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-12)
+  x_hat = centered * inverse_std
+  np.testing.assert_allclose(y, x_hat * gamma + beta, rtol=0, atol=1e-5)
+  g = upstream * gamma
+  d = inverse_std * (g - g.mean(-1, keepdims=True)
+                     - x_hat * (g * x_hat).mean(-1, keepdims=True))
+  np.testing.assert_allclose(d_residual, d, rtol=0, atol=1e-5 * np.abs(d).max())
+  np.testing.assert_allclose(dx, np.where(keep, d / 0.9, 0), rtol=2.0 ** -7,
+                             atol=1e-5 * np.abs(d).max())
+  np.testing.assert_allclose(d_gamma, (upstream * x_hat).sum(0), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(d_beta, upstream.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_the_fused_layer_norms_kernels_name_a_mismatched_width(fused):
+  with tf.Graph().as_default(), tf.Session() as session:
+    y = fused.bert_dropout_add_layer_norm(
+        tf.zeros([2, 5], tf.bfloat16), tf.zeros([2, 5]), tf.ones([2, 5], tf.bool),
+        tf.ones([4]), tf.zeros([4]), scale=1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="BertDropoutAddLayerNorm: gamma "
+                       "and beta must be \\[width\\] of the rows' last axis"):
+      session.run(y)

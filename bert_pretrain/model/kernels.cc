@@ -4,6 +4,12 @@
 // BertGelu / BertGeluGrad: precision.gelu on bfloat16 in one pass each way, the math in
 // float32 as there. The backward pass recomputes the sigmoid from x instead of keeping
 // float32 copies of the forward's values.
+// BertAttentionProbs / BertAttentionProbsGrad / BertDropout: the attention's softmax and
+// its dropout (precision.dropped_attention), one pass over a row each way.
+// BertDropoutAddLayerNorm / BertDropoutAddLayerNormGrad: the end of a Transformer sublayer
+// (precision.fused_dropout_add_normalize), dropout of the bfloat16 projection, the float32
+// residual added and layer norm, in one pass over a row each way.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -144,6 +150,59 @@ CLONES void SoftmaxDropoutGradRow(const uint16_t* probs, const uint8_t* keep,
 CLONES void DropoutRow(const uint16_t* x, const uint8_t* keep, float scale, uint16_t* y,
                        int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Kept(keep[i], ToBfloat16(ToFloat(x[i]) * scale));
+}
+
+// The sum of fn(i) over i < n, in kLanes partial sums the compiler keeps in a vector.
+template <typename Fn>
+inline float RowSum(int64_t n, Fn fn) {
+  float lanes[kLanes] = {0.0f};
+  int64_t whole = n - n % kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] += fn(i + j);
+  float sum = 0.0f;
+  for (int64_t i = whole; i < n; ++i) sum += fn(i);
+  for (int j = 0; j < kLanes; ++j) sum += lanes[j];
+  return sum;
+}
+
+// summed = dropout(x) + residual, then x_hat = (summed - mean) / sqrt(variance + 1e-12)
+// and y = x_hat * gamma + beta, as modeling.dropout_add_layer_norm's float32 ops compute
+// them (two passes for the variance, as tf.nn.moments). Returns the row's 1 / std.
+CLONES float DropoutAddNormalizeRow(const uint16_t* x, const float* residual,
+                                    const uint8_t* keep, float scale, const float* gamma,
+                                    const float* beta, float* x_hat, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    x_hat[i] = (keep[i] ? ToFloat(x[i]) * scale : 0.0f) + residual[i];
+  float mean = RowSum(n, [&](int64_t i) { return x_hat[i]; }) / n;
+  float variance = RowSum(n, [&](int64_t i) {
+    float centered = x_hat[i] - mean;
+    return centered * centered;
+  }) / n;
+  float inverse_std = 1.0f / std::sqrt(variance + 1e-12f);
+  for (int64_t i = 0; i < n; ++i) {
+    x_hat[i] = (x_hat[i] - mean) * inverse_std;
+    y[i] = x_hat[i] * gamma[i] + beta[i];
+  }
+  return inverse_std;
+}
+
+// The gradients of a row of DropoutAddNormalizeRow from dy: with g = dy * gamma,
+// d = inverse_std * (g - mean(g) - x_hat * mean(g * x_hat)) is the residual's, d * scale
+// where keep (else 0) in bfloat16 is x's; dy * x_hat and dy are added to gamma's and
+// beta's.
+CLONES void DropoutAddNormalizeGradRow(const float* dy, const float* x_hat, float inverse_std,
+                                       const float* gamma, const uint8_t* keep, float scale,
+                                       float* d_residual, uint16_t* dx, float* d_gamma,
+                                       float* d_beta, int64_t n) {
+  float mean_g = RowSum(n, [&](int64_t i) { return dy[i] * gamma[i]; }) / n;
+  float mean_g_x_hat = RowSum(n, [&](int64_t i) { return dy[i] * gamma[i] * x_hat[i]; }) / n;
+  for (int64_t i = 0; i < n; ++i) {
+    float d = inverse_std * (dy[i] * gamma[i] - mean_g - x_hat[i] * mean_g_x_hat);
+    d_residual[i] = d;
+    dx[i] = Kept(keep[i], ToBfloat16(d * scale));
+    d_gamma[i] += dy[i] * x_hat[i];
+    d_beta[i] += dy[i];
+  }
 }
 
 CLONES void ToFloats(const uint16_t* x, float* y, int64_t n) {
@@ -339,6 +398,129 @@ class BertDropoutOp : public ScaledOpKernel {
   }
 };
 
+// The rows of a [..., width] tensor whose gamma and beta are [width], or -1 (the op failed).
+int64_t RowsOf(OpKernelContext* context, const Tensor& x, const Tensor& gamma,
+               const Tensor& beta) {
+  int64_t width = x.dim_size(x.dims() - 1);
+  if (gamma.dims() != 1 || gamma.dim_size(0) != width || gamma.shape() != beta.shape()) {
+    context->CtxFailure(tensorflow::errors::InvalidArgument(
+        "BertDropoutAddLayerNorm: gamma and beta must be [width] of the rows' last axis: ",
+        x.shape().DebugString(), ", ", gamma.shape().DebugString(), " and ",
+        beta.shape().DebugString()));
+    return -1;
+  }
+  return width == 0 ? 0 : x.NumElements() / width;
+}
+
+constexpr int64_t kChunks = 32;  // fixed row chunks: gamma's and beta's sums in one order
+
+// BertDropoutAddLayerNorm(x, residual, keep, gamma, beta) -> (y, x_hat, inverse_std).
+class BertDropoutAddLayerNormOp : public ScaledOpKernel {
+ public:
+  using ScaledOpKernel::ScaledOpKernel;
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const Tensor& residual = context->input(1);
+    const Tensor& keep = context->input(2);
+    const Tensor& gamma = context->input(3);
+    const Tensor& beta = context->input(4);
+    if (!SameShapes(context, x, residual, "BertDropoutAddLayerNorm") ||
+        !SameShapes(context, x, keep, "BertDropoutAddLayerNorm")) return;
+    int64_t rows = RowsOf(context, x, gamma, beta);
+    if (rows < 0) return;
+    Tensor* y = nullptr;
+    Tensor* x_hat = nullptr;
+    Tensor* inverse_std = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
+    OP_REQUIRES_OK(context, context->allocate_output(1, x.shape(), &x_hat));
+    OP_REQUIRES_OK(context, context->allocate_output(
+        2, tensorflow::TensorShape({rows}), &inverse_std));
+    if (rows == 0) return;
+    int64_t width = x.NumElements() / rows;
+    const uint16_t* in = Bits(x);
+    const float* res = residual.flat<float>().data();
+    const uint8_t* kept = KeepBytes(keep);
+    const float* g = gamma.flat<float>().data();
+    const float* b = beta.flat<float>().data();
+    float* out = y->flat<float>().data();
+    float* normalized = x_hat->flat<float>().data();
+    float* inverse = inverse_std->flat<float>().data();
+    ShardRows(context, rows, width, [&](int64_t first, int64_t last) {
+      for (int64_t row = first; row < last; ++row) {
+        int64_t at = row * width;
+        inverse[row] = DropoutAddNormalizeRow(in + at, res + at, kept + at, scale_, g, b,
+                                              normalized + at, out + at, width);
+      }
+    });
+  }
+};
+
+// BertDropoutAddLayerNormGrad(dy, x_hat, inverse_std, gamma, keep) -> (d_residual, dx,
+// d_gamma, d_beta). The rows go in kChunks fixed chunks, each summing its own part of
+// d_gamma and d_beta, added in chunk order: the same bits on any number of threads.
+class BertDropoutAddLayerNormGradOp : public ScaledOpKernel {
+ public:
+  using ScaledOpKernel::ScaledOpKernel;
+  void Compute(OpKernelContext* context) override {
+    const Tensor& dy = context->input(0);
+    const Tensor& x_hat = context->input(1);
+    const Tensor& inverse_std = context->input(2);
+    const Tensor& gamma = context->input(3);
+    const Tensor& keep = context->input(4);
+    if (!SameShapes(context, dy, x_hat, "BertDropoutAddLayerNormGrad") ||
+        !SameShapes(context, dy, keep, "BertDropoutAddLayerNormGrad")) return;
+    int64_t rows = RowsOf(context, dy, gamma, gamma);
+    if (rows < 0) return;
+    OP_REQUIRES(context, inverse_std.NumElements() == rows,
+                tensorflow::errors::InvalidArgument(
+                    "BertDropoutAddLayerNormGrad: inverse_std must hold one value a row"));
+    Tensor* d_residual = nullptr;
+    Tensor* dx = nullptr;
+    Tensor* d_gamma = nullptr;
+    Tensor* d_beta = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, dy.shape(), &d_residual));
+    OP_REQUIRES_OK(context, context->allocate_output(1, dy.shape(), &dx));
+    OP_REQUIRES_OK(context, context->allocate_output(2, gamma.shape(), &d_gamma));
+    OP_REQUIRES_OK(context, context->allocate_output(3, gamma.shape(), &d_beta));
+    int64_t width = gamma.NumElements();
+    float* sum_gamma = d_gamma->flat<float>().data();
+    float* sum_beta = d_beta->flat<float>().data();
+    std::fill(sum_gamma, sum_gamma + width, 0.0f);
+    std::fill(sum_beta, sum_beta + width, 0.0f);
+    if (rows == 0) return;
+    int64_t chunks = rows < kChunks ? rows : kChunks;
+    std::vector<float> partial(2 * chunks * width, 0.0f);
+    const float* upstream = dy.flat<float>().data();
+    const float* normalized = x_hat.flat<float>().data();
+    const float* inverse = inverse_std.flat<float>().data();
+    const float* g = gamma.flat<float>().data();
+    const uint8_t* kept = KeepBytes(keep);
+    float* out_residual = d_residual->flat<float>().data();
+    uint16_t* out_x = MutableBits(dx);
+    auto* workers = context->device()->tensorflow_cpu_worker_threads();
+    tensorflow::Shard(
+        workers->num_threads, workers->workers, chunks, 60 * width * (rows / chunks),
+        [&](int64_t first, int64_t last) {
+          for (int64_t chunk = first; chunk < last; ++chunk) {
+            float* chunk_gamma = partial.data() + 2 * chunk * width;
+            float* chunk_beta = chunk_gamma + width;
+            for (int64_t row = chunk * rows / chunks; row < (chunk + 1) * rows / chunks;
+                 ++row) {
+              int64_t at = row * width;
+              DropoutAddNormalizeGradRow(upstream + at, normalized + at, inverse[row], g,
+                                         kept + at, scale_, out_residual + at, out_x + at,
+                                         chunk_gamma, chunk_beta, width);
+            }
+          }
+        });
+    for (int64_t chunk = 0; chunk < chunks; ++chunk)
+      for (int64_t i = 0; i < width; ++i) {
+        sum_gamma[i] += partial[2 * chunk * width + i];
+        sum_beta[i] += partial[(2 * chunk + 1) * width + i];
+      }
+  }
+};
+
 }  // namespace
 
 REGISTER_OP("BertGelu")
@@ -393,3 +575,44 @@ REGISTER_KERNEL_BUILDER(Name("BertGeluGrad").Device(tensorflow::DEVICE_CPU), Ber
 REGISTER_ATTENTION_PROBS(float);
 REGISTER_ATTENTION_PROBS(tensorflow::bfloat16);
 REGISTER_KERNEL_BUILDER(Name("BertDropout").Device(tensorflow::DEVICE_CPU), BertDropoutOp);
+
+REGISTER_OP("BertDropoutAddLayerNorm")
+    .Input("x: bfloat16")
+    .Input("residual: float")
+    .Input("keep: bool")
+    .Input("gamma: float")
+    .Input("beta: float")
+    .Output("y: float")
+    .Output("x_hat: float")
+    .Output("inverse_std: float")
+    .Attr("scale: float")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      c->set_output(2, c->Vector(tensorflow::shape_inference::InferenceContext::kUnknownDim));
+      return tensorflow::Status();
+    });
+
+REGISTER_OP("BertDropoutAddLayerNormGrad")
+    .Input("dy: float")
+    .Input("x_hat: float")
+    .Input("inverse_std: float")
+    .Input("gamma: float")
+    .Input("keep: bool")
+    .Output("d_residual: float")
+    .Output("dx: bfloat16")
+    .Output("d_gamma: float")
+    .Output("d_beta: float")
+    .Attr("scale: float")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      c->set_output(2, c->input(3));
+      c->set_output(3, c->input(3));
+      return tensorflow::Status();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("BertDropoutAddLayerNorm").Device(tensorflow::DEVICE_CPU),
+                        BertDropoutAddLayerNormOp);
+REGISTER_KERNEL_BUILDER(Name("BertDropoutAddLayerNormGrad").Device(tensorflow::DEVICE_CPU),
+                        BertDropoutAddLayerNormGradOp);

@@ -403,12 +403,17 @@ def layer_norm(input_tensor, name=None):
   normalize's, written out.
   """
   with tf.variable_scope(name, default_name="LayerNorm"):
-    width = input_tensor.shape.as_list()[-1:]
-    beta = tf.get_variable("beta", shape=width, initializer=tf.zeros_initializer())
-    gamma = tf.get_variable("gamma", shape=width, initializer=tf.ones_initializer())
-    normalized = precision.normalize(tf.cast(input_tensor, tf.float32),
-                                     tf.convert_to_tensor(gamma), tf.convert_to_tensor(beta))
+    gamma, beta = layer_norm_variables(input_tensor.shape.as_list()[-1])
+    normalized = precision.normalize(tf.cast(input_tensor, tf.float32), gamma, beta)
     return tf.cast(normalized, input_tensor.dtype)
+
+
+def layer_norm_variables(width):
+  """Layer norm's variables beta and gamma [width] in the current scope, as float32
+  Tensors (gamma, beta)."""
+  beta = tf.get_variable("beta", shape=[width], initializer=tf.zeros_initializer())
+  gamma = tf.get_variable("gamma", shape=[width], initializer=tf.ones_initializer())
+  return tf.convert_to_tensor(gamma), tf.convert_to_tensor(beta)
 
 
 def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seeds=None):
@@ -423,8 +428,17 @@ def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seed
 
   Returns:
     float Tensor [rows, width] in the type of `residual`, computed in
-    elementwise_dtype of `input_tensor`'s type.
+    elementwise_dtype of `input_tensor`'s type; for a bfloat16 input and a float32
+    residual, by precision.fused_dropout_add_normalize where the kernels are built.
   """
+  fused = precision.fused_kernels(input_tensor.dtype)
+  if fused is not None and residual.dtype == tf.float32:
+    keep = dropout_lib.keep_mask(tf.shape(input_tensor), dropout_prob, seeds)
+    if keep is not None:
+      with tf.variable_scope(name, default_name="LayerNorm"):
+        gamma, beta = layer_norm_variables(input_tensor.shape.as_list()[-1])
+        return precision.fused_dropout_add_normalize(input_tensor, residual, keep,
+                                                     dropout_prob, gamma, beta, fused)
   compute_type = precision.elementwise_dtype(input_tensor.dtype)
   summed = (dropout_lib.dropout(tf.cast(input_tensor, compute_type), dropout_prob, seeds)
             + tf.cast(residual, compute_type))

@@ -8,9 +8,10 @@ exact in low precision without changing its numbers.
   softmax_cross_entropy: the GELU, the attention's softmax (with its dropout and product),
   layer norm, the dense layers' products and the masked-LM loss with gradients that take
   fewer passes over the activations, or keep fewer of them for the backward pass, than
-  TensorFlow derives (the measurements: docs/performance.md). In bfloat16 on a CPU, the
-  GELU and the attention's softmax and dropout run kernels.py's fused kernels where
-  they are built.
+  TensorFlow derives (the measurements: docs/performance.md).
+- fused_kernels, fused_dropout_add_normalize: in bfloat16 on a CPU, the GELU, the
+  attention's softmax and dropout, and each sublayer's dropout, residual and layer norm
+  run kernels.py's fused kernels where they are built.
 """
 
 import math
@@ -64,6 +65,12 @@ _GELU_A = 2 * math.sqrt(2 / math.pi)
 _GELU_B = _GELU_A * 0.044715
 
 
+def fused_kernels(compute_type):
+  """kernels.load()'s op module where `compute_type` is bfloat16 and the kernels are
+  built, else None (TensorFlow's ops compute)."""
+  return kernels.load() if compute_type == tf.bfloat16 else None
+
+
 def gelu(x):
   """Gaussian Error Linear Unit, the tanh approximation BERT was trained with:
   0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), in elementwise_dtype(x.dtype),
@@ -84,7 +91,7 @@ def gelu(x):
   Returns:
     Tensor of the shape and type of `x`.
   """
-  fused = kernels.load() if x.dtype == tf.bfloat16 else None
+  fused = fused_kernels(x.dtype)
   if fused is not None:
     return _fused_gelu(x, fused)
   return _gelu_ops(x)
@@ -167,7 +174,7 @@ def dropped_attention(scores, value, keep, dropout_prob):
     Tensor [B, N, F, H] in value's type.
   """
   scale = 1.0 / (1.0 - dropout_prob)
-  fused = kernels.load() if value.dtype == tf.bfloat16 else None
+  fused = fused_kernels(value.dtype)
   if fused is not None:
     return _fused_dropped_attention(scores, value, keep, scale, fused)
   scores = tf.cast(scores, elementwise_dtype(value.dtype))
@@ -243,6 +250,40 @@ def normalize(x, gamma, beta):
     return dx, tf.reduce_sum(upstream * x_hat, rows), tf.reduce_sum(upstream, rows)
 
   return x_hat * gamma + beta, grad
+
+
+def fused_dropout_add_normalize(x, residual, keep, dropout_prob, gamma, beta, fused):
+  """normalize(dropout(x) + residual, gamma, beta) in one kernel each way (the kernels'
+  BertDropoutAddLayerNorm and its Grad), the same float32 math as TensorFlow's ops.
+
+  The backward pass keeps x_hat and 1 / std per row, as normalize's does, and the mask.
+
+  Args:
+    x: bfloat16 Tensor [..., width], the sublayer's output projection.
+    residual: float32 Tensor of x's shape.
+    keep: bool Tensor of x's shape, False where dropout zeroes a value.
+    dropout_prob: Python float in [0, 1).
+    gamma, beta: float32 Tensors [width].
+    fused: fused_kernels(tf.bfloat16), not None.
+
+  Returns:
+    float32 Tensor of x's shape.
+  """
+  scale = 1.0 / (1.0 - dropout_prob)
+
+  @tf.custom_gradient
+  def dropout_add_normalize(x, residual, gamma, beta):
+    y, x_hat, inverse_std = fused.bert_dropout_add_layer_norm(x, residual, keep, gamma, beta,
+                                                              scale=scale)
+
+    def grad(upstream):
+      d_residual, dx, d_gamma, d_beta = fused.bert_dropout_add_layer_norm_grad(
+          upstream, x_hat, inverse_std, gamma, keep, scale=scale)
+      return dx, d_residual, d_gamma, d_beta
+
+    return y, grad
+
+  return dropout_add_normalize(x, residual, gamma, beta)
 
 
 def dense_matmul(input_tensor, kernel):
