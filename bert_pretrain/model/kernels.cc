@@ -400,16 +400,18 @@ class BertDropoutOp : public ScaledOpKernel {
 
 // The rows of a [..., width] tensor whose gamma and beta are [width], or -1 (the op failed).
 int64_t RowsOf(OpKernelContext* context, const Tensor& x, const Tensor& gamma,
-               const Tensor& beta) {
+               const Tensor& beta, const char* op) {
   int64_t width = x.dim_size(x.dims() - 1);
   if (gamma.dims() != 1 || gamma.dim_size(0) != width || gamma.shape() != beta.shape()) {
     context->CtxFailure(tensorflow::errors::InvalidArgument(
-        "BertDropoutAddLayerNorm: gamma and beta must be [width] of the rows' last axis: ",
+        op, ": gamma and beta must be [width] of the rows' last axis: ",
         x.shape().DebugString(), ", ", gamma.shape().DebugString(), " and ",
         beta.shape().DebugString()));
     return -1;
   }
-  return width == 0 ? 0 : x.NumElements() / width;
+  int64_t rows = 1;
+  for (int axis = 0; axis + 1 < x.dims(); ++axis) rows *= x.dim_size(axis);
+  return rows;
 }
 
 constexpr int64_t kChunks = 32;  // fixed row chunks: gamma's and beta's sums in one order
@@ -426,7 +428,7 @@ class BertDropoutAddLayerNormOp : public ScaledOpKernel {
     const Tensor& beta = context->input(4);
     if (!SameShapes(context, x, residual, "BertDropoutAddLayerNorm") ||
         !SameShapes(context, x, keep, "BertDropoutAddLayerNorm")) return;
-    int64_t rows = RowsOf(context, x, gamma, beta);
+    int64_t rows = RowsOf(context, x, gamma, beta, "BertDropoutAddLayerNorm");
     if (rows < 0) return;
     Tensor* y = nullptr;
     Tensor* x_hat = nullptr;
@@ -435,8 +437,8 @@ class BertDropoutAddLayerNormOp : public ScaledOpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(1, x.shape(), &x_hat));
     OP_REQUIRES_OK(context, context->allocate_output(
         2, tensorflow::TensorShape({rows}), &inverse_std));
-    if (rows == 0) return;
-    int64_t width = x.NumElements() / rows;
+    int64_t width = gamma.NumElements();
+    if (rows == 0 || width == 0) return;
     const uint16_t* in = Bits(x);
     const float* res = residual.flat<float>().data();
     const uint8_t* kept = KeepBytes(keep);
@@ -469,7 +471,7 @@ class BertDropoutAddLayerNormGradOp : public ScaledOpKernel {
     const Tensor& keep = context->input(4);
     if (!SameShapes(context, dy, x_hat, "BertDropoutAddLayerNormGrad") ||
         !SameShapes(context, dy, keep, "BertDropoutAddLayerNormGrad")) return;
-    int64_t rows = RowsOf(context, dy, gamma, gamma);
+    int64_t rows = RowsOf(context, dy, gamma, gamma, "BertDropoutAddLayerNormGrad");
     if (rows < 0) return;
     OP_REQUIRES(context, inverse_std.NumElements() == rows,
                 tensorflow::errors::InvalidArgument(
@@ -487,7 +489,7 @@ class BertDropoutAddLayerNormGradOp : public ScaledOpKernel {
     float* sum_beta = d_beta->flat<float>().data();
     std::fill(sum_gamma, sum_gamma + width, 0.0f);
     std::fill(sum_beta, sum_beta + width, 0.0f);
-    if (rows == 0) return;
+    if (rows == 0 || width == 0) return;
     int64_t chunks = rows < kChunks ? rows : kChunks;
     std::vector<float> partial(2 * chunks * width, 0.0f);
     const float* upstream = dy.flat<float>().data();
@@ -587,8 +589,14 @@ REGISTER_OP("BertDropoutAddLayerNorm")
     .Output("inverse_std: float")
     .Attr("scale: float")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      c->set_output(1, c->input(0));
+      tensorflow::shape_inference::ShapeHandle rows, unused;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &rows));
+      TF_RETURN_IF_ERROR(c->Merge(rows, c->input(1), &rows));
+      TF_RETURN_IF_ERROR(c->Merge(rows, c->input(2), &rows));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &unused));
+      c->set_output(0, rows);
+      c->set_output(1, rows);
       c->set_output(2, c->Vector(tensorflow::shape_inference::InferenceContext::kUnknownDim));
       return tensorflow::Status();
     });

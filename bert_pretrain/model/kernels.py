@@ -34,9 +34,10 @@ def compile_command(output):
   flags = list(tf.sysconfig.get_compile_flags())
   if not any(flag.lstrip("-").startswith("std=") for flag in flags):
     flags.append("-std=c++14")  # TensorFlow 1.15's headers say no standard; they need 14
-  # -fno-trapping-math lets the compiler vectorize the loops' selects and clamps.
+  # -fno-trapping-math lets the compiler vectorize the loops' selects and clamps;
+  # -ffp-contract=off rounds a * b + c twice, as TensorFlow's ops, on every CPU clone.
   return ([os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O3", "-fno-math-errno",
-           "-fno-trapping-math"] + flags + [SOURCE, "-o", output]
+           "-fno-trapping-math", "-ffp-contract=off"] + flags + [SOURCE, "-o", output]
           + list(tf.sysconfig.get_link_flags()))
 
 

@@ -428,8 +428,9 @@ def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seed
 
   Returns:
     float Tensor [rows, width] in the type of `residual`, computed in
-    elementwise_dtype of `input_tensor`'s type; for a bfloat16 input and a float32
-    residual, by precision.fused_dropout_add_normalize where the kernels are built.
+    elementwise_dtype of `input_tensor`'s type; for a bfloat16 input, a float32
+    residual and a dropout mask (training, with `seeds` on TensorFlow 1.15), by
+    precision.fused_dropout_add_normalize where the kernels are built.
   """
   fused = precision.fused_kernels(input_tensor.dtype)
   if fused is not None and residual.dtype == tf.float32:
