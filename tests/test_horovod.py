@@ -48,11 +48,12 @@ def test_two_ranks_match_one_card_with_twice_the_batch(equal_weight_data, tmp_pa
   # Only rank 0 writes: one checkpoint set, one log of 3 steps.
   assert len(re.findall(r"Step 3,", two.stdout)) == 1
   # Its traced update (the last: the run ends within its FPS warm-up) spent time inside
-  # Horovod's all-reduce; one card's has none.
+  # Horovod's all-reduce, exposed or overlapped by other ops; one card's has none.
   split = re.search(r"Update time \(update 3 traced, [\d.]+ s\): input ([\d.]+)%, compute "
-                    r"([\d.]+)%, all-reduce ([\d.]+)%", two.stdout)
-  assert split and float(split.group(3)) > 0, two.stdout[-3000:]
-  assert sum(float(part) for part in split.groups()) == pytest.approx(100, abs=0.2)
+                    r"([\d.]+)%, all-reduce ([\d.]+)% \(another ([\d.]+)% overlapped",
+                    two.stdout)
+  assert split and float(split.group(3)) + float(split.group(4)) > 0, two.stdout[-3000:]
+  assert sum(float(part) for part in split.groups()[:3]) == pytest.approx(100, abs=0.2)
   assert "all-reduce" not in re.search(r"Update time .*", one.stdout).group(0)
 
 

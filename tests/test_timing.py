@@ -198,6 +198,13 @@ def test_a_traced_update_splits_into_input_all_reduce_and_compute():
   # Queued at 1200: only 1800-2000 has no input or compute beside it.
   assert parts["allreduce"] == pytest.approx(0.0002)
   assert parts["compute"] == pytest.approx(0.0019 - 0.0005 - 0.0002)
+  # 1200-1800 ran beside input and compute: overlapped, counted in those parts.
+  assert parts["allreduce_overlapped"] == pytest.approx(0.0006)
+  # An all-reduce wholly beside compute is all overlapped, none exposed.
+  hidden = _step_stats(("MatMul_3", 0, 1000), ("HorovodAllreduce_g", 100, 900))
+  parts = timing.split_update([hidden], lambda name: None)
+  assert (parts["allreduce"], parts["allreduce_overlapped"]) == (0, pytest.approx(0.0008))
+  assert parts["compute"] == pytest.approx(0.001)
   # The graph's op type wins over the label; a GPU stream's "node:op" is the node.
   names = []
   parts = timing.split_update([second], lambda name: names.append(name) or "MatMul")
@@ -227,4 +234,9 @@ def test_the_report_says_where_the_time_went():
                                  "ranks": 2, "mfu": 0.31, "peak_tflops": 100.0})
   assert line == ("padding 25.0% of the positions; update time: input 10.0%, compute 70.0%, "
                   "all-reduce 20.0%; MFU 31.0% of 100 TFLOPS a card")
+  overlapped = report.where_time_went({"time_input_share": 0.1, "time_compute_share": 0.9,
+                                       "time_allreduce_share": 0.0, "ranks": 2,
+                                       "time_allreduce_overlapped_share": 0.05})
+  assert overlapped == ("update time: input 10.0%, compute 90.0%, all-reduce 0.0% (another "
+                        "5.0% overlapped by other ops)")
   assert report.where_time_went({"throughput": 5.0}) == ""

@@ -132,7 +132,7 @@ def where_time_went(record):
   if record.get("padding_share") is not None:
     parts.append("padding %.1f%% of the positions" % (100 * record["padding_share"]))
   if record.get("time_input_share") is not None:
-    shares = {part: record["time_%s_share" % part] for part in ("input", "compute", "allreduce")}
+    shares = {part: record.get("time_%s_share" % part) for part in timing.SHARES}
     parts.append("update time: " + timing.format_shares(shares, record.get("ranks", 1)))
   if record.get("mfu") is not None:
     parts.append("MFU %.1f%% of %.3g TFLOPS a card" % (100 * record["mfu"],

@@ -235,7 +235,7 @@ def log_where_time_goes(logger, fps, tokens, split, flops_per_sequence, peak, re
   logger.print("Tokens per second: %.0f real, %.0f with the padding (padding %.1f%% of "
                "the positions)" % (padded * (1 - padding), padded, 100 * padding))
   if split is not None and split["step"] > 0:
-    shares = {part: split[part] / split["step"] for part in ("input", "compute", "allreduce")}
+    shares = {part: split[part] / split["step"] for part in timing.SHARES}
     figures.update({"time_%s_share" % part: share for part, share in shares.items()},
                    ranks=replicas)
     logger.print("Update time (update %d traced, %.3f s): %s" % (
