@@ -33,6 +33,7 @@ As a command, `python3 -m bert_pretrain.demo` builds the cache (--demo_cache_dir
 
 import collections
 import ctypes
+import functools
 import json
 import os
 import random
@@ -409,8 +410,10 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None
     command = [sys.executable, "-m", "bert_pretrain.run_classifier"] + [
         "--%s=%s" % item for item in sorted(values.items())]
     log("demo: fine-tuning from %s: %s" % (init or "random weights", " ".join(command[1:])))
+    sys.stdout.flush()  # the line above before the child's minutes, when stdout is a pipe
     finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, preexec_fn=_end_with_parent)
+                              universal_newlines=True,
+                              preexec_fn=functools.partial(_end_with_parent, os.getpid()))
     for line in finished.stdout.splitlines():
       if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
         log("  " + line.strip())
@@ -427,13 +430,15 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None
   return accuracy
 
 
-def _end_with_parent():
-  """In a fine-tuning child: SIGTERM when the demo's process ends (Linux's
-  PR_SET_PDEATHSIG), so a demo stopped by a signal leaves no trainer running."""
+def _end_with_parent(parent):
+  """In a fine-tuning child: SIGTERM when the demo's process (pid `parent`) ends
+  (Linux's PR_SET_PDEATHSIG), so a demo stopped by a signal leaves no trainer running."""
   try:
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)
   except (OSError, AttributeError):
-    pass
+    return
+  if os.getppid() != parent:  # the demo ended between the fork and prctl
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def set_up_run(flag_values, log=print):
