@@ -227,8 +227,10 @@ def _start_two_ranks(data, tmp_path, transport):
   Returns:
     (the horovodrun process, output lines so far, pid of rank 1's training process).
   """
+  # No checkpoint while it runs: a rank stopped then says it was inside an update.
   flags = base_flags(data, tmp_path / "out", num_train_steps=10 ** 6, display_loss_steps=5,
-                     nodo_eval=None, stall_timeout_s=STALL_TIMEOUT_S)
+                     nodo_eval=None, stall_timeout_s=STALL_TIMEOUT_S,
+                     save_checkpoints_steps=10 ** 6)
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
   proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", transport] +

@@ -23,6 +23,7 @@ from bert_pretrain import demo
 from bert_pretrain import pack_records
 from bert_pretrain import run_pretraining
 from bert_pretrain.distributed import launch
+from bert_pretrain.training import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
@@ -310,18 +311,35 @@ def _demo(cache, cwd, *flags_given):
                           env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
+def _read_until(process, text):
+  """The lines `process` printed up to and with the first holding `text`."""
+  lines = []
+  for line in process.stdout:
+    lines.append(line)
+    if text in line:
+      return lines
+  raise AssertionError("no %r in: %s" % (text, "".join(lines[-20:])))
+
+
 def test_two_demos_started_at_once_on_an_empty_cache_both_succeed(tmp_path):
+  # The test holds the cache's lock until both demos wait for it, so they contend
+  # however the machine schedules their starts.
   cache = tmp_path / "cache"
+  cache.mkdir()
+  lock = checkpoints.OutputDirLock(str(cache))
+  lock.acquire()
   demos = [_demo(cache, tmp_path) for _ in range(2)]
+  for demo_run in demos:
+    _read_until(demo_run, "demo: another demo is building %s; waiting for it" % cache)
+  lock.release()
   outputs = [demo_run.communicate(timeout=300) for demo_run in demos]
   for demo_run, (out, err) in zip(demos, outputs):
     assert demo_run.returncode == 0, err[-3000:]
     assert ("demo: the cache is ready: --bert_config_file=%s" % (cache / "bert_config.json")
             in out)
-  # The cache was built once, under its lock: the second waited, then found it built.
-  waited = [out for out, _ in outputs if "another demo is building" in out]
+  # The cache was built once, under its lock: the other demo waited, then found it built.
   built = [out for out, _ in outputs if "building a 4096-token WordPiece vocab" in out]
-  assert len(waited) == 1 and len(built) == 1
+  assert len(built) == 1
   assert sorted(os.listdir(str(cache))) == [".bert_pretrain.lock", "bert_config.json", "eval",
                                             "init", "text", "train", "vocab.txt"]
   assert os.listdir(str(tmp_path)) == ["cache"]  # no run folder: building trains nothing
