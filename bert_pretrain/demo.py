@@ -162,6 +162,7 @@ def prepare(cache_dir, log=print, packed=False):
     lock.acquire()
   except ValueError:
     log("demo: another demo is building %s; waiting for it" % cache_dir)
+    sys.stdout.flush()  # said before the wait, when stdout is a pipe
     lock.acquire(wait=True)
   try:
     paths = _prepare(cache_dir, log)
@@ -433,6 +434,9 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None
 def _end_with_parent(parent):
   """In a fine-tuning child: SIGTERM when the demo's process (pid `parent`) ends
   (Linux's PR_SET_PDEATHSIG), so a demo stopped by a signal leaves no trainer running."""
+  # The fork keeps the demo's Python handler (run_pretraining's acts from a thread the
+  # child has not); until exec this child must die of SIGTERM.
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
   try:
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)
   except (OSError, AttributeError):

@@ -25,9 +25,6 @@ RANKS_MODULE = "bert_pretrain.run_pretraining"  # the command whose job processe
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
 SEQ_LENGTH = 64
 PREDICTIONS = 10
-# The tests read the commands' lines as they come (signals sent at a line, lines in
-# order across processes): unbuffered output in every process they start.
-os.environ["PYTHONUNBUFFERED"] = "1"
 # The slowest files, longest first (their times: docs/performance.md); the others follow.
 # pytest-xdist's --dist loadfile hands out files by their number of tests, which started
 # slow files after the quick ones: the suite ended on one busy worker.

@@ -177,6 +177,14 @@ def test_a_fine_tuning_child_whose_demo_ended_before_it_asked_for_the_signal_end
   ours = subprocess.run(child, stdout=subprocess.PIPE, universal_newlines=True,
                         preexec_fn=functools.partial(demo._end_with_parent, os.getpid()))
   assert (ours.returncode, ours.stdout) == (0, "trained\n")
-  orphan = subprocess.run(child, stdout=subprocess.PIPE, universal_newlines=True,
-                          preexec_fn=functools.partial(demo._end_with_parent, os.getpid() + 1))
-  assert (orphan.returncode, orphan.stdout) == (-signal.SIGTERM, "")
+  # Also when the demo's process has a SIGTERM handler (run_pretraining's, which the
+  # fork keeps).
+  for handler in (signal.SIG_DFL, lambda *_: None):
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+      orphan = subprocess.run(child, stdout=subprocess.PIPE, universal_newlines=True,
+                              preexec_fn=functools.partial(demo._end_with_parent,
+                                                           os.getpid() + 1))
+    finally:
+      signal.signal(signal.SIGTERM, previous)
+    assert (orphan.returncode, orphan.stdout) == (-signal.SIGTERM, "")

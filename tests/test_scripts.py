@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from absl import flags
@@ -209,8 +210,16 @@ def test_the_processes_of_one_launch_share_the_demos_folder_and_others_must_name
   assert re.match(r"^results/demo-\d{8}-\d{6}$", alone.output_dir)
 
 
+def _unbuffered_removed(env):
+  """`env` without PYTHONUNBUFFERED: output to a pipe as a user's tee gets it (the lines
+  the tests wait for must be flushed by the code)."""
+  env.pop("PYTHONUNBUFFERED", None)
+  return env
+
+
 def _one_card_demo(demo_cache, cwd, *flags_given):
-  env = dict(os.environ, PATH="%s:%s" % (os.path.dirname(sys.executable), os.environ["PATH"]))
+  env = _unbuffered_removed(dict(
+      os.environ, PATH="%s:%s" % (os.path.dirname(sys.executable), os.environ["PATH"])))
   return subprocess.Popen(["bash", os.path.join(ROOT, "run_1card_FPS.sh"),
                            "--demo_cache_dir=" + demo_cache, "--nodraw_report",
                            "--display_loss_steps=1"] + list(flags_given),
@@ -308,7 +317,8 @@ def _demo(cache, cwd, *flags_given):
                            "--demo_cache_dir=%s" % cache]
                           + list(flags_given), cwd=str(cwd), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+                          env=_unbuffered_removed(dict(os.environ, PYTHONPATH=ROOT,
+                                                       TF_CPP_MIN_LOG_LEVEL="2")))
 
 
 def _read_until(process, text):
@@ -323,16 +333,27 @@ def _read_until(process, text):
 
 def test_two_demos_started_at_once_on_an_empty_cache_both_succeed(tmp_path):
   # The test holds the cache's lock until both demos wait for it, so they contend
-  # however the machine schedules their starts.
+  # however the machine schedules their starts; a demo that never says it waits is
+  # killed after 300 s, which ends the reading.
   cache = tmp_path / "cache"
   cache.mkdir()
   lock = checkpoints.OutputDirLock(str(cache))
   lock.acquire()
   demos = [_demo(cache, tmp_path) for _ in range(2)]
-  for demo_run in demos:
-    _read_until(demo_run, "demo: another demo is building %s; waiting for it" % cache)
-  lock.release()
-  outputs = [demo_run.communicate(timeout=300) for demo_run in demos]
+  watchdog = threading.Timer(300, lambda: [demo_run.kill() for demo_run in demos])
+  watchdog.start()
+  try:
+    for demo_run in demos:
+      _read_until(demo_run, "demo: another demo is building %s; waiting for it" % cache)
+    lock.release()
+    outputs = [demo_run.communicate(timeout=300) for demo_run in demos]
+  finally:
+    watchdog.cancel()
+    lock.release()
+    for demo_run in demos:
+      if demo_run.poll() is None:
+        demo_run.kill()
+        demo_run.wait()
   for demo_run, (out, err) in zip(demos, outputs):
     assert demo_run.returncode == 0, err[-3000:]
     assert ("demo: the cache is ready: --bert_config_file=%s" % (cache / "bert_config.json")

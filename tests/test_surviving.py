@@ -92,7 +92,8 @@ def _run_and_signal(command, out, at_step, target=None, sig=signal.SIGTERM, dllo
     print("attempt %d: the job logged step %d; the signal reached no update; again"
           % (attempt, STEPS))
     shutil.rmtree(str(out))
-  raise AssertionError("the job ended before the signal 3 times: %s" % result[1][-3000:])
+  raise AssertionError("the signal reached no update 3 times (or the job ignores it): %s"
+                       % result[1][-3000:])
 
 
 def _logged_last_step_before(dllog_path, moment):
