@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 
 import pytest
 import tensorflow.compat.v1 as tf
@@ -40,15 +41,31 @@ OUTPUTS = ("text", "train_data", "eval_intermediate", "eval_data", "manifest.jso
            "settings.json")
 
 
-def run_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
-  """Runs bash tools/prepare_wiki.sh with the small settings; returns CompletedProcess."""
+def start_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
+  """Starts bash tools/prepare_wiki.sh with the small settings (it execs Python)."""
   values = dict(SMALL, dump=dump, vocab=vocab, output_dir=output_dir, jobs=jobs)
   values.update(overrides)
   args = ["--%s=%s" % (k, v) for k, v in values.items() if v is not None]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run(["bash", os.path.join(ROOT, "tools", "prepare_wiki.sh")] + args,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, env=env, timeout=300)
+  return subprocess.Popen(["bash", os.path.join(ROOT, "tools", "prepare_wiki.sh")] + args,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=env)
+
+
+def run_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
+  """Runs start_cli's command; returns CompletedProcess. A run still going after 300 s
+  is asked for its Python stacks (SIGUSR2), which the failure shows."""
+  process = start_cli(output_dir, vocab, dump, jobs, **overrides)
+  try:
+    out, err = process.communicate(timeout=300)
+  except subprocess.TimeoutExpired:
+    process.send_signal(signal.SIGUSR2)
+    time.sleep(2)
+    process.kill()
+    out, err = process.communicate()
+    raise AssertionError("prepare_wiki still ran after 300 s; its output and stacks:\n"
+                         + out[-2000:] + err[-8000:])
+  return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def error_line(result):
@@ -720,3 +737,24 @@ def test_pack_adds_packed_records_to_a_finished_folder_and_resumes_like_the_othe
   manifest = json.load(open(os.path.join(output_dir, "manifest.json")))
   assert manifest["settings"]["max_sequences_per_pack"] == 2
   assert manifest["packed"]["sequences_in"] == manifest["packed"]["sequences_out"]
+
+
+def test_sigusr2_prints_the_python_stacks_of_a_run_which_then_goes_on(vocab, tmp_path):
+  process = start_cli(str(tmp_path / "out"), vocab, jobs=2)
+  try:
+    lines = []
+    for line in process.stderr:  # the steps before tfrecords take a second or less
+      lines.append(line)
+      if line.startswith("prepare_wiki: shard: "):
+        break
+    process.send_signal(signal.SIGUSR2)
+    out, err = process.communicate(timeout=300)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 0, "".join(lines) + err
+  # faulthandler's dump of the main process, in whichever step it was.
+  assert re.search(r'(?m)^Current thread 0x[0-9a-f]+ \(most recent call first\):\n'
+                   r'(  File ".*", line \d+ in \S+\n)*  File ".*pipeline\.py", line \d+ in '
+                   r'run_pipeline\n', err), err
+  assert "prepare_wiki: done. Train with" in out

@@ -53,6 +53,7 @@ from absl import logging
 from bert_pretrain import errors
 from bert_pretrain.wiki.pipeline import (DEFAULTS, STEPS, describe_os_error, parse_steps,
                                          run_pipeline)
+from bert_pretrain.wiki import workdir
 from bert_pretrain.wiki.workdir import Layout, PrepareError
 
 
@@ -128,6 +129,7 @@ def main(argv):
   if len(argv) > 1:
     errors.unexpected_arguments("prepare_wiki", argv[1:])
   signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
+  workdir.arm_stacks()
   flag_values = flags.FLAGS
   if not flag_values["verbosity"].present:
     # create_pretraining_data logs two INFO lines per shard; the progress line suffices.

@@ -10,6 +10,7 @@ rate and ETA to stderr every 15 s (Progress). One run at a time holds the folder
 
 import contextlib
 import errno
+import faulthandler
 import fcntl
 import hashlib
 import json
@@ -18,6 +19,8 @@ import os
 import signal
 import sys
 import time
+
+from bert_pretrain.distributed import stacks
 
 # Bumped when a step's output for the same input changes, so old folders are refused.
 FORMAT_VERSION = 1
@@ -259,11 +262,18 @@ def make_pool(processes, context="fork"):
   a worker stuck in C (a lock held at the fork), which would then hang the join. Set in
   each worker, not around the fork: a SIGTERM to this process meanwhile must reach its
   own handler."""
-  return multiprocessing.get_context(context).Pool(processes, initializer=_default_sigterm)
+  return multiprocessing.get_context(context).Pool(processes, initializer=_start_worker)
 
 
-def _default_sigterm():
+def _start_worker():
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  arm_stacks()  # a spawned worker has not the parent's
+
+
+def arm_stacks():
+  """SIGUSR2 (stacks.STACK_SIGNAL) writes this process's Python stacks to stderr: what
+  a run that seems stuck is doing. Forked workers keep it."""
+  faulthandler.register(stacks.STACK_SIGNAL, all_threads=True)
 
 
 def run_tasks(function, tasks, jobs, on_result, context="fork"):
