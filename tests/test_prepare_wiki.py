@@ -42,26 +42,27 @@ OUTPUTS = ("text", "train_data", "eval_intermediate", "eval_data", "manifest.jso
 
 
 def start_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
-  """Starts bash tools/prepare_wiki.sh with the small settings (it execs Python)."""
+  """Starts bash tools/prepare_wiki.sh with the small settings (it execs Python), in a
+  process group of its own with its workers."""
   values = dict(SMALL, dump=dump, vocab=vocab, output_dir=output_dir, jobs=jobs)
   values.update(overrides)
   args = ["--%s=%s" % (k, v) for k, v in values.items() if v is not None]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   return subprocess.Popen(["bash", os.path.join(ROOT, "tools", "prepare_wiki.sh")] + args,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=env)
+                          universal_newlines=True, env=env, start_new_session=True)
 
 
 def run_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
   """Runs start_cli's command; returns CompletedProcess. A run still going after 300 s
-  is asked for its Python stacks (SIGUSR2), which the failure shows."""
+  is asked for its Python stacks and its workers' (SIGUSR2), which the failure shows."""
   process = start_cli(output_dir, vocab, dump, jobs, **overrides)
   try:
     out, err = process.communicate(timeout=300)
   except subprocess.TimeoutExpired:
-    process.send_signal(signal.SIGUSR2)
+    os.killpg(process.pid, signal.SIGUSR2)
     time.sleep(2)
-    process.kill()
+    os.killpg(process.pid, signal.SIGKILL)  # the workers too: they hold the pipes open
     out, err = process.communicate()
     raise AssertionError("prepare_wiki still ran after 300 s; its output and stacks:\n"
                          + out[-2000:] + err[-8000:])
