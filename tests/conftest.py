@@ -262,7 +262,9 @@ class ForkedRun(object):
     return self.returncode
 
   def send_signal(self, sig):
-    if self.returncode is None:
+    # Asks the server first: once it has reaped the run, the pid can be another
+    # process's (pid_max 32768 wraps within a suite), another test's worker say.
+    if self.poll() is None:
       os.kill(self.pid, sig)
 
   def kill(self):
