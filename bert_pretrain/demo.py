@@ -150,7 +150,13 @@ def write_documents(documents, path):
     f.write("\n\n".join("\n".join(doc) for doc in documents) + "\n")
 
 
-def prepare(cache_dir, log=print, packed=False):
+def say(line):
+  """The demo's lines, flushed at once: a pipe (tee) shows each before the minutes that
+  follow it."""
+  print(line, flush=True)
+
+
+def prepare(cache_dir, log=say, packed=False):
   """Builds whatever of the demo artefacts is missing in cache_dir (under its lock: another
   demo building it meanwhile is waited for); returns their paths. packed: the training
   records packed too (<cache_dir>/train_packed), which input_files_dir then names."""
@@ -162,7 +168,6 @@ def prepare(cache_dir, log=print, packed=False):
     lock.acquire()
   except ValueError:
     log("demo: another demo is building %s; waiting for it" % cache_dir)
-    sys.stdout.flush()  # said before the wait, when stdout is a pipe
     lock.acquire(wait=True)
   try:
     paths = _prepare(cache_dir, log)
@@ -339,7 +344,7 @@ def log_masked_lm_baseline(pretrained_dir, eval_files_dir, vocab_file, log):
          other))
 
 
-def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None,
+def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
              known_run=False):
   """The downstream step: logs the run's masked-LM accuracy beside the most frequent
   token's, fine-tunes the latest checkpoint in pretrained_dir on the word-order task,
@@ -411,7 +416,6 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=print, epochs=None
     command = [sys.executable, "-m", "bert_pretrain.run_classifier"] + [
         "--%s=%s" % item for item in sorted(values.items())]
     log("demo: fine-tuning from %s: %s" % (init or "random weights", " ".join(command[1:])))
-    sys.stdout.flush()  # the line above before the child's minutes, when stdout is a pipe
     finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               universal_newlines=True,
                               preexec_fn=functools.partial(_end_with_parent, os.getpid()))
@@ -445,7 +449,7 @@ def _end_with_parent(parent):
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def set_up_run(flag_values, log=print):
+def set_up_run(flag_values, log=say):
   """Fills the demo run's flags that the command line did not give: the data, vocab,
   config and initial checkpoint of the cache (--demo_cache_dir, built where missing; the
   training records packed with --enable_packed_data_mode) and a new output_dir, one
@@ -501,7 +505,7 @@ def main(argv):
   tf.disable_v2_behavior()
   try:
     if not FLAGS["finetune_from"].present:
-      paths = prepare(FLAGS.demo_cache_dir, log=print)
+      paths = prepare(FLAGS.demo_cache_dir, log=say)
       print("demo: the cache is ready: %s" % ", ".join(
           "--%s=%s" % item for item in sorted(paths.items())))
       return 0
