@@ -32,7 +32,6 @@ As a command, `python3 -m bert_pretrain.demo` builds the cache (--demo_cache_dir
 """
 
 import collections
-import ctypes
 import functools
 import json
 import os
@@ -441,12 +440,7 @@ def _end_with_parent(parent):
   # The fork keeps the demo's Python handler (run_pretraining's acts from a thread the
   # child has not); until exec this child must die of SIGTERM.
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  try:
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
-  except (OSError, AttributeError):
-    return
-  if os.getppid() != parent:  # the demo ended between the fork and prctl
-    os.kill(os.getpid(), signal.SIGTERM)
+  workdir.end_with_parent(parent)
 
 
 def set_up_run(flag_values, log=say):

@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -759,3 +760,111 @@ def test_sigusr2_prints_the_python_stacks_of_a_run_which_then_goes_on(vocab, tmp
                    r'(  File ".*", line \d+ in \S+\n)*  File ".*pipeline\.py", line \d+ in '
                    r'run_pipeline\n', err), err
   assert "prepare_wiki: done. Train with" in out
+
+
+def _square_unless_three(task):
+  """A task of run_tasks whose worker is killed at task 3, as the OOM killer would."""
+  if task == 3:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return task * task
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_worker_that_dies_ends_run_tasks_with_the_worker_line(context):
+  results = []
+  with pytest.raises(workdir.PrepareError) as raised:
+    workdir.run_tasks(_square_unless_three, list(range(8)), 2, results.append, context)
+  assert str(raised.value) == workdir.WORKER_DIED
+  assert set(results) <= {0, 1, 4, 16, 25, 36, 49}
+  results = []
+  workdir.run_tasks(_square_unless_three, [0, 1, 2, 4], 2, results.append, context)
+  assert sorted(results) == [0, 1, 4, 16]
+
+
+def _workers(parent, count=2):
+  """The pids of the first `count` worker processes (not multiprocessing's resource
+  tracker) that process `parent` has, once there are that many."""
+  deadline = time.time() + 120
+  while time.time() < deadline:
+    workers = []
+    for name in os.listdir("/proc"):
+      try:
+        with open("/proc/%s/stat" % name) as f:
+          ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open("/proc/%s/cmdline" % name, "rb") as f:
+          command = f.read()
+      except (OSError, ValueError, IndexError):
+        continue
+      if ppid == parent and b"_tracker import main" not in command:
+        workers.append(int(name))
+    if len(workers) >= count:
+      return workers[:count]
+    time.sleep(0.05)
+  raise AssertionError("process %d has not %d workers after 120 s" % (parent, count))
+
+
+def _read_until_tfrecords(process):
+  """The stderr of a start_cli run up to the start of step tfrecords (its workers then
+  start, and load TensorFlow)."""
+  seen = []
+  for line in process.stderr:  # the steps before tfrecords take a second or less
+    seen.append(line)
+    if line.startswith("prepare_wiki: shard: "):
+      break
+  return "".join(seen)
+
+
+def _gone(pid, seconds=30):
+  """Whether process pid has ended (or is a zombie) within `seconds`."""
+  deadline = time.time() + seconds
+  while time.time() < deadline:
+    try:
+      with open("/proc/%d/stat" % pid) as f:
+        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+          return True
+    except OSError:
+      return True
+    time.sleep(0.1)
+  return False
+
+
+def test_a_worker_killed_mid_run_ends_it_with_one_line_and_the_same_command_finishes(
+    run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "out")
+  process = start_cli(output_dir, vocab, jobs=2)
+  try:
+    seen = _read_until_tfrecords(process)
+    workers = _workers(process.pid)
+    os.kill(workers[0], signal.SIGKILL)
+    out, err = process.communicate(timeout=300)
+  finally:
+    if process.poll() is None:
+      os.killpg(process.pid, signal.SIGKILL)
+  result = subprocess.CompletedProcess(process.args, process.returncode, out, seen + err)
+  assert error_line(result) == "prepare_wiki: error: " + workdir.WORKER_DIED
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert _gone(workers[1])  # the other worker did not go on alone
+  assert os.path.exists(os.path.join(output_dir, "work", "done", "shard.json"))
+  result = run_cli(output_dir, vocab, jobs=2)
+  assert result.returncode == 0, result.stderr
+  assert "shard: done before" in result.stderr
+  assert files_under(output_dir) == files_under(run_a)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_end_with_their_run_when_it_is_killed(context):
+  # Forked workers hold the pipes' write ends open, so only the kernel can end them.
+  program = ("import time\nfrom bert_pretrain.wiki import workdir\n"
+             "workdir.run_tasks(time.sleep, [600] * 4, 2, print, %r)" % context)
+  process = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT,
+                             start_new_session=True)
+  try:
+    workers = _workers(process.pid)
+    process.kill()
+    process.wait(timeout=60)
+    assert [pid for pid in workers if not _gone(pid)] == []
+  finally:
+    try:
+      os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group has ended
+      pass

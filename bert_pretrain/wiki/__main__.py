@@ -104,7 +104,7 @@ def define_flags():
 
 class Terminated(KeyboardInterrupt):
   """SIGTERM in the main process: raised as Ctrl-C's KeyboardInterrupt is, so the same
-  cleanup runs (temporary files, the process pool) and the same kind of line is said."""
+  cleanup runs (temporary files, the worker processes) and the same kind of line is said."""
 
 
 def _on_sigterm(main_pid):
@@ -112,7 +112,7 @@ def _on_sigterm(main_pid):
 
   def handler(signum, unused_frame):
     if os.getpid() != main_pid:
-      # A forked worker (the pool ends its workers with SIGTERM): die as by default.
+      # A forked worker not yet started (a SIGTERM to the whole group): die as by default.
       signal.signal(signum, signal.SIG_DFL)
       os.kill(os.getpid(), signum)
       return

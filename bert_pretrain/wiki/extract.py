@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ElementTree
 
 from bert_pretrain.wiki.markup import wikitext_to_text
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
-                                        file_digest, make_pool, marker_is_valid, read_json,
+                                        file_digest, WorkerPool, marker_is_valid, read_json,
                                         remove_stale_temporaries, say, step_settings,
                                         write_json)
 
@@ -91,7 +91,7 @@ def _xml_blocks(reader, multistream_pool=None, jobs=1):
 
   Args:
     reader: the dump file (a _CountingReader).
-    multistream_pool: (optional) a multiprocessing pool: a multistream .bz2 is then
+    multistream_pool: (optional) a WorkerPool: a multistream .bz2 is then
       decompressed there, `jobs` pieces at once, in order.
     jobs: pieces in flight.
 
@@ -107,11 +107,11 @@ def _xml_blocks(reader, multistream_pool=None, jobs=1):
     # together; Wikimedia's multistream dumps can be cut between streams instead.
     pending = collections.deque()
     for segment in _bz2_segments(reader):
-      pending.append(multistream_pool.apply_async(bz2.decompress, (segment,)))
+      pending.append(multistream_pool.submit(bz2.decompress, segment))
       while len(pending) > jobs:
-        yield pending.popleft().get()
+        yield pending.popleft().result()
     while pending:
-      yield pending.popleft().get()
+      yield pending.popleft().result()
     return
   else:
     stream = bz2.BZ2File(reader)
@@ -128,7 +128,7 @@ def iter_pages(dump_path, counter=None, pool=None, jobs=1):
   Args:
     dump_path: path of the dump.
     counter: (optional) list; counter[0] is set to the (compressed) bytes read so far.
-    pool: (optional) multiprocessing pool to decompress a multistream .bz2 in.
+    pool: (optional) WorkerPool to decompress a multistream .bz2 in.
     jobs: decompression tasks in flight in the pool.
 
   Yields:
@@ -288,24 +288,18 @@ def run_extract(layout, settings, dump_path, jobs):
   else:
     # Bounded in flight: the parser must not run ahead of the converters by more than a
     # few chunks, or the whole dump would queue up in memory.
-    pool = make_pool(jobs)
-    pending = collections.deque()
-    try:
+    with WorkerPool(jobs) as pool:
+      pending = collections.deque()
       for index, chunk_done, batch in chunks(pool):
         num_chunks[0] = index + 1
         if chunk_done:
           skipped[0] += 1
           continue
-        pending.append(pool.apply_async(extract_chunk, ((layout.root, settings, index,
-                                                          batch),)))
+        pending.append(pool.submit(extract_chunk, (layout.root, settings, index, batch)))
         while len(pending) > jobs:
-          pending.popleft().get()
+          pending.popleft().result()
       while pending:
-        pending.popleft().get()
-      pool.close()
-    finally:
-      pool.terminate()
-      pool.join()
+        pending.popleft().result()
   if not num_chunks[0]:
     raise PrepareError("%s holds no <page> elements; pass a pages-articles dump"
                        % dump_path)

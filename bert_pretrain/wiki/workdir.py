@@ -8,7 +8,9 @@ after a kill skips every unit whose marker matches and whose outputs are there
 rate and ETA to stderr every 15 s (Progress). One run at a time holds the folder (locked).
 """
 
+import concurrent.futures
 import contextlib
+import ctypes
 import errno
 import faulthandler
 import fcntl
@@ -41,6 +43,7 @@ STEP_SETTINGS = {
     "pack_write": ("pack_version", "max_sequences_per_pack", "seed", "num_output_files"),
 }
 _HASH_BLOCK = 4 << 20
+_PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
 # The errors of a write that found no room: only a write raises them, so it is the file's.
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -256,18 +259,63 @@ def say(message, tool="prepare_wiki"):
   sys.stderr.flush()
 
 
-def make_pool(processes, context="fork"):
-  """A process pool whose workers die of SIGTERM as by default, whatever handler this
-  process has: Pool.terminate() ends them with it, and a Python handler would not run in
-  a worker stuck in C (a lock held at the fork), which would then hang the join. Set in
-  each worker, not around the fork: a SIGTERM to this process meanwhile must reach its
-  own handler."""
-  return multiprocessing.get_context(context).Pool(processes, initializer=_start_worker)
+# What a run says when a worker process ended in the middle of its work.
+WORKER_DIED = ("a worker process ended abruptly (killed, or out of memory: see dmesg); "
+               "the finished work is kept: run the same command again to go on, with "
+               "fewer --jobs if memory ran out")
 
 
-def _start_worker():
+class WorkerPool(object):
+  """`processes` worker processes, as a context manager: submit(function, *args) gives
+  a concurrent.futures future.
+
+  A worker that dies (the OOM killer, kill -9) ends the block with PrepareError
+  (WORKER_DIED) at once, where multiprocessing.Pool would wait for its task forever.
+  Leaving the block by an exception (a failed task, Ctrl-C, SIGTERM) kills the workers
+  rather than waiting for their tasks, and a worker dies with this process
+  (PR_SET_PDEATHSIG), so none outlives a killed run.
+  """
+
+  def __init__(self, processes, context="fork"):
+    self._executor = concurrent.futures.ProcessPoolExecutor(
+        processes, mp_context=multiprocessing.get_context(context),
+        initializer=_start_worker, initargs=(os.getpid(),))
+
+  def submit(self, function, *args):
+    return self._executor.submit(function, *args)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, unused_value, unused_traceback):
+    if kind is not None:
+      # The executor has no public way to stop running tasks.
+      for process in list((getattr(self._executor, "_processes", None) or {}).values()):
+        process.kill()
+    self._executor.shutdown(wait=True)
+    if kind is not None and issubclass(kind, concurrent.futures.BrokenExecutor):
+      raise PrepareError(WORKER_DIED) from None
+
+
+def _start_worker(parent):
+  """In each worker: die of SIGTERM as by default, whatever handler the run's process
+  has (a Python handler would not run in a worker stuck in C); leave Ctrl-C to the run,
+  which ends the workers; end with the run's process."""
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  end_with_parent(parent, signal.SIGKILL)
   arm_stacks()  # a spawned worker has not the parent's
+
+
+def end_with_parent(parent, signum=signal.SIGTERM):
+  """In a child process of `parent`: signal `signum` when the thread that started it
+  ends (Linux's PR_SET_PDEATHSIG), and at once if `parent` has ended already."""
+  try:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signum)
+  except (OSError, AttributeError):
+    return
+  if os.getppid() != parent:  # it ended between the fork and prctl
+    os.kill(os.getpid(), signum)
 
 
 def arm_stacks():
@@ -280,27 +328,26 @@ def run_tasks(function, tasks, jobs, on_result, context="fork"):
   """Runs function(task) for every task, `jobs` at once; on_result(result) in the caller.
 
   With one job the tasks run in this process (no pickling, plain tracebacks). A failing
-  task stops the pool; the tasks already finished have left their markers.
+  task stops the others; the tasks already finished have left their markers.
 
   Args:
     function: a module-level function of one argument.
     tasks: list of arguments.
     jobs: processes to use.
     on_result: called in this process with each result, in completion order.
-    context: multiprocessing start method for the pool.
+    context: multiprocessing start method for the workers.
+
+  Raises:
+    PrepareError: a worker died (WORKER_DIED).
   """
   if jobs <= 1 or len(tasks) <= 1:
     for task in tasks:
       on_result(function(task))
     return
-  pool = make_pool(min(jobs, len(tasks)), context)
-  try:
-    for result in pool.imap_unordered(function, tasks, chunksize=1):
-      on_result(result)
-    pool.close()
-  finally:
-    pool.terminate()
-    pool.join()
+  with WorkerPool(min(jobs, len(tasks)), context) as pool:
+    futures = [pool.submit(function, task) for task in tasks]
+    for future in concurrent.futures.as_completed(futures):
+      on_result(future.result())
 
 
 @contextlib.contextmanager
