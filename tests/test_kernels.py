@@ -164,6 +164,32 @@ def test_a_build_makes_a_library_that_loads_and_runs_in_a_new_process(tmp_path, 
   assert [round(v, 2) for v in eval(result.stdout.strip().splitlines()[-1])] == [-0.16, 0.0, 1.95]
 
 
+def test_a_new_build_deletes_the_one_its_tensorflow_made_from_an_older_source(
+    tmp_path, monkeypatch):
+  # A stand-in compiler that writes the library it is asked for.
+  compiler = tmp_path / "g++"
+  compiler.write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\necho lib > "$2"\n')
+  compiler.chmod(0o755)
+  monkeypatch.setenv("CXX", str(compiler))
+  monkeypatch.setattr(kernels, "SOURCE", str(tmp_path / "kernels.cc"))
+  kernels.library_path.cache_clear()
+  try:
+    (tmp_path / "kernels.cc").write_text("// the older source\n")
+    older = os.path.basename(kernels.build()[0])
+    other_tensorflow = "_kernels-00000000-%s" % older.rsplit("-", 1)[1]
+    old_naming = "_kernels-0123456789abcdef.so"
+    for name in (other_tensorflow, old_naming, older + ".77.partial"):
+      (tmp_path / name).write_text("lib")
+    (tmp_path / "kernels.cc").write_text("// the newer source\n")
+    kernels.library_path.cache_clear()
+    newer = os.path.basename(kernels.build()[0])
+  finally:
+    kernels.library_path.cache_clear()
+  assert newer != older and newer.rsplit("-", 1)[0] == older.rsplit("-", 1)[0]
+  assert sorted(os.listdir(str(tmp_path))) == sorted(
+      ["g++", "kernels.cc", newer, other_tensorflow, older + ".77.partial"])
+
+
 def test_a_missing_compiler_is_one_line_with_the_fix(tmp_path, monkeypatch):
   monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
   with pytest.raises(kernels.BuildError) as error:

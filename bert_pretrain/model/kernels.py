@@ -3,14 +3,16 @@ many passes over memory: built by init_tf.sh (`python3 -m bert_pretrain.model.ke
 for the TensorFlow it installs, loaded here, used by precision.py where they apply.
 Where they are not built, precision.py uses TensorFlow's ops, as it does on GPUs.
 
-The library's file name holds a digest of the source, the TensorFlow build and the
-compiler flags, so that a checkout shared by two TensorFlow versions keeps one library
-for each and an edited source is never loaded as an old build.
+The library's file name holds a digest of the TensorFlow build and compiler flags and
+one of the source, so that a checkout shared by two TensorFlow versions keeps one
+library for each and an edited source is never loaded as an old build; a new build
+deletes the one its TensorFlow made from an older source.
 """
 
 import functools
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,13 +45,32 @@ def compile_command(output):
 
 @functools.lru_cache(maxsize=None)
 def library_path():
-  """Where this TensorFlow's build of the kernels is (or goes): beside the source."""
-  digest = hashlib.sha256()
-  with open(SOURCE, "rb") as source:
-    digest.update(source.read())
+  """Where this TensorFlow's build of the kernels is (or goes): beside the source, named
+  _kernels-<digest of the TensorFlow build and flags>-<digest of the source>.so."""
+  build_digest = hashlib.sha256()
   identity = [tf.__version__, getattr(tf.version, "GIT_VERSION", "")]
-  digest.update(" ".join(identity + compile_command("")).encode())
-  return os.path.join(os.path.dirname(SOURCE), "_kernels-%s.so" % digest.hexdigest()[:16])
+  build_digest.update(" ".join(identity + compile_command("")).encode())
+  with open(SOURCE, "rb") as source:
+    source_digest = hashlib.sha256(source.read())
+  return os.path.join(os.path.dirname(SOURCE), "_kernels-%s-%s.so" % (
+      build_digest.hexdigest()[:8], source_digest.hexdigest()[:8]))
+
+
+def _remove_stale_builds(path):
+  """Deletes the libraries beside `path` that this TensorFlow built from an older
+  source, and those of the older naming (_kernels-<one digest>.so), which no TensorFlow
+  loads any more. A process that has one loaded keeps its copy."""
+  folder, name = os.path.split(path)
+  ours = re.match(r"^(_kernels-[0-9a-f]{8}-)[0-9a-f]{8}\.so$", name)
+  if not ours:
+    return
+  for other in os.listdir(folder):
+    stale = re.match(r"^(%s[0-9a-f]{8}|_kernels-[0-9a-f]{16})\.so$" % ours.group(1), other)
+    if stale and other != name:
+      try:
+        os.remove(os.path.join(folder, other))
+      except OSError:
+        pass
 
 
 def build(output=None):
@@ -83,6 +104,8 @@ def build(output=None):
     raise BuildError("%s failed on %s: %s" % (command[0], SOURCE, (
         errors or result.stdout.splitlines() or ["exit %d" % result.returncode])[0].strip()))
   os.replace(partial, output)
+  if output == library_path():
+    _remove_stale_builds(output)
   if isinstance(_loaded.get(output), str):
     del _loaded[output]  # a load() before this build found none: the next one loads it
   return output, time.time() - start
