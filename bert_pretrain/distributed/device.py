@@ -243,7 +243,9 @@ def compute_text(device):
   text = "compute %s" % device.dtype.name
   if device.why:  # run_pretraining's --amp_dtype chooses
     text += " (%s; --amp_dtype=bfloat16 forces bfloat16)" % device.why
-  elif device.kind == "CPU" and device.dtype == tf.bfloat16 and kernels.why_unavailable():
-    text += " (fused kernels %s)" % kernels.why_unavailable()
+  elif device.kind == "CPU" and device.dtype == tf.bfloat16:
+    why_not_fused = kernels.why_unavailable()
+    if why_not_fused:
+      text += " (fused kernels %s)" % why_not_fused
   return text
 
