@@ -51,6 +51,7 @@ def main(argv):
     config.apply_anchor_flags()
     demo_settings = config.from_flags(config.Demo) if config.is_demo() else None
     if demo_settings:
+      inputs_lib.check_settings(config.settings_from_flags())  # before the demo builds
       demo.set_up_run(FLAGS)
     cfg = config.settings_from_flags()
     inputs = inputs_lib.check_inputs(cfg)

@@ -185,6 +185,20 @@ def test_a_negative_fine_tuning_length_is_an_error_before_the_cache_is_built(tmp
   assert not cache.exists()
 
 
+def test_a_demo_run_with_a_bad_setting_ends_with_its_line_before_the_demo_is_built(tmp_path):
+  cache = tmp_path / "cache"
+  result = subprocess.run(["bash", os.path.join(ROOT, "run_1card_FPS.sh"),
+                           "--learning_rate=-1", "--demo_cache_dir=%s" % cache],
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=300)
+  assert result.returncode == 2, result.stdout + result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      "run_pretraining: error: --learning_rate=-1 must be positive (the peak of the "
+      "schedule) and finite; pass e.g. --learning_rate=5e-05")
+  assert "demo" not in result.stdout
+  assert sorted(os.listdir(str(tmp_path))) == []
+
+
 def test_the_processes_of_one_launch_share_the_demos_folder_and_others_must_name_one(
     demo_cache, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
