@@ -98,5 +98,10 @@ def usage_error(tool, message):
 def unexpected_arguments(tool, arguments):
   """usage_error for words on the command line that are no flag, such as the `false` of
   `--amp false` (a true/false flag takes no value) or a path without its --flag=."""
-  usage_error(tool, "unexpected arguments: %s; pass everything as --flags: --name=value, "
-              "and a true/false flag as --name or --noname (e.g. --noamp)" % " ".join(arguments))
+  usage_error(tool, unexpected_arguments_text(arguments))
+
+
+def unexpected_arguments_text(arguments):
+  """unexpected_arguments' message."""
+  return ("unexpected arguments: %s; pass everything as --flags: --name=value, and a "
+          "true/false flag as --name or --noname (e.g. --noamp)" % " ".join(arguments))

@@ -191,6 +191,43 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
   assert "Traceback" not in result.stdout
 
 
+@pytest.mark.parametrize("words,message", [
+    (["--mpi"], "--mpi is horovodrun's, not run_pretraining's: pass it in HOROVOD_RUN_ARGS, "
+     "e.g. HOROVOD_RUN_ARGS=--mpi"),
+    (["-H", "h1:8,h2:8", "--amp"], "-H is horovodrun's, not run_pretraining's: pass it in "
+     "HOROVOD_RUN_ARGS, e.g. HOROVOD_RUN_ARGS='-H h1:8,h2:8'"),
+    (["--lerning_rate=1e-4"], "run_pretraining has no flag --lerning_rate; did you mean "
+     "--learning_rate?"),
+    (["--zzz"], "run_pretraining has no flag --zzz; python3 -m bert_pretrain.run_pretraining "
+     "--helpfull lists them"),
+    (["--amp", "false"], "unexpected arguments: false; pass everything as --flags: "
+     "--name=value, and a true/false flag as --name or --noname (e.g. --noamp)"),
+    (["--train_batch_size=six"], "flag --train_batch_size=six: invalid literal for int() "
+     "with base 10: 'six'"),
+    (["--v=1", "--pdb", "--noamp", "--preset=one_card"], None),
+    (["--helpfull", "--zzz"], None),  # the ranks print the help
+], ids=["horovodrun-flag", "horovodrun-option", "misspelt", "unknown", "stray-word",
+        "bad-value", "absl-flags", "help"])
+def test_the_training_flags_are_checked_once_before_the_ranks_start(words, message):
+  command = ["horovodrun", "-np", "2", "python3", "-m", "bert_pretrain.run_pretraining"]
+  if message is None:
+    launch_plan.check_training_flags(command + words)
+    return
+  with pytest.raises(launch_plan.LaunchError) as raised:
+    launch_plan.check_training_flags(command + words)
+  assert str(raised.value) == message
+
+
+def test_a_horovodrun_flag_given_to_the_script_is_one_line_before_any_rank_starts(tmp_path):
+  result = _run_script(tmp_path, "--mpi", "--num_train_steps=2",
+                       IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  assert result.returncode == 2, result.stdout + result.stderr
+  assert result.stderr.strip().splitlines() == [
+      "run_multi_card_FPS: error: --mpi is horovodrun's, not run_pretraining's: pass it in "
+      "HOROVOD_RUN_ARGS, e.g. HOROVOD_RUN_ARGS=--mpi"]
+  assert os.listdir(str(tmp_path)) == []
+
+
 def test_the_rank_errors_stream_keeps_each_ranks_last_error_line():
   import io  # pylint: disable=g-import-not-at-top
   stream = io.StringIO()

@@ -54,6 +54,7 @@ _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
 # horovodrun's controllers, and options that only MPI takes: with any of them the
 # controller is the user's, else --gloo goes in front.
 _NOT_GLOO = ("--gloo", "--mpi", "--jsrun", "--binding-args")
+_HELP = ("-?", "--help", "--helpshort", "--helpfull", "--helpxml")  # absl's help flags
 
 
 class LaunchError(ValueError):
@@ -338,10 +339,66 @@ def run_horovodrun(args, run_commandline):
     sys.stderr = rank_errors.stream
 
 
+def check_training_flags(words):
+  """Parses the words after `bert_pretrain.run_pretraining` in words as it will (absl), so
+  that a word it would refuse is told once, before any rank starts and loads TensorFlow.
+
+  Raises:
+    LaunchError: what is wrong, and the fix.
+  """
+  if "bert_pretrain.run_pretraining" not in words:
+    return
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top,unused-import
+  from bert_pretrain import config  # pylint: disable=g-import-not-at-top
+  args = list(words[words.index("bert_pretrain.run_pretraining") + 1:])
+  if any(word.split("=", 1)[0] in _HELP for word in args):
+    return  # parsing would print the help here; the ranks print it
+  app.define_help_flags()
+  values = flags.FlagValues()
+  for module, module_flags in flags.FLAGS.flags_by_module_dict().items():
+    if module.startswith("absl."):  # absl's own (--verbosity, --pdb, ...), as a rank's
+      for flag in module_flags:
+        values[flag.name] = flag
+  config.define_pretraining_flags(values)
+  try:
+    rest = values(["run_pretraining"] + args)[1:]
+  except flags.UnrecognizedFlagError as e:
+    raise LaunchError(_unknown_flag_text(e.flagname, args, str(e)))
+  except flags.Error as e:
+    raise LaunchError(str(e).splitlines()[0])
+  if rest:
+    raise LaunchError(errors.unexpected_arguments_text(rest))
+
+
+def _unknown_flag_text(name, args, absl_message):
+  """The message for flag `name` that run_pretraining has not: where it goes when it is
+  horovodrun's, else absl's guesses or where the flags are listed."""
+  for index, word in enumerate(args):
+    option = word.split("=", 1)[0]
+    if option.lstrip("-") == name and (option in _NOT_GLOO or option in _OPTIONS):
+      if option in _OPTIONS and "=" not in word and index + 1 < len(args):
+        word += " " + args[index + 1]
+      return ("%s is horovodrun's, not run_pretraining's: pass it in HOROVOD_RUN_ARGS, "
+              "e.g. HOROVOD_RUN_ARGS=%s" % (option, shlex.quote(word)))
+  guesses = re.search(r"Did you mean: (.+?) ?\?", absl_message)
+  if guesses:
+    return "run_pretraining has no flag --%s; did you mean %s?" % (
+        name, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
+  return ("run_pretraining has no flag --%s; python3 -m bert_pretrain.run_pretraining "
+          "--helpfull lists them" % name)
+
+
 def run(words):
   """Runs the script's command (words): horovodrun, after any `env NAME=VALUE` words, in
   this process (run_horovodrun); any other command replaces this process. Every process
   of the job gets the launch's time and this process's id in LAUNCH_ID_VARIABLE."""
+  try:
+    check_training_flags(words)
+  except LaunchError as e:
+    errors.print_error("run_multi_card_FPS", e)
+    return 2
   os.environ[LAUNCH_ID_VARIABLE] = "%s-%d" % (time.strftime("%Y%m%d-%H%M%S"), os.getpid())
   env, program = {}, list(words)
   while program and program[0] == "env":
