@@ -71,7 +71,8 @@ from bert_pretrain.data import packing
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
                                         file_digest, locked, marker_is_valid, read_json,
                                         remove_quietly, remove_stale_temporaries,
-                                        run_tasks, say, step_settings, write_json)
+                                        run_tasks, say, step_settings, WorkerDied,
+                                        write_json)
 
 TOOL = "pack_records"
 MAX_SEQUENCES_PER_PACK = 3
@@ -834,12 +835,16 @@ def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, 
     err: stream for the error line (default stderr).
 
   Returns:
-    the exit status: 0 done, 2 bad input, 1 interrupted or a write error.
+    the exit status: 0 done, 2 bad input, 1 interrupted, a write error or a worker
+    process that died.
   """
   out = out or sys.stdout
   err = err or sys.stderr
   try:
     summary = pack(inputs, output_dir, max_sequences_per_pack, seed, num_output_files, jobs)
+  except WorkerDied as e:
+    err.write("%s: error: %s\n" % (TOOL, e))
+    return 1
   except PrepareError as e:
     err.write("%s: error: %s\n" % (TOOL, e))
     return 2

@@ -303,6 +303,15 @@ def test_an_interrupted_run_resumes_where_it_stopped(demo_data, tmp_path, monkey
   assert output_bytes(output_dir) == output_bytes(demo_data["packed"])
 
 
+def test_a_worker_that_died_is_exit_status_1_not_bad_input(tmp_path, monkeypatch):
+  def pack(*unused_args):
+    raise workdir.WorkerDied()
+  monkeypatch.setattr(pack_records, "pack", pack)
+  status, out, err = run(str(tmp_path / "in"), str(tmp_path / "out"), jobs=2)
+  assert (status, out) == (1, "")
+  assert err == "pack_records: error: %s\n" % workdir.WorkerDied()
+
+
 def test_a_lost_output_file_is_made_again_the_same(demo_data, tmp_path):
   output_dir = str(tmp_path / "out")
   shutil.copytree(demo_data["packed"], output_dir)

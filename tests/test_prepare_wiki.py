@@ -774,11 +774,25 @@ def test_a_worker_that_dies_ends_run_tasks_with_the_worker_line(context):
   results = []
   with pytest.raises(workdir.PrepareError) as raised:
     workdir.run_tasks(_square_unless_three, list(range(8)), 2, results.append, context)
-  assert str(raised.value) == workdir.WORKER_DIED
+  assert str(raised.value) == str(workdir.WorkerDied())
   assert set(results) <= {0, 1, 4, 16, 25, 36, 49}
   results = []
   workdir.run_tasks(_square_unless_three, [0, 1, 2, 4], 2, results.append, context)
   assert sorted(results) == [0, 1, 4, 16]
+
+
+def _fail_or_sleep(task):
+  if task == "fail":
+    raise ValueError("the task failed")
+  time.sleep(120)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_failed_task_ends_run_tasks_without_waiting_for_the_others(context):
+  started = time.time()
+  with pytest.raises(ValueError, match="the task failed"):
+    workdir.run_tasks(_fail_or_sleep, ["sleep", "fail", "sleep"], 2, print, context)
+  assert time.time() - started < 60  # the sleeping task was killed, not waited for
 
 
 def _workers(parent, count=2):
@@ -841,7 +855,7 @@ def test_a_worker_killed_mid_run_ends_it_with_one_line_and_the_same_command_fini
     if process.poll() is None:
       os.killpg(process.pid, signal.SIGKILL)
   result = subprocess.CompletedProcess(process.args, process.returncode, out, seen + err)
-  assert error_line(result) == "prepare_wiki: error: " + workdir.WORKER_DIED
+  assert error_line(result) == "prepare_wiki: error: %s" % workdir.WorkerDied()
   assert result.returncode == 1 and "Traceback" not in result.stderr
   assert _gone(workers[1])  # the other worker did not go on alone
   assert os.path.exists(os.path.join(output_dir, "work", "done", "shard.json"))

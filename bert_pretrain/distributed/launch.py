@@ -26,6 +26,7 @@ this process.
 """
 
 import collections
+import copy
 import json
 import os
 import re
@@ -54,7 +55,6 @@ _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
 # horovodrun's controllers, and options that only MPI takes: with any of them the
 # controller is the user's, else --gloo goes in front.
 _NOT_GLOO = ("--gloo", "--mpi", "--jsrun", "--binding-args")
-_HELP = ("-?", "--help", "--helpshort", "--helpfull", "--helpxml")  # absl's help flags
 
 
 class LaunchError(ValueError):
@@ -340,32 +340,39 @@ def run_horovodrun(args, run_commandline):
 
 
 def check_training_flags(words):
-  """Parses the words after `bert_pretrain.run_pretraining` in words as it will (absl), so
-  that a word it would refuse is told once, before any rank starts and loads TensorFlow.
+  """Parses the words after `bert_pretrain.run_pretraining` in words as a rank will
+  (absl), so that what every rank would refuse is told once, before any starts: a
+  horovodrun option given to the script, a misspelt flag, a bad value, a stray word.
+  Other unknown names are left to the ranks, which also know the flags TensorFlow
+  defines; so are --flagfile (read where the ranks run) and the help flags.
 
   Raises:
     LaunchError: what is wrong, and the fix.
   """
   if "bert_pretrain.run_pretraining" not in words:
     return
+  args = list(words[words.index("bert_pretrain.run_pretraining") + 1:])
+  names = [word.split("=", 1)[0].lstrip("-") for word in args if word.startswith("-")]
+  if set(names) & {"?", "help", "helpshort", "helpfull", "helpxml", "flagfile"}:
+    return
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top,unused-import
   from bert_pretrain import config  # pylint: disable=g-import-not-at-top
-  args = list(words[words.index("bert_pretrain.run_pretraining") + 1:])
-  if any(word.split("=", 1)[0] in _HELP for word in args):
-    return  # parsing would print the help here; the ranks print it
   app.define_help_flags()
   values = flags.FlagValues()
   for module, module_flags in flags.FLAGS.flags_by_module_dict().items():
     if module.startswith("absl."):  # absl's own (--verbosity, --pdb, ...), as a rank's
       for flag in module_flags:
-        values[flag.name] = flag
+        values[flag.name] = copy.deepcopy(flag)  # parsed here without setting them
   config.define_pretraining_flags(values)
   try:
     rest = values(["run_pretraining"] + args)[1:]
   except flags.UnrecognizedFlagError as e:
-    raise LaunchError(_unknown_flag_text(e.flagname, args, str(e)))
+    message = _unknown_flag_text(e.flagname, args, str(e))
+    if message:
+      raise LaunchError(message)
+    return
   except flags.Error as e:
     raise LaunchError(str(e).splitlines()[0])
   if rest:
@@ -373,8 +380,9 @@ def check_training_flags(words):
 
 
 def _unknown_flag_text(name, args, absl_message):
-  """The message for flag `name` that run_pretraining has not: where it goes when it is
-  horovodrun's, else absl's guesses or where the flags are listed."""
+  """The message for flag `name` that run_pretraining does not define: where it goes
+  when it is horovodrun's, absl's guesses when it has some, else "" (it may be one of
+  TensorFlow's)."""
   for index, word in enumerate(args):
     option = word.split("=", 1)[0]
     if option.lstrip("-") == name and (option in _NOT_GLOO or option in _OPTIONS):
@@ -383,11 +391,15 @@ def _unknown_flag_text(name, args, absl_message):
       return ("%s is horovodrun's, not run_pretraining's: pass it in HOROVOD_RUN_ARGS, "
               "e.g. HOROVOD_RUN_ARGS=%s" % (option, shlex.quote(word)))
   guesses = re.search(r"Did you mean: (.+?) ?\?", absl_message)
-  if guesses:
-    return "run_pretraining has no flag --%s; did you mean %s?" % (
-        name, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
-  return ("run_pretraining has no flag --%s; python3 -m bert_pretrain.run_pretraining "
-          "--helpfull lists them" % name)
+  if not guesses:
+    return ""
+  # Only now the imports of a rank (TensorFlow's flags: --delta_threshold is one).
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top,unused-import
+  if name in flags.FLAGS or (name.startswith("no") and name[2:] in flags.FLAGS):
+    return ""
+  return "run_pretraining has no flag --%s; did you mean %s?" % (
+      name, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
 
 
 def run(words):

@@ -1,6 +1,6 @@
 """Step extract: MediaWiki XML -> plain-text pages, work/extracted/chunk-NNNNN.jsonl.
 
-The dump (.xml or .xml.bz2; a -multistream .bz2 is decompressed on --jobs cores) is
+The dump (.xml or .xml.bz2; a -multistream .bz2 is decompressed in --jobs threads) is
 streamed through an incremental XML parser, --pages_per_chunk pages a chunk; each chunk
 is converted (markup.wikitext_to_text) and written with its done-marker, --jobs chunks
 at once.
@@ -8,6 +8,7 @@ at once.
 
 import bz2
 import collections
+import concurrent.futures
 import itertools
 import json
 import os
@@ -86,14 +87,12 @@ def _bz2_segments(reader):
       buffer = buffer[cut:]
 
 
-def _xml_blocks(reader, multistream_pool=None, jobs=1):
+def _xml_blocks(reader, jobs=1):
   """Yields the XML of a dump in blocks, decompressing it as needed.
 
   Args:
     reader: the dump file (a _CountingReader).
-    multistream_pool: (optional) a WorkerPool: a multistream .bz2 is then
-      decompressed there, `jobs` pieces at once, in order.
-    jobs: pieces in flight.
+    jobs: a multistream .bz2 is decompressed in this many threads, in order.
 
   Yields:
     bytes.
@@ -102,16 +101,23 @@ def _xml_blocks(reader, multistream_pool=None, jobs=1):
   reader.raw.seek(0)
   if magic != b"BZh":
     stream = reader
-  elif multistream_pool is not None and _is_multistream_bz2(reader.raw):
-    # One process decompresses bz2 at ~15 MB/s of XML, slower than the converters
-    # together; Wikimedia's multistream dumps can be cut between streams instead.
+  elif jobs > 1 and _is_multistream_bz2(reader.raw):
+    # One thread decompresses bz2 at ~15 MB/s of XML, slower than the converters
+    # together; Wikimedia's multistream dumps can be cut between streams instead. bz2
+    # lets go of the GIL while it works, so threads use the cores, and the blocks (tens
+    # of MB) cross no pipe, where a worker killed mid-send would leave a reader waiting.
     pending = collections.deque()
-    for segment in _bz2_segments(reader):
-      pending.append(multistream_pool.submit(bz2.decompress, segment))
-      while len(pending) > jobs:
-        yield pending.popleft().result()
-    while pending:
-      yield pending.popleft().result()
+    with concurrent.futures.ThreadPoolExecutor(jobs) as threads:
+      try:
+        for segment in _bz2_segments(reader):
+          pending.append(threads.submit(bz2.decompress, segment))
+          while len(pending) > jobs:
+            yield pending.popleft().result()
+        while pending:
+          yield pending.popleft().result()
+      finally:
+        for future in pending:
+          future.cancel()
     return
   else:
     stream = bz2.BZ2File(reader)
@@ -122,14 +128,13 @@ def _xml_blocks(reader, multistream_pool=None, jobs=1):
     yield block
 
 
-def iter_pages(dump_path, counter=None, pool=None, jobs=1):
+def iter_pages(dump_path, counter=None, jobs=1):
   """Streams the pages of a MediaWiki XML export (.xml or .xml.bz2).
 
   Args:
     dump_path: path of the dump.
     counter: (optional) list; counter[0] is set to the (compressed) bytes read so far.
-    pool: (optional) WorkerPool to decompress a multistream .bz2 in.
-    jobs: decompression tasks in flight in the pool.
+    jobs: threads that decompress a multistream .bz2.
 
   Yields:
     Page tuples, in dump order.
@@ -144,7 +149,7 @@ def iter_pages(dump_path, counter=None, pool=None, jobs=1):
   prefix = ""
   pages = 0
   try:
-    for block in itertools.chain(_xml_blocks(reader, pool, jobs), [None]):
+    for block in itertools.chain(_xml_blocks(reader, jobs), [None]):
       if block is None:
         parser.close()  # raises ParseError when the document is not complete
       else:
@@ -256,12 +261,12 @@ def run_extract(layout, settings, dump_path, jobs):
   num_chunks = [0]
   skipped = [0]
 
-  def chunks(pool=None):
+  def chunks():
     """Yields the extract tasks of the chunks not done yet, counting the others."""
     batch = []
     index = 0
     chunk_done = None
-    for page in iter_pages(dump_path, counter, pool, jobs):
+    for page in iter_pages(dump_path, counter, jobs):
       if chunk_done is None:
         chunk_done = marker_is_valid(
             layout, read_json(layout.marker("extract", "chunk-%05d" % index)), settings,
@@ -290,7 +295,7 @@ def run_extract(layout, settings, dump_path, jobs):
     # few chunks, or the whole dump would queue up in memory.
     with WorkerPool(jobs) as pool:
       pending = collections.deque()
-      for index, chunk_done, batch in chunks(pool):
+      for index, chunk_done, batch in chunks():
         num_chunks[0] = index + 1
         if chunk_done:
           skipped[0] += 1

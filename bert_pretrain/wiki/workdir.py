@@ -259,27 +259,35 @@ def say(message, tool="prepare_wiki"):
   sys.stderr.flush()
 
 
-# What a run says when a worker process ended in the middle of its work.
-WORKER_DIED = ("a worker process ended abruptly (killed, or out of memory: see dmesg); "
-               "the finished work is kept: run the same command again to go on, with "
-               "fewer --jobs if memory ran out")
+class WorkerDied(PrepareError):
+  """A worker process ended without finishing its task (the OOM killer, kill -9)."""
+
+  def __init__(self):
+    super(WorkerDied, self).__init__(
+        "a worker process ended abruptly (killed, or out of memory: see dmesg); the "
+        "finished work is kept: run the same command again to go on, with fewer --jobs "
+        "if memory ran out")
 
 
 class WorkerPool(object):
   """`processes` worker processes, as a context manager: submit(function, *args) gives
-  a concurrent.futures future.
+  a concurrent.futures future. Tasks and results should be small (paths, counts).
 
-  A worker that dies (the OOM killer, kill -9) ends the block with PrepareError
-  (WORKER_DIED) at once, where multiprocessing.Pool would wait for its task forever.
-  Leaving the block by an exception (a failed task, Ctrl-C, SIGTERM) kills the workers
-  rather than waiting for their tasks, and a worker dies with this process
-  (PR_SET_PDEATHSIG), so none outlives a killed run.
+  A worker that dies (the OOM killer, kill -9) ends the block with WorkerDied at once,
+  where multiprocessing.Pool would wait for its task forever. Leaving the block by an
+  exception (a failed task, Ctrl-C, SIGTERM) kills the workers rather than waiting for
+  their tasks, and a worker dies with this process (PR_SET_PDEATHSIG), so none outlives
+  a killed run.
   """
 
   def __init__(self, processes, context="fork"):
     self._executor = concurrent.futures.ProcessPoolExecutor(
         processes, mp_context=multiprocessing.get_context(context),
         initializer=_start_worker, initargs=(os.getpid(),))
+    if context == "fork":
+      # The first task forks every worker: now, before this process starts any thread
+      # whose locks a fork would copy held.
+      self._executor.submit(int).result()
 
   def submit(self, function, *args):
     return self._executor.submit(function, *args)
@@ -287,14 +295,15 @@ class WorkerPool(object):
   def __enter__(self):
     return self
 
-  def __exit__(self, kind, unused_value, unused_traceback):
+  def __exit__(self, kind, value, unused_traceback):
     if kind is not None:
       # The executor has no public way to stop running tasks.
       for process in list((getattr(self._executor, "_processes", None) or {}).values()):
         process.kill()
     self._executor.shutdown(wait=True)
-    if kind is not None and issubclass(kind, concurrent.futures.BrokenExecutor):
-      raise PrepareError(WORKER_DIED) from None
+    # A worker's traceback as the cause: a task or result that does not pickle, a bug.
+    if isinstance(value, concurrent.futures.BrokenExecutor) and value.__cause__ is None:
+      raise WorkerDied() from None
 
 
 def _start_worker(parent):
@@ -338,7 +347,7 @@ def run_tasks(function, tasks, jobs, on_result, context="fork"):
     context: multiprocessing start method for the workers.
 
   Raises:
-    PrepareError: a worker died (WORKER_DIED).
+    WorkerDied: a worker process ended without finishing its task.
   """
   if jobs <= 1 or len(tasks) <= 1:
     for task in tasks:
