@@ -32,6 +32,7 @@ from bert_pretrain.wiki import sentences
 from bert_pretrain.wiki import shard
 from bert_pretrain.wiki import tfrecords
 from bert_pretrain.wiki import workdir
+import pool_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -762,36 +763,23 @@ def test_sigusr2_prints_the_python_stacks_of_a_run_which_then_goes_on(vocab, tmp
   assert "prepare_wiki: done. Train with" in out
 
 
-def _square_unless_three(task):
-  """A task of run_tasks whose worker is killed at task 3, as the OOM killer would."""
-  if task == 3:
-    os.kill(os.getpid(), signal.SIGKILL)
-  return task * task
-
-
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_worker_that_dies_ends_run_tasks_with_the_worker_line(context):
   results = []
   with pytest.raises(workdir.PrepareError) as raised:
-    workdir.run_tasks(_square_unless_three, list(range(8)), 2, results.append, context)
+    workdir.run_tasks(pool_tasks.square_unless_three, list(range(8)), 2, results.append, context)
   assert str(raised.value) == str(workdir.WorkerDied())
   assert set(results) <= {0, 1, 4, 16, 25, 36, 49}
   results = []
-  workdir.run_tasks(_square_unless_three, [0, 1, 2, 4], 2, results.append, context)
+  workdir.run_tasks(pool_tasks.square_unless_three, [0, 1, 2, 4], 2, results.append, context)
   assert sorted(results) == [0, 1, 4, 16]
-
-
-def _fail_or_sleep(task):
-  if task == "fail":
-    raise ValueError("the task failed")
-  time.sleep(120)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_failed_task_ends_run_tasks_without_waiting_for_the_others(context):
   started = time.time()
   with pytest.raises(ValueError, match="the task failed"):
-    workdir.run_tasks(_fail_or_sleep, ["sleep", "fail", "sleep"], 2, print, context)
+    workdir.run_tasks(pool_tasks.fail_or_sleep, ["sleep", "fail", "sleep"], 2, print, context)
   assert time.time() - started < 60  # the sleeping task was killed, not waited for
 
 

@@ -1,0 +1,19 @@
+"""Tasks for the worker-pool tests of test_prepare_wiki.py, in a module of their own: a
+spawned worker imports the module of its task, and this one imports nothing heavy."""
+
+import os
+import signal
+import time
+
+
+def square_unless_three(task):
+  """Task 3's worker is killed, as the OOM killer would."""
+  if task == 3:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return task * task
+
+
+def fail_or_sleep(task):
+  if task == "fail":
+    raise ValueError("the task failed")
+  time.sleep(120)
