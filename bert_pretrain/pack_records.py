@@ -842,12 +842,9 @@ def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, 
   err = err or sys.stderr
   try:
     summary = pack(inputs, output_dir, max_sequences_per_pack, seed, num_output_files, jobs)
-  except WorkerDied as e:
-    err.write("%s: error: %s\n" % (TOOL, e))
-    return 1
   except PrepareError as e:
     err.write("%s: error: %s\n" % (TOOL, e))
-    return 2
+    return 1 if isinstance(e, WorkerDied) else 2
   except KeyboardInterrupt:
     err.write("%s: interrupted; run the same command again to go on where it stopped\n"
               % TOOL)

@@ -786,19 +786,16 @@ def test_a_failed_task_ends_run_tasks_without_waiting_for_the_others(context):
 def _workers(parent, count=2):
   """The pids of the first `count` worker processes (not multiprocessing's resource
   tracker) that process `parent` has, once there are that many."""
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
   deadline = time.time() + 120
   while time.time() < deadline:
     workers = []
-    for name in os.listdir("/proc"):
+    for child in psutil.Process(parent).children():
       try:
-        with open("/proc/%s/stat" % name) as f:
-          ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        with open("/proc/%s/cmdline" % name, "rb") as f:
-          command = f.read()
-      except (OSError, ValueError, IndexError):
-        continue
-      if ppid == parent and b"_tracker import main" not in command:
-        workers.append(int(name))
+        if "_tracker import main" not in " ".join(child.cmdline()):
+          workers.append(child.pid)
+      except psutil.Error:
+        pass
     if len(workers) >= count:
       return workers[:count]
     time.sleep(0.05)
@@ -818,13 +815,13 @@ def _read_until_tfrecords(process):
 
 def _gone(pid, seconds=30):
   """Whether process pid has ended (or is a zombie) within `seconds`."""
+  import psutil  # pylint: disable=g-import-not-at-top
   deadline = time.time() + seconds
   while time.time() < deadline:
     try:
-      with open("/proc/%d/stat" % pid) as f:
-        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-          return True
-    except OSError:
+      if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        return True
+    except psutil.NoSuchProcess:
       return True
     time.sleep(0.1)
   return False
