@@ -355,7 +355,7 @@ def try_batch(model, config_file, train_dir, seq, batch, limit_gib):
     return "fits"
   if OUT_OF_MEMORY.search(text) or status in (-9, 137):
     return "out of memory"
-  if limit_gib and status == -signal.SIGSEGV:
+  if limit_gib and status in (-signal.SIGSEGV, -signal.SIGABRT):
     # Just past the limit, some allocations are not checked and the process crashes
     # instead of reporting; when the same batch runs without the limit, the limit did it.
     log("%s seq %d: batch %d crashed inside the limit; again without it" % (
@@ -477,7 +477,7 @@ def speed_markdown(rows):
 def max_batch_markdown(rows):
   lines = ["", "The largest batch per card (1 rank, one training step, fp32; doubling, "
            "then halving the gap to within 1/8). OOM: TensorFlow's out-of-memory error; "
-           "OOM (crash): died by SIGSEGV inside the limit, and ran without it:", "",
+           "OOM (crash): died by SIGSEGV or SIGABRT inside the limit, and ran without it:", "",
            "| model | seq | memory | largest batch that fits | tried |", "|---|---|---|---|---|"]
   for row in rows:
     largest = "%d" % row["batch"]

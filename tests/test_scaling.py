@@ -4,6 +4,7 @@ that fits, with real out-of-memory failures and with fakes."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -115,7 +116,8 @@ def test_largest_batch_search_catches_out_of_memory_in_real_trials_and_reports_i
       assert "run_pretraining: error: out of memory" in text, b
     else:
       # It crashed inside the limit and ran without it.
-      assert outcome == "out of memory (crash)" and "Segmentation fault" in text, (b, outcome)
+      assert outcome == "out of memory (crash)", (b, outcome)
+      assert re.search(r"Fatal Python error: (Segmentation fault|Aborted)", text), (b, text)
       with open(os.path.join(logs, "scaling-tiny-seq128-b%d-nolimit.log" % b)) as f:
         assert "Throughput Average" in f.read(), b
   assert "| tiny | 128 | 0.04 GiB of tensors | %d |" % row["batch"] in out
