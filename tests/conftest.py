@@ -17,6 +17,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import demo
 from bert_pretrain.distributed import device
+from bert_pretrain.model import kernels
 from bert_pretrain.model import modeling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,6 +67,14 @@ def pytest_xdist_make_scheduler(config, log):
 
   return SlowestFirst(config, log)
 
+
+# The fused kernels as init_tf.sh leaves them, built by the first process to import this
+# (xdist's controller): built mid-suite, they would change the device line under tests
+# that read it before. A failed build is test_kernels' to report.
+try:
+  kernels.build()
+except kernels.BuildError:
+  pass
 
 # What --amp computes on this machine's CPU, as its device line says it: bfloat16, or
 # float32 and why where TensorFlow computes bfloat16 slower (device.detect_device).
