@@ -69,10 +69,10 @@ import numpy as np
 from bert_pretrain import errors
 from bert_pretrain.data import packing
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
-                                        file_digest, locked, marker_is_valid, read_json,
-                                        remove_quietly, remove_stale_temporaries,
-                                        run_tasks, say, step_settings, WorkerDied,
-                                        write_json)
+                                        atomic_records, file_digest, locked,
+                                        marker_is_valid, read_json, remove_quietly,
+                                        remove_stale_temporaries, run_tasks, say,
+                                        step_settings, WorkerDied, write_json)
 
 TOOL = "pack_records"
 MAX_SEQUENCES_PER_PACK = 3
@@ -412,7 +412,6 @@ def write_task(task):
   """
   root, settings, name, first, end, plan, files, identity = task
   from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
-  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   layout = PackLayout(root)
   members = np.load(layout.plan_file("members.npy"), mmap_mode="r")
   order = np.load(layout.plan_file("order.npy"), mmap_mode="r")
@@ -424,47 +423,38 @@ def write_task(task):
   max_per_pack = settings["max_predictions_per_pack"]
   max_sequences = settings["max_sequences_per_pack"]
   output = os.path.join(layout.root, name)
-  temporary = "%s.tmp-%d" % (output, os.getpid())
   stats = collections.Counter()
   opened = _OpenFiles()
   parser = _Parser(max_seq_length, max_predictions_per_seq)
   try:
-    writer = tf.io.TFRecordWriter(temporary)
-    for batch in range(first, end, PACKS_PER_BATCH):
-      packs = np.asarray(order[batch:min(batch + PACKS_PER_BATCH, end)], np.int64)
-      slot_numbers, sizes = slots.members(packs)
-      sequences = np.asarray(members[slot_numbers], np.int64)
-      file_numbers = np.searchsorted(file_starts, sequences, side="right") - 1
-      starts = np.asarray(offsets[sequences], np.int64)
-      serialized = [None] * len(sequences)
-      # Read in file and offset order: one forward pass over each file.
-      for i in np.lexsort((starts, file_numbers)):
-        reader = opened.get(files[file_numbers[i]])
-        reader.seek(int(starts[i]))
-        header = reader.read(records.HEADER_BYTES)
-        serialized[i] = reader.read(int.from_bytes(header[:8], "little"))
+    with atomic_records(output) as writer:
+      for batch in range(first, end, PACKS_PER_BATCH):
+        packs = np.asarray(order[batch:min(batch + PACKS_PER_BATCH, end)], np.int64)
+        slot_numbers, sizes = slots.members(packs)
+        sequences = np.asarray(members[slot_numbers], np.int64)
+        file_numbers = np.searchsorted(file_starts, sequences, side="right") - 1
+        starts = np.asarray(offsets[sequences], np.int64)
+        serialized = [None] * len(sequences)
+        # Read in file and offset order: one forward pass over each file.
+        for i in np.lexsort((starts, file_numbers)):
+          reader = opened.get(files[file_numbers[i]])
+          reader.seek(int(starts[i]))
+          header = reader.read(records.HEADER_BYTES)
+          serialized[i] = reader.read(int.from_bytes(header[:8], "little"))
 
-      def where(index):
-        number = file_numbers[index]
-        return "%s record %d (byte %d)" % (files[number], sequences[index] -
-                                           file_starts[number], starts[index])
+        def where(index):
+          number = file_numbers[index]
+          return "%s record %d (byte %d)" % (files[number], sequences[index] -
+                                             file_starts[number], starts[index])
 
-      values = parser.parse(serialized, where)
-      packed = records.pack_batch(values, np.repeat(np.arange(len(packs)), sizes),
-                                  len(packs), max_seq_length, max_per_pack, max_sequences)
-      for example in records.serialize_examples(packed):
-        writer.write(example)
-      stats["tokens"] += int(np.count_nonzero(values["input_mask"]))
-      stats["packs"] += len(packs)
-      stats["sequences"] += len(sequences)
-    writer.close()
-    os.replace(temporary, output)
-  except tf.errors.OpError as e:
-    remove_quietly(temporary)
-    raise records.os_error_from_tf(e, output)
-  except BaseException:
-    remove_quietly(temporary)
-    raise
+        values = parser.parse(serialized, where)
+        packed = records.pack_batch(values, np.repeat(np.arange(len(packs)), sizes),
+                                    len(packs), max_seq_length, max_per_pack, max_sequences)
+        for example in records.serialize_examples(packed):
+          writer.write(example)
+        stats["tokens"] += int(np.count_nonzero(values["input_mask"]))
+        stats["packs"] += len(packs)
+        stats["sequences"] += len(sequences)
   finally:
     opened.close()
   write_json(layout.marker("write", name), {

@@ -6,8 +6,8 @@ pick_eval_samples.py.
 
 import os
 
-from bert_pretrain.wiki.workdir import (PrepareError, file_digest, marker_is_valid,
-                                        read_json, remove_quietly,
+from bert_pretrain.wiki.workdir import (PrepareError, atomic_records, file_digest,
+                                        marker_is_valid, read_json,
                                         remove_stale_temporaries, say, step_settings,
                                         write_json)
 
@@ -46,29 +46,18 @@ def run_eval(layout, settings):
   ratio = available / wanted
   picked = set(int(i * ratio) for i in range(wanted))
   from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
-  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   offsets, framing_error = records.record_offsets(layout.eval_all)
   if framing_error:
     raise PrepareError("%s is %s; delete it and rerun" % (layout.eval_all, framing_error))
-  temporary = "%s.tmp-%d" % (output, os.getpid())
   count = 0
-  try:
-    writer = tf.io.TFRecordWriter(temporary)
+  with atomic_records(output) as writer:
     # The writer frames each picked example anew.
     for _, _, serialized in records.read_records(layout.eval_all, offsets, picked):
       writer.write(serialized)
       count += 1
-    writer.close()
     if count != wanted:
       raise PrepareError("%s holds fewer records than its marker says; delete it and rerun"
                          % layout.eval_all)
-    os.replace(temporary, output)
-  except tf.errors.OpError as e:
-    remove_quietly(temporary)
-    raise records.os_error_from_tf(e, output)
-  except BaseException:
-    remove_quietly(temporary)
-    raise
   write_json(layout.marker("eval"), {
       "settings": step_settings(settings, "eval"), "inputs": inputs,
       "outputs": {layout.relative(output): file_digest(output)},

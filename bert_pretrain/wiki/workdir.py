@@ -95,6 +95,36 @@ def atomic_output(path, binary=False):
     raise
 
 
+@contextlib.contextmanager
+def atomic_records(path):
+  """A TFRecordWriter for `path`, as atomic_output: under a temporary name renamed into
+  place on success, removed on any error; TensorFlow's write error becomes an OSError
+  (records.os_error_from_tf), so a full disk reads as elsewhere.
+
+  Yields:
+    the tf.io.TFRecordWriter.
+  """
+  from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  temporary = "%s.tmp-%d" % (path, os.getpid())
+  writer = None
+  try:
+    writer = tf.io.TFRecordWriter(temporary)
+    yield writer
+    writer.close()
+    os.replace(temporary, path)
+  except BaseException as e:
+    try:
+      if writer is not None:
+        writer.close()
+    except tf.errors.OpError:
+      pass
+    remove_quietly(temporary)
+    if isinstance(e, tf.errors.OpError):
+      raise records.os_error_from_tf(e, path) from e
+    raise
+
+
 def write_json(path, value):
   """Writes `value` as sorted, indented JSON, atomically."""
   with atomic_output(path) as writer:
