@@ -6,6 +6,8 @@ import json
 import os
 import re
 
+import pytest
+
 from conftest import (assert_same_weights, base_flags, ordered_flags, run_pretraining)
 from test_distribution import finish, start_workers
 from test_horovod import GLOO, launch
@@ -25,19 +27,23 @@ def _mllog(out):
 def test_a_run_on_packed_records_counts_sentences_and_resumes_in_packs(packed_data, tmp_path):
   per_pack = packed_data["summary"]["sequences_per_pack"]
   assert per_pack > 1.05  # the fixture's short sequences share packs
-  sentences = int(round(8 * per_pack))
+  # An update's sentences count at the mean a pack; MLPerf's global batch is a whole number.
+  sentences = 8 * per_pack
   out = tmp_path / "out"
   # The anchors' two flags, given as their scripts give them, agree with the records.
   flags = base_flags(packed_data, out, save_checkpoints_steps=2, enable_packed_data_mode=None,
                      avg_seq_per_pack="%.2f" % per_pack)
   first = run_pretraining(*flags)
   assert first.returncode == 0, first.stderr[-3000:]
-  assert ("batch 8 x 1 accumulation x 1 ranks = 8 packs of up to 3 sentences, %d sentences "
+  assert ("batch 8 x 1 accumulation x 1 ranks = 8 packs of up to 3 sentences, %.2f sentences "
           "at the data's %.3f a pack per update" % (sentences, per_pack)) in first.stdout
   mllog = _mllog(out)
-  assert mllog["global_batch_size"] == sentences and mllog["train_samples"] == 4 * sentences
+  assert mllog["global_batch_size"] == round(sentences)
+  assert mllog["train_samples"] == round(4 * sentences)
+  assert "training sentences: %d," % round(4 * sentences) in first.stdout
   summary = [json.loads(line) for line in open(str(out / "dllog.json"))][-1]
   assert summary["type"] == "summary"
+  assert summary["training_sentences"] == pytest.approx(4 * sentences)
   # The packs' padding, counted from the trained batches (the packer's is the set's).
   assert 0 < summary["padding_share"] < packed_data["summary"]["padding_before"]
 
@@ -48,7 +54,7 @@ def test_a_run_on_packed_records_counts_sentences_and_resumes_in_packs(packed_da
   assert ("Data: continuing at pack 32 of the data order, the records the run consumed "
           "up to step 4") in rerun.stdout
   assert re.search(r"^Step 6,", rerun.stdout, re.M)
-  assert _mllog(out)["train_samples"] == 6 * sentences
+  assert _mllog(out)["train_samples"] == round(6 * sentences)
 
 
 def test_horovod_mirrored_and_multi_worker_train_packed_records_to_the_same_weights(

@@ -116,6 +116,20 @@ def test_the_summary_gives_the_run_history_with_a_resume_counted_once(tmp_path):
           in report.format_summary(one))
 
 
+def test_a_run_stopped_between_two_log_lines_is_counted_to_the_step_it_saved(tmp_path):
+  # SIGTERM after update 34 of a run logging every 10: its summary has the last step.
+  logger = logs.RunLogger(dllog_path=str(tmp_path / "dllog.json"))
+  for step in (10, 20, 30):
+    logger.metrics(step, {"total_loss": 7.0, "throughput_train": 100.0,
+                          "samples": step * 32}, prefix="train")
+  logger.metrics(34, {"samples": 34 * 32, "training_sentences": 34 * 32,
+                      "throughput": 100.0}, prefix="summary")
+  logger.close()
+  summary = report.summarize(report.read_records(str(tmp_path / "dllog.json")))
+  assert "updates: 34, training samples: 1088, runs logged: 1" in report.format_summary(
+      summary)
+
+
 def _png_size(path):
   with open(path, "rb") as f:
     header = f.read(24)
@@ -181,3 +195,4 @@ def test_every_run_ends_with_its_report(pretraining_data, tmp_path):
   train = [r for r in records if r["type"] == "train"]
   assert [(r["step"], r["samples"]) for r in train] == [(2, 16), (4, 32), (6, 48)]
   assert [r["samples"] for r in records if r["type"] == "eval"] == [0, 48]
+  assert [(r["step"], r["samples"]) for r in records if r["type"] == "summary"] == [(6, 48)]

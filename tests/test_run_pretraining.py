@@ -9,6 +9,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -19,6 +20,7 @@ from bert_pretrain import create_pretraining_data
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.model import modeling
 from bert_pretrain.training import loop
+from bert_pretrain.training import meters
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (PREDICTIONS, SAMPLE_TEXT, TINY_CONFIG, base_flags,
@@ -43,6 +45,7 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
   assert len(accuracies) == 3 and all(0.0 <= a <= 1.0 for a in accuracies)
   assert re.search(r"^\| 1 card \| acc [\d.]+ \| fps [\d.]+ \| status aborted \|$", stdout, re.M)
   assert "Throughput Average (sentences/sec) = " in stdout
+  assert re.search(r"^masked_lm_accuracy before training: [\d.]+$", stdout, re.M)
   # The tests' runs skip the picture (tests/test_report.py draws one); the summary stays.
   assert "report: updates: 6, training samples: 48, runs logged: 1" in stdout
   assert ("report: no picture (--nodraw_report); python3 -m bert_pretrain.training.report %s draws it"
@@ -79,9 +82,12 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
 
   # The same folder with fewer steps: it evaluates the checkpoint and measures no speed.
   again = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                      eval_at_start=True,
                                       dllog_path=str(tmp_path / "log.json")))
   assert again.returncode == 0, again.stderr
   assert "global_step 6 already reached --num_train_steps=4; nothing to train" in again.stdout
+  assert re.search(r"^masked_lm_accuracy at the start \(step 6, resumed\): [\d.]+$",
+                   again.stdout, re.M)
   assert ("Throughput Average (sentences/sec): not measured, this process trained no update"
           in again.stdout)
   assert "Throughput Average (sentences/sec) =" not in again.stdout
@@ -618,6 +624,43 @@ def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsy
   assert job.calls == 3
   assert ("SIGTERM: rank 0 stops after step 3; to resume, run the same command with "
           "--output_dir=out") in capsys.readouterr().out
+
+
+def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
+  """The throughput's clock starts as the job is set up; the evaluation before the first
+  update is paused out of it (the first window, the average with overhead) as those
+  between updates are. The run goes through loop.run on a stand-in job."""
+  class StandInJob(object):
+    step, evaluator, sess = 0, "an evaluator", "a session"
+    meter = meters.Throughput(8, warmup_steps=0)
+
+    class evals(object):  # pylint: disable=invalid-name
+      @staticmethod
+      def evaluate(unused_sess, unused_step):
+        start = time.time()
+        time.sleep(0.5)
+        return {"masked_lm_accuracy": 0.3, "eval_time_s": time.time() - start}
+
+  def train(unused_cfg, job, unused_stop, results):
+    job.meter.update(0.001)
+    measured["window"] = job.meter.window_fps()
+    return 1, True, 0, results
+
+  def finish(unused_cfg, job, *unused_args):
+    job.meter.stop()
+    measured["with_overhead"] = job.meter.averages()[0]
+    return 0
+
+  measured = {}
+  cfg = types.SimpleNamespace(evaluation=types.SimpleNamespace(eval_at_start=True),
+                              run=types.SimpleNamespace(do_train=True))
+  monkeypatch.setattr(loop, "start", lambda *unused_args: StandInJob())
+  monkeypatch.setattr(loop, "train", train)
+  monkeypatch.setattr(loop, "finish", finish)
+  inputs = types.SimpleNamespace(init_checkpoint=None, resume_checkpoint=None)
+  assert loop.run(cfg, inputs, None, None, stop=types.SimpleNamespace(arm=lambda: None)) == 0
+  # 8 sentences in well under the evaluation's 0.5 s: counted with it, 16 sentences/s.
+  assert measured["window"] > 4 * 8 / 0.5 and measured["with_overhead"] > 4 * 8 / 0.5, measured
 
 
 def _xla_clusters(dump_dir):

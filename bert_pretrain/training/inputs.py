@@ -208,11 +208,18 @@ def check_inputs(cfg):
                 init_checkpoint, earlier_run, resume_step, resume_position, packing)
 
 
-def global_batch_size(cfg, replicas, packing):
-  """Sentences per update: train_batch_size x accumulation x replicas records, packed
-  ones counted at the data's mean sequences a pack (packing: Packing)."""
+def sentences_per_update(cfg, replicas, packing):
+  """Sentences per update, what the throughput counts: train_batch_size x accumulation x
+  replicas records, packed ones counted at the data's mean sequences a pack (packing:
+  Packing), a fraction then."""
   records = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * replicas
-  return int(round(records * packing.sequences_per_record))
+  return records * packing.sequences_per_record
+
+
+def global_batch_size(cfg, replicas, packing):
+  """sentences_per_update as the whole number MLPerf's log, its RCPs and its evaluation
+  interval take."""
+  return int(round(sentences_per_update(cfg, replicas, packing)))
 
 
 def _check_folders_apart(cfg, train_files, eval_files):

@@ -51,7 +51,9 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
   job = start(cfg, inputs, ranks, device, notes)
   results = results_at_start = {}
   if job.evaluator is not None and (cfg.evaluation.eval_at_start or not cfg.run.do_train):
-    results = results_at_start = job.evals.evaluate(job.sess, job.step)
+    results = job.evals.evaluate(job.sess, job.step)
+    results_at_start = dict(results, step=job.step)
+    job.meter.pause(results["eval_time_s"])
     if job.step == 0 and inputs.init_checkpoint and not inputs.resume_checkpoint:
       runlog.check_initial_accuracy(cfg, job.logger, results["masked_lm_accuracy"],
                                     inputs.init_checkpoint)
@@ -146,7 +148,8 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
       and not stopped_by:
     results = job.evals.evaluate(job.sess, step)
   status = "success" if results and reached_target(cfg, results) else "aborted"
-  job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, step * job.global_batch_size)
+  job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES,
+                    meters.samples(step, job.meter.batch_size))
   job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
   runlog.log_summary(cfg, job.logger, step, job.meter, job.evals, results, results_at_start,
                      status, job.ranks.replicas, e2e_time, job.rcp,
@@ -199,11 +202,12 @@ class Job(object):
     self.__dict__.update(parts)
     self.step = self.last_saved = int(self.sess.run(tf.train.get_global_step()))
     self.monitor = health.HealthMonitor()
+    per_update = inputs_lib.sentences_per_update(cfg, ranks.replicas, self.packing)
     self.evals = meters.EvalSchedule(
-        self.logger, self.evaluator, self.monitor, self.global_batch_size,
+        self.logger, self.evaluator, self.monitor, per_update,
         self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
         cfg.run.output_dir if ranks.is_chief else None)
-    self.meter = meters.Throughput(self.global_batch_size, cfg.run.fps_warmup_steps)
+    self.meter = meters.Throughput(per_update, cfg.run.fps_warmup_steps)
     self.tokens = timing.Tokens(cfg.data.max_seq_length)
     self.split = None  # the traced update's parts (timing.split_update), once traced
     self.records_log = None
@@ -340,7 +344,7 @@ def start(cfg, inputs, ranks, device, notes):
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
   return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
              all_finite=all_finite, logger=logger, rcp=rcp, record=record,
-             record_pending=not plan.record_now, global_batch_size=global_batch_size,
+             record_pending=not plan.record_now,
              eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
              packing=inputs.packing)
 

@@ -12,11 +12,18 @@ import time
 from mlperf_logging import mllog
 
 
+def samples(step, batch_size):
+  """The sentences `step` updates of batch_size (a fraction for packs) trained, as the
+  whole number MLPerf's log and the evaluation schedule count."""
+  return int(round(step * batch_size))
+
+
 class Throughput(object):
   """Sentences per second of the training loop.
 
   Args:
-    batch_size: sentences per update (all ranks, all micro-batches).
+    batch_size: sentences per update (all ranks, all micro-batches; packs count at the
+      data's mean sentences a pack, a fraction).
     warmup_steps: updates left out of the steady-state average.
   """
 
@@ -85,7 +92,7 @@ class EvalSchedule(object):
     logger: logs.RunLogger.
     evaluator: pretraining.Evaluator (None: the run does not evaluate).
     monitor: health.HealthMonitor (warns when the accuracy drops).
-    batch_size: training sentences per update (all ranks).
+    batch_size: training sentences per update (all ranks), as Throughput's.
     samples_between_eval, samples_start_eval: the schedule.
     step: the global step the run starts at.
     output_dir: where eval_results.txt goes (None: not written, e.g. other ranks).
@@ -100,7 +107,7 @@ class EvalSchedule(object):
     self.samples_between_eval = samples_between_eval
     # The first point of the schedule (the start, then every interval) past the samples
     # done.
-    done = step * batch_size - samples_start_eval
+    done = samples(step, batch_size) - samples_start_eval
     self.next_samples = samples_start_eval + (
         0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
     self.output_dir = output_dir
@@ -122,17 +129,17 @@ class EvalSchedule(object):
       self.block_first_step = None
 
   def _log_block(self, key, kind):
-    self.logger.mlperf(key, kind=kind,
-                       metadata={"first_epoch_num": self.block_first_step * self.batch_size,
-                                 "epoch_count": self.samples_between_eval})
+    self.logger.mlperf(key, kind=kind, metadata={
+        "first_epoch_num": samples(self.block_first_step, self.batch_size),
+        "epoch_count": self.samples_between_eval})
 
   def due(self, step):
     """Whether an evaluation is due after `step`; if so the next one is scheduled."""
     if self.evaluator is None:
       return False
-    if step * self.batch_size < self.next_samples:
+    if samples(step, self.batch_size) < self.next_samples:
       return False
-    while self.next_samples <= step * self.batch_size:
+    while self.next_samples <= samples(step, self.batch_size):
       self.next_samples += self.samples_between_eval
     return True
 
@@ -143,10 +150,10 @@ class EvalSchedule(object):
       dict: the Evaluator's results and eval_time_s, the seconds it took.
     """
     start = time.time()
-    samples = {"epoch_num": step * self.batch_size}
-    self.logger.mlperf(mllog.constants.EVAL_START, metadata=samples, kind="start")
+    trained = {"epoch_num": samples(step, self.batch_size)}
+    self.logger.mlperf(mllog.constants.EVAL_START, metadata=trained, kind="start")
     results = self.evaluator.evaluate(sess)
-    self.logger.mlperf(mllog.constants.EVAL_STOP, metadata=samples, kind="end")
+    self.logger.mlperf(mllog.constants.EVAL_STOP, metadata=trained, kind="end")
     self.eval_time += time.time() - start
     self.eval_samples += results["eval_samples"]
     results["eval_time_s"] = round(time.time() - start, 3)
@@ -154,8 +161,8 @@ class EvalSchedule(object):
       self.logger.mlperf(mllog.constants.EVAL_SAMPLES, results["eval_samples"])
     self.last_eval_step = step
     self.logger.mlperf(mllog.constants.EVAL_ACCURACY, results["masked_lm_accuracy"],
-                       metadata=samples)
-    self.logger.eval_results(step, results, self.output_dir, samples=step * self.batch_size)
+                       metadata=trained)
+    self.logger.eval_results(step, results, self.output_dir, samples=trained["epoch_num"])
     for warning in self.monitor.evaluation(step, results["masked_lm_accuracy"]):
       self.logger.warning(step, warning)
     return results

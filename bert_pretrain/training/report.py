@@ -106,8 +106,10 @@ def summarize(records):
   accuracies = [r["masked_lm_accuracy"] for r in evals if "masked_lm_accuracy" in r]
   fps = [r["throughput_train"] for r in train if "throughput_train" in r]
   return {
-      "last_step": max([r["step"] for r in train + evals] or [0]),
-      "samples": max([r["samples"] for r in train + evals if "samples" in r] or [None]),
+      # A run stopped between log lines has its last step in its summary alone.
+      "last_step": max([r["step"] for r in train + evals + summaries] or [0]),
+      "samples": max([r["samples"] for r in train + evals + summaries if "samples" in r]
+                     or [None]),
       "first_loss": train[0]["total_loss"] if train else None,
       "last_loss": train[-1]["total_loss"] if train else None,
       "first_accuracy": accuracies[0] if accuracies else None,

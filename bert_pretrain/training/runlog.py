@@ -15,6 +15,7 @@ import numpy as np
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.training import logs
+from bert_pretrain.training import meters
 from bert_pretrain.training import mlperf
 from bert_pretrain.training import optimization
 from bert_pretrain.training import timing
@@ -48,9 +49,10 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, ski
                            "compute_type": device.dtype.name, "why": device.why})
   per_update = "%d sentences" % global_batch_size
   if packing.max_sequences is not None:
-    per_update = "%d packs of up to %d sentences, %d sentences at the data's %.3f a pack" % (
-        cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * ranks.replicas,
-        packing.max_sequences, global_batch_size, packing.sequences_per_record)
+    packs = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * ranks.replicas
+    per_update = "%d packs of up to %d sentences, %.2f sentences at the data's %.3f a pack" % (
+        packs, packing.max_sequences, packs * packing.sequences_per_record,
+        packing.sequences_per_record)
   logger.print("bert_pretrain: %d rank(s), batch %d x %d accumulation x %d ranks = %s "
                "per update, seq %d, %s compute, optimizer %s, lr %g%s, "
                "distribution %s%s"
@@ -146,7 +148,7 @@ def log_step(logger, monitor, sess, train, values, step, meter, step_start):
   logger.print(line)
   logged = {"total_loss": total_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
             "learning_rate": values["learning_rate"], "throughput_train": window_fps,
-            "samples": step * meter.batch_size}
+            "samples": meters.samples(step, meter.batch_size)}
   scale = skipped = None
   if train.loss_scale is not None:
     scale, skipped = values["loss_scale"], values["skipped_steps"]
@@ -176,15 +178,21 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
   mlperf.RcpChoice); also a dllog record of type summary."""
   eval_time = evals.eval_time
   fps_all, fps_steady = meter.averages()
-  summary = {"e2e_time_s": e2e_time, "training_sentences": meter.sentences,
+  # samples: the run's, all processes' (the report's count when the run stopped between
+  # two log lines); training_sentences: this process's.
+  summary = {"e2e_time_s": e2e_time, "samples": meters.samples(step, meter.batch_size),
+             "training_sentences": meter.sentences,
              "checkpoint_time_s": meter.checkpoint_time, "eval_time_s": eval_time}
   if meter.sentences:
     summary.update(throughput_with_overhead=fps_all, throughput=fps_steady)
   if results_at_start and cfg.run.do_train:
-    logger.print("masked_lm_accuracy before training: %.4f"
-                 % results_at_start["masked_lm_accuracy"])
+    logger.print("masked_lm_accuracy %s: %.4f" % (
+        "at the start (step %d, resumed)" % results_at_start["step"]
+        if results_at_start["step"] else "before training",
+        results_at_start["masked_lm_accuracy"]))
   logger.print("e2e_time: %.2f s, training sentences: %d, checkpoint time: %.2f s, eval time: "
-               "%.2f s" % (e2e_time, meter.sentences, meter.checkpoint_time, eval_time))
+               "%.2f s" % (e2e_time, round(meter.sentences), meter.checkpoint_time,
+                           eval_time))
   log_throughput(cfg, logger, meter)
   if where is not None and cfg.run.do_train:
     summary.update(log_where_time_goes(logger, fps_steady, replicas=num_ranks, **where))
@@ -270,7 +278,7 @@ def log_time_to_train(logger, throughput, evals, rcp, status, step, batch_size):
                   else "not timed, the run did not evaluate"))
   figures = {"projected_time_to_train_s": total, "rcp_samples_mean": rcp.samples_mean}
   if status == "success":
-    samples = step * batch_size
+    samples = meters.samples(step, batch_size)
     logger.print("samples to converge: %d; %s: mean %.0f, stdev %.0f (%.2f of the mean)"
                  % (samples, rcp.rcp.name, rcp.samples_mean, rcp.samples_stdev,
                     samples / rcp.samples_mean))
