@@ -950,7 +950,8 @@ def main(argv):
     sys.exit("create_pretraining_data: error: %s" % errors.os_error_message(e))
   unknown = tokenization.unknown_tokens_warning(
       stats["num_unknown_tokens"], stats["num_input_tokens"],
-      "pass the model's vocab.txt, with --nodo_lower_case for a cased one")
+      tokenization.casing_fix(flag_values.vocab_file, flag_values.do_lower_case,
+                              "--vocab_file"))
   for warning in (unknown, random_next_warning(stats)):
     if warning:
       print("create_pretraining_data: warning: %s" % warning, file=sys.stderr)

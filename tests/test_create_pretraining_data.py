@@ -507,11 +507,34 @@ def test_a_vocab_that_leaves_most_of_the_text_unknown_gives_a_one_line_warning(t
   [warning] = [l for l in result.stderr.splitlines() if "warning:" in l]
   unknown, total = [int(n) for n in re.match(
       r"^create_pretraining_data: warning: (\d+) of the (\d+) tokens of the text \(\d+%\) are "
-      r"\[UNK\]: the vocab does not fit the text; pass the model's vocab.txt, with "
-      r"--nodo_lower_case for a cased one$", warning).groups()]
+      r"\[UNK\]: the vocab does not fit the text; pass --vocab_file=<the model's "
+      r"vocab.txt>$", warning).groups()]
   assert 0.9 * total < unknown < total
   # The text's own vocab: no warning.
   result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % (tmp_path / "o2"),
                     "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
                     "--max_predictions_per_seq=10", "--dupe_factor=1")
   assert result.returncode == 0 and "warning:" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("casing", ["cased text, uncased vocab", "uncased text, cased vocab"])
+def test_the_unknown_tokens_warning_names_the_casing_that_does_not_fit_the_vocab(
+    tmp_path, vocab_file, casing):
+  text = SAMPLE_TEXT
+  if casing == "cased text, uncased vocab":
+    text = _write(tmp_path / "shouted.txt", open(SAMPLE_TEXT, encoding="utf-8").read().upper())
+    vocab, flags, fix = vocab_file, ["--nodo_lower_case"], (
+        "the vocab is uncased (no upper-case token): pass --do_lower_case=true (the "
+        "default), or --vocab_file=<a cased vocab.txt>")
+  else:
+    vocab = _write(tmp_path / "cased_vocab.txt", "".join(
+        (token if token.startswith("[") else token.capitalize()) + "\n"
+        for token in open(vocab_file, encoding="utf-8").read().split("\n") if token))
+    flags, fix = [], ("the vocab is cased: pass --do_lower_case=false, or "
+                      "--vocab_file=<an uncased vocab.txt>")
+  result = _run_cli("--input_file=%s" % text, "--output_file=%s" % (tmp_path / "o"),
+                    "--vocab_file=%s" % vocab, "--max_seq_length=64",
+                    "--max_predictions_per_seq=10", "--dupe_factor=1", *flags)
+  assert result.returncode == 0, result.stderr
+  [warning] = [l for l in result.stderr.splitlines() if "warning:" in l and "[UNK]" in l]
+  assert warning.endswith("the vocab does not fit the text; " + fix), warning

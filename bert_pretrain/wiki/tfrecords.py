@@ -105,7 +105,7 @@ def run_tfrecords(layout, settings, vocab, jobs, check_eval=False):
       stats = read_json(layout.marker("tfrecords", "eval_all"))["stats"]
       warning = tokenization.unknown_tokens_warning(
           stats["num_unknown_tokens"], stats["num_input_tokens"],
-          "pass --vocab=<the model's vocab.txt>, with --do_lower_case=false for a cased one")
+          tokenization.casing_fix(vocab, settings["do_lower_case"], "--vocab"))
       if warning:
         say("warning: " + warning)
       if check_eval:
