@@ -44,6 +44,8 @@ Usage:
 import bisect
 import os
 import random
+import re
+import signal
 import sys
 import time
 
@@ -738,9 +740,7 @@ def create_pretraining_data(input_files, output_files, vocab_file, do_lower_case
     ValueError: on a bad argument or input, with the problem and the fix.
   """
   start_time = time.time()
-  if isinstance(output_files, str):
-    output_files = [p.strip() for p in output_files.split(",") if p.strip()]
-  output_files = list(output_files)
+  output_files = output_paths(output_files)
   _check_arguments(output_files, max_seq_length, max_predictions_per_seq, masked_lm_prob,
                    short_seq_prob, dupe_factor, random_seed)
   input_paths = expand_input_files(input_files)
@@ -853,8 +853,11 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
       tf.io.gfile.makedirs(directory)
   num_instance_tokens = 0
   num_masked_tokens = 0
-  writers = [tf.io.TFRecordWriter(path) for path in temporary_files]
+  writers = []
+  current = 0  # the file being written: a full disk's line names its folder
   try:
+    for current, path in enumerate(temporary_files):
+      writers.append(tf.io.TFRecordWriter(path))
     writer_index = 0
     for start in range(0, len(instances), _SERIALIZE_BATCH):
       tokens, lengths, lengths_a, is_random_next = assemble_batch(
@@ -864,21 +867,32 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
       num_masked_tokens += int(counts.sum())
       for record in encoder.encode(tokens, lengths, lengths_a, positions, labels, counts,
                                    is_random_next):
+        current = writer_index
         writers[writer_index].write(record)
         writer_index = (writer_index + 1) % len(writers)
-    for writer in writers:
+    for current, writer in enumerate(writers):
       writer.close()
     for temporary, final in zip(temporary_files, output_files):
       if "://" in final:
         tf.io.gfile.rename(temporary, final, overwrite=True)
       else:
         os.replace(temporary, final)
-  except BaseException:
+  except BaseException as e:
+    # Every temporary file goes, also when closing one fails again on the full disk.
     for writer in writers:
-      writer.close()
+      try:
+        writer.close()
+      except tf.errors.OpError:
+        pass
     for temporary in temporary_files:
-      if tf.io.gfile.exists(temporary):
-        tf.io.gfile.remove(temporary)
+      try:
+        if tf.io.gfile.exists(temporary):
+          tf.io.gfile.remove(temporary)
+      except tf.errors.OpError:
+        pass
+    if (isinstance(e, tf.errors.OpError) and errors.is_disk_full(e) and
+        "://" not in output_files[current]):
+      raise records.os_error_from_tf(e, output_files[current]) from e
     raise
   return {"num_instance_tokens": num_instance_tokens,
           "num_masked_tokens": num_masked_tokens}
@@ -908,12 +922,17 @@ def define_flags():
     flags.mark_flag_as_required(name)
 
 
+def output_paths(output_files):
+  """The list of output paths from a list or one comma-separated str."""
+  if isinstance(output_files, str):
+    return [p.strip() for p in output_files.split(",") if p.strip()]
+  return list(output_files)
+
+
 def check_new_outputs(output_files):
   """Raises ValueError if an output path is taken: the command never replaces records
   an earlier run wrote (the library function does, for the pipelines that own them)."""
-  if isinstance(output_files, str):
-    output_files = [p.strip() for p in output_files.split(",") if p.strip()]
-  for path in output_files:
+  for path in output_paths(output_files):
     if tf.io.gfile.isdir(path):
       raise ValueError("--output_file=%s is a folder; pass a file path in it, e.g. %s"
                        % (path, os.path.join(path, "part-0")))
@@ -922,14 +941,42 @@ def check_new_outputs(output_files):
                        "to make it again, or pass another path" % path)
 
 
+def remove_stale_temporaries(output_files):
+  """Deletes the temporary files (<output>.tmp-<pid>) a killed run of the command left
+  beside the outputs; those of a process still running stay."""
+  for path in output_paths(output_files):
+    folder, name = os.path.split(os.path.abspath(path))
+    if "://" in path or not os.path.isdir(folder):
+      continue
+    for other in os.listdir(folder):
+      match = re.match(r"^%s\.tmp-(\d+)$" % re.escape(name), other)
+      if match and not _process_exists(int(match.group(1))):
+        try:
+          os.remove(os.path.join(folder, other))
+        except OSError:
+          pass
+
+
+def _process_exists(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass
+  return True
+
+
 def main(argv):
   """Runs create_pretraining_data from the flags; exits with one line on bad input (2
-  for stray words, else 1)."""
+  for stray words, else 1) or a signal (1 for Ctrl-C, 143 for SIGTERM)."""
   if len(argv) > 1:
     errors.unexpected_arguments("create_pretraining_data", argv[1:])
+  errors.stop_on_sigterm()
   flag_values = flags.FLAGS
   try:
     check_new_outputs(flag_values.output_file)
+    remove_stale_temporaries(flag_values.output_file)
     stats = create_pretraining_data(
         input_files=flag_values.input_file,
         output_files=flag_values.output_file,
@@ -944,6 +991,14 @@ def main(argv):
         do_whole_word_mask=flag_values.do_whole_word_mask)
   except ValueError as e:
     sys.exit("create_pretraining_data: error: %s" % e)
+  except errors.Terminated:
+    # 128 + 15, the status a SIGTERM gives, so a scheduler still sees what ended it.
+    sys.stderr.write("create_pretraining_data: terminated (SIGTERM) before its files were "
+                     "written; run the same command again\n")
+    sys.exit(128 + signal.SIGTERM)
+  except KeyboardInterrupt:
+    sys.exit("create_pretraining_data: interrupted before its files were written; run the "
+             "same command again")
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise

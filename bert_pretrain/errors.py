@@ -9,6 +9,7 @@ process runs without it.
 
 import errno
 import os
+import signal
 import sys
 
 # What to do about an OS error, by errno.
@@ -105,3 +106,24 @@ def unexpected_arguments_text(arguments):
   """unexpected_arguments' message."""
   return ("unexpected arguments: %s; pass everything as --flags: --name=value, and a "
           "true/false flag as --name or --noname (e.g. --noamp)" % " ".join(arguments))
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM in a tool's main process (stop_on_sigterm): raised as Ctrl-C's
+  KeyboardInterrupt is, so the same cleanup runs (temporary files, worker processes)."""
+
+
+def stop_on_sigterm():
+  """Makes SIGTERM raise Terminated in this process, once (a second one must not cut the
+  cleanup short); a forked child that has not set its own handler dies as by default."""
+  main_pid = os.getpid()
+
+  def handler(signum, unused_frame):
+    if os.getpid() != main_pid:
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+      return
+    signal.signal(signum, signal.SIG_IGN)
+    raise Terminated()
+
+  signal.signal(signal.SIGTERM, handler)

@@ -59,6 +59,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 
@@ -826,7 +827,7 @@ def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, 
 
   Returns:
     the exit status: 0 done, 2 bad input, 1 interrupted, a write error or a worker
-    process that died.
+    process that died, 143 terminated (SIGTERM, with stop_on_sigterm).
   """
   out = out or sys.stdout
   err = err or sys.stderr
@@ -835,6 +836,10 @@ def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, 
   except PrepareError as e:
     err.write("%s: error: %s\n" % (TOOL, e))
     return 1 if isinstance(e, WorkerDied) else 2
+  except errors.Terminated:
+    err.write("%s: terminated (SIGTERM); run the same command again to go on where it "
+              "stopped\n" % TOOL)
+    return 128 + signal.SIGTERM  # the status a SIGTERM gives: a scheduler sees what ended it
   except KeyboardInterrupt:
     err.write("%s: interrupted; run the same command again to go on where it stopped\n"
               % TOOL)
@@ -850,6 +855,7 @@ def main(argv):
   """Packs from the flags; exits 2 with one line on bad input."""
   if len(argv) > 1:
     errors.unexpected_arguments(TOOL, argv[1:])
+  errors.stop_on_sigterm()
   flag_values = flags.FLAGS
   sys.exit(run_pack(flag_values.input, flag_values.output_dir,
                     flag_values.max_sequences_per_pack, flag_values.seed,

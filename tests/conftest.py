@@ -521,3 +521,21 @@ def _forked_pid(process):
     except OSError:
       time.sleep(0.1)
   raise AssertionError("rank client %d told no pid within 60 s" % process.pid)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MB tmpfs mounted for the test, unmounted afterwards."""
+  mount_point = tmp_path / "disk"
+  mount_point.mkdir()
+  try:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                   check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                   universal_newlines=True)
+  except (OSError, subprocess.CalledProcessError) as e:
+    pytest.skip("cannot mount a tmpfs to fill (%s); needs root and CAP_SYS_ADMIN"
+                % getattr(e, "output", e))
+  try:
+    yield mount_point
+  finally:
+    subprocess.call(["umount", str(mount_point)])

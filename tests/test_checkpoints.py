@@ -369,24 +369,6 @@ def test_a_second_run_on_the_same_output_dir_is_refused_until_the_first_is_kille
   assert "Step 2," in third.stdout
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-  """A 4 MB tmpfs mounted for the test, unmounted afterwards."""
-  mount_point = tmp_path / "disk"
-  mount_point.mkdir()
-  try:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-                   check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                   universal_newlines=True)
-  except (OSError, subprocess.CalledProcessError) as e:
-    pytest.skip("cannot mount a tmpfs to fill (%s); needs root and CAP_SYS_ADMIN"
-                % getattr(e, "output", e))
-  try:
-    yield mount_point
-  finally:
-    subprocess.call(["umount", str(mount_point)])
-
-
 def test_a_full_disk_is_named_keeps_earlier_checkpoints_and_resumes(pretraining_data,
                                                                      small_disk):
   out = small_disk / "out"

@@ -9,6 +9,9 @@ instance statistics against a plain re-implementation of Google's instance loop.
 import os
 import random
 import re
+import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import create_pretraining_data as cpd
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
-from conftest import run_command
+from conftest import run_command, start_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
@@ -495,6 +498,72 @@ def test_the_command_keeps_records_already_written_and_names_the_fix(tmp_path, v
         "create_pretraining_data: error: " + message)
     assert open(kept, "rb").read() == before
     assert sorted(os.listdir(str(tmp_path))) == ["part-1"]
+
+
+def test_a_full_disk_removes_every_temporary_file_and_names_the_disk_written(
+    small_disk, vocab_file):
+  # Room for less than a record a file: both files fail, one in write(), one in close().
+  stat = os.statvfs(str(small_disk))
+  (small_disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 8 * 1024))
+  outputs = [str(small_disk / "part-0"), str(small_disk / "part-1")]
+  result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % ",".join(outputs),
+                    "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
+                    "--max_predictions_per_seq=10", "--dupe_factor=2")
+  assert result.returncode == 1, result.stderr
+  assert re.match(r"^create_pretraining_data: error: the disk is full \(no space left on the "
+                  r"device, 0\.\d MB free\) while writing %s/part-[01]; free space there and "
+                  r"run the same command again$" % re.escape(str(small_disk)),
+                  result.stderr.strip().splitlines()[-1]), result.stderr
+  assert sorted(os.listdir(str(small_disk))) == ["filler"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_command_with_one_line_and_no_temporary_file(tmp_path, vocab_file,
+                                                                       signum):
+  text = _write(tmp_path / "long.txt", open(SAMPLE_TEXT, encoding="utf-8").read() * 30)
+  outputs = [str(tmp_path / "out" / "part-0"), str(tmp_path / "out" / "part-1")]
+  log = tmp_path / "log.txt"
+  process = start_command("bert_pretrain.create_pretraining_data", "--input_file=%s" % text,
+                          "--output_file=%s" % ",".join(outputs),
+                          "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
+                          "--max_predictions_per_seq=10", "--dupe_factor=20",
+                          stdout=log, stderr=log)
+  try:
+    # Signalled once it writes: its temporary files are there.
+    deadline = time.time() + 120
+    while not (os.path.isdir(str(tmp_path / "out")) and os.listdir(str(tmp_path / "out"))):
+      assert process.poll() is None and time.time() < deadline, log.read_text()
+      time.sleep(0.05)
+    process.send_signal(signum)
+    status = process.wait(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  output = log.read_text()
+  assert "Traceback" not in output, output
+  if signum == signal.SIGTERM:
+    assert status == 143 and output.endswith(
+        "\ncreate_pretraining_data: terminated (SIGTERM) before its files were written; "
+        "run the same command again\n"), output
+  else:
+    assert status == 1 and output.endswith(
+        "\ncreate_pretraining_data: interrupted before its files were written; run the "
+        "same command again\n"), output
+  assert os.listdir(str(tmp_path / "out")) == []
+
+
+def test_the_temporary_files_of_a_killed_run_are_removed_by_the_next(tmp_path, vocab_file):
+  output = tmp_path / "part-0"
+  dead = subprocess.Popen(["true"])
+  dead.wait()  # a pid no process has now
+  (tmp_path / ("part-0.tmp-%d" % dead.pid)).write_bytes(b"\0" * 100)
+  running = tmp_path / ("part-0.tmp-%d" % os.getpid())  # another run's, still writing
+  running.write_bytes(b"\0" * 100)
+  result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % output,
+                    "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
+                    "--max_predictions_per_seq=10", "--dupe_factor=1")
+  assert result.returncode == 0, result.stderr
+  assert sorted(os.listdir(str(tmp_path))) == ["part-0", running.name]
 
 
 def test_a_vocab_that_leaves_most_of_the_text_unknown_gives_a_one_line_warning(tmp_path,

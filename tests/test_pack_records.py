@@ -18,6 +18,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import demo
+from bert_pretrain import errors
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.data import packing
 from bert_pretrain import inspect_records
@@ -263,31 +264,38 @@ def test_the_summary_line_and_a_rerun_that_finds_the_work_done(demo_data, tmp_pa
           for name in before} == before
 
 
-def interrupt_on_call(monkeypatch, name, call):
-  """Makes pack_records.<name> raise KeyboardInterrupt on its call-th call."""
+def interrupt_on_call(monkeypatch, name, call, interrupt=KeyboardInterrupt):
+  """Makes pack_records.<name> raise `interrupt` (Ctrl-C's KeyboardInterrupt, or SIGTERM's
+  errors.Terminated) on its call-th call."""
   real = getattr(pack_records, name)
   calls = [0]
 
   def interrupted(task):
     calls[0] += 1
     if calls[0] == call:
-      raise KeyboardInterrupt()
+      raise interrupt()
     return real(task)
 
   monkeypatch.setattr(pack_records, name, interrupted)
 
 
-@pytest.mark.parametrize("step", ["lengths_task", "write_task"])
+@pytest.mark.parametrize("step,interrupt", [("lengths_task", KeyboardInterrupt),
+                                            ("write_task", KeyboardInterrupt),
+                                            ("write_task", errors.Terminated)])
 def test_an_interrupted_run_resumes_where_it_stopped(demo_data, tmp_path, monkeypatch,
-                                                     capsys, step):
+                                                     capsys, step, interrupt):
   output_dir = str(tmp_path / "out")
   inputs = demo_data["input_files_dir"]
   with monkeypatch.context() as patch:
-    interrupt_on_call(patch, step, 2)
+    interrupt_on_call(patch, step, 2, interrupt)
     status, out, err = run(inputs, output_dir)
-  assert status == 1 and out == ""
-  assert err == ("pack_records: interrupted; run the same command again to go on where "
-                 "it stopped\n")
+  assert out == ""
+  if interrupt is errors.Terminated:
+    assert status == 143 and err == ("pack_records: terminated (SIGTERM); run the same "
+                                     "command again to go on where it stopped\n")
+  else:
+    assert status == 1 and err == ("pack_records: interrupted; run the same command again "
+                                   "to go on where it stopped\n")
   assert not [n for n in os.listdir(output_dir) if ".tmp" in n]
   written = sorted(output_bytes(output_dir))
   assert written == (["part-00000-of-00004"] if step == "write_task" else [])

@@ -102,33 +102,12 @@ def define_flags():
                        "With --pack: the most sequences in one packed record.")
 
 
-class Terminated(KeyboardInterrupt):
-  """SIGTERM in the main process: raised as Ctrl-C's KeyboardInterrupt is, so the same
-  cleanup runs (temporary files, the worker processes) and the same kind of line is said."""
-
-
-def _on_sigterm(main_pid):
-  """The SIGTERM handler: Terminated in the main process, the default death elsewhere."""
-
-  def handler(signum, unused_frame):
-    if os.getpid() != main_pid:
-      # A forked worker not yet started (a SIGTERM to the whole group): die as by default.
-      signal.signal(signum, signal.SIG_DFL)
-      os.kill(os.getpid(), signum)
-      return
-    # Once: a second SIGTERM must not cut the cleanup short.
-    signal.signal(signum, signal.SIG_IGN)
-    raise Terminated()
-
-  return handler
-
-
 def main(argv):
   """Runs the pipeline from the flags; exits with one line on bad input (2 for stray
   words, else 1)."""
   if len(argv) > 1:
     errors.unexpected_arguments("prepare_wiki", argv[1:])
-  signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
+  errors.stop_on_sigterm()
   workdir.arm_stacks()
   flag_values = flags.FLAGS
   if not flag_values["verbosity"].present:
@@ -141,7 +120,7 @@ def main(argv):
                  **{key: flag_values[key].value for key in DEFAULTS})
   except PrepareError as e:
     sys.exit("prepare_wiki: error: %s" % e)
-  except Terminated:
+  except errors.Terminated:
     # 128 + 15, the status a SIGTERM gives, so a scheduler still sees what ended it.
     sys.stderr.write("prepare_wiki: terminated (SIGTERM); run the same command again to "
                      "go on where it stopped\n")
