@@ -187,24 +187,20 @@ def iter_pages(dump_path, counter=None, jobs=1):
       raise PrepareError("%s is not a MediaWiki XML export (not XML: %s); pass a "
                          "pages-articles .xml or .xml.bz2 dump" % (dump_path, e))
     raise PrepareError("%s is damaged or cut short (XML error %s after %d pages); download "
-                       "the dump again, then rerun: finished chunks are kept"
-                       % (dump_path, e, pages))
+                       "the dump again, then rerun" % (dump_path, e, pages))
   except EOFError:
     raise PrepareError("%s ends inside its bz2 stream after %d pages (cut short); download "
-                       "the dump again, then rerun: finished chunks are kept"
-                       % (dump_path, pages))
+                       "the dump again, then rerun" % (dump_path, pages))
   except ValueError as e:
     # bz2.decompress of a piece cut short (multistream path).
     if "end-of-stream" not in str(e):
       raise
     raise PrepareError("%s ends inside its bz2 stream after %d pages (cut short); download "
-                       "the dump again, then rerun: finished chunks are kept"
-                       % (dump_path, pages))
+                       "the dump again, then rerun" % (dump_path, pages))
   except OSError as e:
     if e.errno is None:
       raise PrepareError("%s is not a valid bz2 file (%s) after %d pages; download the "
-                         "dump again, then rerun: finished chunks are kept"
-                         % (dump_path, e, pages))
+                         "dump again, then rerun" % (dump_path, e, pages))
     raise
   finally:
     raw.close()
