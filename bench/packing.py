@@ -93,7 +93,7 @@ def layout_worker(row):
   from bert_pretrain.training import pretraining  # pylint: disable=g-import-not-at-top
   files = input_pipeline.list_record_files(row["files"])
   packs = row["per_record"] is not None
-  slots = records.record_layout(next(tf.io.tf_record_iterator(files[0]))).max_sequences
+  slots = records.record_layout(next(records.record_iterator(files[0]))).max_sequences
   predictions = benchmark.PREDICTIONS[row["seq"]]
   with tf.Graph().as_default():
     tf.set_random_seed(benchmark.SEED)

@@ -3,6 +3,8 @@ tests/data/sample_text.txt: the feature spec, the framing, parsing, validation a
 serialization of one example."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -115,6 +117,18 @@ def test_a_flipped_byte_is_found_with_file_record_index_and_byte_offset(data, tm
   assert num_records == len(offsets)
   assert [(r.path, r.index, r.offset) for r in bad] == [(path, 3, offsets[3][0]),
                                                         (path, 7, offsets[7][0])]
+
+
+def test_reading_records_prints_no_deprecation_warning_before_a_tools_line(data):
+  # In a process of its own: TensorFlow warns once a process.
+  script = ("import sys; from bert_pretrain.data import records; "
+            "print(len(list(records.record_iterator(sys.argv[1]))))")
+  result = subprocess.run([sys.executable, "-c", script, data["paths"][0]],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, cwd=ROOT, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert int(result.stdout) == len(data["serialized"])
+  assert "deprecat" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("inside", ["header", "data"])

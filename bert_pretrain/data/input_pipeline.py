@@ -109,7 +109,7 @@ def training_layout(files, max_seq_length, max_predictions_per_seq):
   layout = None
   for path in files:
     try:
-      layout = records.record_layout(next(tf.io.tf_record_iterator(path)))
+      layout = records.record_layout(next(records.record_iterator(path)))
       break
     except (records.RecordError, tf.errors.DataLossError, StopIteration):
       continue
@@ -291,7 +291,7 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
       if framing_error:
         raise ValueError("corrupt TFRecord file %s: %s; %s" % (path, framing_error, fix))
       try:
-        serialized = list(tf.io.tf_record_iterator(path))
+        serialized = list(records.record_iterator(path))
       except tf.errors.DataLossError:
         index, offset, message = records.corrupt_records(path, offsets)[0]
         raise ValueError("corrupt TFRecord file %s record %d (byte %d): %s; %s"
@@ -299,7 +299,7 @@ def check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_siz
       total += len(serialized)
     else:
       try:
-        serialized = [next(tf.io.tf_record_iterator(path))]
+        serialized = [next(records.record_iterator(path))]
       except (tf.errors.DataLossError, StopIteration) as e:
         raise ValueError("corrupt TFRecord file %s (%s); re-create or remove the file"
                          % (path, e))
@@ -317,7 +317,7 @@ def _file_of_the_flags_lengths(files, lengths):
   found = {}
   for path in files:
     try:
-      values = records.parse_example(next(tf.io.tf_record_iterator(path)), packed=None)
+      values = records.parse_example(next(records.record_iterator(path)), packed=None)
       found[path] = tuple(len(values[name]) for name in records.SET_LENGTH_FEATURES)
     except (records.RecordError, tf.errors.DataLossError, StopIteration, KeyError):
       continue  # check_record_files names what is wrong with it
