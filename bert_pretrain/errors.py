@@ -96,6 +96,20 @@ def usage_error(tool, message):
   sys.exit(2)
 
 
+def run_main(tool, main):
+  """absl's app.run(main), with a bad command line (an unknown flag, a value of the wrong
+  kind, a required flag missing) one line `TOOL: error: ...` and exit status 2, the
+  status of bad input for the tools whose 1 says what they found (absl exits 1)."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  app.define_help_flags()
+  try:
+    flags.FLAGS(sys.argv)
+  except flags.Error as e:
+    usage_error(tool, "%s; --helpfull lists the flags" % str(e).splitlines()[0].rstrip("."))
+  app.run(main)
+
+
 def unexpected_arguments(tool, arguments):
   """usage_error for words on the command line that are no flag, such as the `false` of
   `--amp false` (a true/false flag takes no value) or a path without its --flag=."""

@@ -36,7 +36,6 @@ import collections
 import os
 import sys
 
-from absl import app
 from absl import flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -395,4 +394,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run_main("inspect_tfrecords", main)

@@ -63,7 +63,6 @@ import signal
 import sys
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
@@ -864,4 +863,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run_main(TOOL, main)

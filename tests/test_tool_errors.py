@@ -86,9 +86,9 @@ COMMANDS = {
 }
 
 
-def _run(words):
+def _run(words, cwd=None):
   return subprocess.run(words, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, timeout=300,
+                        universal_newlines=True, timeout=300, cwd=cwd,
                         env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
@@ -152,6 +152,22 @@ def test_a_word_that_is_no_flag_is_one_line_without_the_modules_help(tool, tmp_p
       "%s: error: unexpected arguments: false; pass everything as --flags: --name=value, and "
       "a true/false flag as --name or --noname (e.g. --noamp)\n" % tool)
   assert os.listdir(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("module,tool,words,message", [
+    ("bert_pretrain.inspect_records", "inspect_tfrecords", [],
+     "flag --input=None: Flag --input must have a value other than None"),
+    ("bert_pretrain.inspect_records", "inspect_tfrecords", ["--input=i", "--bogus"],
+     "Unknown command line flag 'bogus'"),
+    ("bert_pretrain.pack_records", "pack_records", ["--input=i", "--output_dir=o",
+                                                    "--jobs=two"],
+     "flag --jobs=two: invalid literal for int() with base 10: 'two'"),
+])
+def test_a_bad_command_line_of_a_tool_whose_1_means_bad_records_is_exit_2(
+    module, tool, words, message, tmp_path):
+  result = _run([sys.executable, "-m", module] + words, cwd=str(tmp_path))
+  assert (result.returncode, result.stdout) == (2, "")
+  assert result.stderr == "%s: error: %s; --helpfull lists the flags\n" % (tool, message)
 
 
 def test_the_report_without_its_run_folder_is_one_line_without_the_modules_help():
