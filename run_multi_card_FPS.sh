@@ -45,7 +45,7 @@ command=("${cards[@]}" "${launcher[@]:1}" python3 -m bert_pretrain.run_pretraini
   --preset=multi_card "${engine[@]}" "$@")
 echo "${launcher[0]}: $(shell_words "${command[@]}")"
 if [ -n "${DRY_RUN:-}" ]; then
-  exit 0
+  exec python3 -m bert_pretrain.distributed.launch check "${command[@]}"
 fi
 # launch.py runs horovodrun so that a failed job ends with the rank's error, not
 # horovodrun's traceback; other commands it execs.

@@ -198,7 +198,11 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
      "HOROVOD_RUN_ARGS, e.g. HOROVOD_RUN_ARGS='-H h1:8,h2:8'"),
     (["--lerning_rate=1e-4"], "run_pretraining has no flag --lerning_rate; did you mean "
      "--learning_rate?"),
-    (["--zzz"], None),  # perhaps one of TensorFlow's: the ranks tell
+    (["--network-interface", "eth0"], "--network-interface is horovodrun's, not "
+     "run_pretraining's: pass it in HOROVOD_RUN_ARGS, e.g. HOROVOD_RUN_ARGS='--network-"
+     "interface eth0'"),
+    (["--zzz"], "run_pretraining has no flag --zzz; --helpfull lists its flags"),
+    (["--op_conversion_fallback_to_while_loop"], None),  # TensorFlow's: a rank has it too
     (["--amp", "false"], "unexpected arguments: false; pass everything as --flags: "
      "--name=value, and a true/false flag as --name or --noname (e.g. --noamp)"),
     (["--train_batch_size=six"], "flag --train_batch_size=six: invalid literal for int() "
@@ -207,7 +211,8 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
     (["--helpfull", "--zzz"], None),  # the ranks print the help
     (["-helpshort"], None),
     (["--flagfile=/on/the/hosts/only", "--amp", "false"], None),  # read where ranks run
-], ids=["horovodrun-flag", "horovodrun-option", "misspelt", "unknown", "stray-word",
+], ids=["horovodrun-flag", "horovodrun-option", "horovodrun-other-option", "misspelt",
+        "unknown", "tensorflows-flag", "stray-word",
         "bad-value", "absl-flags", "help", "help-one-dash", "flagfile"])
 def test_the_training_flags_are_checked_once_before_the_ranks_start(words, message):
   command = ["horovodrun", "-np", "2", "python3", "-m", "bert_pretrain.run_pretraining"]
@@ -241,6 +246,13 @@ def test_a_horovodrun_flag_given_to_the_script_is_one_line_before_any_rank_start
       "run_multi_card_FPS: error: --mpi is horovodrun's, not run_pretraining's: pass it in "
       "HOROVOD_RUN_ARGS, e.g. HOROVOD_RUN_ARGS=--mpi"]
   assert os.listdir(str(tmp_path)) == []
+  # A dry run checks the flags as the run would.
+  dry = _run_script(tmp_path, "--num_train_step=2", DRY_RUN="1",
+                    IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  assert dry.returncode == 2, dry.stdout + dry.stderr
+  assert dry.stderr.strip().splitlines() == [
+      "run_multi_card_FPS: error: run_pretraining has no flag --num_train_step; did you "
+      "mean --num_train_steps?"]
 
 
 def test_the_rank_errors_stream_keeps_each_ranks_last_error_line():
@@ -409,6 +421,15 @@ def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):
   assert launch_plan.run_horovodrun(["-np", "2"], fails) == 1
   assert capsys.readouterr().err == (
       "horovodrun: error: ssh: connect to host h2 port 22: Connection refused\n")
+
+
+def test_arguments_horovodrun_refuses_are_one_line_and_exit_2(capsys):
+  def refuses():  # as horovodrun does for a --network-interface this host lacks
+    raise ValueError("No interface is found for address 127.0.0.1.")
+  assert launch_plan.run_horovodrun(["-np", "2"], refuses) == 2
+  assert capsys.readouterr().err == (
+      "horovodrun: error: No interface is found for address 127.0.0.1; check "
+      "HOROVOD_RUN_ARGS (its --network-interface: ip -brief address lists this host's)\n")
 
 
 def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):

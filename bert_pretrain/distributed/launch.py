@@ -26,7 +26,9 @@ this process.
 """
 
 import collections
+import contextlib
 import copy
+import io
 import json
 import os
 import re
@@ -311,8 +313,9 @@ def run_horovodrun(args, run_commandline):
     run_commandline: horovod.runner.launch.run_commandline.
 
   Returns:
-    0; 128 + the signal for a job its ranks stopped at a signal; or the exit status of
-    the rank that failed first, after a last line naming it with its error line.
+    0; 128 + the signal for a job its ranks stopped at a signal; 2 for arguments
+    horovodrun refuses; or the exit status of the rank that failed first, after a last
+    line naming it with its error line.
   """
   rank_errors = RankErrors(sys.stderr)
   sys.argv, sys.stderr = ["horovodrun"] + list(args), rank_errors
@@ -323,6 +326,14 @@ def run_horovodrun(args, run_commandline):
     if rank_errors.stop_signal:
       return 128 + getattr(signal, rank_errors.stop_signal)
     return 0
+  except ValueError as e:
+    # horovodrun's own checks (a --network-interface this host lacks, say), before any rank.
+    sys.stderr = rank_errors.stream
+    message = str(e).strip().splitlines()[0].rstrip(".")
+    errors.print_error("horovodrun", "%s; check HOROVOD_RUN_ARGS%s" % (message, (
+        " (its --network-interface: ip -brief address lists this host's)"
+        if "interface" in message else "")))
+    return 2
   except RuntimeError as e:
     failed = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(e))
     sys.stderr = rank_errors.stream
@@ -380,37 +391,60 @@ def check_training_flags(words):
 
 
 def _unknown_flag_text(name, args, absl_message):
-  """The message for flag `name` that run_pretraining does not define: where it goes
-  when it is horovodrun's, absl's guesses when it has some, else "" (it may be one of
-  TensorFlow's)."""
+  """The message for flag `name` that run_pretraining's own flags do not define: where
+  it goes when it is horovodrun's, else that run_pretraining has no such flag (with
+  absl's guesses); "" for one of TensorFlow's flags, which the ranks also take."""
+  options = set(_NOT_GLOO) | set(_OPTIONS) | horovodrun_options()
   for index, word in enumerate(args):
     option = word.split("=", 1)[0]
-    if option.lstrip("-") == name and (option in _NOT_GLOO or option in _OPTIONS):
-      if option in _OPTIONS and "=" not in word and index + 1 < len(args):
+    if option.lstrip("-") == name and option in options:
+      if "=" not in word and index + 1 < len(args) and not args[index + 1].startswith("-"):
         word += " " + args[index + 1]
       return ("%s is horovodrun's, not run_pretraining's: pass it in HOROVOD_RUN_ARGS, "
               "e.g. HOROVOD_RUN_ARGS=%s" % (option, shlex.quote(word)))
-  guesses = re.search(r"Did you mean: (.+?) ?\?", absl_message)
-  if not guesses:
-    return ""
   # Only now the imports of a rank (TensorFlow's flags: --delta_threshold is one).
   from absl import flags  # pylint: disable=g-import-not-at-top
   from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top,unused-import
   if name in flags.FLAGS or (name.startswith("no") and name[2:] in flags.FLAGS):
     return ""
+  guesses = re.search(r"Did you mean: (.+?) ?\?", absl_message)
+  if not guesses:
+    return "run_pretraining has no flag --%s; --helpfull lists its flags" % name
   return "run_pretraining has no flag --%s; did you mean %s?" % (
       name, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
 
 
-def run(words):
+def horovodrun_options():
+  """The option names horovodrun takes (--network-interface, -p, ...), read from its own
+  --help; none where Horovod does not import."""
+  try:
+    from horovod.runner import launch as horovod_launch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return set()
+  text, argv = io.StringIO(), sys.argv
+  sys.argv = ["horovodrun", "--help"]
+  try:
+    with contextlib.redirect_stdout(text):
+      horovod_launch.parse_args()
+  except SystemExit:
+    pass
+  finally:
+    sys.argv = argv
+  return set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", text.getvalue()))
+
+
+def run(words, dry_run=False):
   """Runs the script's command (words): horovodrun, after any `env NAME=VALUE` words, in
   this process (run_horovodrun); any other command replaces this process. Every process
-  of the job gets the launch's time and this process's id in LAUNCH_ID_VARIABLE."""
+  of the job gets the launch's time and this process's id in LAUNCH_ID_VARIABLE. With
+  dry_run, only checks its flags (DRY_RUN=1)."""
   try:
     check_training_flags(words)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
+  if dry_run:
+    return 0
   os.environ[LAUNCH_ID_VARIABLE] = "%s-%d" % (time.strftime("%Y%m%d-%H%M%S"), os.getpid())
   env, program = {}, list(words)
   while program and program[0] == "env":
@@ -431,8 +465,8 @@ def run(words):
 
 
 def main(argv):
-  if len(argv) > 2 and argv[1] == "run":
-    return run(argv[2:])
+  if len(argv) > 2 and argv[1] in ("run", "check"):
+    return run(argv[2:], dry_run=argv[1] == "check")
   if len(argv) not in (2, 3) or not re.match(r"^[1-9][0-9]*$", argv[1]):
     print("usage: python3 -m bert_pretrain.distributed.launch RANKS_PER_HOST [DISTRIBUTION]",
           file=sys.stderr)
