@@ -415,6 +415,29 @@ def test_a_job_its_ranks_stopped_at_sigterm_ends_with_143_though_horovodrun_retu
   assert "[1]<stderr>:run_pretraining: SIGTERM received" in capsys.readouterr().err
 
 
+def test_a_rank_that_ends_with_its_ssh_session_after_a_stop_leaves_the_job_stopped(capsys):
+  def stopped_then_lost():  # rank 1 on another host: its ssh session ended (status 255)
+    sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
+                     "update, then saving a checkpoint; run the same command again to resume "
+                     "(send SIGTERM again to exit at once)\n")
+    raise RuntimeError("Horovod detected that one or more processes exited with non-zero "
+                       "status, thus causing the job to be terminated. The first process "
+                       "to do so was:\nProcess name: 1\nExit code: 255\n")
+
+  def stopped_then_failed():  # a rank's own error: that is the job's end
+    sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
+                     "update, then saving a checkpoint\n[0]<stderr>:run_pretraining: error: "
+                     "the disk is full\n")
+    raise RuntimeError("...\nProcess name: 0\nExit code: 2\n")
+  assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_lost) == 143
+  assert capsys.readouterr().err.endswith(
+      "rank 1 exited with status 255 after the job's SIGTERM; run the same command again to "
+      "resume from its last checkpoint\n")
+  assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_failed) == 2
+  assert capsys.readouterr().err.endswith(
+      "rank 0 exited with status 2: run_pretraining: error: the disk is full\n")
+
+
 def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):
   def fails():
     raise RuntimeError("ssh: connect to host h2 port 22: Connection refused\nmore")

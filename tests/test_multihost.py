@@ -271,3 +271,39 @@ def test_killing_the_rank_on_one_host_ends_the_job_quickly(hosts, pretraining_da
     if proc.poll() is None:
       proc.kill()
       proc.wait()
+
+
+def test_sigterm_to_the_launcher_of_a_two_host_gloo_job_saves_and_ends_stopped(
+    hosts, pretraining_data, tmp_path):
+  """horovodrun --gloo signals the ranks of its own host; the one on host2 ends with its
+  ssh session. Rank 0 stops after the agreed update and saves; the job ends as stopped
+  (143), with a line saying which rank ended how, not as a failed job."""
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
+                     save_checkpoints_steps=10 ** 6, nodo_eval=None)
+  env = _env(IX_NUM_CUDA_VISIBLE_DEVICES="1", HOROVOD_RUN_ARGS=_horovod_run_args(hosts, "--gloo"))
+  proc = subprocess.Popen(hosts.command(0, ["bash", SCRIPT] + flags), cwd=str(tmp_path),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, env=env)
+  try:
+    deadline, seen = time.time() + 180, []
+    for line in proc.stdout:
+      seen.append(line)
+      if "Step 5," in line or time.time() > deadline:
+        break
+    proc.send_signal(signal.SIGTERM)  # the launcher: the script execs it
+    seen.append(proc.stdout.read())
+    status = proc.wait(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  text = "".join(seen)
+  assert status == 143, text[-4000:]
+  stop_step = int(re.search(r"SIGTERM: rank 0 stops after step (\d+)", text).group(1))
+  assert os.path.exists(str(out / ("model.ckpt-%d.index" % stop_step))), text[-4000:]
+  assert "Traceback" not in text and "error:" not in text, text[-4000:]
+  deadline = time.time() + 30  # the rank on host2 ends as its ssh session closes
+  while _ranks_on(hosts, 1) and time.time() < deadline:
+    time.sleep(0.5)
+  assert not _ranks_on(hosts, 1)

@@ -663,6 +663,23 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   assert measured["window"] > 4 * 8 / 0.5 and measured["with_overhead"] > 4 * 8 / 0.5, measured
 
 
+def test_a_rank_whose_peers_ended_before_the_last_barrier_of_a_stop_says_so_and_goes_on(
+    capsys):
+  """Under horovodrun --gloo the ranks of other hosts end with their ssh session when the
+  launcher is signalled; rank 0 has saved by then, and stays a stopped run."""
+  class Session(object):
+    def run(self, fetch):
+      assert fetch == "the barrier"
+      raise tf.errors.UnknownError(None, None, "Horovod has been shut down.\nmore")
+
+  job = types.SimpleNamespace(sess=Session(), train=types.SimpleNamespace(
+      stop_agreed="the barrier"), ranks=types.SimpleNamespace(rank=0))
+  loop.last_barrier(job, signal.SIGTERM)
+  assert capsys.readouterr().out == (
+      "SIGTERM: rank 0: other ranks ended before the last barrier (Horovod has been shut "
+      "down.); run the same command again to resume from the last checkpoint\n")
+
+
 def _xla_clusters(dump_dir):
   """For each module XLA compiled (its HLO dump before optimizations): the TensorFlow op
   names it holds."""

@@ -341,6 +341,13 @@ def run_horovodrun(args, run_commandline):
       errors.print_error("horovodrun", str(e).strip().splitlines()[0])
       return 1
     rank, status = int(failed.group(1)), int(failed.group(2))
+    if rank_errors.stop_signal and not rank_errors.errors:
+      # Stopped at a signal, no rank failed: a rank of another host ends with its ssh
+      # session under horovodrun --gloo, after rank 0 saved at the agreed update.
+      print("rank %d exited with status %d after the job's %s; run the same command again "
+            "to resume from its last checkpoint" % (rank, status, rank_errors.stop_signal),
+            file=sys.stderr)
+      return 128 + getattr(signal, rank_errors.stop_signal)
     print("rank %d exited with status %d%s" % (rank, status, ": " + rank_errors.errors[rank]
                                                  if rank in rank_errors.errors
                                                  else " (its lines are above)"),

@@ -157,9 +157,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
                                 flops_per_sequence=job.flops_per_sequence()))
   job.logger.close()
   if stopped_by and job.ranks.size > 1:
-    # A barrier: no rank exits (which makes the launcher end the others) before rank 0
-    # has saved and written its logs.
-    job.sess.run(job.train.stop_agreed)
+    last_barrier(job, stopped_by)
   job.sess.close()
   if job.ranks.is_chief and stopped_by:
     # A launcher that forwarded the signal ends the job within seconds (horovodrun
@@ -175,6 +173,23 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
   if stopped_by:
     return signals.exit_status(stopped_by)
   return 0 if finite else 1
+
+
+def last_barrier(job, stopped_by):
+  """After a stop, waits for every rank: no rank exits (which makes the launcher end the
+  others) before rank 0 has saved and written its logs. Peers that ended first (under
+  horovodrun --gloo the ranks of other hosts end with their ssh session) leave the stop
+  as it is, with a line."""
+  try:
+    job.sess.run(job.train.stop_agreed)
+  except tf.errors.OpError as e:
+    # In a session's error the cause follows "Graph execution error:".
+    lines = [line.strip() for line in e.message.splitlines()
+             if line.strip() and "Graph execution error" not in line]
+    print("%s: rank %d: other ranks ended before the last barrier (%s); run the same "
+          "command again to resume from the last checkpoint"
+          % (signals.name(stopped_by), job.ranks.rank, (lines or [type(e).__name__])[0]),
+          flush=True)
 
 
 def reached_target(cfg, results):
