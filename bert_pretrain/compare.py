@@ -87,9 +87,12 @@ class Run(object):
     return record.get("samples", record["step"])
 
   def samples_per_step(self):
-    """Training samples per update (the global batch), from the logged samples."""
+    """(training samples per update, within what): from the last logged samples, which a
+    packed run rounds to a whole number (its updates count a fraction); None if none."""
     rows = [r for r in self.train if "samples" in r and r["step"] > 0]
-    return rows[-1]["samples"] / rows[-1]["step"] if rows else None
+    if not rows:
+      return None
+    return rows[-1]["samples"] / rows[-1]["step"], 0.5 / rows[-1]["step"]
 
   def throughput(self):
     """The steady-state sentences/s of the last run logged, else the median window's."""
@@ -99,9 +102,11 @@ class Run(object):
 def settings_differ(run, reference):
   """Why two runs cannot be compared step by step ("" when their logged settings agree):
   samples per update, the learning rate at the steps both logged."""
-  if run.samples_per_step() != reference.samples_per_step():
-    return "samples per update %s vs %s" % (run.samples_per_step(),
-                                            reference.samples_per_step())
+  ours, theirs = run.samples_per_step(), reference.samples_per_step()
+  if (ours is None) != (theirs is None) or (
+      ours and abs(ours[0] - theirs[0]) > ours[1] + theirs[1]):
+    return "samples per update %s vs %s" % tuple(
+        "%.4g" % per_step[0] if per_step else None for per_step in (ours, theirs))
   rates = {r["step"]: r["learning_rate"] for r in reference.train if "learning_rate" in r}
   for r in run.train:
     other = rates.get(r["step"])

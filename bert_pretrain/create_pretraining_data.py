@@ -943,7 +943,8 @@ def check_new_outputs(output_files):
 
 def remove_stale_temporaries(output_files):
   """Deletes the temporary files (<output>.tmp-<pid>) a killed run of the command left
-  beside the outputs; those of a process still running stay."""
+  beside the outputs; those of a process still running on this host stay (a run on
+  another host writing the same outputs on a shared disk would lose its own)."""
   for path in output_paths(output_files):
     folder, name = os.path.split(os.path.abspath(path))
     if "://" in path or not os.path.isdir(folder):

@@ -102,12 +102,15 @@ def run_main(tool, main):
   status of bad input for the tools whose 1 says what they found (absl exits 1)."""
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
-  app.define_help_flags()
-  try:
-    flags.FLAGS(sys.argv)
-  except flags.Error as e:
-    usage_error(tool, "%s; --helpfull lists the flags" % str(e).splitlines()[0].rstrip("."))
-  app.run(main)
+
+  def parse(argv):
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as e:
+      usage_error(tool, "%s; --helpfull lists the flags"
+                  % str(e).splitlines()[0].rstrip("."))
+
+  app.run(main, flags_parser=parse)
 
 
 def unexpected_arguments(tool, arguments):

@@ -182,6 +182,26 @@ def test_a_log_cut_after_some_steps_is_compared_up_to_there(runs, tmp_path):
   assert "never, to step 4 (" in table_row(result.stdout, "cut")
 
 
+def _packed_log(folder, last_step, per_update):
+  """A dllog.json of a packed run as RunLogger writes it: samples rounded each step."""
+  os.makedirs(str(folder))
+  with open(str(folder / "dllog.json"), "w") as f:
+    for step in range(10, last_step + 1, 10):
+      f.write(json.dumps({"type": "train", "step": step, "total_loss": 7.0,
+                          "learning_rate": 1e-3, "samples": round(step * per_update)}) + "\n")
+  return compare.Run(str(folder), folder.name)
+
+
+def test_packed_runs_of_one_global_batch_compare_though_they_stopped_at_other_steps(
+    tmp_path):
+  # 8 packs of 1.999 sentences: step 100 logs 1599 samples (15.99 a step), step 90 1439.
+  reference = _packed_log(tmp_path / "reference", 100, 8 * 1.999)
+  assert compare.settings_differ(_packed_log(tmp_path / "early", 90, 8 * 1.999),
+                                 reference) == ""
+  assert compare.settings_differ(_packed_log(tmp_path / "other", 90, 8 * 2.5), reference) == (
+      "samples per update 20 vs 15.99")
+
+
 def test_a_log_with_a_line_that_is_not_utf8_is_compared_without_it_and_named(runs, tmp_path):
   damaged = tmp_path / "damaged"
   shutil.copytree(runs["bf16"], str(damaged))

@@ -201,6 +201,8 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
     (["--network-interface", "eth0"], "--network-interface is horovodrun's, not "
      "run_pretraining's: pass it in HOROVOD_RUN_ARGS, e.g. HOROVOD_RUN_ARGS='--network-"
      "interface eth0'"),
+    (["--mpi-args", "-x FOO", "--amp"], "--mpi-args is horovodrun's, not run_pretraining's: "
+     "pass it in HOROVOD_RUN_ARGS, e.g. HOROVOD_RUN_ARGS=\"--mpi-args '-x FOO'\""),
     (["--zzz"], "run_pretraining has no flag --zzz; --helpfull lists its flags"),
     (["--op_conversion_fallback_to_while_loop"], None),  # TensorFlow's: a rank has it too
     (["--amp", "false"], "unexpected arguments: false; pass everything as --flags: "
@@ -211,8 +213,8 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
     (["--helpfull", "--zzz"], None),  # the ranks print the help
     (["-helpshort"], None),
     (["--flagfile=/on/the/hosts/only", "--amp", "false"], None),  # read where ranks run
-], ids=["horovodrun-flag", "horovodrun-option", "horovodrun-other-option", "misspelt",
-        "unknown", "tensorflows-flag", "stray-word",
+], ids=["horovodrun-flag", "horovodrun-option", "misspelt", "horovodrun-other-option",
+        "horovodrun-option-dash-value", "unknown", "tensorflows-flag", "stray-word",
         "bad-value", "absl-flags", "help", "help-one-dash", "flagfile"])
 def test_the_training_flags_are_checked_once_before_the_ranks_start(words, message):
   command = ["horovodrun", "-np", "2", "python3", "-m", "bert_pretrain.run_pretraining"]

@@ -177,16 +177,20 @@ def framed_end(offsets):
   return offset + HEADER_BYTES + length + FOOTER_BYTES
 
 
+class _NoIteratorDeprecation(logging.Filter):
+  """Drops TensorFlow's deprecation warning of tf_record_iterator."""
+
+  def filter(self, record):
+    return "tf_record_iterator" not in record.getMessage()
+
+
 def record_iterator(path):
   """tf.io.tf_record_iterator(path) without its deprecation warning, four lines that
   would come before a tool's one-line error (its replacement needs eager execution)."""
   logger = tf.get_logger()
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    return tf.io.tf_record_iterator(path)
-  finally:
-    logger.setLevel(level)
+  if not any(isinstance(f, _NoIteratorDeprecation) for f in logger.filters):
+    logger.addFilter(_NoIteratorDeprecation())
+  return tf.io.tf_record_iterator(path)
 
 
 def corrupt_records(path, offsets):

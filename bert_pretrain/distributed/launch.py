@@ -329,7 +329,7 @@ def run_horovodrun(args, run_commandline):
   except ValueError as e:
     # horovodrun's own checks (a --network-interface this host lacks, say), before any rank.
     sys.stderr = rank_errors.stream
-    message = str(e).strip().splitlines()[0].rstrip(".")
+    message = (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
     errors.print_error("horovodrun", "%s; check HOROVOD_RUN_ARGS%s" % (message, (
         " (its --network-interface: ip -brief address lists this host's)"
         if "interface" in message else "")))
@@ -401,33 +401,44 @@ def _unknown_flag_text(name, args, absl_message):
   """The message for flag `name` that run_pretraining's own flags do not define: where
   it goes when it is horovodrun's, else that run_pretraining has no such flag (with
   absl's guesses); "" for one of TensorFlow's flags, which the ranks also take."""
-  options = set(_NOT_GLOO) | set(_OPTIONS) | horovodrun_options()
+  takes_value = dict.fromkeys(_NOT_GLOO, False)
+  takes_value.update(dict.fromkeys(list(_OPTIONS) + ["--binding-args"], True))
+  takes_value.update(horovodrun_options())
   for index, word in enumerate(args):
     option = word.split("=", 1)[0]
-    if option.lstrip("-") == name and option in options:
-      if "=" not in word and index + 1 < len(args) and not args[index + 1].startswith("-"):
-        word += " " + args[index + 1]
+    if option.lstrip("-") == name and option in takes_value:
+      words = [word]
+      if "=" not in word and takes_value[option] and index + 1 < len(args):
+        words.append(args[index + 1])
+      value = " ".join(shlex.quote(w) for w in words)
+      # Double quotes read better around single-quoted words, where nothing expands.
+      value = ('"%s"' % value if "'" in value and not re.search(r'["$`\\!]', value)
+               else shlex.quote(value))
       return ("%s is horovodrun's, not run_pretraining's: pass it in HOROVOD_RUN_ARGS, "
-              "e.g. HOROVOD_RUN_ARGS=%s" % (option, shlex.quote(word)))
+              "e.g. HOROVOD_RUN_ARGS=%s" % (option, value))
   # Only now the imports of a rank (TensorFlow's flags: --delta_threshold is one).
   from absl import flags  # pylint: disable=g-import-not-at-top
   from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top,unused-import
   if name in flags.FLAGS or (name.startswith("no") and name[2:] in flags.FLAGS):
     return ""
+  spelled = next((word.split("=", 1)[0] for word in args
+                  if word.startswith("-") and word.split("=", 1)[0].lstrip("-") == name),
+                 "--" + name)
   guesses = re.search(r"Did you mean: (.+?) ?\?", absl_message)
   if not guesses:
-    return "run_pretraining has no flag --%s; --helpfull lists its flags" % name
-  return "run_pretraining has no flag --%s; did you mean %s?" % (
-      name, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
+    return "run_pretraining has no flag %s; --helpfull lists its flags" % spelled
+  return "run_pretraining has no flag %s; did you mean %s?" % (
+      spelled, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
 
 
 def horovodrun_options():
-  """The option names horovodrun takes (--network-interface, -p, ...), read from its own
-  --help; none where Horovod does not import."""
+  """{option: whether it takes a value} of horovodrun's options (--network-interface NICS,
+  --verbose, -p SSH_PORT, ...), read from its own --help, but its help; {} where Horovod
+  does not import."""
   try:
     from horovod.runner import launch as horovod_launch  # pylint: disable=g-import-not-at-top
   except ImportError:
-    return set()
+    return {}
   text, argv = io.StringIO(), sys.argv
   sys.argv = ["horovodrun", "--help"]
   try:
@@ -437,7 +448,12 @@ def horovodrun_options():
     pass
   finally:
     sys.argv = argv
-  return set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", text.getvalue()))
+  options = {}
+  for option, metavar in re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)(?: ([A-Z][A-Z0-9_]*))?",
+                                    text.getvalue()):
+    if option not in ("-h", "--help"):
+      options[option] = options.get(option, False) or bool(metavar)
+  return options
 
 
 def run(words, dry_run=False):

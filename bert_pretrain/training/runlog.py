@@ -268,8 +268,9 @@ def log_time_to_train(logger, throughput, evals, rcp, status, step, batch_size):
   the rule's interval, timed by this run's evaluations; after a run that reached the
   target, its samples beside the RCP's. Returns the figures for the summary record."""
   per_sample = evals.eval_time / evals.eval_samples if evals.eval_samples else None
+  # MLPerf's interval takes the global batch as the run does, a whole number.
   total, evaluations, eval_seconds = mlperf.projected_time_to_train(
-      rcp.samples_mean, throughput, batch_size, per_sample)
+      rcp.samples_mean, throughput, int(round(batch_size)), per_sample)
   logger.print("projected time to train: %s (%.0f samples, the mean of MLPerf's %s, at "
                "%.2f sentences/s, and %d evaluations of %d samples: %s)"
                % (mlperf.format_duration(total), rcp.samples_mean, rcp.rcp.name, throughput,
