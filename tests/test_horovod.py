@@ -3,6 +3,7 @@ the same global batch, distributed evaluation, a killed rank, and the launcher s
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -492,21 +493,35 @@ def test_the_launcher_stops_on_a_contradiction_before_starting_anything(values, 
 
 def test_ranks_that_disagree_on_the_schedule_are_all_refused_at_start(pretraining_data,
                                                                      tmp_path):
-  """mpirun's MPMD form starts rank 0 with --num_train_steps=6 and rank 1 with 12."""
+  """mpirun's MPMD form starts rank 0 with --num_train_steps=6 and rank 1 with 12, from
+  a copy of bert_pretrain with one line more (a host with another checkout)."""
   flags = lambda steps: base_flags(pretraining_data, tmp_path / "out", nodo_eval=None,
                                    train_batch_size=4, num_train_steps=steps)
+  copy = tmp_path / "other_checkout"
+  shutil.copytree(os.path.join(ROOT, "bert_pretrain"), str(copy / "bert_pretrain"),
+                  ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+  with open(str(copy / "bert_pretrain" / "errors.py"), "a") as f:
+    f.write("# a line that is not in the other checkout\n")
+  from_copy = [sys.executable, "-c", "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+               "runpy.run_module('bert_pretrain.run_pretraining', run_name='__main__', "
+               "alter_sys=True)", str(copy), "--horovod"]
   # --tag-output: each line of a rank whole, after "[job,rank]<stderr>:".
   command = (MPIRUN[:1] + MPIRUN[3:] + ["--tag-output", "-x", "PYTHONPATH", "-x",
                                          "TF_CPP_MIN_LOG_LEVEL", "-np", "1"] +
              rank_command("--horovod", *flags(6)) +
-             [":", "-np", "1"] + rank_command("--horovod", *flags(12)))
+             [":", "-np", "1"] + from_copy + flags(12))
   result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, env=_env(), timeout=240)
   assert result.returncode == 2, result.stdout[-3000:]
   errors = sorted(re.findall(r"^\[\d+,(\d)\]<stderr>:(run_pretraining: error: .*)$",
                              result.stdout, re.M))
+  digest = lambda rank: int(re.search(
+      r"bert_pretrain's files \(a digest: one checkout on every host\) \(rank 0: (\d+), "
+      r"rank 1: (\d+)\)", result.stdout).group(rank + 1))
+  assert digest(0) != digest(1), result.stdout[-3000:]
   line = ("run_pretraining: error: the job's processes disagree on --num_train_steps (rank "
-          "0: 6, rank 1: 12); start every process with the same settings (nothing was "
-          "trained)")
+          "0: 6, rank 1: 12); bert_pretrain's files (a digest: one checkout on every host) "
+          "(rank 0: %d, rank 1: %d); start every process with the same settings (nothing "
+          "was trained)" % (digest(0), digest(1)))
   assert errors == [("0", line), ("1", line)], result.stdout[-3000:]
   assert "Step 1," not in result.stdout

@@ -8,6 +8,7 @@ process runs with the same settings.
 """
 
 import collections
+import hashlib
 import os
 
 import tensorflow.compat.v1 as tf
@@ -41,6 +42,22 @@ def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files):
                         "global_batch_size": global_batch_size},
                 seed=seed, train_files=data_files(train_files))
   return record
+
+
+def code_digest():
+  """A number from the digest of bert_pretrain's own files (its .py and .cc): the
+  processes of one job run one checkout (a host with an older copy computes otherwise)."""
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  paths = []
+  for folder, folders, names in os.walk(package):
+    folders[:] = [f for f in folders if f != "__pycache__"]
+    paths.extend(os.path.join(folder, n) for n in names if n.endswith((".py", ".cc")))
+  digest = hashlib.sha256()
+  for path in sorted(paths):
+    digest.update(os.path.relpath(path, package).encode() + b"\0")
+    with open(path, "rb") as f:
+      digest.update(f.read())
+  return int(digest.hexdigest()[:12], 16)  # below 2^53: exact in the gathered floats
 
 
 def data_files(files):
@@ -190,6 +207,8 @@ def choose_seed(cfg, inputs, ranks, device, session_config):
   settings.update({"the model config": inputs.bert_config.to_dict(),
                    "the training files": data_files(inputs.train_files),
                    "the compute type": device.dtype.name,
+                   "bert_pretrain's files (a digest: one checkout on every host)":
+                       code_digest(),
                    "seed": candidate})
   seed = ranks.agree(settings, session_config, shared=("seed",))["seed"]
   if cfg.run.seed is not None:
