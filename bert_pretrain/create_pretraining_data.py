@@ -45,7 +45,6 @@ import bisect
 import os
 import random
 import re
-import signal
 import sys
 import time
 
@@ -992,14 +991,10 @@ def main(argv):
         do_whole_word_mask=flag_values.do_whole_word_mask)
   except ValueError as e:
     sys.exit("create_pretraining_data: error: %s" % e)
-  except errors.Terminated:
-    # 128 + 15, the status a SIGTERM gives, so a scheduler still sees what ended it.
-    sys.stderr.write("create_pretraining_data: terminated (SIGTERM) before its files were "
-                     "written; run the same command again\n")
-    sys.exit(128 + signal.SIGTERM)
-  except KeyboardInterrupt:
-    sys.exit("create_pretraining_data: interrupted before its files were written; run the "
-             "same command again")
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    sys.exit(errors.stopped_by_signal(
+        "create_pretraining_data", e,
+        "its files were not written: run the same command again"))
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise

@@ -130,6 +130,18 @@ class Terminated(KeyboardInterrupt):
   KeyboardInterrupt is, so the same cleanup runs (temporary files, worker processes)."""
 
 
+def stopped_by_signal(tool, error, fix, stream=None):
+  """Says `TOOL: terminated (SIGTERM); FIX` for Terminated, `TOOL: interrupted; FIX` for
+  Ctrl-C's KeyboardInterrupt; returns the exit status: 128 + 15, the status a SIGTERM
+  gives (so a scheduler still sees what ended it), or 1."""
+  stream = stream or sys.stderr
+  if isinstance(error, Terminated):
+    stream.write("%s: terminated (SIGTERM); %s\n" % (tool, fix))
+    return 128 + signal.SIGTERM
+  stream.write("%s: interrupted; %s\n" % (tool, fix))
+  return 1
+
+
 def stop_on_sigterm():
   """Makes SIGTERM raise Terminated in this process, once (a second one must not cut the
   cleanup short); a forked child that has not set its own handler dies as by default."""

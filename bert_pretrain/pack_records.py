@@ -59,7 +59,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 
@@ -835,14 +834,9 @@ def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, 
   except PrepareError as e:
     err.write("%s: error: %s\n" % (TOOL, e))
     return 1 if isinstance(e, WorkerDied) else 2
-  except errors.Terminated:
-    err.write("%s: terminated (SIGTERM); run the same command again to go on where it "
-              "stopped\n" % TOOL)
-    return 128 + signal.SIGTERM  # the status a SIGTERM gives: a scheduler sees what ended it
-  except KeyboardInterrupt:
-    err.write("%s: interrupted; run the same command again to go on where it stopped\n"
-              % TOOL)
-    return 1
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    return errors.stopped_by_signal(
+        TOOL, e, "run the same command again to go on where it stopped", err)
   except OSError as e:
     err.write("%s: error: %s\n" % (TOOL, describe_os_error(e)))
     return 1

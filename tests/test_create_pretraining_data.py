@@ -543,12 +543,12 @@ def test_a_signal_ends_the_command_with_one_line_and_no_temporary_file(tmp_path,
   assert "Traceback" not in output, output
   if signum == signal.SIGTERM:
     assert status == 143 and output.endswith(
-        "\ncreate_pretraining_data: terminated (SIGTERM) before its files were written; "
-        "run the same command again\n"), output
+        "\ncreate_pretraining_data: terminated (SIGTERM); its files were not written: run "
+        "the same command again\n"), output
   else:
     assert status == 1 and output.endswith(
-        "\ncreate_pretraining_data: interrupted before its files were written; run the "
-        "same command again\n"), output
+        "\ncreate_pretraining_data: interrupted; its files were not written: run the same "
+        "command again\n"), output
   assert os.listdir(str(tmp_path / "out")) == []
 
 

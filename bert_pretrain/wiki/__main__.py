@@ -43,7 +43,6 @@ settings give byte-identical files, whatever --jobs.
 
 import os
 import shlex
-import signal
 import sys
 
 from absl import app
@@ -120,14 +119,9 @@ def main(argv):
                  **{key: flag_values[key].value for key in DEFAULTS})
   except PrepareError as e:
     sys.exit("prepare_wiki: error: %s" % e)
-  except errors.Terminated:
-    # 128 + 15, the status a SIGTERM gives, so a scheduler still sees what ended it.
-    sys.stderr.write("prepare_wiki: terminated (SIGTERM); run the same command again to "
-                     "go on where it stopped\n")
-    sys.exit(128 + signal.SIGTERM)
-  except KeyboardInterrupt:
-    sys.exit("prepare_wiki: interrupted; run the same command again to go on where it "
-             "stopped")
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    sys.exit(errors.stopped_by_signal(
+        "prepare_wiki", e, "run the same command again to go on where it stopped"))
   except ValueError as e:
     # create_pretraining_data's own one-line errors (an unusable vocab, say).
     sys.exit("prepare_wiki: error: %s" % e)
