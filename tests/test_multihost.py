@@ -243,11 +243,12 @@ def _ranks_on(hosts, index):
   return ranks
 
 
-def test_killing_the_rank_on_one_host_ends_the_job_quickly(hosts, pretraining_data, tmp_path):
-  flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
-                     display_loss_steps=5, nodo_eval=None)
+@contextlib.contextmanager
+def _gloo_job_past_step_5(hosts, flags, cwd):
+  """The script's Gloo job on the two hosts, once it logged step 5: (its process, the
+  lines so far); killed on the way out if it still runs."""
   env = _env(IX_NUM_CUDA_VISIBLE_DEVICES="1", HOROVOD_RUN_ARGS=_horovod_run_args(hosts, "--gloo"))
-  proc = subprocess.Popen(hosts.command(0, ["bash", SCRIPT] + flags), cwd=str(tmp_path),
+  proc = subprocess.Popen(hosts.command(0, ["bash", SCRIPT] + flags), cwd=cwd,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, env=env)
   try:
@@ -256,6 +257,17 @@ def test_killing_the_rank_on_one_host_ends_the_job_quickly(hosts, pretraining_da
       seen.append(line)
       if "Step 5," in line or time.time() > deadline:
         break
+    yield proc, seen
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+
+
+def test_killing_the_rank_on_one_host_ends_the_job_quickly(hosts, pretraining_data, tmp_path):
+  flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
+                     display_loss_steps=5, nodo_eval=None)
+  with _gloo_job_past_step_5(hosts, flags, str(tmp_path)) as (proc, seen):
     ranks = _ranks_on(hosts, 1)
     assert len(ranks) == 1, "".join(seen[-30:])
     killed_at = time.time()
@@ -263,14 +275,10 @@ def test_killing_the_rank_on_one_host_ends_the_job_quickly(hosts, pretraining_da
     proc.stdout.read()
     status = proc.wait(timeout=120)
     seconds = time.time() - killed_at
-    print("\nkilled the rank on host2: the job exited with status %d after %.1f s"
-          % (status, seconds))
-    assert status != 0
-    assert seconds < 60
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+  print("\nkilled the rank on host2: the job exited with status %d after %.1f s"
+        % (status, seconds))
+  assert status != 0
+  assert seconds < 60
 
 
 def test_sigterm_to_the_launcher_of_a_two_host_gloo_job_saves_and_ends_stopped(
@@ -281,23 +289,10 @@ def test_sigterm_to_the_launcher_of_a_two_host_gloo_job_saves_and_ends_stopped(
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
                      save_checkpoints_steps=10 ** 6, nodo_eval=None)
-  env = _env(IX_NUM_CUDA_VISIBLE_DEVICES="1", HOROVOD_RUN_ARGS=_horovod_run_args(hosts, "--gloo"))
-  proc = subprocess.Popen(hosts.command(0, ["bash", SCRIPT] + flags), cwd=str(tmp_path),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, env=env)
-  try:
-    deadline, seen = time.time() + 180, []
-    for line in proc.stdout:
-      seen.append(line)
-      if "Step 5," in line or time.time() > deadline:
-        break
+  with _gloo_job_past_step_5(hosts, flags, str(tmp_path)) as (proc, seen):
     proc.send_signal(signal.SIGTERM)  # the launcher: the script execs it
     seen.append(proc.stdout.read())
     status = proc.wait(timeout=120)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
   text = "".join(seen)
   assert status == 143, text[-4000:]
   stop_step = int(re.search(r"SIGTERM: rank 0 stops after step (\d+)", text).group(1))
