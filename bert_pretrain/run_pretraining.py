@@ -136,7 +136,7 @@ def error_status(e, cfg, inputs, ranks):
     say(bad_record_message(e, cfg, inputs, ranks))
   elif isinstance(e, tf.errors.OpError) and errors.is_file_error(e):
     say(errors.os_error_message(e))
-  elif isinstance(e, tf.errors.OpError) and ranks is not None and _is_job_error(e, ranks):
+  elif isinstance(e, tf.errors.OpError) and ranks is not None and ranks.is_job_error(e):
     stalled = ranks.stalled_ranks()
     say("%s stopped the job (%s)%s; checkpoints in %s are kept: rerun the same command to "
         "resume%s" % ("Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
@@ -201,17 +201,6 @@ def _error_line(message):
                             "[[", "Traceback")) and not line.endswith(":"):
       return line
   return lines[0] if lines else "no message"
-
-
-def _is_job_error(error, ranks):
-  """True for the errors Horovod, or TensorFlow's collectives of multi_worker_mirrored,
-  raise when the job is broken (a rank stalled or gone)."""
-  if ranks.hvd is not None:
-    return any(word in error.message for word in ("Horovod", "horovod", "gloo", "Gloo"))
-  return ranks.size > 1 and isinstance(error, (tf.errors.UnavailableError,
-                                               tf.errors.CancelledError,
-                                               tf.errors.AbortedError,
-                                               tf.errors.DeadlineExceededError))
 
 
 def enable_cpu_xla(argv):

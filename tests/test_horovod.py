@@ -423,6 +423,9 @@ def test_a_rank_that_ends_with_its_ssh_session_after_a_stop_leaves_the_job_stopp
     sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
                      "update, then saving a checkpoint; run the same command again to resume "
                      "(send SIGTERM again to exit at once)\n")
+    sys.stderr.write("[0]<stderr>:SIGTERM: rank 0: other ranks ended before the last barrier "
+                     "(Horovod has been shut down.); run the same command again to resume "
+                     "from the last checkpoint\n")
     raise RuntimeError("Horovod detected that one or more processes exited with non-zero "
                        "status, thus causing the job to be terminated. The first process "
                        "to do so was:\nProcess name: 1\nExit code: 255\n")
@@ -439,6 +442,23 @@ def test_a_rank_that_ends_with_its_ssh_session_after_a_stop_leaves_the_job_stopp
   assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_failed) == 2
   assert capsys.readouterr().err.endswith(
       "rank 0 exited with status 2: run_pretraining: error: the disk is full\n")
+
+  def stopped_then_failed_and_a_peer_first():  # rank 1 left the barrier first, with 143
+    sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
+                     "update, then saving a checkpoint\n[0]<stderr>:run_pretraining: error: "
+                     "the disk is full\n")
+    raise RuntimeError("...\nProcess name: 1\nExit code: 143\n")
+  assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_failed_and_a_peer_first) == 1
+  assert capsys.readouterr().err.endswith(
+      "rank 1 exited with status 143; rank 0: run_pretraining: error: the disk is full\n")
+
+  def stopped_then_killed():  # rank 0 killed while saving (no line of its own), then lost
+    sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
+                     "update, then saving a checkpoint\n")
+    raise RuntimeError("...\nProcess name: 0\nExit code: -9\n")
+  assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_killed) == 1
+  assert capsys.readouterr().err.endswith(
+      "rank 0 exited with status -9 (its lines are above)\n")
 
 
 def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):

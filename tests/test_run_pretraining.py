@@ -666,18 +666,43 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
 def test_a_rank_whose_peers_ended_before_the_last_barrier_of_a_stop_says_so_and_goes_on(
     capsys):
   """Under horovodrun --gloo the ranks of other hosts end with their ssh session when the
-  launcher is signalled; rank 0 has saved by then, and stays a stopped run."""
+  launcher is signalled; rank 0 has saved by then, and stays a stopped run. An error that
+  is not the job's is raised."""
   class Session(object):
+    error = tf.errors.UnknownError(None, None, "Graph execution error:\n\nHorovod has been "
+                                   "shut down.\nmore")
+
     def run(self, fetch):
       assert fetch == "the barrier"
-      raise tf.errors.UnknownError(None, None, "Horovod has been shut down.\nmore")
+      raise self.error
 
   job = types.SimpleNamespace(sess=Session(), train=types.SimpleNamespace(
-      stop_agreed="the barrier"), ranks=types.SimpleNamespace(rank=0))
+      stop_agreed="the barrier"), ranks=ranks_lib.Ranks.__new__(ranks_lib.Ranks))
+  job.ranks.hvd, job.ranks.rank, job.ranks.size = "Horovod", 0, 2
   loop.last_barrier(job, signal.SIGTERM)
-  assert capsys.readouterr().out == (
+  assert capsys.readouterr().err == (
       "SIGTERM: rank 0: other ranks ended before the last barrier (Horovod has been shut "
       "down.); run the same command again to resume from the last checkpoint\n")
+  job.sess.error = tf.errors.InvalidArgumentError(None, None, "a bug of ours")
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    loop.last_barrier(job, signal.SIGTERM)
+
+
+def test_the_code_digest_the_ranks_compare_counts_sources_only(tmp_path):
+  from bert_pretrain.training import resume  # pylint: disable=g-import-not-at-top
+  package = tmp_path / "bert_pretrain"
+  (package / "model" / "__pycache__").mkdir(parents=True)
+  (package / "model" / "modeling.py").write_text("x = 1\n")
+  (package / "model" / "kernels.cc").write_text("int x;\n")
+  before = resume.code_digest(str(package))
+  assert 0 < before < 2 ** 53  # exact in the ranks' float64 allgather
+  # Built or written at run time, an editor's lock file (a dangling link): not counted.
+  (package / "model" / "__pycache__" / "modeling.py").write_text("cached\n")
+  (package / "model" / "_kernels-1-2.so").write_bytes(b"\0")
+  os.symlink("/nonexistent", str(package / "model" / ".#modeling.py"))
+  assert resume.code_digest(str(package)) == before
+  (package / "model" / "modeling.py").write_text("x = 2\n")
+  assert resume.code_digest(str(package)) != before
 
 
 def _xla_clusters(dump_dir):

@@ -280,16 +280,20 @@ def summary(job, distribution="horovod"):
 
 class RankErrors(object):
   """A text stream in front of sys.stderr that passes everything on and keeps each rank's
-  last error line, and the signal a rank said it stops at: horovodrun --gloo writes the
-  ranks' lines as "[N]<stderr>:line", each in one write."""
+  last error line, the signal a rank said it stops at, and whether the chief stopped
+  with its peers gone (loop.last_barrier): horovodrun --gloo writes the ranks' lines as
+  "[N]<stderr>:line", each in one write."""
 
   _LINE = re.compile(r"^\[(\d+)\]<stderr>:(.*\berror: .*)$")
   _STOP = re.compile(r"^\[\d+\]<stderr>:\S+: (SIG[A-Z]+) received: finishing")
+  _CHIEF_ALONE = re.compile(r"^\[0\]<stderr>:SIG[A-Z]+: rank 0: other ranks ended before "
+                            r"the last barrier")
 
   def __init__(self, stream):
     self.stream = stream
     self.errors = {}  # rank -> its last line with "error: "
     self.stop_signal = None  # the signal a rank stops at (signals.py), e.g. "SIGTERM"
+    self.chief_alone = False  # rank 0 saved at the stop, then found its peers gone
 
   def write(self, text):
     for line in text.splitlines():
@@ -299,6 +303,7 @@ class RankErrors(object):
       stop = self._STOP.match(line)
       if stop and self.stop_signal is None:
         self.stop_signal = stop.group(1)
+      self.chief_alone = self.chief_alone or bool(self._CHIEF_ALONE.match(line))
     return self.stream.write(text)
 
   def __getattr__(self, name):
@@ -341,13 +346,19 @@ def run_horovodrun(args, run_commandline):
       errors.print_error("horovodrun", str(e).strip().splitlines()[0])
       return 1
     rank, status = int(failed.group(1)), int(failed.group(2))
-    if rank_errors.stop_signal and not rank_errors.errors:
-      # Stopped at a signal, no rank failed: a rank of another host ends with its ssh
-      # session under horovodrun --gloo, after rank 0 saved at the agreed update.
+    if rank_errors.stop_signal and rank_errors.chief_alone and not rank_errors.errors:
+      # Rank 0 saved at the agreed update, then found the others gone: under horovodrun
+      # --gloo the ranks of other hosts end with their ssh session.
       print("rank %d exited with status %d after the job's %s; run the same command again "
             "to resume from its last checkpoint" % (rank, status, rank_errors.stop_signal),
             file=sys.stderr)
       return 128 + getattr(signal, rank_errors.stop_signal)
+    if rank not in rank_errors.errors and rank_errors.errors:
+      # The first to exit can be a peer of the rank that failed: name the one that said.
+      failing = min(rank_errors.errors)
+      print("rank %d exited with status %d; rank %d: %s"
+            % (rank, status, failing, rank_errors.errors[failing]), file=sys.stderr)
+      return status if 0 < status < 128 else 1
     print("rank %d exited with status %d%s" % (rank, status, ": " + rank_errors.errors[rank]
                                                  if rank in rank_errors.errors
                                                  else " (its lines are above)"),

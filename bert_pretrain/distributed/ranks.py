@@ -393,6 +393,16 @@ class Ranks(object):
       target = self._server.target
     return tf.Session(target, config=config)
 
+  def is_job_error(self, error):
+    """Whether a tf.errors.OpError is one that Horovod, or TensorFlow's collectives of
+    multi_worker_mirrored, raise when the job is broken (a rank stalled or gone)."""
+    if self.hvd is not None:
+      return any(word in error.message for word in ("Horovod", "horovod", "gloo", "Gloo"))
+    return self.size > 1 and isinstance(error, (tf.errors.UnavailableError,
+                                                tf.errors.CancelledError,
+                                                tf.errors.AbortedError,
+                                                tf.errors.DeadlineExceededError))
+
   def name(self, rank):
     """How the messages name a process: "worker 1 (host2:2222)" or "rank 1"."""
     if self._workers:

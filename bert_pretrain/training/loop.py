@@ -14,6 +14,7 @@ the time went (one traced update, the padding, the MFU) by timing.py.
 """
 
 import os
+import sys
 import time
 
 import tensorflow.compat.v1 as tf
@@ -170,26 +171,29 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
       report.write_report(cfg.run.output_dir, dllog_path, picture=cfg.run.draw_report)
     except (ValueError, EnvironmentError, RuntimeError) as e:
       print("report: not drawn (%s); the run itself is complete" % e)
-  if stopped_by:
-    return signals.exit_status(stopped_by)
-  return 0 if finite else 1
+  if not finite:
+    return 1  # a stop whose weights were not finite saved nothing
+  return signals.exit_status(stopped_by) if stopped_by else 0
 
 
 def last_barrier(job, stopped_by):
   """After a stop, waits for every rank: no rank exits (which makes the launcher end the
   others) before rank 0 has saved and written its logs. Peers that ended first (under
   horovodrun --gloo the ranks of other hosts end with their ssh session) leave the stop
-  as it is, with a line."""
+  as it is, with a line on stderr (the launcher reads it); other errors are raised."""
   try:
     job.sess.run(job.train.stop_agreed)
   except tf.errors.OpError as e:
+    if not job.ranks.is_job_error(e):
+      raise
     # In a session's error the cause follows "Graph execution error:".
     lines = [line.strip() for line in e.message.splitlines()
              if line.strip() and "Graph execution error" not in line]
-    print("%s: rank %d: other ranks ended before the last barrier (%s); run the same "
-          "command again to resume from the last checkpoint"
-          % (signals.name(stopped_by), job.ranks.rank, (lines or [type(e).__name__])[0]),
-          flush=True)
+    sys.stderr.write("%s: rank %d: other ranks ended before the last barrier (%s); run the "
+                     "same command again to resume from the last checkpoint\n"
+                     % (signals.name(stopped_by), job.ranks.rank,
+                        (lines or [type(e).__name__])[0]))
+    sys.stderr.flush()
 
 
 def reached_target(cfg, results):

@@ -44,14 +44,17 @@ def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files):
   return record
 
 
-def code_digest():
-  """A number from the digest of bert_pretrain's own files (its .py and .cc): the
-  processes of one job run one checkout (a host with an older copy computes otherwise)."""
-  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def code_digest(package=None):
+  """A number from the digest of bert_pretrain's own files (its .py and .cc; package:
+  its folder, default this one): the processes of one job run one checkout (a host with
+  an older copy computes otherwise)."""
+  package = package or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   paths = []
   for folder, folders, names in os.walk(package):
     folders[:] = [f for f in folders if f != "__pycache__"]
-    paths.extend(os.path.join(folder, n) for n in names if n.endswith((".py", ".cc")))
+    # Not an editor's lock or backup (.#modeling.py, a dangling link).
+    paths.extend(os.path.join(folder, n) for n in names if n.endswith((".py", ".cc")) and
+                 not n.startswith(".") and os.path.isfile(os.path.join(folder, n)))
   digest = hashlib.sha256()
   for path in sorted(paths):
     digest.update(os.path.relpath(path, package).encode() + b"\0")
