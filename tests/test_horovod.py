@@ -418,47 +418,38 @@ def test_a_job_its_ranks_stopped_at_sigterm_ends_with_143_though_horovodrun_retu
   assert "[1]<stderr>:run_pretraining: SIGTERM received" in capsys.readouterr().err
 
 
-def test_a_rank_that_ends_with_its_ssh_session_after_a_stop_leaves_the_job_stopped(capsys):
-  def stopped_then_lost():  # rank 1 on another host: its ssh session ended (status 255)
+def _stopped_job(lines, rank, status):
+  """A stand-in for horovodrun's run_commandline: the ranks' stderr `lines` after rank 0's
+  SIGTERM line, then horovodrun's error naming the first rank to exit non-zero."""
+  def run():
     sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
-                     "update, then saving a checkpoint; run the same command again to resume "
-                     "(send SIGTERM again to exit at once)\n")
-    sys.stderr.write("[0]<stderr>:SIGTERM: rank 0: other ranks ended before the last barrier "
-                     "(Horovod has been shut down.); run the same command again to resume "
-                     "from the last checkpoint\n")
+                     "update, then saving a checkpoint\n" + "".join(
+                         "[0]<stderr>:%s\n" % line for line in lines))
     raise RuntimeError("Horovod detected that one or more processes exited with non-zero "
                        "status, thus causing the job to be terminated. The first process "
-                       "to do so was:\nProcess name: 1\nExit code: 255\n")
+                       "to do so was:\nProcess name: %d\nExit code: %d\n" % (rank, status))
+  return run
 
-  def stopped_then_failed():  # a rank's own error: that is the job's end
-    sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
-                     "update, then saving a checkpoint\n[0]<stderr>:run_pretraining: error: "
-                     "the disk is full\n")
-    raise RuntimeError("...\nProcess name: 0\nExit code: 2\n")
-  assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_lost) == 143
-  assert capsys.readouterr().err.endswith(
-      "rank 1 exited with status 255 after the job's SIGTERM; run the same command again to "
-      "resume from its last checkpoint\n")
-  assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_failed) == 2
-  assert capsys.readouterr().err.endswith(
-      "rank 0 exited with status 2: run_pretraining: error: the disk is full\n")
 
-  def stopped_then_failed_and_a_peer_first():  # rank 1 left the barrier first, with 143
-    sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
-                     "update, then saving a checkpoint\n[0]<stderr>:run_pretraining: error: "
-                     "the disk is full\n")
-    raise RuntimeError("...\nProcess name: 1\nExit code: 143\n")
-  assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_failed_and_a_peer_first) == 1
-  assert capsys.readouterr().err.endswith(
-      "rank 1 exited with status 143; rank 0: run_pretraining: error: the disk is full\n")
-
-  def stopped_then_killed():  # rank 0 killed while saving (no line of its own), then lost
-    sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
-                     "update, then saving a checkpoint\n")
-    raise RuntimeError("...\nProcess name: 0\nExit code: -9\n")
-  assert launch_plan.run_horovodrun(["-np", "2"], stopped_then_killed) == 1
-  assert capsys.readouterr().err.endswith(
-      "rank 0 exited with status -9 (its lines are above)\n")
+@pytest.mark.parametrize("lines,rank,status,exit_status,last_line", [
+    # Rank 1 on another host: its ssh session ended; rank 0 had saved.
+    (["SIGTERM: rank 0: other ranks ended before the last barrier (Horovod has been shut "
+      "down.); run the same command again to resume from the last checkpoint"], 1, 255, 143,
+     "rank 1 exited with status 255 after the job's SIGTERM; run the same command again to "
+     "resume from its last checkpoint"),
+    # A rank's own error is the job's end, also when a peer left first.
+    (["run_pretraining: error: the disk is full"], 0, 2, 2,
+     "rank 0 exited with status 2: run_pretraining: error: the disk is full"),
+    (["run_pretraining: error: the disk is full"], 1, 143, 1,
+     "rank 1 exited with status 143; rank 0: run_pretraining: error: the disk is full"),
+    # Killed while saving, no line of its own: not a clean stop.
+    ([], 0, -9, 1, "rank 0 exited with status -9 (its lines are above)"),
+], ids=["peer-lost-after-the-save", "rank-error", "rank-error-peer-first", "killed"])
+def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_failed(
+    capsys, lines, rank, status, exit_status, last_line):
+  assert launch_plan.run_horovodrun(["-np", "2"], _stopped_job(lines, rank, status)) == (
+      exit_status)
+  assert capsys.readouterr().err.endswith(last_line + "\n")
 
 
 def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):
