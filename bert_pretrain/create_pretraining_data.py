@@ -44,7 +44,6 @@ Usage:
 import bisect
 import os
 import random
-import re
 import sys
 import time
 
@@ -58,6 +57,7 @@ from bert_pretrain import config
 from bert_pretrain import errors
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
+from bert_pretrain.wiki import workdir
 
 # Lines tokenized per batch call: large enough to amortize the call, small enough that
 # the Encoding objects of one batch stay a few MB.
@@ -940,33 +940,6 @@ def check_new_outputs(output_files):
                        "to make it again, or pass another path" % path)
 
 
-def remove_stale_temporaries(output_files):
-  """Deletes the temporary files (<output>.tmp-<pid>) a killed run of the command left
-  beside the outputs; those of a process still running on this host stay (a run on
-  another host writing the same outputs on a shared disk would lose its own)."""
-  for path in output_paths(output_files):
-    folder, name = os.path.split(os.path.abspath(path))
-    if "://" in path or not os.path.isdir(folder):
-      continue
-    for other in os.listdir(folder):
-      match = re.match(r"^%s\.tmp-(\d+)$" % re.escape(name), other)
-      if match and not _process_exists(int(match.group(1))):
-        try:
-          os.remove(os.path.join(folder, other))
-        except OSError:
-          pass
-
-
-def _process_exists(pid):
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass
-  return True
-
-
 def main(argv):
   """Runs create_pretraining_data from the flags; exits with one line on bad input (2
   for stray words, else 1) or a signal (1 for Ctrl-C, 143 for SIGTERM)."""
@@ -976,7 +949,7 @@ def main(argv):
   flag_values = flags.FLAGS
   try:
     check_new_outputs(flag_values.output_file)
-    remove_stale_temporaries(flag_values.output_file)
+    workdir.remove_dead_temporaries(output_paths(flag_values.output_file))
     stats = create_pretraining_data(
         input_files=flag_values.input_file,
         output_files=flag_values.output_file,

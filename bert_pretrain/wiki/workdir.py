@@ -18,6 +18,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import time
@@ -162,6 +163,31 @@ def remove_stale_temporaries(folder):
   for name in os.listdir(folder):
     if ".tmp-" in name or name.endswith(".tmp"):
       remove_quietly(os.path.join(folder, name))
+
+
+def remove_dead_temporaries(paths):
+  """Deletes the temporary files (<path>.tmp-<pid>) that killed processes left beside
+  `paths`, where the folder is not the run's own; those of a process still running on
+  this host stay (a run on another host writing the same paths on a shared disk would
+  lose its own)."""
+  for path in paths:
+    folder, name = os.path.split(os.path.abspath(path))
+    if "://" in path or not os.path.isdir(folder):
+      continue
+    for other in os.listdir(folder):
+      match = re.match(r"^%s\.tmp-(\d+)$" % re.escape(name), other)
+      if match and not _process_exists(int(match.group(1))):
+        remove_quietly(os.path.join(folder, other))
+
+
+def _process_exists(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass
+  return True
 
 
 class Layout(object):
