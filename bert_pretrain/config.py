@@ -39,7 +39,7 @@ SHORT_SEQ_PROB = 0.1
 DUPE_FACTOR = 10
 DATA_SEED = 12345
 CLIPPING = ("per_micro_batch", "after_allreduce")
-RESUME_CHANGES = ("global_batch", "seed", "data")
+RESUME_CHANGES = ("global_batch", "seed", "data", "shuffle_buffer", "tensorflow")
 # --seed is below this, as the seed a run draws is (TensorFlow takes int64 seeds).
 SEED_LIMIT = 2 ** 31
 # The largest finite float32: a flag's number above it is infinite in the graph.
@@ -179,7 +179,8 @@ class Run(object):
       "", "Resume although the run in --output_dir had another (comma-separated): "
       "global_batch (continue at the same sample with updates of the new size; steps and "
       "schedules go on counting updates), seed (another data order and dropout masks), "
-      "data (other training files). A changed layout of the same global batch (ranks, "
+      "data (other training files), shuffle_buffer, tensorflow (another version: another "
+      "data order). A changed layout of the same global batch (ranks, "
       "engine, per-card batch, accumulation) needs none: it continues at the same "
       "sample, re-sharded.", is_list=True)
   save_checkpoints_steps: int = setting(

@@ -127,6 +127,15 @@ def test_resume_continues_the_step_count(pretraining_data, tmp_path):
                                       optimizer="adam", nodo_eval=None))
   assert third.returncode != 0
   assert "holds a run with other optimizer (optimizer was lamb)" in third.stderr
+  # Another model config names the values that differ.
+  other = tmp_path / "bert_config.json"
+  other.write_text(json.dumps(dict(TINY_CONFIG, num_hidden_layers=3)))
+  fourth = run_pretraining(*base_flags(dict(pretraining_data, config=str(other)), out,
+                                       num_train_steps=7, nodo_eval=None))
+  assert fourth.returncode == 2
+  assert ("holds a run with other bert_config (bert_config.json's num_hidden_layers was %d, "
+          "now 3); resume with the same settings" % TINY_CONFIG["num_hidden_layers"]
+          in fourth.stderr), fourth.stderr
   assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-5")
 
 
@@ -161,6 +170,25 @@ def steps_of(folder):
   """The steps of the checkpoints in folder (by their .index files)."""
   return sorted(int(m.group(1)) for m in (re.match(r"model\.ckpt-(\d+)\.index$", n)
                                           for n in os.listdir(str(folder))) if m)
+
+
+def test_a_resumed_run_keeps_the_newest_keep_checkpoint_max_of_all_its_checkpoints(
+    pretraining_data, tmp_path):
+  """A run that kept all its checkpoints, resumed with --keep_checkpoint_max=2: its first
+  save leaves the newest two, the earlier run's included (TensorFlow's Saver would have
+  deleted one a save)."""
+  out = tmp_path / "out"
+  common = dict(save_checkpoints_steps=1, display_loss_steps=1, nodo_eval=None)
+  first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
+                                      keep_checkpoint_max=0, **common))
+  assert first.returncode == 0, first.stderr
+  assert steps_of(out) == [1, 2, 3, 4]
+  second = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=5,
+                                       keep_checkpoint_max=2, **common))
+  assert second.returncode == 0, second.stderr
+  assert steps_of(out) == [4, 5]
+  assert not [n for n in os.listdir(str(out)) if re.match(r"model\.ckpt-[123]\.", n)]
+  assert 'model_checkpoint_path: "model.ckpt-5"' in (out / "checkpoint").read_text()
 
 
 def test_a_copied_or_moved_output_dir_resumes_from_its_own_newest_checkpoint(
@@ -386,11 +414,12 @@ def test_a_full_disk_is_named_keeps_earlier_checkpoints_and_resumes(pretraining_
   assert full.returncode == 2
   errors = [l for l in full.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1, full.stderr
+  size = sum(os.path.getsize(str(p)) for p in out.glob("model.ckpt-4.*")) / 1e6
   assert re.match(r"run_pretraining: error: the disk is full \(no space left on the device "
                   r"of --output_dir=%s, [\d.]+ MB free\) while writing checkpoint "
-                  r"model\.ckpt-6; free space there or lower --keep_checkpoint_max, then run "
-                  r"the same command again: it resumes from model\.ckpt-4$"
-                  % re.escape(str(out)), errors[0]), errors[0]
+                  r"model\.ckpt-6; free space there \(a checkpoint takes %.1f MB beside the "
+                  r"ones kept\), then run the same command again: it resumes from "
+                  r"model\.ckpt-4$" % (re.escape(str(out)), size), errors[0]), errors[0]
   assert "Traceback" not in full.stderr
   after = snapshot(out)
   assert {n: v for n, v in after.items() if n.startswith("model.ckpt-")} == kept

@@ -443,25 +443,39 @@ def test_a_two_rank_run_resumed_on_one_rank_or_mirrored_trains_the_next_records_
           "of the uninterrupted order, update by update" % name.replace("_", " "))
 
 
-def test_another_global_batch_or_seed_is_refused_and_the_allowed_one_continues_the_order(
+def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues_it(
     pretraining_data, uninterrupted_order, tmp_path):
+  """Another global batch, seed, shuffle buffer or TensorFlow version is refused with
+  nothing written; a global batch allowed continues at the sample reached, and the
+  lengthened schedule it brings is said."""
   out = tmp_path / "out"
   first = run_pretraining(*_layout_flags(pretraining_data, out, num_train_steps=4))
   assert first.returncode == 0, first.stderr[-3000:]
   before = sorted(os.listdir(str(out)))
-  for overrides, message in (
-      (dict(train_batch_size=8),
+  marker = out / "bert_pretrain_run.json"
+  record = json.loads(marker.read_text())
+  version = record["data_order"]["tensorflow"]
+  assert version == ".".join(tf.__version__.split(".")[:2])
+  for change, overrides, message in (
+      ("global_batch", dict(train_batch_size=8),
        "was trained with a global batch of 4 (none, 1 process, 1 replica x batch 4 x 1 "
        "accumulation = global batch 4) and this run's is 8"),
-      (dict(seed=8), "was trained with seed 7 and this run passes --seed=8")):
+      ("seed", dict(seed=8), "was trained with seed 7 and this run passes --seed=8"),
+      ("shuffle_buffer", dict(shuffle_buffer=100),
+       "was trained with --shuffle_buffer=10000 and this run passes 100"),
+      ("tensorflow", {}, "was trained with TensorFlow 1.0 and this run has %s" % version)):
+    if change == "tensorflow":  # as a run of another TensorFlow records it
+      record["data_order"]["tensorflow"] = "1.0"
+      marker.write_text(json.dumps(record))
     refused = run_pretraining(*_layout_flags(pretraining_data, out, num_train_steps=6,
                                              **overrides))
     assert refused.returncode == 2
     errors = refused.stderr.strip().splitlines()
     assert errors[-1].startswith("run_pretraining: error: --output_dir=%s %s" % (out, message))
-    assert "--allow_resume_change=%s" % ("seed" if "seed" in overrides else "global_batch") \
-        in errors[-1]
+    assert "--allow_resume_change=%s" % change in errors[-1]
     assert sorted(os.listdir(str(out))) == before  # nothing written
+  record["data_order"]["tensorflow"] = version
+  marker.write_text(json.dumps(record))
   allowed = run_pretraining(*_layout_flags(pretraining_data, out, num_train_steps=6,
                                            train_batch_size=8,
                                            allow_resume_change="global_batch"))
@@ -470,6 +484,8 @@ def test_another_global_batch_or_seed_is_refused_and_the_allowed_one_continues_t
           "process, 1 replica x batch 8 x 1 accumulation = global batch 8 (was none, 1 "
           "process, 1 replica x batch 4 x 1 accumulation = global batch 4); the run continues "
           "at sample 16 of the data order in updates of 8") in allowed.stdout
+  assert ("Learning rate: --num_train_steps was 4, now 6 since model.ckpt-4: the schedule "
+          "is the new one from step 5 on") in allowed.stdout
   trained = _trained(out)
   assert {u: trained[u] for u in range(1, 5)} == {u: uninterrupted_order[u]
                                                   for u in range(1, 5)}

@@ -87,13 +87,21 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
       raise ValueError("--output_dir=%s holds a run with other %s (%s); resume with the same "
                        "settings or use a new --output_dir"
                        % (output_dir, ", ".join(changed),
-                          "; ".join("%s was %s" % (k, earlier[k]) for k in changed
-                                    if k != "bert_config") or "bert_config.json differs"))
+                          "; ".join(_setting_change(k, earlier[k], settings[k])
+                                    for k in changed)))
   if not found:
     return None
   if check_values:
     _check_resumable_values(output_dir, found)
   return found[-1][1]
+
+
+def _setting_change(name, was, now):
+  """'max_seq_length was 128', or for the model config each value that differs."""
+  if name != "bert_config":
+    return "%s was %s" % (name, was)
+  return "; ".join("bert_config.json's %s was %s, now %s" % (k, was.get(k), now.get(k))
+                   for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
 
 
 def list_checkpoints(output_dir):
@@ -332,24 +340,33 @@ def disk_full_message(output_dir, what, resumes=True):
   if not resumes:
     return "%s; free space there and run the same command again" % where
   found = list_checkpoints(output_dir)
-  then = "it resumes from %s" % os.path.basename(found[-1][1]) if found else "it starts anew"
-  return ("%s; free space there or lower --keep_checkpoint_max, then run the same "
-          "command again: %s" % (where, then))
+  if not found:
+    return "%s; free space there, then run the same command again: it starts anew" % where
+  newest = found[-1][1]
+  size = sum(tf.gfile.Stat(path).length for path in tf.gfile.Glob(newest + ".*"))
+  # The oldest checkpoint goes only once the new one is saved: a lower
+  # --keep_checkpoint_max frees nothing before that.
+  return ("%s; free space there (a checkpoint takes %.1f MB beside the ones kept), then run "
+          "the same command again: it resumes from %s"
+          % (where, size / 1e6, os.path.basename(newest)))
 
 
 class DiskFullError(ValueError):
   """No space left on the device of output_dir; the message says where and what to do."""
 
 
-def save_checkpoint(saver, sess, output_dir, step, resumes=True):
+def save_checkpoint(saver, sess, output_dir, step, resumes=True, keep=0):
   """Saves output_dir/model.ckpt-<step>; on a full disk removes its partial files.
 
   Args:
-    saver: a tf.train.Saver made with save_relative_paths=True.
+    saver: a tf.train.Saver made with save_relative_paths=True and max_to_keep=None
+      (this function rotates).
     sess: the session.
     output_dir: the run's --output_dir.
     step: the global step, the checkpoint's number.
     resumes: the run resumes from its checkpoints (disk_full_message).
+    keep: once saved, the checkpoints kept in output_dir (remove_old_checkpoints); 0
+      keeps all.
 
   Returns:
     the checkpoint prefix.
@@ -358,14 +375,33 @@ def save_checkpoint(saver, sess, output_dir, step, resumes=True):
     DiskFullError: no space left; the earlier checkpoints are intact.
   """
   try:
-    return saver.save(sess, os.path.join(output_dir, CHECKPOINT_NAME), global_step=step,
-                      write_meta_graph=False)
+    prefix = saver.save(sess, os.path.join(output_dir, CHECKPOINT_NAME), global_step=step,
+                        write_meta_graph=False)
   except (tf.errors.OpError, EnvironmentError) as e:
     if not is_disk_full(e):
       raise
     remove_partial_checkpoints(output_dir, step)
     raise DiskFullError(disk_full_message(output_dir, "checkpoint %s-%d"
                                           % (CHECKPOINT_NAME, step), resumes))
+  remove_old_checkpoints(output_dir, keep)
+  return prefix
+
+
+def remove_old_checkpoints(output_dir, keep):
+  """Deletes the complete checkpoints in output_dir but the newest `keep` (0: none),
+  those of the runs this one resumed too: they are one run. TensorFlow's own rotation
+  would forget the earlier runs' or delete one of them a save.
+
+  Returns:
+    the names of the checkpoints deleted.
+  """
+  old = list_checkpoints(output_dir)[:-keep] if keep else []
+  for _, prefix in old:
+    # The index first: a deletion cut short leaves a checkpoint without its index,
+    # which the next run removes (remove_partial_checkpoints).
+    for path in sorted(tf.gfile.Glob(prefix + ".*"), key=lambda p: not p.endswith(".index")):
+      tf.gfile.Remove(path)
+  return [os.path.basename(prefix) for _, prefix in old]
 
 
 class OutputDirLock(object):

@@ -304,7 +304,8 @@ class Job(object):
              else "it starts anew"))
       return False
     if self.ranks.is_chief:
-      checkpoints.save_checkpoint(self.saver, self.sess, self.cfg.run.output_dir, step)
+      checkpoints.save_checkpoint(self.saver, self.sess, self.cfg.run.output_dir, step,
+                                  keep=self.cfg.run.keep_checkpoint_max)
       if self.record_pending:
         checkpoints.write_run_marker(self.cfg.run.output_dir, self.record)
         self.record_pending = False
@@ -416,10 +417,9 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
                                         cfg.data.max_predictions_per_seq,
                                         cfg.evaluation.max_eval_steps)
     model_variables = tf.trainable_variables()
-    # max_to_keep=0 keeps every checkpoint. Relative paths in the `checkpoint` file keep a
-    # copied or moved output_dir pointing at its own files.
-    saver = tf.train.Saver(max_to_keep=cfg.run.keep_checkpoint_max or None,
-                           save_relative_paths=True)
+    # checkpoints.save_checkpoint rotates, not the Saver. Relative paths in the `checkpoint`
+    # file keep a copied or moved output_dir pointing at its own files.
+    saver = tf.train.Saver(max_to_keep=None, save_relative_paths=True)
     # Checked before every save: nothing with NaN or Inf is written. Weights are the same
     # on every rank, so every rank gets the same answer and they stop together.
     all_finite = checkpoints.all_finite(tf.global_variables())
@@ -427,7 +427,7 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
 
   sess = ranks.session(config)
   sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-  restore(cfg, sess, saver, global_step, model_variables, inputs, logger.print)
+  restore(cfg, sess, global_step, model_variables, inputs, logger.print)
   if set_position is not None:
     sess.run(set_position)
   if broadcast_op is not None:
@@ -439,7 +439,7 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
   return sess, train, evaluator, saver, all_finite
 
 
-def restore(cfg, sess, saver, global_step, model_variables, inputs, log):
+def restore(cfg, sess, global_step, model_variables, inputs, log):
   """Starts the weights: all variables from the checkpoint to resume from, else the
   model's from --init_checkpoint, else the random ones the session initialized."""
   prefix = inputs.resume_checkpoint
@@ -448,10 +448,6 @@ def restore(cfg, sess, saver, global_step, model_variables, inputs, log):
     present = dict(tf.train.list_variables(prefix))
     tf.train.Saver(var_list=[v for v in tf.global_variables()
                              if checkpoints.variable_name(v) in present]).restore(sess, prefix)
-    # The earlier run's checkpoints in this output_dir (never those the `checkpoint`
-    # file may name elsewhere) stay in the rotation of --keep_checkpoint_max.
-    saver.recover_last_checkpoints(
-        [p for _, p in checkpoints.list_checkpoints(cfg.run.output_dir)])
     log("Resuming from %s at step %d (weights, optimizer state, learning-rate "
         "schedule); --init_checkpoint is not applied" % (prefix, sess.run(global_step)))
   elif inputs.init_checkpoint:

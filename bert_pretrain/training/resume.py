@@ -31,17 +31,34 @@ JOB_SETTINGS = ("num_train_steps", "train_batch_size", "num_accumulation_steps",
              "reference_hyperparameters")
 
 
+# The flags of the learning-rate schedule, a function of the step: a resumed run that
+# changes one follows the new schedule from its first update (resume_plan says so).
+SCHEDULE = ("learning_rate", "num_warmup_steps", "start_warmup_step", "poly_power",
+            "num_train_steps", "scale_lr_by_ranks")
+
+
 def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files):
   """What bert_pretrain_run.json records: the settings a resumed run must share
-  (inputs.resume_settings), the layout, the seed and the training files."""
+  (inputs.resume_settings), the layout, the seed, the training files, what else decides
+  their order (data_order) and the learning-rate schedule's flags."""
   record = inputs_lib.resume_settings(cfg, bert_config)
+  values = config.as_flags(cfg)
   record.update(layout={"distribution": ranks.distribution, "processes": ranks.size,
                         "replicas": ranks.replicas,
                         "train_batch_size": cfg.run.train_batch_size,
                         "num_accumulation_steps": cfg.optimizer.num_accumulation_steps,
                         "global_batch_size": global_batch_size},
-                seed=seed, train_files=data_files(train_files))
+                seed=seed, train_files=data_files(train_files),
+                data_order=data_order(cfg), schedule={k: values[k] for k in SCHEDULE})
   return record
+
+
+def data_order(cfg):
+  """What, beside the seed and the files, decides the order of the training records:
+  the shuffle buffer, and TensorFlow's version (tf.data's shuffles draw otherwise in
+  1.15 and 2.x)."""
+  return {"shuffle_buffer": cfg.data.shuffle_buffer,
+          "tensorflow": ".".join(tf.__version__.split(".")[:2])}
 
 
 def code_digest(package=None):
@@ -114,8 +131,11 @@ def resume_plan(cfg, inputs, record):
   - another global batch is refused unless --allow_resume_change=global_batch: those
     schedules and --num_train_steps count updates, which would then hold another
     number of samples than the run was planned with;
-  - another --seed or other training files are refused unless allowed: the place in
-    the order would then name other records (some repeated, others never trained on).
+  - another --seed, other training files, another --shuffle_buffer or TensorFlow
+    version are refused unless allowed: the place in the order would then name other
+    records (some repeated, others never trained on);
+  - another learning-rate schedule (SCHEDULE) is followed from the next update on, and
+    said.
 
   Args:
     cfg: config.Settings (cfg.run.seed: --seed, None when not given).
@@ -154,6 +174,23 @@ def resume_plan(cfg, inputs, record):
                      "would repeat some records and skip others; pass --seed=%d (or no --seed) "
                      "to continue the run, or --allow_resume_change=seed"
                      % (cfg.run.output_dir, earlier["seed"], cfg.run.seed, where, earlier["seed"]))
+  order_was, order_now = earlier.get("data_order", {}), record["data_order"]
+  if order_was.get("shuffle_buffer", order_now["shuffle_buffer"]) != \
+      order_now["shuffle_buffer"] and "shuffle_buffer" not in allowed:
+    raise ValueError("--output_dir=%s was trained with --shuffle_buffer=%d and this run "
+                     "passes %d: the data order would be another's, and %s would repeat some "
+                     "records and skip others; pass --shuffle_buffer=%d to continue the run, "
+                     "or --allow_resume_change=shuffle_buffer"
+                     % (cfg.run.output_dir, order_was["shuffle_buffer"],
+                        order_now["shuffle_buffer"], where, order_was["shuffle_buffer"]))
+  if order_was.get("tensorflow", order_now["tensorflow"]) != order_now["tensorflow"] and \
+      "tensorflow" not in allowed:
+    raise ValueError("--output_dir=%s was trained with TensorFlow %s and this run has %s, "
+                     "whose shuffles give another data order: %s would repeat some records "
+                     "and skip others; resume with TensorFlow %s, or pass "
+                     "--allow_resume_change=tensorflow"
+                     % (cfg.run.output_dir, order_was["tensorflow"], order_now["tensorflow"],
+                        where, order_was["tensorflow"]))
   if was and was["global_batch_size"] != now["global_batch_size"] and \
       "global_batch" not in allowed:
     raise ValueError("--output_dir=%s was trained with a global batch of %d (%s) and this "
@@ -187,8 +224,23 @@ def resume_plan(cfg, inputs, record):
   if change:
     lines.append("Data: the training files changed (%s; --allow_resume_change=data): "
                  "continuing at %s of their order" % (change, where))
+  changed_order = sorted(k for k in order_was if order_was[k] != order_now.get(k))
+  if changed_order:
+    lines.append("Data: %s changed (--allow_resume_change): continuing at %s of the new "
+                 "order" % (", ".join("%s %s -> %s" % (k, order_was[k], order_now[k])
+                                      for k in changed_order), where))
+  schedule_was = earlier.get("schedule", record["schedule"])
+  changed_schedule = [k for k in SCHEDULE if schedule_was.get(k) != record["schedule"][k]]
+  if changed_schedule:
+    lines.append("Learning rate: %s since %s: the schedule is the new one from step %d on, "
+                 "so the learning rate there differs from the run's"
+                 % (", ".join("--%s was %s, now %s" % (k, schedule_was.get(k),
+                                                       record["schedule"][k])
+                              for k in changed_schedule),
+                    os.path.basename(inputs.resume_checkpoint), step + 1))
   return Resume(position, lines, was == now and not change and
-                earlier.get("seed") == record["seed"])
+                earlier.get("seed") == record["seed"] and not changed_order and
+                not changed_schedule)
 
 
 def choose_seed(cfg, inputs, ranks, device, session_config):
