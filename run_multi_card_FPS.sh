@@ -30,8 +30,8 @@ if [ "$distribution" != horovod ]; then
   if [ "$distribution" = mirrored ]; then engine+=(--cpu_devices="$per_host"); fi
   # A process drives every card it sees: on a GPU host, show it the count per host, no
   # more (on a CPU host a card list would make run_pretraining look for GPUs).
-  if [ -z "${CUDA_VISIBLE_DEVICES:-}" ] && [ -n "${IX_NUM_CUDA_VISIBLE_DEVICES:-}" ] &&
-      gpus_listed; then
+  if [ -z "${CUDA_VISIBLE_DEVICES+set}" ] && [ -n "${IX_NUM_CUDA_VISIBLE_DEVICES:-}" ] &&
+      [ "$(listed_cards)" != "0 None" ]; then
     cards=(env CUDA_VISIBLE_DEVICES="$(seq -s, 0 "$((per_host - 1))")")
   fi
 fi

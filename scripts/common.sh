@@ -3,9 +3,10 @@
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
-# gpus_listed: whether nvidia-smi lists a GPU on this host.
-gpus_listed() {
-  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+# listed_cards: "COUNT LISTER", the cards nvidia-smi -L, else Iluvatar's ixsmi -L, lists
+# on this host ("0 None": none).
+listed_cards() {
+  python3 -m bert_pretrain.distributed.launch cards
 }
 
 # check_card_list: exits 2 unless CUDA_VISIBLE_DEVICES lists cards (indexes or GPU-/MIG-
@@ -37,9 +38,10 @@ check_card_list() {
 }
 
 # count_ranks: ranks per host: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of
-# CUDA_VISIBLE_DEVICES, else the GPUs nvidia-smi lists, else 2 CPU ranks.
+# CUDA_VISIBLE_DEVICES, else the cards listed, else 2 CPU ranks. An empty
+# CUDA_VISIBLE_DEVICES hides every card, as CUDA reads it: CPU ranks.
 count_ranks() {
-  local from_list=""
+  local from_list="" count lister
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
     check_card_list
     from_list="$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)"
@@ -56,9 +58,12 @@ count_ranks() {
     echo "$IX_NUM_CUDA_VISIBLE_DEVICES"
   elif [ -n "$from_list" ]; then
     echo "$from_list"
-  elif gpus_listed; then
-    echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset: one rank per GPU that nvidia-smi lists on this host" >&2
-    nvidia-smi -L | grep -c '^GPU'
+  elif [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+    echo "CUDA_VISIBLE_DEVICES is empty, which hides every card: 2 CPU ranks per host (export IX_NUM_CUDA_VISIBLE_DEVICES=N to choose, or the cards to use)" >&2
+    echo 2
+  elif read -r count lister <<< "$(listed_cards)" && [ "${count:-0}" -gt 0 ]; then
+    echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset: one rank per card that $lister -L lists on this host" >&2
+    echo "$count"
   else
     echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset and no GPU is listed: 2 CPU ranks per host (export IX_NUM_CUDA_VISIBLE_DEVICES=N to choose)" >&2
     echo 2

@@ -113,12 +113,27 @@ def _launcher_env(**values):
     ({"CUDA_VISIBLE_DEVICES": "GPU-8f6e2a1c-0d3b-4c5e-9a7f-112233445566,MIG-GPU-ab12/1/0"},
      "2", ""),
     ({}, "2", "2 CPU ranks"),
+    ({"CUDA_VISIBLE_DEVICES": ""}, "2", "CUDA_VISIBLE_DEVICES is empty, which hides every "
+     "card: 2 CPU ranks per host"),
+    ({"listed": "nvidia-smi"}, "3", "one rank per card that nvidia-smi -L lists on this host"),
+    ({"listed": "ixsmi"}, "3", "one rank per card that ixsmi -L lists on this host"),
+    ({"listed": "nvidia-smi", "CUDA_VISIBLE_DEVICES": ""}, "2", "CUDA_VISIBLE_DEVICES is "
+     "empty"),
 ])
-def test_rank_count_from_the_environment(values, ranks, message):
+def test_rank_count_from_the_environment(values, ranks, message, tmp_path):
+  """listed: a fake nvidia-smi or Iluvatar's ixsmi on PATH listing 3 GPUs."""
+  values = dict(values)
+  path = "/usr/bin:/bin"
+  lister = values.pop("listed", None)
+  if lister:
+    smi = tmp_path / lister
+    smi.write_text("#!/bin/sh\nfor i in 0 1 2; do echo \"GPU $i: BI-V100 (UUID: GPU-$i)\"; "
+                   "done\n")
+    smi.chmod(0o755)
+    path = "%s:%s" % (tmp_path, path)
   result = subprocess.run(["bash", "-c", 'here=.; source scripts/common.sh; count_ranks'],
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True,
-                          env=_launcher_env(PATH="/usr/bin:/bin", **values))
+                          universal_newlines=True, env=_launcher_env(PATH=path, **values))
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == ranks
   assert message in result.stderr
@@ -324,7 +339,7 @@ def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
 @pytest.mark.parametrize("per_host,gpus,cores,message", [
     (8, 8, 2, None),
     (2, 0, 2, None),
-    (9, 8, 64, "9 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but nvidia-smi lists 8 on "
+    (9, 8, 64, "9 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but ixsmi lists 8 on "
      "this host; export IX_NUM_CUDA_VISIBLE_DEVICES=8 or fewer"),
     (3, 0, 2, "3 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores and "
      "no GPU: each would get less than a core; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or "
@@ -333,11 +348,12 @@ def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
 ])
 def test_a_job_on_this_host_alone_asks_for_no_more_cards_than_it_has(per_host, gpus, cores,
                                                                     message):
+  cards = launch_plan.Cards(gpus, "ixsmi" if gpus else None)
   if message is None:
-    launch_plan.check_this_host(per_host, gpus, cores)
+    launch_plan.check_this_host(per_host, cards, cores)
   else:
     with pytest.raises(launch_plan.LaunchError) as error:
-      launch_plan.check_this_host(per_host, gpus, cores)
+      launch_plan.check_this_host(per_host, cards, cores)
     assert str(error.value) == message
 
 
@@ -389,7 +405,7 @@ def test_a_gpu_split_into_mig_slices_counts_its_slices(tmp_path, monkeypatch):
                  "echo 'GPU 1: A100 (UUID: GPU-1)'\n")
   smi.chmod(0o755)
   monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
-  assert launch_plan.listed_cards() == 3
+  assert launch_plan.listed_cards() == (3, "nvidia-smi")
 
 
 def test_hosts_given_without_a_controller_keep_gloo_and_mpi_options_keep_mpi(tmp_path):

@@ -782,9 +782,13 @@ class FakeRanks(object):
     ("cpu", 8, "0,1,2,3,4,5,6,7", True, True, "auto", ("CPU", tf.bfloat16)),
     ("cpu", 0, "0", False, False, "auto", ("CPU", tf.float32)),
     ("auto", 0, "0,1", True, False, "auto",
-     r"CUDA_VISIBLE_DEVICES=0,1 lists cards but TensorFlow \S+ finds no usable GPU \(check "
-     r"the driver with nvidia-smi"),
-    ("gpu", 0, None, True, False, "auto", r"--device=gpu but TensorFlow \S+ finds no usable"),
+     r"CUDA_VISIBLE_DEVICES=0,1 lists cards but TensorFlow \S+, a GPU build, finds no usable "
+     r"GPU; check the driver \(nvidia-smi -L or ixsmi -L\) and the CUDA libraries, or pass "
+     r"--device=cpu to train on the CPU on purpose$"),
+    ("gpu", 0, None, True, False, "auto", r"--device=gpu but TensorFlow \S+, a GPU build, "
+     r"finds no usable GPU; check the driver"),
+    ("gpu", 0, None, False, False, "auto", r"--device=gpu but this TensorFlow \S+ is a CPU "
+     r"build; install a GPU build \(bash init_tf.sh on the GPU host\), or pass --device=cpu"),
 ])
 def test_device_and_compute_type_decisions(device_flag, gpus, visible, cuda, amp, amp_dtype,
                                            want):

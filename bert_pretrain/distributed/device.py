@@ -120,11 +120,13 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
   if gpus or device_flag == "cpu":
     kind = "CPU" if device_flag == "cpu" else "GPU"
   else:
-    cause = ("this TensorFlow %s is a CPU build" % tf.VERSION if not built_with_cuda else
-             "TensorFlow %s finds no usable GPU (check the driver with nvidia-smi and the "
-             "CUDA libraries)" % tf.VERSION)
-    fix = ("install a GPU build (bash init_tf.sh on the GPU host), or pass --device=cpu to "
-           "train on the CPU on purpose")
+    if built_with_cuda:
+      cause = "TensorFlow %s, a GPU build, finds no usable GPU" % tf.VERSION
+      fix = "check the driver (nvidia-smi -L or ixsmi -L) and the CUDA libraries"
+    else:
+      cause = "this TensorFlow %s is a CPU build" % tf.VERSION
+      fix = "install a GPU build (bash init_tf.sh on the GPU host)"
+    fix += ", or pass --device=cpu to train on the CPU on purpose"
     if device_flag == "gpu":
       raise ValueError("--device=gpu but %s; %s" % (cause, fix))
     if cards_listed(cuda_visible_devices):

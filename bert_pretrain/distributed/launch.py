@@ -202,20 +202,20 @@ def names_hosts(run_args):
   return bool({"hosts", "hostfile"} & set(_split_options(run_args)[0]))
 
 
-def check_this_host(per_host, gpus, cores):
+def check_this_host(per_host, cards, cores):
   """Raises LaunchError when a job on this host alone asks for more cards than it has:
-  more than the cards nvidia-smi lists, or with none listed, more CPU ranks than cores.
+  more than the cards listed, or with none listed, more CPU ranks than cores.
 
   Args:
     per_host: int, the ranks (cards) IX_NUM_CUDA_VISIBLE_DEVICES asks for.
-    gpus: int, the cards nvidia-smi lists here (listed_cards; 0: none, or no nvidia-smi).
+    cards: Cards, those listed here (listed_cards; count 0: none).
     cores: int, this host's cores.
   """
-  if gpus and per_host > gpus:
-    raise LaunchError("%d cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but nvidia-smi lists "
-                      "%d on this host; export IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
-                      % (per_host, gpus, gpus))
-  if not gpus and per_host > cores:
+  if cards.count and per_host > cards.count:
+    raise LaunchError("%d cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but %s lists %d on "
+                      "this host; export IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
+                      % (per_host, cards.lister, cards.count, cards.count))
+  if not cards.count and per_host > cores:
     raise LaunchError("%d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of %d "
                       "cores and no GPU: each would get less than a core; export "
                       "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to "
@@ -223,23 +223,31 @@ def check_this_host(per_host, gpus, cores):
                       % (per_host, cores, cores, per_host))
 
 
+# The cards a host lists, and the tool that listed them.
+Cards = collections.namedtuple("Cards", ["count", "lister"])
+
+
 def listed_cards():
-  """The cards `nvidia-smi -L` lists on this host: each GPU, or the MIG slices listed
-  under it when it is split (0 without nvidia-smi)."""
-  try:
-    listing = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, universal_newlines=True, timeout=60)
-  except (OSError, subprocess.TimeoutExpired):
-    return 0
-  if listing.returncode != 0:
-    return 0
-  slices = []  # per GPU, its MIG slices
-  for line in listing.stdout.splitlines():
-    if line.startswith("GPU "):
-      slices.append(0)
-    elif line.strip().startswith("MIG ") and slices:
-      slices[-1] += 1
-  return sum(max(count, 1) for count in slices)
+  """The cards `nvidia-smi -L`, else Iluvatar's `ixsmi -L` (which lists as nvidia-smi
+  does), lists on this host: each GPU, or the MIG slices listed under it when it is
+  split. Cards(0, None) when neither lists one."""
+  for lister in ("nvidia-smi", "ixsmi"):
+    try:
+      listing = subprocess.run([lister, "-L"], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, universal_newlines=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+      continue
+    if listing.returncode != 0:
+      continue
+    slices = []  # per GPU, its MIG slices
+    for line in listing.stdout.splitlines():
+      if line.startswith("GPU "):
+        slices.append(0)
+      elif line.strip().startswith("MIG ") and slices:
+        slices[-1] += 1
+    if slices:
+      return Cards(sum(max(count, 1) for count in slices), lister)
+  return Cards(0, None)
 
 
 def launcher(job, distribution="horovod", port=MULTI_WORKER_PORT):
@@ -501,6 +509,9 @@ def run(words, dry_run=False):
 def main(argv):
   if len(argv) > 2 and argv[1] in ("run", "check"):
     return run(argv[2:], dry_run=argv[1] == "check")
+  if argv[1:] == ["cards"]:  # for scripts/common.sh
+    print("%d %s" % listed_cards())
+    return 0
   if len(argv) not in (2, 3) or not re.match(r"^[1-9][0-9]*$", argv[1]):
     print("usage: python3 -m bert_pretrain.distributed.launch RANKS_PER_HOST [DISTRIBUTION]",
           file=sys.stderr)
@@ -524,10 +535,13 @@ def main(argv):
       run_args = ["--gloo"] + run_args
     job = plan(run_args, int(argv[1]), distribution)
     # Only a count given for this host alone: CUDA_VISIBLE_DEVICES is checked where the
-    # ranks start, and the script's own default is within the host.
-    if os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES") and \
-        not os.environ.get("CUDA_VISIBLE_DEVICES") and not names_hosts(run_args):
-      check_this_host(job.per_host, listed_cards(), os.cpu_count() or 1)
+    # ranks start, and the script's own default is within the host. An empty one hides
+    # every card: CPU ranks.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES") and not visible and \
+        not names_hosts(run_args):
+      check_this_host(job.per_host, Cards(0, None) if visible == "" else listed_cards(),
+                      os.cpu_count() or 1)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
