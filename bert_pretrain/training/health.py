@@ -9,8 +9,10 @@ display steps only, so a healthy run pays nothing extra.
                              `accuracy_drop` (learning rate too high, bad data, a resume
                              with other settings)
   loss scale falling         float16 loss scaling halved the scale in `scale_windows`
-                             display windows in a row, or every update of a window was
-                             skipped (overflowing gradients)
+                             display windows in a row, or skipped more of a window's
+                             updates than it applied (overflowing gradients; a window
+                             ends at an applied update, and the first holds the scale's
+                             fall from its initial value)
   FPS drop                   a window's sentences/s below `fps_drop` x the median of the
                              run's earlier windows (a slow disk, a throttled card, another
                              job on the host)
@@ -63,7 +65,7 @@ class HealthMonitor(object):
     Args:
       step: the update the window ended at.
       fps: the window's sentences per second.
-      window_steps: updates in the window.
+      window_steps: updates in the window, skipped ones included.
       loss_scale, skipped_steps: the float16 loss scale and the run's count of skipped
         updates at the end of the window (None without loss scaling).
 
@@ -89,10 +91,11 @@ class HealthMonitor(object):
                         "data" % (self._scale_falls, loss_scale, step))
       self._last_scale = loss_scale
     if skipped_steps is not None:
-      if self._last_skipped is not None and window_steps > 0 and \
-          skipped_steps - self._last_skipped >= window_steps:
-        warnings.append("all %d updates up to step %d were skipped (non-finite gradients); "
-                        "the weights are not training" % (window_steps, step))
+      skipped = skipped_steps - (self._last_skipped or 0)
+      if self._last_skipped is not None and 2 * skipped > window_steps:
+        warnings.append("%d of the %d updates up to step %d were skipped (non-finite "
+                        "gradients): the weights train on fewer than half the batches; lower "
+                        "--learning_rate or check the data" % (skipped, window_steps, step))
       self._last_skipped = skipped_steps
     return warnings
 

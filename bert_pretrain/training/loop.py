@@ -78,9 +78,10 @@ def train(cfg, job, stop, results):
     step_start = time.time()
     job.ranks.doing = ("update %d: input, forward, backward, the gradients' all-reduce and "
                        "the optimizer's step" % (step + 1))
-    # One update is traced for the time split: the first after the FPS warm-up (never the
-    # very first), else the last; tracing slows it, so it stays out of the steady FPS.
-    trace = job.split is None and (job.meter.updates == max(cfg.run.fps_warmup_steps, 1) or
+    # One update is traced for the time split: the first applied after the FPS warm-up
+    # (never the very first), else the last; tracing slows it, so it stays out of the
+    # steady FPS.
+    trace = job.split is None and (job.meter.updates >= max(cfg.run.fps_warmup_steps, 1) or
                                    step + 1 == cfg.optimizer.num_train_steps)
     values = job.update(step, stop, trace)
     job.meter.update(time.time() - step_start, steady=not trace)
@@ -286,7 +287,7 @@ class Job(object):
     values = run(fetches, {train.stop_feed: stop.signum, train.micro_batch: last})
     if self.records_log:
       runlog.log_records(self.records_log, step + 1, last, values["record_ids"])
-    if trace:
+    if trace and int(values["step"]) > step:  # not one skipped by loss scaling
       self.split = dict(timing.split_update(traces, timing.graph_op_types(self.sess.graph)),
                         update=step + 1)
     return values
