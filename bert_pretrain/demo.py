@@ -382,7 +382,7 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
                      "(results/demo-<time>)" % (pretrained_dir, marker["tool"]))
   is_run = known_run or marker is not None or os.path.isfile(
       os.path.join(pretrained_dir, "dllog.json"))
-  has_checkpoint = bool(tf.gfile.Glob(os.path.join(pretrained_dir, "*.index")))
+  has_checkpoint = bool(checkpoints.index_files(pretrained_dir))
   if not is_run:
     raise ValueError("--finetune_from=%s %s; pass the --output_dir of the demo's pretraining "
                      "run (results/demo-<time>)" % (pretrained_dir, (

@@ -217,7 +217,7 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
   if not os.path.isfile(vocab_file):
     raise ExportError("--vocab_file=%s does not exist; pass the vocab.txt the model was "
                       "trained with" % vocab_file)
-  check_output_dir(output_dir, [("--checkpoint", p) for p in tf.gfile.Glob(prefix + ".*")] +
+  check_output_dir(output_dir, [("--checkpoint", p) for p in checkpoints.checkpoint_files(prefix)] +
                    [("--bert_config_file", bert_config_file), ("--vocab_file", vocab_file)])
   checkpoints.check_config(prefix, bert_config, "--bert_config_file=%s" % bert_config_file,
                            "--checkpoint")

@@ -224,8 +224,7 @@ def check_inputs_unchanged(settings):
   """Refuses a fine-tune in --output_dir made from other bytes of train.tsv or the vocab
   than this run's, though at the same paths (the run marker records their digests; an
   older marker without them is taken as before)."""
-  if not tf.gfile.IsDirectory(FLAGS.output_dir) or \
-      not tf.gfile.Glob(os.path.join(FLAGS.output_dir, "*.index")):
+  if not checkpoints.index_files(FLAGS.output_dir):
     return  # No fine-tune there: nothing to take up (as find_resume_checkpoint).
   earlier = checkpoints.read_run_marker(FLAGS.output_dir) or {}
   if earlier.get("tool") != "run_classifier":

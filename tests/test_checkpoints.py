@@ -176,18 +176,22 @@ def test_a_resumed_run_keeps_the_newest_keep_checkpoint_max_of_all_its_checkpoin
     pretraining_data, tmp_path):
   """A run that kept all its checkpoints, resumed with --keep_checkpoint_max=2: its first
   save leaves the newest two, the earlier run's included (TensorFlow's Saver would have
-  deleted one a save)."""
+  deleted one a save), and only the checkpoints' own files."""
   out = tmp_path / "out"
   common = dict(save_checkpoints_steps=1, display_loss_steps=1, nodo_eval=None)
   first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
                                       keep_checkpoint_max=0, **common))
   assert first.returncode == 0, first.stderr
   assert steps_of(out) == [1, 2, 3, 4]
+  (out / "model.ckpt-1.notes.txt").write_text("the user's")
+  (out / "model.ckpt-2.bak").mkdir()
   second = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=5,
                                        keep_checkpoint_max=2, **common))
   assert second.returncode == 0, second.stderr
+  assert "Resuming from %s at step 4" % (out / "model.ckpt-4") in second.stdout
   assert steps_of(out) == [4, 5]
-  assert not [n for n in os.listdir(str(out)) if re.match(r"model\.ckpt-[123]\.", n)]
+  assert sorted(n for n in os.listdir(str(out)) if re.match(r"model\.ckpt-[123]\.", n)) == [
+      "model.ckpt-1.notes.txt", "model.ckpt-2.bak"]
   assert 'model_checkpoint_path: "model.ckpt-5"' in (out / "checkpoint").read_text()
 
 

@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain.training import resume as resume_lib
 from bert_pretrain.training import signals
 from conftest import (ROOT, TINY_CONFIG, base_flags, rank_command, rank_pid,
                       run_pretraining, start_command)
@@ -492,6 +494,57 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
   # Updates 5 and 6 of 8 records: the uninterrupted run's updates 5 + 6 and 7 + 8.
   assert trained[5] == sorted(uninterrupted_order[5] + uninterrupted_order[6])
   assert trained[6] == sorted(uninterrupted_order[7] + uninterrupted_order[8])
+
+
+def _plan(earlier, now, step=62, num_train_steps=400, allowed=()):
+  """resume_plan of a run at `step` whose records were `earlier` and are `now` (the keys
+  resume_plan reads; the layout the same; a key None in `earlier`: not recorded)."""
+  layout = {"distribution": "none", "processes": 1, "replicas": 1, "train_batch_size": 4,
+            "num_accumulation_steps": 1, "global_batch_size": 4}
+  record = dict(layout=layout, seed=7, train_files=[["part-0", 100]], **now)
+  cfg = types.SimpleNamespace(
+      run=types.SimpleNamespace(do_train=True, output_dir="out", allow_resume_change=allowed,
+                                seed=None),
+      optimizer=types.SimpleNamespace(num_train_steps=num_train_steps))
+  inputs = types.SimpleNamespace(
+      resume_checkpoint="out/model.ckpt-%d" % step, resume_step=step, resume_position=4 * step,
+      earlier_run={k: v for k, v in dict(record, **earlier).items() if v is not None},
+      packing=types.SimpleNamespace(max_sequences=None))
+  return resume_lib.resume_plan(cfg, inputs, record)
+
+
+def test_a_resumed_run_says_how_its_learning_rate_and_data_order_changed():
+  schedule = {k: 1 for k in resume_lib.SCHEDULE}
+  order = {"shuffle_buffer": 10000, "tensorflow": "2.15"}
+  same = _plan(dict(schedule=dict(schedule, peak=2e-3), data_order=order),
+               dict(schedule=dict(schedule, peak=2e-3), data_order=order))
+  assert same.lines == ["Data: continuing at sample 248 of the data order, the records the "
+                        "run consumed up to step 62 (read, not parsed)"] and same.record_now
+  # --scale_lr_by_ranks over another number of replicas: only the peak says it.
+  peak = _plan(dict(schedule=dict(schedule, peak=2e-3), data_order=order),
+               dict(schedule=dict(schedule, peak=1e-3), data_order=order))
+  assert peak.lines[1:] == [
+      "Learning rate: the peak (--learning_rate, x replicas with --scale_lr_by_ranks) was "
+      "0.002, now 0.001 since model.ckpt-62: the schedule is the new one from step 63 on, so "
+      "the learning rate there differs from the run's"]
+  assert not peak.record_now  # the record follows at the first save
+  # A changed flag is named once, not again as the peak it changes.
+  flag = _plan(dict(schedule=dict(schedule, peak=2e-3), data_order=order),
+               dict(schedule=dict(schedule, learning_rate=2, peak=4e-3), data_order=order))
+  assert flag.lines[1].startswith("Learning rate: --learning_rate was 1, now 2 since ")
+  # Nothing left to train: no schedule to speak of.
+  done = _plan(dict(schedule=dict(schedule, num_train_steps=6), data_order=order),
+               dict(schedule=dict(schedule, num_train_steps=4), data_order=order),
+               step=6, num_train_steps=4)
+  assert len(done.lines) == 1
+  moved = _plan(dict(schedule=schedule, data_order=dict(order, tensorflow="1.15")),
+                dict(schedule=schedule, data_order=order), allowed=("tensorflow",))
+  assert moved.lines[1] == ("Data: tensorflow 1.15 -> 2.15 changed (--allow_resume_change): "
+                            "continuing at sample 248 of the new data order")
+  # A record of an older version, without these keys: nothing to compare, nothing said.
+  older = _plan({"schedule": None, "data_order": None}, dict(schedule=schedule,
+                                                              data_order=order))
+  assert len(older.lines) == 1
 
 
 STOP_SCRIPT = """

@@ -45,6 +45,35 @@ _PARTIAL = re.compile(r"^(model\.ckpt-\d+_temp.*|.*\.tempstate\d*)$")
 LOCK_FILE = ".bert_pretrain.lock"
 
 
+# By listing, not tf.gfile.Glob: a folder's name may hold glob characters ([, ?, *).
+def index_files(folder):
+  """The checkpoint indexes (*.index) in folder, [] if it is none."""
+  if not tf.gfile.IsDirectory(folder):
+    return []
+  return [os.path.join(folder, n) for n in tf.gfile.ListDirectory(folder)
+          if n.endswith(".index")]
+
+
+def check_no_pattern(path, flag):
+  """Raises ValueError if path holds a glob character: TensorFlow finds a checkpoint's
+  files by pattern, so it would not read back what it saved there."""
+  if set(path) & set("[]*?"):
+    raise ValueError("%s=%s: TensorFlow reads checkpoints by pattern, and the [ ] * ? in "
+                     "this path would not match their files; pass a path without them"
+                     % (flag, path))
+
+
+def checkpoint_files(prefix):
+  """The files of the checkpoint `prefix`: its .index, .data-* shards and .meta, not a
+  file a user put beside them (model.ckpt-5.notes)."""
+  folder, stem = os.path.split(prefix)
+  folder = folder or "."
+  own = re.compile(r"^%s\.(index|meta|data-\d{5}-of-\d{5})$" % re.escape(stem))
+  if not tf.gfile.IsDirectory(folder):
+    return []
+  return [os.path.join(folder, n) for n in tf.gfile.ListDirectory(folder) if own.match(n)]
+
+
 def find_resume_checkpoint(output_dir, settings=None, check_values=True):
   """Returns the prefix of this recipe's newest checkpoint in output_dir, or None.
 
@@ -65,8 +94,8 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
       or Inf: the message names the last good one and how to resume from it. Or its RUN_MARKER is
       damaged (read_run_marker).
   """
-  if not tf.gfile.IsDirectory(output_dir) or \
-      not tf.gfile.Glob(os.path.join(output_dir, "*.index")):
+  check_no_pattern(output_dir, "--output_dir")
+  if not index_files(output_dir):
     return None
   earlier = read_run_marker(output_dir)
   found = list_checkpoints(output_dir)
@@ -343,7 +372,7 @@ def disk_full_message(output_dir, what, resumes=True):
   if not found:
     return "%s; free space there, then run the same command again: it starts anew" % where
   newest = found[-1][1]
-  size = sum(tf.gfile.Stat(path).length for path in tf.gfile.Glob(newest + ".*"))
+  size = sum(tf.gfile.Stat(path).length for path in checkpoint_files(newest))
   # The oldest checkpoint goes only once the new one is saved: a lower
   # --keep_checkpoint_max frees nothing before that.
   return ("%s; free space there (a checkpoint takes %.1f MB beside the ones kept), then run "
@@ -399,8 +428,11 @@ def remove_old_checkpoints(output_dir, keep):
   for _, prefix in old:
     # The index first: a deletion cut short leaves a checkpoint without its index,
     # which the next run removes (remove_partial_checkpoints).
-    for path in sorted(tf.gfile.Glob(prefix + ".*"), key=lambda p: not p.endswith(".index")):
-      tf.gfile.Remove(path)
+    for path in sorted(checkpoint_files(prefix), key=lambda p: not p.endswith(".index")):
+      try:
+        tf.gfile.Remove(path)
+      except tf.errors.NotFoundError:  # gone already (another process, a user)
+        pass
   return [os.path.basename(prefix) for _, prefix in old]
 
 
@@ -454,11 +486,12 @@ def resolve_checkpoint(path, flag_name="--init_checkpoint"):
   Raises:
     ValueError: nothing there is a checkpoint; the message says what to pass.
   """
+  check_no_pattern(path, flag_name)
   if tf.gfile.IsDirectory(path):
     def order(index_path):
       step = re.search(r"-(\d+)\.index$", index_path)
       return (int(step.group(1)) if step else -1, tf.gfile.Stat(index_path).mtime_nsec)
-    indexes = sorted(tf.gfile.Glob(os.path.join(path, "*.index")), key=order)
+    indexes = sorted(index_files(path), key=order)
     if not indexes:
       raise ValueError("%s=%s is a folder without a checkpoint; pass the checkpoint prefix, "
                        "e.g. %s=/path/model.ckpt-28252" % (flag_name, path, flag_name))

@@ -37,10 +37,12 @@ SCHEDULE = ("learning_rate", "num_warmup_steps", "start_warmup_step", "poly_powe
             "num_train_steps", "scale_lr_by_ranks")
 
 
-def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files):
+def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files,
+               learning_rate):
   """What bert_pretrain_run.json records: the settings a resumed run must share
   (inputs.resume_settings), the layout, the seed, the training files, what else decides
-  their order (data_order) and the learning-rate schedule's flags."""
+  their order (data_order) and the learning-rate schedule: its flags and its peak
+  (learning_rate: --learning_rate, times the replicas with --scale_lr_by_ranks)."""
   record = inputs_lib.resume_settings(cfg, bert_config)
   values = config.as_flags(cfg)
   record.update(layout={"distribution": ranks.distribution, "processes": ranks.size,
@@ -49,7 +51,8 @@ def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files):
                         "num_accumulation_steps": cfg.optimizer.num_accumulation_steps,
                         "global_batch_size": global_batch_size},
                 seed=seed, train_files=data_files(train_files),
-                data_order=data_order(cfg), schedule={k: values[k] for k in SCHEDULE})
+                data_order=data_order(cfg),
+                schedule=dict({k: values[k] for k in SCHEDULE}, peak=learning_rate))
   return record
 
 
@@ -158,8 +161,8 @@ def resume_plan(cfg, inputs, record):
     position = step * (was or now)["global_batch_size"]
   allowed = set(cfg.run.allow_resume_change)
   # The data position counts records: a packed set's are packs.
-  where = "%s %d of the data order" % (
-      "pack" if inputs.packing.max_sequences is not None else "sample", position)
+  unit = "pack" if inputs.packing.max_sequences is not None else "sample"
+  where = "%s %d of the data order" % (unit, position)
   change = _files_change(earlier.get("train_files", record["train_files"]),
                          record["train_files"])
   if change and "data" not in allowed:
@@ -226,16 +229,21 @@ def resume_plan(cfg, inputs, record):
                  "continuing at %s of their order" % (change, where))
   changed_order = sorted(k for k in order_was if order_was[k] != order_now.get(k))
   if changed_order:
-    lines.append("Data: %s changed (--allow_resume_change): continuing at %s of the new "
-                 "order" % (", ".join("%s %s -> %s" % (k, order_was[k], order_now[k])
-                                      for k in changed_order), where))
+    lines.append("Data: %s changed (--allow_resume_change): continuing at %s %d of the new "
+                 "data order" % (", ".join("%s %s -> %s" % (k, order_was[k], order_now[k])
+                                           for k in changed_order), unit, position))
   schedule_was = earlier.get("schedule", record["schedule"])
-  changed_schedule = [k for k in SCHEDULE if schedule_was.get(k) != record["schedule"][k]]
-  if changed_schedule:
+  changed_schedule = [k for k in SCHEDULE + ("peak",)
+                      if k in schedule_was and schedule_was[k] != record["schedule"][k]]
+  if {"learning_rate", "scale_lr_by_ranks"} & set(changed_schedule):
+    changed_schedule = [k for k in changed_schedule if k != "peak"]  # said by the flag
+  if changed_schedule and step < cfg.optimizer.num_train_steps:
     lines.append("Learning rate: %s since %s: the schedule is the new one from step %d on, "
                  "so the learning rate there differs from the run's"
-                 % (", ".join("--%s was %s, now %s" % (k, schedule_was.get(k),
-                                                       record["schedule"][k])
+                 % (", ".join(("the peak (--learning_rate, x replicas with "
+                               "--scale_lr_by_ranks) was %g, now %g" if k == "peak" else
+                               "--" + k + " was %s, now %s")
+                              % (schedule_was[k], record["schedule"][k])
                               for k in changed_schedule),
                     os.path.basename(inputs.resume_checkpoint), step + 1))
   return Resume(position, lines, was == now and not change and
