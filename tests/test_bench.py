@@ -112,6 +112,53 @@ def test_a_negative_window_sequences_is_refused_before_any_work(tmp_path):
   assert not os.path.exists(str(tmp_path / "out"))
 
 
+def run_tool(module, *args, env=None, timeout=300):
+  return subprocess.run([sys.executable, "-m", module] + list(args),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        universal_newlines=True, cwd=ROOT, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("module, flag, line", [
+    ("bench.benchmark", "--windows=0", "benchmark: error: --windows: 0; use 1 or more"),
+    ("bench.benchmark", "--batch_size=-1",
+     "benchmark: error: --batch_size: -1; use 0 (each row's default) or more"),
+    ("bench.benchmark", "--steps=-2",
+     "benchmark: error: --steps: -2; use 0 (as many as fill --window_seconds) or more"),
+    ("bench.packing", "--precisions=fp16",
+     "bench.packing: error: --precisions: 'fp16' is not fp32 or amp"),
+    ("bench.packing", "--configs=huge",
+     "bench.packing: error: --configs: unknown 'huge'; use tiny,mini,small,medium,base"),
+    ("bench.packing", "--windows=0", "bench.packing: error: --windows: 0; use 1 or more"),
+    ("bench.profile_step", "--config=huge", "profile_step: error: --config: unknown 'huge'; "
+     "use tiny, mini, small, medium, base, large"),
+    ("bench.profile_step", "--seq=256", "profile_step: error: --seq: 256 is not one of 128, 512"),
+    ("bench.profile_step", "--traced_steps=0",
+     "profile_step: error: --traced_steps: 0; use 1 or more"),
+    ("bench.profile_step", "--batch=0", "profile_step: error: --batch: 0; use 1 or more"),
+])
+def test_flags_that_would_measure_nothing_are_refused_in_one_line_before_any_work(
+    tmp_path, module, flag, line):
+  out_dir = tmp_path / "out"
+  result = run_tool(module, flag, "--out_dir=" + str(out_dir))
+  assert (result.returncode, result.stdout.splitlines()) == (2, [line])
+  assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("module", ["bench.benchmark", "bench.packing"])
+def test_an_out_dir_that_cannot_be_written_is_said_in_one_line_before_any_work(tmp_path,
+                                                                               module):
+  in_the_way = tmp_path / "a-file"
+  in_the_way.write_text("")
+  for out_dir in (str(in_the_way / "out"), "/proc/benchmark-out"):
+    result = run_tool(module, "--out_dir=" + out_dir)
+    assert result.returncode == 2, result.stdout
+    assert result.stdout.splitlines() == [
+        "%s: error: --out_dir=%s: cannot write %s (%s); pass a folder you can write to" % (
+            module.replace("bench.benchmark", "benchmark"), out_dir, out_dir,
+            "Not a directory" if out_dir.startswith(str(tmp_path)) else
+            "No such file or directory")]
+
+
 @pytest.fixture(scope="module")
 def bench_out(bench_module, tmp_path_factory):
   """An --out_dir whose data/ holds the benchmark's seq-128 TFRecords."""
