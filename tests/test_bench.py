@@ -457,6 +457,38 @@ def test_the_packing_benchmark_times_padded_unpadded_and_packed_wikipedia_record
   assert table.splitlines()[0] in result.stdout  # the CPU line
 
 
+def test_the_data_benchmark_times_every_step_and_the_baseline_and_leaves_no_temporary_files(
+    tmp_path):
+  from bert_pretrain.data import tokenization
+  vocab = str(tmp_path / "vocab.txt")
+  tokenization.build_wordpiece_vocab([os.path.join(ROOT, "tests", "data", "wiki_sample.xml")],
+                                     2000, vocab)
+  temporary = tmp_path / "tmp"
+  temporary.mkdir()
+  result = run_tool("bench.benchmark_data", "--synthesize_mb=0.3", "--jobs=1",
+                    "--vocab=" + vocab, "--baseline_mb=0.05", "--dupe_factor=1",
+                    "--max_seq_length=128", "--max_predictions_per_seq=20", "--num_shards=2",
+                    "--num_eval_articles=4", "--num_eval_samples=5",
+                    env=dict(os.environ, TMPDIR=str(temporary)))
+  assert result.returncode == 0, result.stdout[-3000:]
+  steps = re.findall(r"^(\w+) +[\d.]+ +[\d.]+ ", result.stdout, re.M)
+  # Every step of MLCommons' data; step pack (packed records, ours) is left out.
+  assert steps == ["extract", "clean", "segment", "shard", "tfrecords", "eval", "manifest",
+                   "total"]
+  instances = [int(n) for n in re.findall(r"^(?:baseline|ours) \(.*?\) +[\d.]+ +[\d.]+ "
+                                          r"+\d+ +(\d+) ", result.stdout, re.M)]
+  assert len(instances) == 2 and min(instances) > 0, result.stdout[-3000:]
+  assert "speed-up of ours over the baseline" in result.stdout
+  assert not os.listdir(str(temporary))
+
+
+def test_the_data_benchmark_without_a_dump_says_how_to_give_one():
+  result = run_tool("bench.benchmark_data", "--jobs=1")
+  assert (result.returncode, result.stdout.splitlines()[-1:]) == (2, [
+      "benchmark_data: error: no dump to measure on; pass --dump=<a MediaWiki dump> or "
+      "--synthesize_mb=<MB> (one built from --synthesize_from)"])
+
+
 def test_the_step_profile_lists_what_the_backward_pass_keeps(bench_out):
   result = subprocess.run(
       [sys.executable, "-m", "bench.profile_step", "--config=tiny", "--seq=128", "--batch=4",
