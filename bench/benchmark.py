@@ -882,7 +882,7 @@ def run_benchmark():
   for line in card.published_lines(written):
     print("Published beside ours: " + line)
   print("Written: %s/benchmark.md, benchmark.json, benchmark_card.json%s"
-        % (FLAGS.out_dir, ", benchmark.png" if drawn else ""))
+        % (FLAGS.out_dir, ", benchmark.png" if drawn else ""), flush=True)
   measured = [r[side] for r in rows for side, _ in SIDES if r[side]] + [
       r["ours"] for r in large]
   failed = sum("error" in m for m in measured)

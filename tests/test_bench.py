@@ -294,6 +294,21 @@ def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
   assert ("tiny-seq128-fp32 Google" in entries) == google_peer.available()
 
 
+def test_a_run_whose_measurements_failed_writes_its_table_and_exits_1(bench_out, tmp_path):
+  os.symlink(os.path.join(bench_out, "data"), str(tmp_path / "data"))
+  # Every worker is stopped before it has imported TensorFlow.
+  result = run_tool("bench.benchmark", "--configs=tiny", "--seq_lengths=128",
+                    "--precisions=fp32", "--skip_peer", "--skip_google", "--skip_large",
+                    "--rounds=1", "--windows=1", "--row_timeout=1", "--out_dir=" + str(tmp_path))
+  assert result.returncode == 1, result.stdout[-3000:]
+  assert result.stdout.splitlines()[-1] == (
+      "benchmark: error: 2 of 2 measurements failed; their cells say why and name their "
+      "logs in %s" % (tmp_path / "logs"))
+  table = (tmp_path / "benchmark.md").read_text()
+  assert "| tiny | 128 | 16 | fp32 | " in table
+  assert table.count("failed: timed out after 1 s") == 2
+
+
 def test_the_card_gives_spread_over_repeats_and_a_hash_of_the_config_alone():
   stats = card.spread([10.0, 12.0, 14.0])
   assert (stats["n"], stats["mean"], stats["stdev"], stats["min"], stats["max"]) == (
