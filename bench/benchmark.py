@@ -809,26 +809,42 @@ def environment(peak, rows, load_at_start):
           "versions": versions, "load_average": [load_at_start, os.getloadavg()[0]]}
 
 
-def run_benchmark():
+def check_flags(tool):
+  """Refuses, in one line, the flags shared with bench/packing.py that would make a run
+  measure nothing or something else than asked; returns the sequence lengths."""
   for name in FLAGS.configs:
     if name not in CONFIGS or name == "large":
-      errors.usage_error("benchmark", "--configs: unknown %r; use %s" % (
+      errors.usage_error(tool, "--configs: unknown %r; use %s" % (
           name, ",".join(n for n in CONFIGS if n != "large")))
-  seq_lengths = [int(s) for s in FLAGS.seq_lengths]
-  for seq in seq_lengths:
-    if seq not in PREDICTIONS:
-      errors.usage_error("benchmark", "--seq_lengths: %d is not one of 128, 512" % seq)
+  for seq in FLAGS.seq_lengths:
+    if not seq.isdigit() or int(seq) not in PREDICTIONS:
+      errors.usage_error(tool, "--seq_lengths: %s is not one of 128, 512" % seq)
   for precision in FLAGS.precisions:
     if precision not in ("fp32", "amp"):
-      errors.usage_error("benchmark", "--precisions: %r is not fp32 or amp" % precision)
+      errors.usage_error(tool, "--precisions: %r is not fp32 or amp" % precision)
+  # Each a whole data preparation and peak measurement ahead of a row that cannot run.
+  for name, value, least, meaning in (
+      ("rounds", FLAGS.rounds, 1, "1 or more"), ("windows", FLAGS.windows, 1, "1 or more"),
+      ("steps", FLAGS.steps, 0, "0 (as many as fill --window_seconds) or more"),
+      ("warmup_steps", FLAGS.warmup_steps, 0, "0 or more"),
+      ("batch_size", FLAGS.batch_size, 0, "0 (each row's default) or more")):
+    if value < least:
+      errors.usage_error(tool, "--%s: %d; use %s" % (name, value, meaning))
+  return [int(s) for s in FLAGS.seq_lengths]
+
+
+def failed_cells_line(count, total, out_dir):
+  """The closing line of a run some of whose measurements failed (the exit status is 1)."""
+  return ("%d of %d measurements failed; their cells say why and name their logs in %s"
+          % (count, total, os.path.join(out_dir, "logs")))
+
+
+def run_benchmark():
+  seq_lengths = check_flags("benchmark")
   if not FLAGS.optimizers or not set(FLAGS.optimizers) <= {"lamb", "adam"}:
     errors.usage_error("benchmark", "--optimizers: %r; use lamb and/or adam, e.g. "
                        "--optimizers=lamb,adam" % ",".join(FLAGS.optimizers))
-  if FLAGS.rounds < 1:
-    errors.usage_error("benchmark", "--rounds: %d; use 1 or more" % FLAGS.rounds)
-  for sub in ("logs", "data"):
-    if not os.path.isdir(os.path.join(FLAGS.out_dir, sub)):
-      os.makedirs(os.path.join(FLAGS.out_dir, sub))
+  errors.make_output_folders("benchmark", "--out_dir", FLAGS.out_dir, ("logs", "data"))
 
   load_at_start = os.getloadavg()[0]
   with_google = not FLAGS.skip_google and google_peer.available()
@@ -866,7 +882,13 @@ def run_benchmark():
   for line in card.published_lines(written):
     print("Published beside ours: " + line)
   print("Written: %s/benchmark.md, benchmark.json, benchmark_card.json%s"
-        % (FLAGS.out_dir, ", benchmark.png" if drawn else ""))
+        % (FLAGS.out_dir, ", benchmark.png" if drawn else ""), flush=True)
+  measured = [r[side] for r in rows for side, _ in SIDES if r[side]] + [
+      r["ours"] for r in large]
+  failed = sum("error" in m for m in measured)
+  if failed:
+    errors.print_error("benchmark", failed_cells_line(failed, len(measured), FLAGS.out_dir))
+    sys.exit(1)
 
 
 def row_config(row, side):

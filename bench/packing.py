@@ -183,7 +183,7 @@ def markdown(rows):
 
 
 def run():
-  os.makedirs(os.path.join(FLAGS.out_dir, "logs"), exist_ok=True)
+  """Makes the data, measures every row and writes the table; returns the rows."""
   seq_lengths = [int(s) for s in FLAGS.seq_lengths]
   data = prepare_data(os.path.join(FLAGS.out_dir, "data"), seq_lengths)
   benchmark.log("CPU: %s" % benchmark.card.cpu_description())
@@ -200,6 +200,7 @@ def run():
   with open(os.path.join(FLAGS.out_dir, "packing.json"), "w") as f:
     json.dump(rows, f, indent=1)
   print(table)
+  return rows
 
 
 def main(argv):
@@ -208,18 +209,21 @@ def main(argv):
   if FLAGS.layout_row:
     layout_worker(json.loads(FLAGS.layout_row))
     return 0
-  unknown = [s for s in FLAGS.seq_lengths if int(s) not in BATCH_SIZES]
-  if unknown or FLAGS.dump_mb < 1:
-    print("bench.packing: error: %s; pass --seq_lengths of 128 and 512 and --dump_mb of 1 or "
-          "more" % ("--seq_lengths=%s" % ",".join(unknown) if unknown
-                    else "--dump_mb=%d" % FLAGS.dump_mb), file=sys.stderr)
-    return 2
+  benchmark.check_flags("bench.packing")
+  if FLAGS.dump_mb < 1:
+    errors.usage_error("bench.packing", "--dump_mb=%d; pass 1 or more" % FLAGS.dump_mb)
+  errors.make_output_folders("bench.packing", "--out_dir", FLAGS.out_dir, ("logs",))
   from bert_pretrain.wiki import workdir  # pylint: disable=g-import-not-at-top
   try:
-    run()
+    rows = run()
   except workdir.PrepareError as e:
     print("bench.packing: error: %s" % e, file=sys.stderr)
     return 2
+  failed = sum(r["fps"][side] is None for r in rows for side in SIDES)
+  if failed:
+    errors.print_error("bench.packing", benchmark.failed_cells_line(
+        failed, len(rows) * len(SIDES), FLAGS.out_dir))
+    return 1
   return 0
 
 

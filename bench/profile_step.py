@@ -158,6 +158,17 @@ def print_profile(by_part, by_type, wall_s, steps):
 def main(argv):
   if len(argv) > 1:
     errors.unexpected_arguments("profile_step", argv[1:])
+  # Before the data and the graph, which take minutes at BERT-base's size.
+  if FLAGS.config not in benchmark.CONFIGS:
+    errors.usage_error("profile_step", "--config: unknown %r; use %s" % (
+        FLAGS.config, ", ".join(benchmark.CONFIGS)))
+  if FLAGS.seq not in benchmark.PREDICTIONS:
+    errors.usage_error("profile_step", "--seq: %d is not one of %s" % (
+        FLAGS.seq, ", ".join(map(str, sorted(benchmark.PREDICTIONS)))))
+  for name, value, least in (("batch", FLAGS.batch, 1), ("traced_steps", FLAGS.traced_steps, 1),
+                             ("warmup_steps", FLAGS.warmup_steps, 0)):
+    if value < least:
+      errors.usage_error("profile_step", "--%s: %d; use %d or more" % (name, value, least))
   row = dict(config=FLAGS.config, seq=FLAGS.seq, preds=benchmark.PREDICTIONS[FLAGS.seq],
              batch=FLAGS.batch, precision=FLAGS.precision, intra=FLAGS.intra_threads,
              inter=FLAGS.inter_threads, xla=FLAGS.xla,

@@ -133,12 +133,73 @@ def log(message):
   print("[scaling] " + message, file=sys.stderr, flush=True)
 
 
+# What a Ctrl-C or SIGTERM leaves to end: the running subprocesses (horovodrun ends its
+# ranks on SIGTERM) and the runs' output folders in the temporary folder.
+_CHILDREN = []
+_FOLDERS = []
+# Seconds a child has to end after SIGTERM before it is killed.
+STOP_SECONDS = 30
+
+
+def start_child(command, **kwargs):
+  _CHILDREN.append(subprocess.Popen(command, **kwargs))
+  return _CHILDREN[-1]
+
+
+def wait_child(process):
+  status = process.wait()
+  _CHILDREN.remove(process)
+  return status
+
+
+def run_child(command, **kwargs):
+  """subprocess.call, the child ended with this process when it is stopped."""
+  return wait_child(start_child(command, **kwargs))
+
+
+def temporary_folder(prefix):
+  _FOLDERS.append(tempfile.mkdtemp(prefix=prefix))
+  return _FOLDERS[-1]
+
+
+def remove_folder(folder):
+  shutil.rmtree(folder, ignore_errors=True)
+  _FOLDERS.remove(folder)
+
+
+def end_children():
+  """SIGTERM to the running subprocesses, SIGKILL to those alive STOP_SECONDS later; then
+  removes the runs' folders."""
+  for process in _CHILDREN:
+    if process.poll() is None:
+      process.terminate()
+  for process in list(_CHILDREN):
+    try:
+      process.wait(STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()
+    _CHILDREN.remove(process)
+  for folder in list(_FOLDERS):
+    remove_folder(folder)
+
+
+def check_child(status, what, log_path):
+  """A preparation's subprocess that failed: one line naming its log, exit status 1."""
+  if status != 0:
+    errors.print_error("scaling", "%s failed (exit status %d); see %s" % (what, status,
+                                                                        log_path))
+    sys.exit(1)
+
+
 def prepare_demo(cache_dir):
   """The demo's vocab, TFRecords, bert_config.json and init checkpoint (cached)."""
-  with open(os.path.join(FLAGS.out_dir, "logs", "scaling-demo.log"), "w") as log_file:
-    subprocess.check_call([sys.executable, "-m", "bert_pretrain.demo",
+  log_path = os.path.join(FLAGS.out_dir, "logs", "scaling-demo.log")
+  with open(log_path, "w") as log_file:
+    check_child(run_child([sys.executable, "-m", "bert_pretrain.demo",
                            "--demo_cache_dir=" + cache_dir], cwd=ROOT, env=run_env(),
-                          stdout=log_file, stderr=subprocess.STDOUT)
+                          stdout=log_file, stderr=subprocess.STDOUT),
+                "the demo's data (python3 -m bert_pretrain.demo)", log_path)
   medium_config = os.path.join(cache_dir, "bert_config_medium.json")
   with open(medium_config, "w") as f:
     json.dump(MEDIUM_CONFIG, f, indent=2)
@@ -199,7 +260,7 @@ def training_commands(engine, ranks, cache_dir, config_file, init_checkpoint, ou
 def start_training(model, ranks, cache_dir, config_file, init_checkpoint, settings, tag,
                    engine="horovod"):
   """Starts one training run; returns (processes, log path of the first, output dir)."""
-  output_dir = tempfile.mkdtemp(prefix="scaling-%s-%s-" % (model, tag))
+  output_dir = temporary_folder("scaling-%s-%s-" % (model, tag))
   log_path = os.path.join(FLAGS.out_dir, "logs", "scaling-%s-%s.log" % (model, tag))
   processes = []
   for i, (command, env) in enumerate(training_commands(
@@ -207,16 +268,16 @@ def start_training(model, ranks, cache_dir, config_file, init_checkpoint, settin
     log("%s, %s: %s%s" % (model, tag, "".join("%s=%s " % kv for kv in env.items()),
                           " ".join(command)))
     with open(log_path if i == 0 else "%s.%d" % (log_path, i), "w") as log_file:
-      processes.append(subprocess.Popen(command, cwd=ROOT, env=dict(run_env(), **env),
-                                        stdout=log_file, stderr=subprocess.STDOUT))
+      processes.append(start_child(command, cwd=ROOT, env=dict(run_env(), **env),
+                                   stdout=log_file, stderr=subprocess.STDOUT))
   return processes, log_path, output_dir
 
 
 def finish_training(processes, log_path, output_dir):
   """Waits for a run; returns its FPS (all ranks) and the time of its evaluation, or an
   error."""
-  status = max(process.wait() for process in processes)
-  shutil.rmtree(output_dir, ignore_errors=True)
+  status = max([wait_child(process) for process in processes])
+  remove_folder(output_dir)
   with open(log_path) as f:
     text = f.read()
   found, eval_time = THROUGHPUT.findall(text), EVAL_TIME.findall(text)
@@ -311,16 +372,16 @@ def make_records(cache_dir, seq):
     return os.path.join(cache_dir, "train")
   folder = os.path.join(cache_dir, "train%d" % seq)
   if not os.path.isdir(folder):
-    with open(os.path.join(FLAGS.out_dir, "logs", "scaling-records%d.log" % seq),
-              "w") as log_file:
-      subprocess.check_call(
+    log_path = os.path.join(FLAGS.out_dir, "logs", "scaling-records%d.log" % seq)
+    with open(log_path, "w") as log_file:
+      check_child(run_child(
           [sys.executable, "-m", "bert_pretrain.create_pretraining_data",
            "--input_file=" + os.path.join(cache_dir, "text", "train.txt"),
            "--output_file=" + os.path.join(folder + ".tmp", "part-00000-of-00001"),
            "--vocab_file=" + os.path.join(cache_dir, "vocab.txt"),
            "--max_seq_length=%d" % seq, "--max_predictions_per_seq=%d" % PREDICTIONS[seq],
            "--dupe_factor=1"], cwd=ROOT, env=run_env(), stdout=log_file,
-          stderr=subprocess.STDOUT)
+          stderr=subprocess.STDOUT), "the records of sequence %d" % seq, log_path)
     os.rename(folder + ".tmp", folder)
   return folder
 
@@ -329,16 +390,16 @@ def try_batch(model, config_file, train_dir, seq, batch, limit_gib):
   """One training step of `batch` sequences in one process: "fits", "out of memory" (or
   "out of memory (crash)", below) or another failure ("exit status N, see LOG")."""
   def run(env, tag):
-    output_dir = tempfile.mkdtemp(prefix="scaling-%s-max-batch-" % model)
+    output_dir = temporary_folder("scaling-%s-max-batch-" % model)
     log_path = os.path.join(FLAGS.out_dir, "logs",
                             "scaling-%s-seq%d-b%d%s.log" % (model, seq, batch, tag))
     command = pretraining_command(train_dir, config_file, output_dir, seq, batch, 1, 0) + [
         "--nodo_eval", "--intra_op_threads=%d" % FLAGS.intra_op_threads,
         "--inter_op_threads=%d" % FLAGS.inter_op_threads]
     with open(log_path, "w") as log_file:
-      status = subprocess.call(command, cwd=ROOT, env=env, stdout=log_file,
-                               stderr=subprocess.STDOUT)
-    shutil.rmtree(output_dir, ignore_errors=True)
+      status = run_child(command, cwd=ROOT, env=env, stdout=log_file,
+                         stderr=subprocess.STDOUT)
+    remove_folder(output_dir)
     with open(log_path) as f:
       return status, f.read(), log_path
 
@@ -511,9 +572,58 @@ def main(argv):
   for value in FLAGS.batch_sizes:
     if not value.isdigit() or int(value) < 1:
       errors.usage_error("scaling", "--batch_sizes: %r is not a positive whole number" % value)
-  for sub in ("logs", "scaling_demo"):
-    if not os.path.isdir(os.path.join(FLAGS.out_dir, sub)):
-      os.makedirs(os.path.join(FLAGS.out_dir, sub))
+  for model in FLAGS.models:
+    if "engines" in FLAGS.tables or "speed" in FLAGS.tables:
+      _, steps, warmup, _ = model_settings(model)
+      # The first update after the warm-up is traced and left out too; with no update
+      # after it the run's FPS is the average with the warm-up's overhead.
+      if steps < warmup + 2:
+        errors.usage_error("scaling", "--num_train_steps: %s's runs train %d steps, which "
+                           "leaves no update after the %d warm-up steps (--fps_warmup_steps) "
+                           "and the traced one; pass --num_train_steps=%d or more, or a "
+                           "lower --fps_warmup_steps" % (model, steps, warmup, warmup + 2))
+  check_horovod_args(FLAGS.horovod_args.split(), launch.horovodrun_options())
+  errors.make_output_folders("scaling", "--out_dir", FLAGS.out_dir, ("logs", "scaling_demo"))
+  errors.stop_on_sigterm()
+  try:
+    failed, total = measure()
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    end_children()
+    sys.exit(errors.stopped_by_signal(
+        "scaling", e, "its training runs are ended and their temporary folders removed; "
+        "run the same command again (the demo's data in %s is kept)"
+        % os.path.join(FLAGS.out_dir, "scaling_demo")))
+  finally:
+    end_children()
+  if failed:
+    errors.print_error("scaling", "%d of %d measurements failed; their cells say why and "
+                       "name their logs in %s" % (failed, total,
+                                                  os.path.join(FLAGS.out_dir, "logs")))
+    sys.exit(1)
+
+
+def check_horovod_args(words, options):
+  """Refuses --horovod_args words that horovodrun does not take (options: launch's
+  horovodrun_options(); {} where Horovod does not import, and the runs will say so)."""
+  if not options:
+    return
+  index = 0
+  while index < len(words):
+    option = words[index].split("=", 1)[0]
+    if option not in options:
+      errors.usage_error("scaling", "--horovod_args: %s is no option of horovodrun; pass "
+                         "its options (horovodrun --help lists them), e.g. "
+                         "--horovod_args=--gloo" % words[index])
+    takes_value = options[option] and "=" not in words[index]
+    if takes_value and index + 1 == len(words):
+      errors.usage_error("scaling", "--horovod_args: horovodrun's %s takes a value; pass "
+                         "it after the option, e.g. --horovod_args='--gloo %s VALUE'"
+                         % (option, option))
+    index += 2 if takes_value else 1
+
+
+def measure():
+  """Runs the tables' jobs and writes them; returns (measurements failed, measured)."""
   load_average = os.getloadavg()[0]
   cache_dir = os.path.join(FLAGS.out_dir, "scaling_demo")
   models = prepare_demo(cache_dir)
@@ -555,7 +665,11 @@ def main(argv):
   written = write_card(results, models)
   for line in card.published_lines(written):
     print("Published beside ours: " + line)
-  print("Written: %s/scaling.md, scaling.json, scaling_card.json" % FLAGS.out_dir)
+  print("Written: %s/scaling.md, scaling.json, scaling_card.json" % FLAGS.out_dir,
+        flush=True)
+  measured = [r for row in results["engines"] + results["speed"] for r in row["runs"].values()
+              ] + results["max_batch"]
+  return sum("error" in r for r in measured), len(measured)
 
 
 def run_config(model, config_file, init_checkpoint, ranks, engine, batch, precision, steps,

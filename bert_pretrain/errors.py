@@ -96,6 +96,22 @@ def usage_error(tool, message):
   sys.exit(2)
 
 
+def make_output_folders(tool, flag, folder, subfolders=()):
+  """Makes `folder` and its subfolders and writes a file in each, or usage_error in one
+  line naming the folder: a bad path (under a file, in /proc, read-only) is said before
+  any work, not by a traceback once the work is done."""
+  for path in [folder] + [os.path.join(folder, sub) for sub in subfolders]:
+    try:
+      os.makedirs(path, exist_ok=True)
+      probe = os.path.join(path, ".write-test-%d" % os.getpid())
+      with open(probe, "w"):
+        pass
+      os.remove(probe)
+    except OSError as e:
+      usage_error(tool, "%s=%s: cannot write %s (%s); pass a folder you can write to" % (
+          flag, folder, e.filename or path, e.strerror or e))
+
+
 def run_main(tool, main):
   """absl's app.run(main), with a bad command line (an unknown flag, a value of the wrong
   kind, a required flag missing) one line `TOOL: error: ...` and exit status 2, the

@@ -112,6 +112,53 @@ def test_a_negative_window_sequences_is_refused_before_any_work(tmp_path):
   assert not os.path.exists(str(tmp_path / "out"))
 
 
+def run_tool(module, *args, env=None, timeout=300):
+  return subprocess.run([sys.executable, "-m", module] + list(args),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        universal_newlines=True, cwd=ROOT, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("module, flag, line", [
+    ("bench.benchmark", "--windows=0", "benchmark: error: --windows: 0; use 1 or more"),
+    ("bench.benchmark", "--batch_size=-1",
+     "benchmark: error: --batch_size: -1; use 0 (each row's default) or more"),
+    ("bench.benchmark", "--steps=-2",
+     "benchmark: error: --steps: -2; use 0 (as many as fill --window_seconds) or more"),
+    ("bench.packing", "--precisions=fp16",
+     "bench.packing: error: --precisions: 'fp16' is not fp32 or amp"),
+    ("bench.packing", "--configs=huge",
+     "bench.packing: error: --configs: unknown 'huge'; use tiny,mini,small,medium,base"),
+    ("bench.packing", "--windows=0", "bench.packing: error: --windows: 0; use 1 or more"),
+    ("bench.profile_step", "--config=huge", "profile_step: error: --config: unknown 'huge'; "
+     "use tiny, mini, small, medium, base, large"),
+    ("bench.profile_step", "--seq=256", "profile_step: error: --seq: 256 is not one of 128, 512"),
+    ("bench.profile_step", "--traced_steps=0",
+     "profile_step: error: --traced_steps: 0; use 1 or more"),
+    ("bench.profile_step", "--batch=0", "profile_step: error: --batch: 0; use 1 or more"),
+])
+def test_flags_that_would_measure_nothing_are_refused_in_one_line_before_any_work(
+    tmp_path, module, flag, line):
+  out_dir = tmp_path / "out"
+  result = run_tool(module, flag, "--out_dir=" + str(out_dir))
+  assert (result.returncode, result.stdout.splitlines()) == (2, [line])
+  assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("module", ["bench.benchmark", "bench.packing"])
+def test_an_out_dir_that_cannot_be_written_is_said_in_one_line_before_any_work(tmp_path,
+                                                                               module):
+  in_the_way = tmp_path / "a-file"
+  in_the_way.write_text("")
+  for out_dir in (str(in_the_way / "out"), "/proc/benchmark-out"):
+    result = run_tool(module, "--out_dir=" + out_dir)
+    assert result.returncode == 2, result.stdout
+    assert result.stdout.splitlines() == [
+        "%s: error: --out_dir=%s: cannot write %s (%s); pass a folder you can write to" % (
+            module.replace("bench.benchmark", "benchmark"), out_dir, out_dir,
+            "Not a directory" if out_dir.startswith(str(tmp_path)) else
+            "No such file or directory")]
+
+
 @pytest.fixture(scope="module")
 def bench_out(bench_module, tmp_path_factory):
   """An --out_dir whose data/ holds the benchmark's seq-128 TFRecords."""
@@ -245,6 +292,21 @@ def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
   assert lamb["config"]["compute"] == "float32" and lamb["config"]["batch"] == 16
   assert lamb["config_hash"] != adam["config_hash"]
   assert ("tiny-seq128-fp32 Google" in entries) == google_peer.available()
+
+
+def test_a_run_whose_measurements_failed_writes_its_table_and_exits_1(bench_out, tmp_path):
+  os.symlink(os.path.join(bench_out, "data"), str(tmp_path / "data"))
+  # Every worker is stopped before it has imported TensorFlow.
+  result = run_tool("bench.benchmark", "--configs=tiny", "--seq_lengths=128",
+                    "--precisions=fp32", "--skip_peer", "--skip_google", "--skip_large",
+                    "--rounds=1", "--windows=1", "--row_timeout=1", "--out_dir=" + str(tmp_path))
+  assert result.returncode == 1, result.stdout[-3000:]
+  assert result.stdout.splitlines()[-1] == (
+      "benchmark: error: 2 of 2 measurements failed; their cells say why and name their "
+      "logs in %s" % (tmp_path / "logs"))
+  table = (tmp_path / "benchmark.md").read_text()
+  assert "| tiny | 128 | 16 | fp32 | " in table
+  assert table.count("failed: timed out after 1 s") == 2
 
 
 def test_the_card_gives_spread_over_repeats_and_a_hash_of_the_config_alone():
@@ -408,6 +470,38 @@ def test_the_packing_benchmark_times_padded_unpadded_and_packed_wikipedia_record
   assert re.search(r"^\| tiny \| 128 \| fp32 \| off \| 16 \(\d+ at [\d.]+ a pack\) \| "
                    r"[\d.]+% / [\d.]+% \|.*x \| [\d.]+x \|$", table, re.M), table
   assert table.splitlines()[0] in result.stdout  # the CPU line
+
+
+def test_the_data_benchmark_times_every_step_and_the_baseline_and_leaves_no_temporary_files(
+    tmp_path):
+  from bert_pretrain.data import tokenization
+  vocab = str(tmp_path / "vocab.txt")
+  tokenization.build_wordpiece_vocab([os.path.join(ROOT, "tests", "data", "wiki_sample.xml")],
+                                     2000, vocab)
+  temporary = tmp_path / "tmp"
+  temporary.mkdir()
+  result = run_tool("bench.benchmark_data", "--synthesize_mb=0.3", "--jobs=1",
+                    "--vocab=" + vocab, "--baseline_mb=0.05", "--dupe_factor=1",
+                    "--max_seq_length=128", "--max_predictions_per_seq=20", "--num_shards=2",
+                    "--num_eval_articles=4", "--num_eval_samples=5",
+                    env=dict(os.environ, TMPDIR=str(temporary)))
+  assert result.returncode == 0, result.stdout[-3000:]
+  steps = re.findall(r"^(\w+) +[\d.]+ +[\d.]+ ", result.stdout, re.M)
+  # Every step of MLCommons' data; step pack (packed records, ours) is left out.
+  assert steps == ["extract", "clean", "segment", "shard", "tfrecords", "eval", "manifest",
+                   "total"]
+  instances = [int(n) for n in re.findall(r"^(?:baseline|ours) \(.*?\) +[\d.]+ +[\d.]+ "
+                                          r"+\d+ +(\d+) ", result.stdout, re.M)]
+  assert len(instances) == 2 and min(instances) > 0, result.stdout[-3000:]
+  assert "speed-up of ours over the baseline" in result.stdout
+  assert not os.listdir(str(temporary))
+
+
+def test_the_data_benchmark_without_a_dump_says_how_to_give_one():
+  result = run_tool("bench.benchmark_data", "--jobs=1")
+  assert (result.returncode, result.stdout.splitlines()[-1:]) == (2, [
+      "benchmark_data: error: no dump to measure on; pass --dump=<a MediaWiki dump> or "
+      "--synthesize_mb=<MB> (one built from --synthesize_from)"])
 
 
 def test_the_step_profile_lists_what_the_backward_pass_keeps(bench_out):

@@ -1,12 +1,16 @@
 """bench/scaling.py: a tiny 1-rank and 2-rank run with each engine gives FPS and eval
 times; the speed table by ranks, precision and batch; the search for the largest batch
-that fits, with real out-of-memory failures and with fakes."""
+that fits, with real out-of-memory failures and with fakes; the flags refused before any
+work, the exit status of a run whose trainings failed, and what a stopped run cleans up."""
 
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -183,3 +187,97 @@ def test_repeated_runs_give_the_mean_and_every_run_or_the_first_error():
   assert found[0] == {"fps": 12.0, "eval_s": 1.0, "compute": "float32",
                       "fps_runs": [10.0, 12.0, 14.0]}
   assert found[1] == {"error": "exit status 1, see x.log"}
+
+
+def run_scaling(*args, env=None, timeout=300):
+  return subprocess.run([sys.executable, "-m", "bench.scaling"] + list(args),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        universal_newlines=True, cwd=ROOT, timeout=timeout,
+                        env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--models=tiny", "--num_train_steps=11"],
+     "scaling: error: --num_train_steps: tiny's runs train 11 steps, which leaves no update "
+     "after the 10 warm-up steps (--fps_warmup_steps) and the traced one; pass "
+     "--num_train_steps=12 or more, or a lower --fps_warmup_steps"),
+    (["--models=medium", "--tables=speed", "--fps_warmup_steps=30"],
+     "scaling: error: --num_train_steps: medium's runs train 24 steps, which leaves no update "
+     "after the 30 warm-up steps (--fps_warmup_steps) and the traced one; pass "
+     "--num_train_steps=32 or more, or a lower --fps_warmup_steps"),
+    (["--horovod_args=--gloo --bogus"],
+     "scaling: error: --horovod_args: --bogus is no option of horovodrun; pass its options "
+     "(horovodrun --help lists them), e.g. --horovod_args=--gloo"),
+    (["--horovod_args=--gloo -p"],
+     "scaling: error: --horovod_args: horovodrun's -p takes a value; pass it after the "
+     "option, e.g. --horovod_args='--gloo -p VALUE'"),
+])
+def test_a_run_that_could_not_measure_what_it_says_is_refused_in_one_line_before_any_work(
+    tmp_path, args, line):
+  out_dir = tmp_path / "out"
+  result = run_scaling(*(args + ["--out_dir=" + str(out_dir)]))
+  assert (result.returncode, result.stdout.splitlines()) == (2, [line])
+  assert not out_dir.exists()
+
+
+def test_an_out_dir_under_a_file_is_said_in_one_line_before_any_work(tmp_path):
+  (tmp_path / "a-file").write_text("")
+  out_dir = str(tmp_path / "a-file" / "out")
+  result = run_scaling("--out_dir=" + out_dir)
+  assert (result.returncode, result.stdout.splitlines()) == (2, [
+      "scaling: error: --out_dir=%s: cannot write %s (Not a directory); pass a folder you "
+      "can write to" % (out_dir, out_dir)])
+
+
+@pytest.fixture(scope="module")
+def demo_out(tmp_path_factory):
+  """An --out_dir whose scaling_demo/ holds the demo's data."""
+  out_dir = tmp_path_factory.mktemp("scaling-demo")
+  subprocess.run([sys.executable, "-m", "bert_pretrain.demo",
+                  "--demo_cache_dir=" + str(out_dir / "scaling_demo")], check=True,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, timeout=600,
+                 env=dict(os.environ, PYTHONPATH=ROOT))
+  return out_dir
+
+
+ONE_HOROVOD_ROW = ["--models=tiny", "--tables=engines", "--engines=horovod", "--noindependent",
+                   "--train_batch_size=4"]
+
+
+def test_a_run_whose_trainings_failed_writes_its_table_and_exits_1(demo_out, tmp_path):
+  out_dir = tmp_path / "out"
+  shutil.copytree(str(demo_out), str(out_dir))
+  for name in os.listdir(str(out_dir / "scaling_demo" / "train")):
+    (out_dir / "scaling_demo" / "train" / name).write_text("not a TFRecord")
+  result = run_scaling(*(ONE_HOROVOD_ROW + ["--num_train_steps=12", "--out_dir=" + str(out_dir)]),
+                       timeout=600)
+  assert result.returncode == 1, result.stdout[-3000:]
+  assert result.stdout.splitlines()[-1] == (
+      "scaling: error: 2 of 2 measurements failed; their cells say why and name their logs "
+      "in %s" % (out_dir / "logs"))
+  assert (out_dir / "scaling.md").read_text().count("failed: exit status") == 2
+
+
+@pytest.mark.parametrize("stop, status, line", [
+    (signal.SIGTERM, 143, "scaling: terminated (SIGTERM); "),
+    (signal.SIGINT, 1, "scaling: interrupted; ")])
+def test_a_stopped_run_ends_its_training_and_removes_its_folders(demo_out, tmp_path, stop,
+                                                                 status, line):
+  temporary = tmp_path / "tmp"
+  temporary.mkdir()
+  process = subprocess.Popen(
+      [sys.executable, "-m", "bench.scaling"] + ONE_HOROVOD_ROW + [
+          "--num_train_steps=100000", "--out_dir=" + str(demo_out)],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, cwd=ROOT,
+      env=dict(os.environ, PYTHONPATH=ROOT, TMPDIR=str(temporary)))
+  training = lambda: subprocess.run(["pgrep", "-f", "run_pretraining.*" + str(temporary)],
+                                    stdout=subprocess.PIPE).stdout.split()
+  deadline = time.time() + 300
+  while not training() and process.poll() is None and time.time() < deadline:
+    time.sleep(0.5)
+  assert os.listdir(str(temporary)) and training()
+  process.send_signal(stop)
+  out = process.communicate(timeout=120)[0]
+  assert process.returncode == status, out[-3000:]
+  assert out.splitlines()[-1].startswith(line + "its training runs are ended"), out[-3000:]
+  assert not os.listdir(str(temporary)) and not training()

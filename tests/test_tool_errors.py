@@ -133,6 +133,7 @@ STRAY_WORDS = {
     "export": ["bert_pretrain.export", "--checkpoint=c", "--bert_config_file=b",
                "--vocab_file=v", "--output_dir=o", "false"],
     "benchmark": ["bench.benchmark", "--noxla", "false"],
+    "benchmark_data": ["bench.benchmark_data", "--synthesize_mb=1", "false"],
     "run_classifier": ["bert_pretrain.run_classifier", "--amp", "false"],
     "create_pretraining_data": ["bert_pretrain.create_pretraining_data", "--input_file=i",
                                 "--output_file=o", "--vocab_file=v", "false"],
