@@ -493,6 +493,20 @@ def new_output_dir(root="results"):
       number += 1
 
 
+def run_cache_dir(pretrained_dir):
+  """The cache a run's earlier fine-tune took its task from (its run marker's data_dir,
+  <cache>/word_order), if it is still there: a run made with another --demo_cache_dir
+  fine-tunes again from that one, not from a cache built anew."""
+  try:
+    marker = checkpoints.read_run_marker(os.path.join(pretrained_dir, "finetune-random"))
+  except ValueError:  # damaged: the fine-tune says so itself
+    return None
+  data_dir = (marker or {}).get("data_dir")
+  if not data_dir or not os.path.isdir(data_dir):
+    return None
+  return os.path.dirname(data_dir)
+
+
 def main(argv):
   del argv
   tf.logging.set_verbosity(tf.logging.ERROR)
@@ -505,7 +519,10 @@ def main(argv):
       return 0
     if not FLAGS.finetune_from:
       raise ValueError("--finetune_from is empty; pass the pretraining run's output_dir")
-    finetune(FLAGS.demo_cache_dir, FLAGS.finetune_from,
+    cache_dir = FLAGS.demo_cache_dir
+    if not FLAGS["demo_cache_dir"].present:
+      cache_dir = run_cache_dir(FLAGS.finetune_from) or cache_dir
+    finetune(cache_dir, FLAGS.finetune_from,
              {k: getattr(FLAGS, "finetune_" + k) for k in ("bert_config_file", "vocab_file")
               if getattr(FLAGS, "finetune_" + k)})
     return 0

@@ -223,7 +223,8 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
                            "--checkpoint")
   with open(vocab_file, encoding="utf-8") as f:
     vocab_size = sum(1 for _ in f)
-  if vocab_size != bert_config.vocab_size:
+  # A vocab_size above the vocab's tokens is padding (NVIDIA's 30528), as in training.
+  if vocab_size > bert_config.vocab_size:
     raise ExportError("%s has %d tokens but vocab_size is %d in %s; pass the matching vocab "
                       "and config" % (vocab_file, vocab_size, bert_config.vocab_size,
                                       bert_config_file))

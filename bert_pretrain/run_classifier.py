@@ -78,14 +78,21 @@ FLAGS = flags.FLAGS
 LABELS_FILE = "labels.txt"  # Written beside a fine-tuned checkpoint: its labels in id order.
 
 
+def fine_tune_labels_file(init_checkpoint):
+  """The labels.txt of the fine-tuned checkpoint evaluated without training, or None."""
+  if FLAGS.do_train or not init_checkpoint:
+    return None
+  path = os.path.join(os.path.dirname(init_checkpoint), LABELS_FILE)
+  return path if os.path.isfile(path) else None
+
+
 def task_labels(init_checkpoint):
   """The labels in id order: those a fine-tuned checkpoint was trained with (its
   labels.txt) when it is evaluated without training, else the task's."""
-  if not FLAGS.do_train and init_checkpoint:
-    path = os.path.join(os.path.dirname(init_checkpoint), LABELS_FILE)
-    if os.path.isfile(path):
-      with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f if line.strip()]
+  path = fine_tune_labels_file(init_checkpoint)
+  if path:
+    with open(path, encoding="utf-8") as f:
+      return [line.rstrip("\n") for line in f if line.strip()]
   # The labels come from train.tsv: one that is not labels (a header line, swapped
   # columns) is refused here, before a head of its size is checked or trained.
   return classifier_data.task_labels(
@@ -93,13 +100,13 @@ def task_labels(init_checkpoint):
       warn=lambda line: print("run_classifier: warning: " + line, file=sys.stderr))
 
 
-def read_task(tokenizer, splits, labels):
+def read_task(tokenizer, splits, labels, labels_from):
   """Per split asked for, (examples, features): every file is read and checked first,
-  then tokenized."""
+  then tokenized (labels_from: where the labels came from, for an error)."""
   examples = {}
   for split in splits:
     examples[split] = classifier_data.read_examples(FLAGS.task_name, FLAGS.data_dir, split,
-                                                    labels)
+                                                    labels, labels_from)
     if not examples[split]:
       raise ValueError("%s has no examples; pass a --data_dir whose %s split has some"
                        % (classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir, split),
@@ -179,9 +186,11 @@ def check_flags():
     checkpoints.check_config(init_checkpoint, bert_config,
                              "--bert_config_file=%s" % FLAGS.bert_config_file)
     check_head(init_checkpoint, len(labels), bert_config.hidden_size)
+    check_fine_tune_vocab(init_checkpoint)
   splits = [s for s, wanted in (("train", FLAGS.do_train), ("dev", FLAGS.do_eval),
                                 ("test", FLAGS.do_predict)) if wanted]
-  data = read_task(tokenizer, splits, labels)
+  data = read_task(tokenizer, splits, labels,
+                   fine_tune_labels_file(init_checkpoint) or "train.tsv")
   if FLAGS.do_train:
     present = sorted(set(example.label for example in data["train"][0]))
     if len(present) < 2:
@@ -191,6 +200,21 @@ def check_flags():
                        % (classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir, "train"),
                           present[0], len(data["train"][0])))
   return bert_config, init_checkpoint, labels, data
+
+
+def check_fine_tune_vocab(init_checkpoint):
+  """Refuses a vocab or casing other than those a fine-tuned --init_checkpoint was
+  trained with (its run marker records them): its ids would name other tokens."""
+  earlier = checkpoints.read_run_marker(os.path.dirname(init_checkpoint)) or {}
+  if earlier.get("tool") != "run_classifier":
+    return
+  if earlier.get("vocab_sha256") not in (None, file_digest(FLAGS.vocab_file)["sha256"]):
+    raise ValueError("--vocab_file=%s is not the vocab the fine-tune --init_checkpoint=%s "
+                     "was trained with (another sha256): its ids would name other tokens; "
+                     "pass that vocab.txt" % (FLAGS.vocab_file, init_checkpoint))
+  if earlier.get("do_lower_case") not in (None, FLAGS.do_lower_case):
+    raise ValueError("--init_checkpoint=%s was fine-tuned with --%sdo_lower_case; pass the "
+                     "same" % (init_checkpoint, "" if earlier["do_lower_case"] else "no"))
 
 
 def train_steps(num_examples, replicas):

@@ -15,6 +15,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import demo
 from bert_pretrain.data import records
+from bert_pretrain.training import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -128,6 +129,20 @@ def test_the_downstream_step_prints_the_baseline_and_both_word_order_accuracies(
   for name in ("finetune-model.ckpt-2", "finetune-random"):
     assert os.path.isfile(os.path.join(short_demo_run["output_dir"], name,
                                        "eval_results.txt"))
+
+
+def test_fine_tuning_a_run_again_takes_the_cache_its_first_fine_tune_read(tmp_path):
+  """A run made with another --demo_cache_dir: `demo --finetune_from=RUN` alone fine-tunes
+  from that cache, not from ./demo_cache built anew (whose task its fine-tunes refuse)."""
+  run = tmp_path / "results" / "demo-1"
+  (run / "finetune-random").mkdir(parents=True)
+  assert demo.run_cache_dir(str(run)) is None  # no fine-tune yet: the flag's default
+  task = tmp_path / "other_cache" / "word_order"
+  checkpoints.write_run_marker(str(run / "finetune-random"),
+                               {"tool": "run_classifier", "data_dir": str(task)})
+  assert demo.run_cache_dir(str(run)) is None  # the cache is gone
+  task.mkdir(parents=True)
+  assert demo.run_cache_dir(str(run)) == str(tmp_path / "other_cache")
 
 
 def _listing(folder):

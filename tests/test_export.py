@@ -138,16 +138,24 @@ def test_transformers_gives_our_models_logits_on_the_same_input(trained_like):
   assert tokenizer.convert_tokens_to_ids("tok42") == 42
 
 
-def test_a_vocab_of_another_size_is_a_one_line_error(trained_like, tmp_path):
+def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_padded_one_exports(
+    trained_like, tmp_path):
   vocab = tmp_path / "vocab.txt"
-  vocab.write_text("[PAD]\n[UNK]\n")
+  vocab.write_text(_vocab_text(601))
   result = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
                        vocab, tmp_path / "out")
   assert result.returncode == 2
   assert result.stderr.strip() == (
-      "export: error: %s has 2 tokens but vocab_size is 600 in %s; pass the matching vocab "
+      "export: error: %s has 601 tokens but vocab_size is 600 in %s; pass the matching vocab "
       "and config" % (vocab, trained_like["root"] / "bert_config.json"))
   assert not (tmp_path / "out").exists()
+  # vocab_size above the tokens: the rows past them are padding, as NVIDIA pads to 30528.
+  vocab.write_text(_vocab_text(592))
+  padded = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
+                       vocab, tmp_path / "padded")
+  assert padded.returncode == 0, padded.stderr
+  assert json.loads((tmp_path / "padded" / "config.json").read_text())["vocab_size"] == 600
+  assert len((tmp_path / "padded" / "vocab.txt").read_text().splitlines()) == 592
 
 
 def test_a_vocab_without_bert_special_tokens_is_a_one_line_error(trained_like, tmp_path):

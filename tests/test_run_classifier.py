@@ -219,6 +219,15 @@ def test_fine_tuning_from_a_pretraining_checkpoint_learns_the_task_and_predicts(
   assert re.search(r"Loaded (\d+) of \1 model variables", again.stdout), again.stdout
   assert _results(tmp_path / "again")["accuracy"] == results["accuracy"]
   assert (out / "labels.txt").read_text() == "and\nnone\n"
+  # There the labels are the fine-tune's: a dev label not among them names labels.txt.
+  dev_only = tmp_path / "dev_only"
+  dev_only.mkdir()
+  _write(dev_only / "dev.tsv", task["rows"][:2] + ["a sentence\tmedium"])
+  unknown = classify(task, tmp_path / "unknown", "--nodo_train", data_dir=str(dev_only),
+                     init_checkpoint=str(out))
+  assert unknown.returncode == 2
+  assert ("dev.tsv line 3 has the label 'medium', which is not one of the labels of "
+          "%s ['and', 'none']" % (out / "labels.txt")) in unknown.stderr
 
 
 def test_evaluating_without_training_needs_a_checkpoint_with_a_classifier_head(task, tmp_path):
@@ -497,6 +506,15 @@ def test_a_fine_tune_is_not_taken_up_after_its_train_tsv_or_vocab_changed(task, 
   assert ("holds a fine-tune of other inputs: --vocab_file=%s changed since it was trained"
           % vocab) in changed.stderr.strip().splitlines()[-1]
   assert _files(out) == before
+  # Evaluated elsewhere with that vocab: its ids would name other tokens.
+  elsewhere = classify(task, tmp_path / "eval", "--nodo_train",
+                       **dict(flags, init_checkpoint=str(out)))
+  assert elsewhere.returncode == 2
+  assert elsewhere.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: --vocab_file=%s is not the vocab the fine-tune "
+      "--init_checkpoint=%s was trained with (another sha256): its ids would name other "
+      "tokens; pass that vocab.txt" % (vocab, checkpoints.resolve_checkpoint(str(out))))
+  assert not (tmp_path / "eval").exists()
   # A fine-tune of a version that recorded no digests is taken up as before.
   record = json.loads((out / checkpoints.RUN_MARKER).read_text())
   del record["train_sha256"], record["vocab_sha256"]

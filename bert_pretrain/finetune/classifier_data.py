@@ -87,7 +87,7 @@ def _read_rows(path, task_name):
   return rows
 
 
-def read_examples(task_name, data_dir, split, labels=None):
+def read_examples(task_name, data_dir, split, labels=None, labels_from="train.tsv"):
   """Reads one split of a task.
 
   Args:
@@ -95,6 +95,8 @@ def read_examples(task_name, data_dir, split, labels=None):
     data_dir: the task's folder.
     split: "train", "dev" or "test".
     labels: the task's labels (task_labels); test examples get the first one.
+    labels_from: where a plain TSV task's labels came from, for the error of a label
+      not among them.
 
   Returns:
     list of Example (text_b None for single sentences).
@@ -120,7 +122,7 @@ def read_examples(task_name, data_dir, split, labels=None):
         raise ValueError("%s line %d has %d columns; a plain TSV line is "
                          "text_a[<TAB>text_b]<TAB>label" % (path, number, len(row)))
       label = _tsv_label(row, path, number)
-      _check_label(label, labels, path, number, "the labels of train.tsv")
+      _check_label(label, labels, path, number, "the labels of " + labels_from)
       examples.append(Example(row[0], row[1] if len(row) == 3 else None, label))
     return examples
   (skip, a, b, label_column) = task["test" if split == "test" else "labelled"]
