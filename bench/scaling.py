@@ -141,8 +141,19 @@ _FOLDERS = []
 STOP_SECONDS = 30
 
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
 def start_child(command, **kwargs):
-  _CHILDREN.append(subprocess.Popen(command, **kwargs))
+  """subprocess.Popen, the child recorded before a Ctrl-C or SIGTERM can end this
+  process (end_children ends it then); the child itself takes them at once."""
+  signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+  try:
+    _CHILDREN.append(subprocess.Popen(
+        command, preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS),
+        **kwargs))
+  finally:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
   return _CHILDREN[-1]
 
 
@@ -603,23 +614,26 @@ def main(argv):
 
 
 def check_horovod_args(words, options):
-  """Refuses --horovod_args words that horovodrun does not take (options: launch's
-  horovodrun_options(); {} where Horovod does not import, and the runs will say so)."""
+  """Refuses --horovod_args options that horovodrun does not take (options: launch's
+  horovodrun_options(); {} where Horovod does not import, and the runs will say so).
+  Other words are values: horovodrun's help does not say how many each option takes."""
   if not options:
     return
-  index = 0
-  while index < len(words):
-    option = words[index].split("=", 1)[0]
-    if option not in options:
-      errors.usage_error("scaling", "--horovod_args: %s is no option of horovodrun; pass "
-                         "its options (horovodrun --help lists them), e.g. "
-                         "--horovod_args=--gloo" % words[index])
-    takes_value = options[option] and "=" not in words[index]
-    if takes_value and index + 1 == len(words):
-      errors.usage_error("scaling", "--horovod_args: horovodrun's %s takes a value; pass "
-                         "it after the option, e.g. --horovod_args='--gloo %s VALUE'"
-                         % (option, option))
-    index += 2 if takes_value else 1
+  after_option = False  # the word before was an option that takes a value
+  for index, word in enumerate(words):
+    option = word.split("=", 1)[0]
+    if word.startswith("-") and not re.match(r"^-\d", word) and not after_option:
+      if option not in options:
+        errors.usage_error("scaling", "--horovod_args: %s is no option of horovodrun; pass "
+                           "its options (horovodrun --help lists them), e.g. "
+                           "--horovod_args=--gloo" % word)
+      after_option = options[option] and "=" not in word
+      if after_option and index + 1 == len(words):
+        errors.usage_error("scaling", "--horovod_args: horovodrun's %s takes a value; pass "
+                           "it after the option, e.g. --horovod_args='--gloo %s VALUE'"
+                           % (option, option))
+    else:
+      after_option = False
 
 
 def measure():

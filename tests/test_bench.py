@@ -302,8 +302,8 @@ def test_a_run_whose_measurements_failed_writes_its_table_and_exits_1(bench_out,
                     "--rounds=1", "--windows=1", "--row_timeout=1", "--out_dir=" + str(tmp_path))
   assert result.returncode == 1, result.stdout[-3000:]
   assert result.stdout.splitlines()[-1] == (
-      "benchmark: error: 2 of 2 measurements failed; their cells say why and name their "
-      "logs in %s" % (tmp_path / "logs"))
+      "benchmark: error: 2 of 2 measurements failed; their cells say why, their logs are "
+      "in %s" % (tmp_path / "logs"))
   table = (tmp_path / "benchmark.md").read_text()
   assert "| tiny | 128 | 16 | fp32 | " in table
   assert table.count("failed: timed out after 1 s") == 2

@@ -176,8 +176,9 @@ def test_a_resumed_run_keeps_the_newest_keep_checkpoint_max_of_all_its_checkpoin
     pretraining_data, tmp_path):
   """A run that kept all its checkpoints, resumed with --keep_checkpoint_max=2: its first
   save leaves the newest two, the earlier run's included (TensorFlow's Saver would have
-  deleted one a save), and only the checkpoints' own files."""
-  out = tmp_path / "out"
+  deleted one a save), and only the checkpoints' own files, in a folder whose name holds
+  a * and a ? (TensorFlow's patterns match them as themselves)."""
+  out = tmp_path / "out?*"
   common = dict(save_checkpoints_steps=1, display_loss_steps=1, nodo_eval=None)
   first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
                                       keep_checkpoint_max=0, **common))

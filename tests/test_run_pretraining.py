@@ -391,8 +391,8 @@ BAD_INPUTS = [
     ("output_dir that cannot be written", lambda d, t: dict(output_dir=_unwritable_output(t)),
      r"--output_dir=\S+ cannot be written"),
     ("output_dir with glob characters", lambda d, t: dict(output_dir=str(t / "run[1]")),
-     r"--output_dir=\S+run\[1\]: TensorFlow reads checkpoints by pattern, and the \[ \] \* \? "
-     r"in this path would not match their files; pass a path without them$"),
+     r"--output_dir=\S+run\[1\]: TensorFlow reads checkpoints by pattern, and the \[1\] in "
+     r"this path would not match their files; pass a path without brackets$"),
     ("negative learning rate", lambda d, t: dict(learning_rate=-1),
      r"--learning_rate=-1 must be positive \(the peak of the schedule\) and finite; pass "
      r"e.g. --learning_rate=5e-05$"),

@@ -55,12 +55,14 @@ def index_files(folder):
 
 
 def check_no_pattern(path, flag):
-  """Raises ValueError if path holds a glob character: TensorFlow finds a checkpoint's
-  files by pattern, so it would not read back what it saved there."""
-  if set(path) & set("[]*?"):
-    raise ValueError("%s=%s: TensorFlow reads checkpoints by pattern, and the [ ] * ? in "
-                     "this path would not match their files; pass a path without them"
-                     % (flag, path))
+  """Raises ValueError if path holds a bracket pair: TensorFlow finds a checkpoint's
+  files by glob pattern, where [...] is a class that does not match itself (a * or ?
+  matches itself, so those paths read back)."""
+  pair = re.search(r"\[[^\]/]*\]", path)
+  if pair:
+    raise ValueError("%s=%s: TensorFlow reads checkpoints by pattern, and the %s in this "
+                     "path would not match their files; pass a path without brackets"
+                     % (flag, path, pair.group(0)))
 
 
 def checkpoint_files(prefix):
