@@ -219,6 +219,19 @@ def test_the_mlperf_row_puts_our_sentences_a_core_beside_intels(bench_module):
       "0.57 a core), 35% of the bfloat16 peak, peak RSS 14.80 GiB.")
 
 
+def test_a_peers_amp_this_tensorflow_cannot_compute_is_no_failed_measurement(bench_module):
+  def cell(*runs):
+    return {"runs": list(runs), **({"error": runs[0]["error"]} if "error" in runs[0] else {})}
+  ran = cell({"fps": 10.0})
+  not_here = cell({"error": "amp: this TensorFlow (1.15.0) has no oneDNN bfloat16 "
+                            "auto-mixed-precision rewrite", "not_here": True})
+  crashed = cell({"error": "exit status 1, see row.log"})
+  rows = [dict({side: None for side, _ in bench_module.SIDES}, ours=ran, google=not_here),
+          dict({side: None for side, _ in bench_module.SIDES}, ours=ran, google=crashed)]
+  assert bench_module.failed_measurements(rows, []) == (1, 3)
+  assert bench_module.failed_measurements(rows[:1], [{"ours": crashed}]) == (1, 2)
+
+
 def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
   out_dir = bench_out
   # --window_sequences=48 at batch 16: 3 steps a window, in every run of our step.
