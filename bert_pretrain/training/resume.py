@@ -163,37 +163,8 @@ def resume_plan(cfg, inputs, record):
   # The data position counts records: a packed set's are packs.
   unit = "pack" if inputs.packing.max_sequences is not None else "sample"
   where = "%s %d of the data order" % (unit, position)
-  change = _files_change(earlier.get("train_files", record["train_files"]),
-                         record["train_files"])
-  if change and "data" not in allowed:
-    raise ValueError("--output_dir=%s was trained on other data (%s): %s would name other "
-                     "records in these files; pass the run's --input_files_dir, or "
-                     "--allow_resume_change=data to continue at %s of these files' order"
-                     % (cfg.run.output_dir, change, where, where))
-  if cfg.run.seed is not None and earlier.get("seed") not in (None, cfg.run.seed) and \
-      "seed" not in allowed:
-    raise ValueError("--output_dir=%s was trained with seed %d and this run passes "
-                     "--seed=%d: the data order and dropout masks would be another's, and %s "
-                     "would repeat some records and skip others; pass --seed=%d (or no --seed) "
-                     "to continue the run, or --allow_resume_change=seed"
-                     % (cfg.run.output_dir, earlier["seed"], cfg.run.seed, where, earlier["seed"]))
+  change = _check_data_order(cfg, earlier, record, allowed, where)
   order_was, order_now = earlier.get("data_order", {}), record["data_order"]
-  if order_was.get("shuffle_buffer", order_now["shuffle_buffer"]) != \
-      order_now["shuffle_buffer"] and "shuffle_buffer" not in allowed:
-    raise ValueError("--output_dir=%s was trained with --shuffle_buffer=%d and this run "
-                     "passes %d: the data order would be another's, and %s would repeat some "
-                     "records and skip others; pass --shuffle_buffer=%d to continue the run, "
-                     "or --allow_resume_change=shuffle_buffer"
-                     % (cfg.run.output_dir, order_was["shuffle_buffer"],
-                        order_now["shuffle_buffer"], where, order_was["shuffle_buffer"]))
-  if order_was.get("tensorflow", order_now["tensorflow"]) != order_now["tensorflow"] and \
-      "tensorflow" not in allowed:
-    raise ValueError("--output_dir=%s was trained with TensorFlow %s and this run has %s, "
-                     "whose shuffles give another data order: %s would repeat some records "
-                     "and skip others; resume with TensorFlow %s, or pass "
-                     "--allow_resume_change=tensorflow"
-                     % (cfg.run.output_dir, order_was["tensorflow"], order_now["tensorflow"],
-                        where, order_was["tensorflow"]))
   if was and was["global_batch_size"] != now["global_batch_size"] and \
       "global_batch" not in allowed:
     raise ValueError("--output_dir=%s was trained with a global batch of %d (%s) and this "
@@ -232,23 +203,64 @@ def resume_plan(cfg, inputs, record):
     lines.append("Data: %s changed (--allow_resume_change): continuing at %s %d of the new "
                  "data order" % (", ".join("%s %s -> %s" % (k, order_was[k], order_now[k])
                                            for k in changed_order), unit, position))
-  schedule_was = earlier.get("schedule", record["schedule"])
-  changed_schedule = [k for k in SCHEDULE + ("peak",)
-                      if k in schedule_was and schedule_was[k] != record["schedule"][k]]
-  if {"learning_rate", "scale_lr_by_ranks"} & set(changed_schedule):
-    changed_schedule = [k for k in changed_schedule if k != "peak"]  # said by the flag
-  if changed_schedule and step < cfg.optimizer.num_train_steps:
+  schedule = _schedule_change(earlier.get("schedule", record["schedule"]),
+                              record["schedule"])
+  if schedule and step < cfg.optimizer.num_train_steps:
     lines.append("Learning rate: %s since %s: the schedule is the new one from step %d on, "
                  "so the learning rate there differs from the run's"
-                 % (", ".join(("the peak (--learning_rate, x replicas with "
-                               "--scale_lr_by_ranks) was %g, now %g" if k == "peak" else
-                               "--" + k + " was %s, now %s")
-                              % (schedule_was[k], record["schedule"][k])
-                              for k in changed_schedule),
-                    os.path.basename(inputs.resume_checkpoint), step + 1))
+                 % (schedule, os.path.basename(inputs.resume_checkpoint), step + 1))
   return Resume(position, lines, was == now and not change and
                 earlier.get("seed") == record["seed"] and not changed_order and
-                not changed_schedule)
+                not schedule)
+
+
+def _check_data_order(cfg, earlier, record, allowed, where):
+  """Raises ValueError for other training files, --seed, --shuffle_buffer or TensorFlow
+  than the earlier run's, unless allowed: `where` would name other records. Returns how
+  the files changed (None: they did not)."""
+  change = _files_change(earlier.get("train_files", record["train_files"]),
+                         record["train_files"])
+  if change and "data" not in allowed:
+    raise ValueError("--output_dir=%s was trained on other data (%s): %s would name other "
+                     "records in these files; pass the run's --input_files_dir, or "
+                     "--allow_resume_change=data to continue at %s of these files' order"
+                     % (cfg.run.output_dir, change, where, where))
+  if cfg.run.seed is not None and earlier.get("seed") not in (None, cfg.run.seed) and \
+      "seed" not in allowed:
+    raise ValueError("--output_dir=%s was trained with seed %d and this run passes "
+                     "--seed=%d: the data order and dropout masks would be another's, and %s "
+                     "would repeat some records and skip others; pass --seed=%d (or no --seed) "
+                     "to continue the run, or --allow_resume_change=seed"
+                     % (cfg.run.output_dir, earlier["seed"], cfg.run.seed, where, earlier["seed"]))
+  order_was, order_now = earlier.get("data_order", {}), record["data_order"]
+  if order_was.get("shuffle_buffer", order_now["shuffle_buffer"]) != \
+      order_now["shuffle_buffer"] and "shuffle_buffer" not in allowed:
+    raise ValueError("--output_dir=%s was trained with --shuffle_buffer=%d and this run "
+                     "passes %d: the data order would be another's, and %s would repeat some "
+                     "records and skip others; pass --shuffle_buffer=%d to continue the run, "
+                     "or --allow_resume_change=shuffle_buffer"
+                     % (cfg.run.output_dir, order_was["shuffle_buffer"],
+                        order_now["shuffle_buffer"], where, order_was["shuffle_buffer"]))
+  if order_was.get("tensorflow", order_now["tensorflow"]) != order_now["tensorflow"] and \
+      "tensorflow" not in allowed:
+    raise ValueError("--output_dir=%s was trained with TensorFlow %s and this run has %s, "
+                     "whose shuffles give another data order: %s would repeat some records "
+                     "and skip others; resume with TensorFlow %s, or pass "
+                     "--allow_resume_change=tensorflow"
+                     % (cfg.run.output_dir, order_was["tensorflow"], order_now["tensorflow"],
+                        where, order_was["tensorflow"]))
+  return change
+
+
+def _schedule_change(was, now):
+  """How the learning-rate schedule changed, in a few words ("": it did not); was: the
+  earlier run's record, whose keys an older version may lack."""
+  changed = [k for k in SCHEDULE + ("peak",) if k in was and was[k] != now[k]]
+  if {"learning_rate", "scale_lr_by_ranks"} & set(changed):
+    changed = [k for k in changed if k != "peak"]  # said by the flag
+  return ", ".join(("the peak (--learning_rate, x replicas with --scale_lr_by_ranks) was "
+                    "%g, now %g" if k == "peak" else "--" + k + " was %s, now %s")
+                   % (was[k], now[k]) for k in changed)
 
 
 def choose_seed(cfg, inputs, ranks, device, session_config):
