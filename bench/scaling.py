@@ -599,6 +599,7 @@ def main(argv):
   try:
     failed, total = measure()
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
     end_children()
     sys.exit(errors.stopped_by_signal(
         "scaling", e, "its training runs are ended and their temporary folders removed; "

@@ -205,7 +205,15 @@ def check_flags():
 def check_fine_tune_vocab(init_checkpoint):
   """Refuses a vocab or casing other than those a fine-tuned --init_checkpoint was
   trained with (its run marker records them): its ids would name other tokens."""
-  earlier = checkpoints.read_run_marker(os.path.dirname(init_checkpoint)) or {}
+  try:
+    earlier = checkpoints.read_run_marker(os.path.dirname(init_checkpoint)) or {}
+  except ValueError:
+    # The marker serves the run that wrote it; fine-tuning from its checkpoint needs none.
+    print("run_classifier: warning: %s is damaged: --vocab_file and --do_lower_case are "
+          "not checked against the ones --init_checkpoint=%s was trained with"
+          % (os.path.join(os.path.dirname(init_checkpoint), checkpoints.RUN_MARKER),
+             init_checkpoint), file=sys.stderr)
+    return
   if earlier.get("tool") != "run_classifier":
     return
   if earlier.get("vocab_sha256") not in (None, file_digest(FLAGS.vocab_file)["sha256"]):

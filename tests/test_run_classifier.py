@@ -524,6 +524,25 @@ def test_a_fine_tune_is_not_taken_up_after_its_train_tsv_or_vocab_changed(task, 
   assert "already holds this fine-tune" in older.stdout
 
 
+def test_a_damaged_run_marker_beside_the_init_checkpoint_is_said_and_does_not_stop_a_fine_tune(
+    task, tmp_path):
+  pretrained = tmp_path / "pretrained"
+  pretrained.mkdir()
+  for name in os.listdir(os.path.dirname(task["init"])):
+    shutil.copy(os.path.join(os.path.dirname(task["init"]), name), str(pretrained))
+  marker = pretrained / checkpoints.RUN_MARKER
+  marker.write_text('{"bert_config": {')
+  init = str(pretrained / os.path.basename(task["init"]))
+  data = _task_folder(tmp_path / "data", task["rows"][:16], task["rows"][16:24])
+  result = classify(task, tmp_path / "out", data_dir=data, init_checkpoint=init,
+                    num_train_epochs=1)
+  assert result.returncode == 0, result.stderr
+  assert ("run_classifier: warning: %s is damaged: --vocab_file and --do_lower_case are not "
+          "checked against the ones --init_checkpoint=%s was trained with" % (marker, init)
+          ) in result.stderr
+  assert marker.read_text() == '{"bert_config": {'
+
+
 def test_pretraining_and_fine_tuning_refuse_each_others_output_dir(task, tmp_path):
   pretrained = tmp_path / "pretrained"
   pretrained.mkdir()

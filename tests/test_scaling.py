@@ -220,6 +220,36 @@ def test_a_run_that_could_not_measure_what_it_says_is_refused_in_one_line_before
   assert not out_dir.exists()
 
 
+def test_a_second_ctrl_c_while_the_runs_are_ended_does_not_cut_the_ending_short(tmp_path):
+  """A child that outlives SIGTERM holds the ending for STOP_SECONDS: the user presses
+  Ctrl-C again meanwhile."""
+  script = (
+      "import subprocess, sys\n"
+      "from absl import app\n"
+      "from bench import scaling\n"
+      "scaling.STOP_SECONDS = 3\n"
+      "def measure():\n"
+      "  print(scaling.temporary_folder('stubborn-'), flush=True)\n"
+      "  scaling.start_child(['sh', '-c', 'trap \"\" TERM; echo $$; exec sleep 60'])\n"
+      "  scaling.wait_child(scaling._CHILDREN[-1])\n"
+      "scaling.measure = measure\n"
+      "app.run(scaling.main, argv=['scaling', '--tables=engines', '--out_dir=%s'])\n"
+      % (tmp_path / "out"))
+  process = subprocess.Popen(
+      [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      universal_newlines=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+  (folder, child) = (process.stdout.readline().strip(), process.stdout.readline().strip())
+  assert os.path.isdir(folder) and child.isdigit(), (folder, child)
+  process.send_signal(signal.SIGINT)
+  time.sleep(1)
+  process.send_signal(signal.SIGINT)
+  out = process.communicate(timeout=60)[0]
+  assert process.returncode == 1, out
+  assert out.splitlines()[-1].startswith("scaling: interrupted; its training runs are ended")
+  assert "Traceback" not in out
+  assert not os.path.exists(folder) and not os.path.exists("/proc/" + child)
+
+
 HOROVODRUN_USAGES = [
     "--gloo", "--gloo -np 2 -H localhost:2", "--gloo --log-level DEBUG",
     "--gloo --blacklist-cooldown-range 60 100", "--gloo --start-timeout=60",
