@@ -589,10 +589,13 @@ def main(argv):
       # The first update after the warm-up is traced and left out too; with no update
       # after it the run's FPS is the average with the warm-up's overhead.
       if steps < warmup + 2:
+        # 0 is not a lower warm-up: it means the model's own.
+        fewer = (", or --fps_warmup_steps=%d or fewer (0 is %s's %d)"
+                 % (steps - 2, model, DEFAULTS[model][2]) if steps > 2 else "")
         errors.usage_error("scaling", "--num_train_steps: %s's runs train %d steps, which "
                            "leaves no update after the %d warm-up steps (--fps_warmup_steps) "
-                           "and the traced one; pass --num_train_steps=%d or more, or a "
-                           "lower --fps_warmup_steps" % (model, steps, warmup, warmup + 2))
+                           "and the traced one; pass --num_train_steps=%d or more%s"
+                           % (model, steps, warmup, warmup + 2, fewer))
   check_horovod_args(FLAGS.horovod_args.split(), launch.horovodrun_options())
   errors.make_output_folders("scaling", "--out_dir", FLAGS.out_dir, ("logs", "scaling_demo"))
   errors.stop_on_sigterm()

@@ -200,11 +200,15 @@ def run_scaling(*args, env=None, timeout=300):
     (["--models=tiny", "--num_train_steps=11"],
      "scaling: error: --num_train_steps: tiny's runs train 11 steps, which leaves no update "
      "after the 10 warm-up steps (--fps_warmup_steps) and the traced one; pass "
-     "--num_train_steps=12 or more, or a lower --fps_warmup_steps"),
+     "--num_train_steps=12 or more, or --fps_warmup_steps=9 or fewer (0 is tiny's 10)"),
     (["--models=medium", "--tables=speed", "--fps_warmup_steps=30"],
      "scaling: error: --num_train_steps: medium's runs train 24 steps, which leaves no update "
      "after the 30 warm-up steps (--fps_warmup_steps) and the traced one; pass "
-     "--num_train_steps=32 or more, or a lower --fps_warmup_steps"),
+     "--num_train_steps=32 or more, or --fps_warmup_steps=22 or fewer (0 is medium's 6)"),
+    (["--models=tiny", "--num_train_steps=2", "--fps_warmup_steps=1"],
+     "scaling: error: --num_train_steps: tiny's runs train 2 steps, which leaves no update "
+     "after the 1 warm-up steps (--fps_warmup_steps) and the traced one; pass "
+     "--num_train_steps=3 or more"),
     (["--horovod_args=--gloo --bogus"],
      "scaling: error: --horovod_args: --bogus is no option of horovodrun; pass its options "
      "(horovodrun --help lists them), e.g. --horovod_args=--gloo"),
