@@ -357,6 +357,24 @@ def test_a_job_on_this_host_alone_asks_for_no_more_cards_than_it_has(per_host, g
     assert str(error.value) == message
 
 
+@pytest.mark.parametrize("gpus,message", [
+    (4, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores: "
+     "CUDA_VISIBLE_DEVICES is empty, which hides the 4 cards ixsmi lists; unset "
+     "CUDA_VISIBLE_DEVICES to train on them, or export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer"),
+    (0, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores: "
+     "CUDA_VISIBLE_DEVICES is empty, which hides the cards; unset CUDA_VISIBLE_DEVICES to "
+     "train on them, or export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer"),
+])
+def test_cards_hidden_by_an_empty_cuda_visible_devices_are_named_when_too_many_cpu_ranks_are_asked_for(
+    gpus, message):
+  cards = launch_plan.Cards(gpus, "ixsmi" if gpus else None)
+  launch_plan.check_this_host(2, cards, 2, hidden=True)
+  launch_plan.check_this_host(4, cards, 4, hidden=True)  # as many as cores; more than cards
+  with pytest.raises(launch_plan.LaunchError) as error:
+    launch_plan.check_this_host(4, cards, 2, hidden=True)
+  assert str(error.value) == message
+
+
 def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path):
   bin_dir = tmp_path / "gpu_bin"
   bin_dir.mkdir()
@@ -384,6 +402,11 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   assert three.stderr.strip() == (
       "run_multi_card_FPS: error: 3 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but "
       "nvidia-smi lists 2 on this host; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer")
+  hidden = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path,
+                       CUDA_VISIBLE_DEVICES="", IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1))
+  assert hidden.returncode == 2
+  assert ("CUDA_VISIBLE_DEVICES is empty, which hides the 2 cards nvidia-smi lists; unset "
+          "CUDA_VISIBLE_DEVICES to train on them" in hidden.stderr.strip().splitlines()[-1])
   two = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path)
   assert two.returncode == 0, two.stderr
   assert two.stdout.startswith("Launching 2 ranks on 1 host (2 per host)")

@@ -202,16 +202,24 @@ def names_hosts(run_args):
   return bool({"hosts", "hostfile"} & set(_split_options(run_args)[0]))
 
 
-def check_this_host(per_host, cards, cores):
+def check_this_host(per_host, cards, cores, hidden=False):
   """Raises LaunchError when a job on this host alone asks for more cards than it has:
-  more than the cards listed, or with none listed, more CPU ranks than cores.
+  more than the cards listed, or with none listed or all hidden, more CPU ranks than cores.
 
   Args:
     per_host: int, the ranks (cards) IX_NUM_CUDA_VISIBLE_DEVICES asks for.
     cards: Cards, those listed here (listed_cards; count 0: none).
     cores: int, this host's cores.
+    hidden: an empty CUDA_VISIBLE_DEVICES hides the cards: the ranks run on the CPU.
   """
-  if cards.count and per_host > cards.count:
+  if hidden and per_host > cores:
+    raise LaunchError("%d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of %d "
+                      "cores: CUDA_VISIBLE_DEVICES is empty, which hides the %s; unset "
+                      "CUDA_VISIBLE_DEVICES to train on them, or export "
+                      "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
+                      % (per_host, cores, "%d cards %s lists" % cards if cards.count else
+                         "cards", cores))
+  if cards.count and per_host > cards.count and not hidden:
     raise LaunchError("%d cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but %s lists %d on "
                       "this host; export IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
                       % (per_host, cards.lister, cards.count, cards.count))
@@ -540,8 +548,8 @@ def main(argv):
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES") and not visible and \
         not names_hosts(run_args):
-      check_this_host(job.per_host, Cards(0, None) if visible == "" else listed_cards(),
-                      os.cpu_count() or 1)
+      check_this_host(job.per_host, listed_cards(), os.cpu_count() or 1,
+                      hidden=visible == "")
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
