@@ -141,6 +141,7 @@ def measure_row(config_name, seq, precision, xla, data):
   name = "%s-seq%d-%s%s" % (config_name, seq, precision, "-xla" if xla else "")
   load_start = os.getloadavg()[0]
   windows = {side: [] for side in SIDES}
+  failures = {}
   for round_index in range(FLAGS.rounds):
     first = round_index % len(SIDES)
     for side in SIDES[first:] + SIDES[:first]:
@@ -149,12 +150,13 @@ def measure_row(config_name, seq, precision, xla, data):
                                     row_flag="--layout_row")
       if "error" in result:
         benchmark.log("%s %s: %s" % (name, side, result["error"]))
+        failures[side] = result["error"]
         continue
       windows[side].extend(result["windows"])
   return dict(row, batch=batch, packs=sides["packed"]["batch"], per_pack=per_pack,
               padding_before=summary["padding_before"],
               padding_after=summary["padding_after"],
-              load_average=[load_start, os.getloadavg()[0]],
+              load_average=[load_start, os.getloadavg()[0]], failures=failures,
               fps={side: ({"median": statistics.median(w), "min": min(w), "max": max(w),
                            "windows": w} if w else None) for side, w in windows.items()})
 
@@ -169,7 +171,8 @@ def markdown(rows):
     cells = []
     for side in SIDES:
       f = r["fps"][side]
-      cells.append("%.1f (%.1f-%.1f)" % (f["median"], f["min"], f["max"]) if f else "n/a")
+      cells.append("%.1f (%.1f-%.1f)" % (f["median"], f["min"], f["max"]) if f else
+                   "failed: " + r["failures"][side])
     ratio = lambda other: ("%.2fx" % (r["fps"]["packed"]["median"] /
                                       r["fps"][other]["median"])
                            if r["fps"]["packed"] and r["fps"][other] else "n/a")

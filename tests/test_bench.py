@@ -485,6 +485,24 @@ def test_the_packing_benchmark_times_padded_unpadded_and_packed_wikipedia_record
   assert table.splitlines()[0] in result.stdout  # the CPU line
 
 
+def test_a_packing_cell_whose_runs_failed_says_why():
+  row = {"config": "tiny", "seq": 128, "precision": "fp32", "xla": False, "batch": 16,
+         "packs": 8, "per_pack": 2.0, "padding_before": 0.5, "padding_after": 0.1,
+         "load_average": [0.5, 1.0], "failures": {"packed": "exit status 1, see logs/p.log"},
+         "fps": {"padded": {"median": 10.0, "min": 9.0, "max": 11.0},
+                 "unpadded": {"median": 12.0, "min": 11.0, "max": 13.0}, "packed": None}}
+  # Its flags share names with the benchmark's this file loads: an interpreter of its own.
+  result = subprocess.run(
+      [sys.executable, "-c", "import json, sys\nfrom bench import packing\n"
+       "print(packing.markdown([json.loads(sys.argv[1])]).splitlines()[-1])", json.dumps(row)],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, cwd=ROOT,
+      env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+  assert result.stdout.splitlines()[-1] == (
+      "| tiny | 128 | fp32 | off | 16 (8 at 2.000 a pack) | 50.0% / 10.0% | 0.50-1.00 | "
+      "10.0 (9.0-11.0) | 12.0 (11.0-13.0) | failed: exit status 1, see logs/p.log | n/a | "
+      "n/a |"), result.stdout
+
+
 def test_the_data_benchmark_times_every_step_and_the_baseline_and_leaves_no_temporary_files(
     tmp_path):
   from bert_pretrain.data import tokenization
