@@ -63,6 +63,7 @@ def check_settings(cfg):
                      "run_multi_card_FPS.sh, set DISTRIBUTION=%s instead)"
                      % (cfg.runtime.distribution, cfg.runtime.distribution))
   device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine())
+  checkpoints.check_no_pattern(cfg.run.output_dir, "--output_dir")  # before the records
   check_optimizer(cfg.optimizer)
   if cfg.optimizer.reference_hyperparameters:
     mlperf.rcp_file()  # raises when mlperf-logging has no RCPs
