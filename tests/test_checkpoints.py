@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import time
@@ -321,7 +322,7 @@ def _resumes_after(move, pretraining_data, out, step, steps):
 
 def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_one(
     pretraining_data, tmp_path):
-  out = tmp_path / "out"
+  out = tmp_path / "out of run 1"  # the advice's shell command quotes it
   first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4,
                                       save_checkpoints_steps=2, nodo_eval=None))
   assert first.returncode == 0, first.stderr
@@ -340,7 +341,7 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_on
   with open(data, "r+b") as f:
     f.truncate(os.path.getsize(data) // 2)
   error = _refused_with_one_line_keeping_the_folder(pretraining_data, out, 6)
-  move = "cd %s && mkdir -p damaged && mv model.ckpt-4.* damaged/" % out
+  move = "cd %s && mkdir -p damaged && mv model.ckpt-4.* damaged/" % shlex.quote(str(out))
   assert error == (
       "run_pretraining: error: --output_dir=%s: its newest checkpoint model.ckpt-4 is damaged "
       "(Read less bytes than requested), cut short or corrupted on disk; the last good one "

@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import socket
 
 import numpy as np
@@ -309,7 +310,7 @@ def _check_resumable_values(output_dir, found):
   raise ValueError("%s; the last good one is %s: to resume from it move the newer ones away "
                    "(cd %s && mkdir -p %s && mv %s %s/) and run %s, or start a new "
                    "--output_dir with --init_checkpoint=%s (weights only)"
-                   % (what, os.path.basename(good), output_dir, folder,
+                   % (what, os.path.basename(good), shlex.quote(output_dir), folder,
                       " ".join("%s.*" % os.path.basename(p) for _, p in sorted(bad)), folder,
                       "again with a lower --learning_rate" if diverged else
                       "the same command again", good))

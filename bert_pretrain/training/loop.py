@@ -14,6 +14,7 @@ the time went (one traced update, the padding, the MFU) by timing.py.
 """
 
 import os
+import shlex
 import sys
 import time
 
@@ -165,7 +166,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
     # A launcher that forwarded the signal ends the job within seconds (horovodrun
     # --gloo after 5): the checkpoint and logs are written, the picture can wait.
     print("report: not drawn after %s; python3 -m bert_pretrain.training.report %s draws it"
-          % (signals.name(stopped_by), cfg.run.output_dir), flush=True)
+          % (signals.name(stopped_by), shlex.quote(cfg.run.output_dir)), flush=True)
   elif job.ranks.is_chief:
     dllog_path = cfg.run.dllog_path or os.path.join(cfg.run.output_dir, "dllog.json")
     try:

@@ -16,6 +16,7 @@ step logged twice (redone after a resume) once, with its latest values.
 import json
 import logging
 import os
+import shlex
 import statistics
 import sys
 
@@ -250,13 +251,14 @@ def write_report(output_dir, dllog_path=None, png_path=None, log=print, picture=
     log("report: " + line)
   if not picture:
     log("report: no picture (--nodraw_report); python3 -m bert_pretrain.training.report %s draws it"
-        % output_dir)
+        % shlex.quote(output_dir))
     return None
   try:
     draw(records, png_path, title=os.path.basename(os.path.abspath(output_dir)))
   except ImportError:
     log("report: matplotlib is not installed, so no report.png; pip install matplotlib (or "
-        "bash init_tf.sh), then python3 -m bert_pretrain.training.report %s" % output_dir)
+        "bash init_tf.sh), then python3 -m bert_pretrain.training.report %s"
+        % shlex.quote(output_dir))
     return None
   log("report: %s" % png_path)
   return png_path
