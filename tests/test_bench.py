@@ -6,7 +6,6 @@ contrib's.
 CI installs bert-tensorflow (.ci/run); without it the tests of Google's step skip and say
 how to install it."""
 
-import importlib.util
 import json
 import math
 import os
@@ -23,17 +22,15 @@ from bench import google_peer
 from bert_pretrain.distributed import device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARK = os.path.join(ROOT, "bench", "benchmark.py")
 
 needs_google = pytest.mark.skipif(not google_peer.available(), reason=google_peer.HINT)
 
 
 @pytest.fixture(scope="module")
 def bench_module():
-  spec = importlib.util.spec_from_file_location("bench_benchmark", BENCHMARK)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  # Imported once per process: its module-level flags cannot be defined twice.
+  from bench import benchmark  # pylint: disable=g-import-not-at-top
+  return benchmark
 
 
 def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):

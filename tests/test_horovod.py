@@ -1,6 +1,7 @@
 """Several ranks with Horovod (Gloo and MPI) on the CPU: same weights as one card with
 the same global batch, distributed evaluation, a killed rank, and the launcher script."""
 
+import json
 import os
 import re
 import shutil
@@ -243,17 +244,45 @@ def test_the_training_flags_are_checked_once_before_the_ranks_start(words, messa
 
 
 def test_every_flag_a_rank_knows_passes_the_launchers_check():
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top,unused-import
+  # A rank's flags: those of a process that imported run_pretraining alone, each with its
+  # default as the command line gives it.
+  listed = subprocess.run(
+      [sys.executable, "-c", "import json\nfrom absl import flags\n"
+       "from bert_pretrain import run_pretraining\n"
+       "print(json.dumps([flag.serialize().splitlines() for module_flags in "
+       "flags.FLAGS.flags_by_module_dict().values() for flag in module_flags if flag.name "
+       "not in ('help', 'helpshort', 'helpfull', 'helpxml', 'flagfile')]))"],
+      stdout=subprocess.PIPE, universal_newlines=True, cwd=ROOT, timeout=300,
+      env=dict(os.environ, PYTHONPATH=ROOT))
   command = ["horovodrun", "-np", "2", "python3", "-m", "bert_pretrain.run_pretraining"]
   checked = 0
-  for module_flags in flags.FLAGS.flags_by_module_dict().values():
-    for flag in module_flags:
-      words = flag.serialize().splitlines()  # its default, as the command line gives it
-      if words and flag.name not in ("help", "helpshort", "helpfull", "helpxml", "flagfile"):
-        launch_plan.check_training_flags(command + words)
-        checked += 1
+  for words in json.loads(listed.stdout.splitlines()[-1]):
+    if words:
+      launch_plan.check_training_flags(command + words)
+      checked += 1
   assert checked > 50
+
+
+def test_the_launchers_check_neither_knows_flags_a_rank_lacks_nor_sets_this_processs():
+  """A process that also defined bench/'s flags (--windows) checks as a rank would; --pdb,
+  an alias of absl's, leaves this process's own flag as it was."""
+  script = (
+      "from absl import flags\n"
+      "from bench import benchmark\n"
+      "from bert_pretrain.distributed import launch\n"
+      "command = ['horovodrun', '-np', '2', 'python3', '-m', 'bert_pretrain.run_pretraining']\n"
+      "launch.check_training_flags(command + ['--pdb', '--noamp'])\n"
+      "print(flags.FLAGS['pdb_post_mortem'].value, flags.FLAGS['pdb'].present)\n"
+      "try:\n"
+      "  launch.check_training_flags(command + ['--windows=3'])\n"
+      "except launch.LaunchError as e:\n"
+      "  print(e)\n")
+  result = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True, cwd=ROOT,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert result.stdout.splitlines()[-2:] == [
+      "False 0", "run_pretraining has no flag --windows; --helpfull lists its flags"], \
+      result.stdout[-3000:]
 
 
 def test_a_horovodrun_flag_given_to_the_script_is_one_line_before_any_rank_starts(tmp_path):
@@ -493,8 +522,11 @@ def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_
 
 def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):
   def fails():
+    assert sys.argv == ["horovodrun", "-np", "2"]  # horovodrun's parser reads it
     raise RuntimeError("ssh: connect to host h2 port 22: Connection refused\nmore")
+  argv = list(sys.argv)
   assert launch_plan.run_horovodrun(["-np", "2"], fails) == 1
+  assert sys.argv == argv
   assert capsys.readouterr().err == (
       "horovodrun: error: ssh: connect to host h2 port 22: Connection refused\n")
 

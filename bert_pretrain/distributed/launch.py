@@ -338,7 +338,7 @@ def run_horovodrun(args, run_commandline):
     horovodrun refuses; or the exit status of the rank that failed first, after a last
     line naming it with its error line.
   """
-  rank_errors = RankErrors(sys.stderr)
+  rank_errors, argv = RankErrors(sys.stderr), sys.argv
   sys.argv, sys.stderr = ["horovodrun"] + list(args), rank_errors
   try:
     run_commandline()
@@ -381,7 +381,7 @@ def run_horovodrun(args, run_commandline):
           file=sys.stderr)
     return status if 0 < status < 256 else 1
   finally:
-    sys.stderr = rank_errors.stream
+    sys.argv, sys.stderr = argv, rank_errors.stream
 
 
 def check_training_flags(words):
@@ -406,11 +406,13 @@ def check_training_flags(words):
   from bert_pretrain import config  # pylint: disable=g-import-not-at-top
   app.define_help_flags()
   values = flags.FlagValues()
-  for module, module_flags in flags.FLAGS.flags_by_module_dict().items():
-    if module.startswith("absl."):  # absl's own (--verbosity, --pdb, ...), as a rank's
-      for flag in module_flags:
-        values[flag.name] = copy.deepcopy(flag)  # parsed here without setting them
+  copied = [flag for module, module_flags in flags.FLAGS.flags_by_module_dict().items()
+            if module.startswith("absl.") for flag in module_flags]
+  for flag in copied:  # absl's own (--verbosity, --pdb, ...), as a rank's
+    values[flag.name] = copy.deepcopy(flag)  # parsed here without setting them
   config.define_pretraining_flags(values)
+  # An alias's copy (--pdb) parses into the process's own flag: restored below.
+  saved = [(flag, flag.value, flag.present) for flag in copied]
   try:
     rest = values(["run_pretraining"] + args)[1:]
   except flags.UnrecognizedFlagError as e:
@@ -420,6 +422,9 @@ def check_training_flags(words):
     return
   except flags.Error as e:
     raise LaunchError(str(e).splitlines()[0])
+  finally:
+    for flag, value, present in saved:
+      flag.value, flag.present = value, present
   if rest:
     raise LaunchError(errors.unexpected_arguments_text(rest))
 
@@ -446,7 +451,10 @@ def _unknown_flag_text(name, args, absl_message):
   # Only now the imports of a rank (TensorFlow's flags: --delta_threshold is one).
   from absl import flags  # pylint: disable=g-import-not-at-top
   from bert_pretrain import run_pretraining  # pylint: disable=g-import-not-at-top,unused-import
-  if name in flags.FLAGS or (name.startswith("no") and name[2:] in flags.FLAGS):
+  # Not a flag this process alone defines (a bench module's, say): a rank has none of those.
+  known = {flag.name for module, module_flags in flags.FLAGS.flags_by_module_dict().items()
+           if module.startswith(("absl.", "tensorflow.")) for flag in module_flags}
+  if name in known or (name.startswith("no") and name[2:] in known):
     return ""
   spelled = next((word.split("=", 1)[0] for word in args
                   if word.startswith("-") and word.split("=", 1)[0].lstrip("-") == name),
