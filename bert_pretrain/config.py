@@ -509,6 +509,7 @@ def apply_anchor_flags(log=None, flag_values=flags.FLAGS):
       raise ValueError("--%s=%s and --%s=%s disagree (they are the same setting); pass one"
                        % (anchor, value, ours, getattr(fv, ours)))
     setattr(fv, ours, value)
+    fv[ours].present = 1  # given, as the demo's paths and the RCP's values must see it
   if fv.eval_checkpoint_path:
     if fv.do_train:
       log("run_pretraining: note: --eval_checkpoint_path is read with --nodo_train only (then "
@@ -519,6 +520,7 @@ def apply_anchor_flags(log=None, flag_values=flags.FLAGS):
                        % (fv.eval_checkpoint_path, fv.init_checkpoint))
     else:
       fv.init_checkpoint = fv.eval_checkpoint_path
+      fv["init_checkpoint"].present = 1
   values = {name: getattr(fv, name) for name in ("fps_warmup_steps", "display_loss_steps",
                                                  "device")}
   for name, (usual, other) in sorted(ANCHOR_NOTES.items()):

@@ -19,7 +19,8 @@ def anchor(*argv):
     rp.FLAGS(["run_pretraining"] + list(argv))
     config.apply_anchor_flags(log=notes.append)
     values = {name: getattr(rp.FLAGS, name) for name in (
-        "optimizer", "poly_power", "max_eval_steps", "init_checkpoint")}
+        "optimizer", "poly_power", "max_eval_steps", "init_checkpoint")
+              if rp.FLAGS[name].present}  # given, as the demo and the RCPs read it
     return values, notes
   finally:
     rp.FLAGS.unparse_flags()

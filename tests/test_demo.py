@@ -94,6 +94,23 @@ def short_demo_run(tmp_path_factory):
   return {"cache": str(root / "cache"), "output_dir": output_dir, "paths": paths}
 
 
+def test_the_anchors_eval_checkpoint_path_names_the_checkpoint_a_demo_evaluates(
+    short_demo_run, tmp_path):
+  trained = os.path.join(short_demo_run["output_dir"], "model.ckpt-2")
+  for (path, status, line) in (
+      (trained, 0, "Loaded 46 of 46 model variables from %s" % trained),
+      (str(tmp_path / "missing" / "model.ckpt-9"), 2, "no checkpoint there")):
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_pretrain.run_pretraining", "--preset=demo",
+         "--demo_cache_dir=" + short_demo_run["cache"], "--noamp", "--nodo_train",
+         "--eval_checkpoint_path=" + path, "--output_dir=" + str(tmp_path / "eval"),
+         "--nodraw_report", "--intra_op_threads=1", "--max_eval_steps=2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+        timeout=300, env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == status, result.stdout[-3000:]
+    assert line in result.stdout, result.stdout[-3000:]
+
+
 def test_the_downstream_step_prints_the_baseline_and_both_word_order_accuracies(
     short_demo_run, monkeypatch):
   # A few updates each: the lines, not the accuracies, are under test here.
