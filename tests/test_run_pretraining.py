@@ -610,6 +610,7 @@ def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsy
     ranks = types.SimpleNamespace(doing="", rank=0)
     meter = types.SimpleNamespace(updates=0, update=lambda seconds, steady: None)
     logger = types.SimpleNamespace(print=print)
+    first_display = False
 
     def loss_scale(self):
       return 2.0 ** 20

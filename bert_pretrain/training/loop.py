@@ -85,7 +85,9 @@ def train(cfg, job, stop, results):
     trace = job.split is None and (job.meter.updates >= max(cfg.run.fps_warmup_steps, 1) or
                                    step + 1 == cfg.optimizer.num_train_steps)
     values = job.update(step, stop, trace)
-    job.meter.update(time.time() - step_start, steady=not trace)
+    # The first update that fetches the losses also sets up that session call: not steady.
+    job.meter.update(time.time() - step_start,
+                     steady=not trace and not (job.first_display and job.meter.updates > 0))
     if values["step"] == step:
       # Skipped by loss scaling (the scale is halved): this update is run again with
       # new data, and only applied updates count towards --num_train_steps.
@@ -231,6 +233,7 @@ class Job(object):
     self.meter = meters.Throughput(per_update, cfg.run.fps_warmup_steps)
     self.tokens = timing.Tokens(cfg.data.max_seq_length)
     self.split = None  # the traced update's parts (timing.split_update), once traced
+    self.first_display = self.displayed = False  # the losses fetched this update, ever
     self.records_log = None
     if cfg.run.do_train and cfg.data.log_trained_records:
       self.records_log = open(os.path.join(cfg.run.output_dir,
@@ -283,6 +286,7 @@ class Job(object):
                (step + 1) % cfg.run.display_loss_steps == 0)
     # Losses are fetched (and averaged over ranks) on display steps only.
     fetches = train.display_fetches if display else train.step_fetches
+    self.first_display, self.displayed = display and not self.displayed, self.displayed or display
     if self.records_log:
       fetches = dict(fetches, record_ids=train.record_ids)
     values = run(fetches, {train.stop_feed: stop.signum, train.micro_batch: last})
