@@ -50,6 +50,20 @@ def test_the_cpu_in_float32_against_itself_is_exact_in_every_row():
   assert conformance.verdict(rows)[0] == 0
 
 
+def test_a_failed_next_sentence_gradient_says_a_small_batch_can_cancel_it():
+  row = lambda section, name, error: conformance.Row(section, name, name, 5, error, 0.1)
+  forward = row("forward", "bert/embeddings", 0.01)
+  (status, line) = conformance.verdict([forward, row("gradient", "cls/seq_relationship", 0.4)])
+  assert (status, line) == (1, (
+      "FAIL: cls/seq_relationship (cls/seq_relationship) is the first outside its tolerance: "
+      "relative error 4.00e-01 > 1.00e-01; the rows before it are within theirs; an "
+      "untrained model's next-sentence gradients can cancel out over a small batch, leaving "
+      "little to compare: check with --train_batch_size=8 or more, or a trained "
+      "--init_checkpoint"))
+  (status, line) = conformance.verdict([forward, row("gradient", "bert/embeddings", 0.4)])
+  assert status == 1 and line.endswith("the rows before it are within theirs")
+
+
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
 def test_bfloat16_and_float16_on_the_cpu_stay_within_their_tolerances(pretraining_data,
                                                                        dtype):
