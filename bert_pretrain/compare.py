@@ -18,9 +18,10 @@ the runs follow one trajectory; the step where a run leaves it is where they par
 NaN is always outside), and how far off it is there tells rounding that has grown over
 many updates from a run that trains worse. The comparison is made at the steps both
 runs logged, and only for runs whose logged settings agree with the reference's
-(samples per update, learning rate at each step); the logs do not record the seed, the
-data and the initial weights, so the table assumes them the same, and says so when the
-losses differ from the first common step on. (TensorFlow 1.15 draws other dropout masks
+(samples per update, learning rate at each step); the seed and the training files are
+read from each run's bert_pretrain_run.json and the last line names a run that differs,
+the initial weights are assumed the same, and the table says so when the losses differ
+from the first common step on. (TensorFlow 1.15 draws other dropout masks
 in a graph of another compute type, seed or not: there only a dropout-free config keeps
 float32 and mixed-precision runs on one trajectory.)
 
@@ -40,6 +41,7 @@ from absl import app
 from absl import flags
 
 from bert_pretrain import errors
+from bert_pretrain.training import checkpoints
 from bert_pretrain.training import report
 
 flags.DEFINE_string("png_path", "compare.png", "The picture to write: .png, .svg or .pdf.")
@@ -50,6 +52,30 @@ FLAGS = flags.FLAGS
 # What --png_path may end with: matplotlib writes more, but would add .png to a name
 # without one of its endings, and refuse others only after the table was printed.
 PICTURE_FORMATS = (".png", ".svg", ".pdf")
+
+
+def settings_line(runs):
+  """What the runs' records (the run marker beside their checkpoints) say of the seed and
+  data the band assumes the reference's."""
+  reference = runs[0]
+  if not all(run.record for run in runs):
+    return ("compare: the band assumes the same --seed, data and initial weights as the "
+            "reference (%s); a run without its bert_pretrain_run.json does not say"
+            % reference.name)
+  other = []
+  for run in runs[1:]:
+    why = [("--seed=%s" % run.record.get("seed")) if run.record.get("seed") !=
+           reference.record.get("seed") else None,
+           "other training files" if run.record.get("train_files") !=
+           reference.record.get("train_files") else None]
+    if any(why):
+      other.append("%s has %s" % (run.name, " and ".join(w for w in why if w)))
+  if other:
+    return ("compare: the band assumes the reference's --seed=%s and training files: %s"
+            % (reference.record.get("seed"), "; ".join(other)))
+  return ("compare: the runs have the reference's --seed=%s and training files (their "
+          "bert_pretrain_run.json say); the band assumes the same initial weights too"
+          % reference.record.get("seed"))
 
 
 class Run(object):
@@ -80,6 +106,10 @@ class Run(object):
     self.evals = [r for r in report._series(self.records, "eval")  # pylint: disable=protected-access
                   if "masked_lm_accuracy" in r]
     self.summary = report.summarize(self.records)
+    try:
+      self.record = checkpoints.read_run_marker(folder) or {}
+    except ValueError:  # damaged: the run's settings are unknown, as without one
+      self.record = {}
     devices = [r for r in self.records if r.get("type") == "device"]
     self.compute = devices[-1].get("compute_type", "?") if devices else "?"
 
@@ -329,8 +359,7 @@ def main(argv):
   for line in format_rows(rows, FLAGS.band):
     print(line)
   if len(runs) > 1:
-    print("compare: the band assumes the same --seed, data and initial weights as the "
-          "reference (%s), which the logs do not record" % runs[0].name)
+    print(settings_line(runs))
   try:
     draw(runs, rows, FLAGS.png_path, FLAGS.band)
   except ImportError:

@@ -86,6 +86,9 @@ def test_float32_and_bfloat16_runs_of_one_seed_stay_in_the_band_and_report_their
   # The steady-state figure is the run's own summary line's.
   assert bf16_run.throughput() == [r for r in bf16_run.records
                                    if r["type"] == "summary"][-1]["throughput"]
+  assert ("compare: the runs have the reference's --seed=1 and training files (their "
+          "bert_pretrain_run.json say); the band assumes the same initial weights too"
+          ) in out.splitlines()
   assert "compare: compare.png" in out
   assert _png_size(str(tmp_path / "compare.png")) == (1280, 640)
   with open(report_png, "rb") as f:
@@ -97,6 +100,8 @@ def test_a_run_of_another_seed_leaves_the_band_at_the_first_step_and_says_why(ru
   assert result.returncode == 0, result.stderr
   assert "step 2 (" in table_row(result.stdout, "seed2")
   assert "from the first step: not the same seed and data?" in result.stdout
+  assert ("compare: the band assumes the reference's --seed=1 and training files: seed2 has "
+          "--seed=2") in result.stdout.splitlines()
 
 
 def test_a_run_of_another_learning_rate_is_not_compared_step_by_step(runs, tmp_path):
