@@ -185,7 +185,7 @@ class Run(object):
       "sample, re-sharded.", is_list=True)
   save_checkpoints_steps: int = setting(
       1000, "Save a checkpoint every this many updates (and always at the end).")
-  keep_checkpoint_max: int = setting(5, "Checkpoints kept in output_dir.")
+  keep_checkpoint_max: int = setting(5, "Checkpoints kept in output_dir (0: all).")
   display_loss_steps: int = setting(
       10, "Log losses and throughput every this many updates.")
   fps_warmup_steps: int = setting(10, "Updates left out of the steady-state FPS.")

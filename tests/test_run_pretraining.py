@@ -732,6 +732,8 @@ def test_xla_compiles_the_model(pretraining_data, tmp_path, monkeypatch, amp_dty
                                        nodo_eval=None))
   assert result.returncode == 0, result.stderr
   assert "Step 2," in result.stdout
+  assert re.search(r"^bert_pretrain: 1 rank\(s\), .*, seq 64, \w+ compute \(XLA\), optimizer ",
+                   result.stdout, re.M), result.stdout[:3000]
   modules = _xla_clusters(str(tmp_path / "dump"))
   in_scope = lambda names, scope: sum(n.startswith(scope) for n in names)
   model = [names for names in modules.values() if in_scope(names, "bert/encoder/") > 20]

@@ -54,11 +54,12 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, ski
         packs, packing.max_sequences, packs * packing.sequences_per_record,
         packing.sequences_per_record)
   logger.print("bert_pretrain: %d rank(s), batch %d x %d accumulation x %d ranks = %s "
-               "per update, seq %d, %s compute, optimizer %s, lr %g%s, "
+               "per update, seq %d, %s compute%s, optimizer %s, lr %g%s, "
                "distribution %s%s"
                % (ranks.replicas, cfg.run.train_batch_size,
                   cfg.optimizer.num_accumulation_steps, ranks.replicas, per_update,
-                  cfg.data.max_seq_length, device.dtype.name, cfg.optimizer.optimizer,
+                  cfg.data.max_seq_length, device.dtype.name,
+                  " (XLA)" if cfg.runtime.use_xla else "", cfg.optimizer.optimizer,
                   learning_rate, " (scaled by ranks)" if cfg.optimizer.scale_lr_by_ranks else "",
                   ranks.distribution,
                   ", attention per sequence" if cfg.run.do_train and per_sequence else ""))

@@ -66,7 +66,7 @@ def define_flags():
                       + ",".join(STEPS) + ".")
   flags.DEFINE_integer("jobs", os.cpu_count() or 1,
                        "Processes for the parallel steps (extract, clean, segment, "
-                       "tfrecords); about 2 GB of memory each at the MLPerf settings.")
+                       "tfrecords); about 1-2 GB of memory each at the MLPerf settings.")
   flags.DEFINE_bool("verify", False, "Manifest: re-hash every output file.")
   flags.DEFINE_bool("redo_changed_steps", False, "Another value of a setting redoes the "
                     "steps that use it even where they finished (their work is deleted).")
