@@ -36,6 +36,7 @@ import functools
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -101,7 +102,7 @@ FINETUNE_FLAGS = {
     "train_batch_size": 32,
     "eval_batch_size": 64,
     "learning_rate": 1e-4,
-    "num_train_epochs": 3,
+    "num_train_epochs": config.default(config.Demo, "demo_finetune_epochs"),
     "display_loss_steps": 25,
     "seed": 12345,
 }
@@ -111,8 +112,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   """The flags of `python3 -m bert_pretrain.demo` (not of the runs that import this)."""
-  flags.DEFINE_string("demo_cache_dir", config.default(config.Demo, "demo_cache_dir"),
-                      "Folder of the demo's artefacts.")
+  config.define_flags([config.Demo])  # --demo_cache_dir, --demo_finetune_epochs
   flags.DEFINE_string("finetune_from", None, "The downstream step: the output_dir of the "
                       "demo's pretraining run, whose checkpoint is fine-tuned to tell "
                       "sentences from their words shuffled (and random weights beside it).")
@@ -414,7 +414,9 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
       values["init_checkpoint"] = init
     command = [sys.executable, "-m", "bert_pretrain.run_classifier"] + [
         "--%s=%s" % item for item in sorted(values.items())]
-    log("demo: fine-tuning from %s: %s" % (init or "random weights", " ".join(command[1:])))
+    log("demo: fine-tuning from %s: %s" % (init or "random weights", " ".join(
+        ["python3"] + [shlex.quote(word) for word in command[1:]])))
+    earlier = os.path.isdir(output_dir)
     finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               universal_newlines=True,
                               preexec_fn=functools.partial(_end_with_parent, os.getpid()))
@@ -422,9 +424,11 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
       if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
         log("  " + line.strip())
     if finished.returncode != 0:
-      raise ValueError("fine-tuning from %s failed (exit %d): %s" % (
+      raise ValueError("fine-tuning from %s failed (exit %d): %s%s" % (
           init or "random weights", finished.returncode,
-          finished.stdout.strip().splitlines()[-1] if finished.stdout.strip() else ""))
+          finished.stdout.strip().splitlines()[-1] if finished.stdout.strip() else "",
+          " (an earlier fine-tune is in %s: pass the --demo_finetune_epochs it was run "
+          "with, or move it away)" % output_dir if earlier else ""))
     with open(os.path.join(output_dir, "eval_results.txt"), encoding="utf-8") as f:
       results = dict(line.strip().split(" = ") for line in f if " = " in line)
     accuracy[start] = float(results["accuracy"])
@@ -524,7 +528,7 @@ def main(argv):
       cache_dir = run_cache_dir(FLAGS.finetune_from) or cache_dir
     finetune(cache_dir, FLAGS.finetune_from,
              {k: getattr(FLAGS, "finetune_" + k) for k in ("bert_config_file", "vocab_file")
-              if getattr(FLAGS, "finetune_" + k)})
+              if getattr(FLAGS, "finetune_" + k)}, epochs=FLAGS.demo_finetune_epochs)
     return 0
   except (ValueError, workdir.PrepareError) as e:
     errors.print_error("demo", e)

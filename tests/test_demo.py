@@ -6,6 +6,7 @@ import collections
 import functools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,7 +153,8 @@ def test_the_downstream_step_prints_the_baseline_and_both_word_order_accuracies(
       "demo: downstream task: is a sentence as written or are its words shuffled; %d "
       "training sentences, %d from held-out documents" % (len(task["train"]),
                                                           len(task["dev"])))
-  assert [line.split(": -m ", 1)[0] for line in demo_lines[2:4]] == [
+  assert [line.split(": python3 -m bert_pretrain.run_classifier --", 1)[0]
+          for line in demo_lines[2:4]] == [
       "demo: fine-tuning from %s" % os.path.join(short_demo_run["output_dir"],
                                                  "model.ckpt-2"),
       "demo: fine-tuning from random weights"]
@@ -180,6 +182,30 @@ def test_fine_tuning_a_run_again_takes_the_cache_its_first_fine_tune_read(tmp_pa
   assert demo.run_cache_dir(str(run)) is None  # the cache is gone
   task.mkdir(parents=True)
   assert demo.run_cache_dir(str(run)) == str(tmp_path / "other_cache")
+
+
+def test_fine_tuning_a_run_again_takes_demo_finetune_epochs_and_names_an_earlier_fine_tune(
+    short_demo_run, tmp_path):
+  run = tmp_path / "demo-run"
+  shutil.copytree(short_demo_run["output_dir"], str(run))
+  for name in os.listdir(str(run)):
+    if name.startswith("finetune-"):
+      shutil.rmtree(str(run / name))
+
+  def finetune_from(epochs):
+    return subprocess.run(
+        [sys.executable, "-m", "bert_pretrain.demo", "--finetune_from=%s" % run,
+         "--demo_cache_dir=" + short_demo_run["cache"], "--demo_finetune_epochs=%g" % epochs],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600,
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  first = finetune_from(0.05)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert "--num_train_epochs=0.05 " in first.stdout
+  other = finetune_from(0.1)
+  assert other.returncode == 2
+  assert other.stderr.strip().endswith(
+      "(an earlier fine-tune is in %s: pass the --demo_finetune_epochs it was run with, or "
+      "move it away)" % (run / "finetune-model.ckpt-2")), other.stderr
 
 
 def _listing(folder):
