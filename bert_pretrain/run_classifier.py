@@ -289,6 +289,13 @@ def earlier_fine_tune(settings, init_checkpoint):
                      "--init_checkpoint=%s to evaluate that one)"
                      % (FLAGS.output_dir, os.path.basename(prefix), init_checkpoint,
                         FLAGS.output_dir))
+  if not FLAGS.do_train and not prefix:
+    evaluated = (checkpoints.read_run_marker(FLAGS.output_dir) or {}).get(
+        "evaluated_checkpoint")
+    if evaluated and evaluated != os.path.abspath(init_checkpoint):
+      raise ValueError("--output_dir=%s holds the results of evaluating %s; evaluating "
+                       "--init_checkpoint=%s there would replace them; pass another "
+                       "--output_dir" % (FLAGS.output_dir, evaluated, init_checkpoint))
   return prefix
 
 
@@ -462,6 +469,9 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
 
   if FLAGS.do_train and ranks.is_chief and not earlier:
     checkpoints.write_run_marker(FLAGS.output_dir, settings)
+  elif ranks.is_chief and not earlier:  # the results of which checkpoint, for the next run
+    checkpoints.write_run_marker(FLAGS.output_dir, dict(
+        settings, evaluated_checkpoint=os.path.abspath(init_checkpoint)))
   if FLAGS.do_train and not earlier:
     sess.run(train_iterator.initializer, train_feed)
     status = train(sess, display, all_finite, num_train_steps, global_batch, device.dtype, log)

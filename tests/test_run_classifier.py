@@ -472,6 +472,18 @@ def test_an_output_dir_with_a_fine_tune_is_resumed_by_the_same_command_only(task
           "evaluating --init_checkpoint=%s there would replace its results"
           % (out, elsewhere / "model.ckpt-20")) in evaluated.stderr
   assert _files(out) == before
+  # --nodo_train into a folder without a fine-tune: its results are of one checkpoint.
+  results = tmp_path / "results"
+  assert classify(task, results, "--nodo_train", init_checkpoint=str(elsewhere)).returncode == 0
+  kept = _files(results)
+  replaced = classify(task, results, "--nodo_train", init_checkpoint=str(out))
+  assert replaced.returncode == 2
+  assert replaced.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: --output_dir=%s holds the results of evaluating %s; evaluating "
+      "--init_checkpoint=%s there would replace them; pass another --output_dir"
+      % (results, elsewhere / "model.ckpt-20", out / "model.ckpt-20"))
+  assert _files(results) == kept
+  assert classify(task, results, "--nodo_train", init_checkpoint=str(elsewhere)).returncode == 0
   # A fine-tune of an earlier version (no run marker) is not written over either.
   os.remove(str(out / checkpoints.RUN_MARKER))
   old = classify(task, out, **flags)
