@@ -225,14 +225,17 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
     (["--amp", "false"], "unexpected arguments: false; pass everything as --flags: "
      "--name=value, and a true/false flag as --name or --noname (e.g. --noamp)"),
     (["--train_batch_size=six"], "flag --train_batch_size=six: invalid literal for int() "
-     "with base 10: 'six'"),
+     "with base 10: 'six'; pass a value of the flag's type (run_pretraining --helpfull lists "
+     "them)"),
+    (["--distribution=mirrored"], "--distribution=mirrored runs one process, but the script "
+     "starts Horovod ranks; set DISTRIBUTION=mirrored instead of passing --distribution"),
     (["--v=1", "--pdb", "--noamp", "--preset=one_card"], None),
     (["--helpfull", "--zzz"], None),  # the ranks print the help
     (["-helpshort"], None),
     (["--flagfile=/on/the/hosts/only", "--amp", "false"], None),  # read where ranks run
 ], ids=["horovodrun-flag", "horovodrun-option", "misspelt", "horovodrun-other-option",
         "horovodrun-option-dash-value", "unknown", "tensorflows-flag", "stray-word",
-        "bad-value", "absl-flags", "help", "help-one-dash", "flagfile"])
+        "bad-value", "distribution", "absl-flags", "help", "help-one-dash", "flagfile"])
 def test_the_training_flags_are_checked_once_before_the_ranks_start(words, message):
   command = ["horovodrun", "-np", "2", "python3", "-m", "bert_pretrain.run_pretraining"]
   if message is None:
@@ -342,8 +345,12 @@ def test_a_hostfile_becomes_the_host_list(form, tmp_path):
 
 
 @pytest.mark.parametrize("run_args,hostfile,message", [
-    (["-H", "h1:8,h2:4"], None, "host h2 has 4 slots in -H h1:8,h2:4 but the count per host is 8"),
+    (["-H", "h1:8,h2:4"], None, "host h2 has 4 slots in -H h1:8,h2:4 but the count per host "
+     "is 8 (IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of CUDA_VISIBLE_DEVICES); export "
+     "IX_NUM_CUDA_VISIBLE_DEVICES=4 or give h2:8"),
     (["--hostfile", "{hosts}"], "h1 slots=2\n", "host h1 has 2 slots in the hostfile"),
+    (["--hostfile", "{hosts}"], "h1 slots=2\n", "export IX_NUM_CUDA_VISIBLE_DEVICES=2 or give "
+     "h1 slots=8"),
     (["--hostfile", "{hosts}"], "# nothing\n\n", "lists no host"),
     (["--hostfile", "{hosts}"], "h1 cpus=8\n", "bad line 'h1 cpus=8'"),
     (["--hostfile", "{missing}"], None, "cannot read the hostfile"),

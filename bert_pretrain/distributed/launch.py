@@ -180,8 +180,10 @@ def plan(run_args, per_host, distribution="horovod"):
     if slots is not None and slots != per_host:
       raise LaunchError("host %s has %d slots in %s but the count per host is %d "
                         "(IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of CUDA_VISIBLE_DEVICES); "
-                        "export IX_NUM_CUDA_VISIBLE_DEVICES=%d or give %s:%d"
-                        % (host, slots, where, per_host, slots, host, per_host))
+                        "export IX_NUM_CUDA_VISIBLE_DEVICES=%d or give %s"
+                        % (host, slots, where, per_host, slots,
+                           "%s slots=%d" % (host, per_host) if "hostfile" in found else
+                           "%s:%d" % (host, per_host)))
   ranks = per_host * len(hosts)
   if "np" in found and found["np"] != str(ranks):
     raise LaunchError("-np %s in HOROVOD_RUN_ARGS but %d hosts x %d per host = %d ranks; drop -np "
@@ -421,12 +423,17 @@ def check_training_flags(words):
       raise LaunchError(message)
     return
   except flags.Error as e:
-    raise LaunchError(str(e).splitlines()[0])
+    raise LaunchError("%s; pass a value of the flag's type (run_pretraining --helpfull lists "
+                      "them)" % str(e).splitlines()[0])
   finally:
     for flag, value, present in saved:
       flag.value, flag.present = value, present
   if rest:
     raise LaunchError(errors.unexpected_arguments_text(rest))
+  if "horovodrun" in words and values.distribution not in ("none", "horovod"):
+    raise LaunchError("--distribution=%s runs one process, but the script starts Horovod "
+                      "ranks; set DISTRIBUTION=%s instead of passing --distribution"
+                      % (values.distribution, values.distribution))
 
 
 def _unknown_flag_text(name, args, absl_message):
