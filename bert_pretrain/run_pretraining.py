@@ -138,13 +138,12 @@ def error_status(e, cfg, inputs, ranks):
     say(errors.os_error_message(e))
   elif isinstance(e, tf.errors.OpError) and ranks is not None and ranks.is_job_error(e):
     stalled = ranks.stalled_ranks()
-    say("%s stopped the job (%s)%s; checkpoints in %s are kept: rerun the same command to "
-        "resume%s" % ("Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
-                      _error_line(e.message).split(". ")[0],
-                      "; rank %s stopped answering" % ", ".join(str(r) for r in stalled)
-                      if stalled else "; a rank stalled or failed: its number is in the "
-                      "lines above ('Missing ranks', or its own error)", output_dir,
-                      ranks.stall_reports(stalled)))
+    say("%s stopped the job (%s)%s; %s%s" % (
+        "Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
+        _error_line(e.message).split(". ")[0],
+        "; rank %s stopped answering" % ", ".join(str(r) for r in stalled) if stalled else
+        "; a rank stalled or failed: its number is in the lines above ('Missing ranks', or "
+        "its own error)", checkpoints.rerun_advice(output_dir), ranks.stall_reports(stalled)))
     return 3
   else:
     return None

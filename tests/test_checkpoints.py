@@ -358,6 +358,22 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_on
   _resumes_after(move, pretraining_data, out, 2, 4)
 
 
+def test_the_advice_after_a_stopped_job_resumes_from_the_newest_checkpoint_or_starts_over(
+    tmp_path):
+  out = tmp_path / "out"
+  assert checkpoints.rerun_advice(str(out)) == (
+      "no checkpoint was saved in %s yet: the same command run again starts over" % out)
+  with tf.Graph().as_default():
+    tf.Variable(1.0, name="w")
+    saver = tf.train.Saver()
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      for step in (2, 4):
+        saver.save(sess, str(out / "model.ckpt"), global_step=step)
+  assert checkpoints.rerun_advice(str(out)) == (
+      "checkpoints in %s are kept: rerun the same command to resume from model.ckpt-4" % out)
+
+
 def test_a_permission_or_network_error_is_not_taken_for_a_damaged_checkpoint():
   denied = tf.errors.PermissionDeniedError(None, None, "model.ckpt-4.index; Permission denied")
   assert checkpoints.DamagedCheckpoint.or_error("model.ckpt-4", denied) is denied

@@ -28,6 +28,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import errors
 from bert_pretrain.distributed import stacks
+from bert_pretrain.training import checkpoints
 
 DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 
@@ -538,10 +539,9 @@ class Ranks(object):
         errors.print_error(
             "run_pretraining",
             "rank %s stalled: no sign of life for %d s (stuck in I/O, stopped, or its host "
-            "frozen; --stall_timeout_s=%d); the job stops, checkpoints in %s are kept: check "
-            "that host and rerun the same command to resume%s"
+            "frozen; --stall_timeout_s=%d); the job stops: check that host; %s%s"
             % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
-               self.stall_timeout_s, os.path.dirname(self._folder),
+               self.stall_timeout_s, checkpoints.rerun_advice(os.path.dirname(self._folder)),
                self.stall_reports(stalled)))
         sys.stderr.flush()
         os._exit(3)  # pylint: disable=protected-access

@@ -136,6 +136,17 @@ def _setting_change(name, was, now):
                    for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
 
 
+def rerun_advice(output_dir):
+  """What running the same command again does after a job stopped early: resume from
+  output_dir's newest checkpoint, or start over when none was saved yet."""
+  found = list_checkpoints(output_dir) if tf.gfile.IsDirectory(output_dir) else []
+  if found:
+    return ("checkpoints in %s are kept: rerun the same command to resume from %s"
+            % (output_dir, os.path.basename(found[-1][1])))
+  return ("no checkpoint was saved in %s yet: the same command run again starts over"
+          % output_dir)
+
+
 def list_checkpoints(output_dir):
   """The complete checkpoints of this recipe in output_dir, by step.
 
