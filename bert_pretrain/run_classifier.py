@@ -133,9 +133,14 @@ def check_head(init_checkpoint, num_labels, hidden_size):
 def check_flags():
   """Checks the flags and reads the data, before any graph; returns (bert_config,
   init_checkpoint prefix or None, labels, data). Raises ValueError (one line)."""
-  for name in ("task_name", "data_dir", "bert_config_file", "vocab_file", "output_dir"):
+  examples = {"task_name": "one of %s" % ", ".join(sorted(classifier_data.TASKS)),
+              "data_dir": "the task's folder of .tsv files",
+              "bert_config_file": "the model's bert_config.json",
+              "vocab_file": "the model's vocab.txt",
+              "output_dir": "a folder for the fine-tune and its results"}
+  for name, example in examples.items():
     if not getattr(FLAGS, name):
-      raise ValueError("--%s is required" % name)
+      raise ValueError("--%s is required; pass %s" % (name, example))
   if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
     raise ValueError("--nodo_train, --nodo_eval and no --do_predict: nothing to do; pass "
                      "one of them")
