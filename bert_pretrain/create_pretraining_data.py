@@ -917,8 +917,6 @@ def define_flags():
   flags.DEFINE_float("masked_lm_prob", config.MASKED_LM_PROB, "Masked LM probability.")
   flags.DEFINE_float("short_seq_prob", config.SHORT_SEQ_PROB,
                      "Probability of a shorter target length for a document.")
-  for name in ("input_file", "output_file", "vocab_file"):
-    flags.mark_flag_as_required(name)
 
 
 def output_paths(output_files):
@@ -945,8 +943,12 @@ def main(argv):
   for stray words, else 1) or a signal (1 for Ctrl-C, 143 for SIGTERM)."""
   if len(argv) > 1:
     errors.unexpected_arguments("create_pretraining_data", argv[1:])
-  errors.stop_on_sigterm()
   flag_values = flags.FLAGS
+  errors.require_flags("create_pretraining_data", flag_values, (
+      ("input_file", "the text files (one sentence a line, documents split by blank lines)"),
+      ("output_file", "the TFRecord files to write"),
+      ("vocab_file", "the model's vocab.txt")))
+  errors.stop_on_sigterm()
   try:
     check_new_outputs(flag_values.output_file)
     workdir.remove_dead_temporaries(output_paths(flag_values.output_file))

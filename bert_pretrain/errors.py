@@ -96,6 +96,14 @@ def usage_error(tool, message):
   sys.exit(2)
 
 
+def require_flags(tool, flag_values, wanted):
+  """usage_error naming the first flag of `wanted` ((name, what to pass) pairs) that is
+  not given: absl's required flags print two lines and exit 1."""
+  for name, what in wanted:
+    if not flag_values[name].value:
+      usage_error(tool, "--%s is required; pass %s" % (name, what))
+
+
 def make_output_folders(tool, flag, folder, subfolders=()):
   """Makes `folder` and its subfolders and writes a file in each, or usage_error in one
   line naming the folder: a bad path (under a file, in /proc, read-only) is said before

@@ -279,6 +279,10 @@ def write_folder(folder, tensors, bert_config, vocab_file, do_lower_case):
 def main(argv):
   if len(argv) > 1:
     errors.unexpected_arguments("export", argv[1:])
+  errors.require_flags("export", FLAGS, (
+      ("checkpoint", "the checkpoint to export (a prefix, or a run's folder)"),
+      ("bert_config_file", "the model's bert_config.json"),
+      ("vocab_file", "the model's vocab.txt"), ("output_dir", "a folder to write")))
   try:
     count = export(FLAGS.checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file,
                    FLAGS.output_dir, FLAGS.do_lower_case)
@@ -301,6 +305,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("vocab_file", None, "vocab.txt of the model.")
   flags.DEFINE_string("output_dir", None, "Folder to write (made if missing).")
   flags.DEFINE_bool("do_lower_case", True, "Whether the tokenizer lower-cases (uncased).")
-  for name in ("checkpoint", "bert_config_file", "vocab_file", "output_dir"):
-    flags.mark_flag_as_required(name)
   app.run(main)

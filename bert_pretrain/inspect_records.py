@@ -343,7 +343,6 @@ def define_flags():
                        "Records parsed for the spec check and statistics (0: all).",
                        lower_bound=0)
   flags.DEFINE_bool("check_crc", True, "Check the CRCs of every record.")
-  flags.mark_flag_as_required("input")
 
 
 def run_inspect(inputs, vocab=None, max_seq_length=None, max_predictions_per_seq=None,
@@ -387,6 +386,8 @@ def main(argv):
     errors.unexpected_arguments("inspect_tfrecords", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)
   flag_values = flags.FLAGS
+  errors.require_flags("inspect_tfrecords", flag_values, (
+      ("input", "TFRecord files, folders or globs, comma-separated"),))
   sys.exit(run_inspect(flag_values.input, flag_values.vocab, flag_values.max_seq_length,
                        flag_values.max_predictions_per_seq, flag_values.num_examples,
                        flag_values.stats_records, flag_values.check_crc))

@@ -156,8 +156,6 @@ def test_a_word_that_is_no_flag_is_one_line_without_the_modules_help(tool, tmp_p
 
 
 @pytest.mark.parametrize("module,tool,words,message", [
-    ("bert_pretrain.inspect_records", "inspect_tfrecords", [],
-     "flag --input=None: Flag --input must have a value other than None"),
     ("bert_pretrain.inspect_records", "inspect_tfrecords", ["--input=i", "--bogus"],
      "Unknown command line flag 'bogus'"),
     ("bert_pretrain.pack_records", "pack_records", ["--input=i", "--output_dir=o",
@@ -169,6 +167,20 @@ def test_a_bad_command_line_of_a_tool_whose_1_means_bad_records_is_exit_2(
   result = _run([sys.executable, "-m", module] + words, cwd=str(tmp_path))
   assert (result.returncode, result.stdout) == (2, "")
   assert result.stderr == "%s: error: %s; --helpfull lists the flags\n" % (tool, message)
+
+
+@pytest.mark.parametrize("module,line", [
+    ("bert_pretrain.inspect_records", "inspect_tfrecords: error: --input is required; pass "
+     "TFRecord files, folders or globs, comma-separated"),
+    ("bert_pretrain.export", "export: error: --checkpoint is required; pass the checkpoint to "
+     "export (a prefix, or a run's folder)"),
+    ("bert_pretrain.create_pretraining_data", "create_pretraining_data: error: --input_file "
+     "is required; pass the text files (one sentence a line, documents split by blank "
+     "lines)"),
+])
+def test_a_tool_without_a_required_flag_says_in_one_line_what_to_pass(module, line, tmp_path):
+  result = _run([sys.executable, "-m", module], cwd=str(tmp_path))
+  assert (result.returncode, result.stdout, result.stderr) == (2, "", line + "\n")
 
 
 def test_the_report_without_its_run_folder_is_one_line_without_the_modules_help():
