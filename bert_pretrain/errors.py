@@ -100,7 +100,7 @@ def require_flags(tool, flag_values, wanted):
   """usage_error naming the first flag of `wanted` ((name, what to pass) pairs) that is
   not given: absl's required flags print two lines and exit 1."""
   for name, what in wanted:
-    if not flag_values[name].value:
+    if flag_values[name].value is None:  # an empty one: the tool says what it needs
       usage_error(tool, "--%s is required; pass %s" % (name, what))
 
 
