@@ -246,6 +246,17 @@ def test_the_training_flags_are_checked_once_before_the_ranks_start(words, messa
   assert str(raised.value) == message
 
 
+def test_the_scripts_own_distribution_for_several_hosts_passes_the_check(tmp_path):
+  # multi_worker_mirrored on two hosts: horovodrun starts one process a host, with
+  # TF_CONFIG, and the script passes --distribution itself.
+  result = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
+                       IX_NUM_CUDA_VISIBLE_DEVICES="8", DISTRIBUTION="multi_worker_mirrored",
+                       HOROVOD_RUN_ARGS="--gloo -H host1:8,host2:8")
+  assert result.returncode == 0, result.stderr
+  assert "horovodrun -np 2 -H host1:1,host2:1" in result.stdout
+  assert "--distribution=multi_worker_mirrored" in result.stdout
+
+
 def test_every_flag_a_rank_knows_passes_the_launchers_check():
   # A rank's flags: those of a process that imported run_pretraining alone, each with its
   # default as the command line gives it.
@@ -397,11 +408,11 @@ def test_a_job_on_this_host_alone_asks_for_no_more_cards_than_it_has(per_host, g
     (4, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores: "
      "CUDA_VISIBLE_DEVICES is empty, which hides the 4 cards ixsmi lists; unset "
      "CUDA_VISIBLE_DEVICES to train on them, or export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer"),
-    (0, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores: "
-     "CUDA_VISIBLE_DEVICES is empty, which hides the cards; unset CUDA_VISIBLE_DEVICES to "
-     "train on them, or export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer"),
+    (0, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores and no "
+     "GPU: each would get less than a core; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, "
+     "or name the host to oversubscribe anyway: HOROVOD_RUN_ARGS=\"--gloo -H localhost:4\""),
 ])
-def test_cards_hidden_by_an_empty_cuda_visible_devices_are_named_when_too_many_cpu_ranks_are_asked_for(
+def test_cards_an_empty_cuda_visible_devices_hides_are_named_when_too_many_cpu_ranks_are_asked_for(
     gpus, message):
   cards = launch_plan.Cards(gpus, "ixsmi" if gpus else None)
   launch_plan.check_this_host(2, cards, 2, hidden=True)

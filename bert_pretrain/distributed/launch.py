@@ -214,13 +214,12 @@ def check_this_host(per_host, cards, cores, hidden=False):
     cores: int, this host's cores.
     hidden: an empty CUDA_VISIBLE_DEVICES hides the cards: the ranks run on the CPU.
   """
-  if hidden and per_host > cores:
+  if hidden and cards.count and per_host > cores:
     raise LaunchError("%d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of %d "
-                      "cores: CUDA_VISIBLE_DEVICES is empty, which hides the %s; unset "
-                      "CUDA_VISIBLE_DEVICES to train on them, or export "
+                      "cores: CUDA_VISIBLE_DEVICES is empty, which hides the %d cards %s "
+                      "lists; unset CUDA_VISIBLE_DEVICES to train on them, or export "
                       "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
-                      % (per_host, cores, "%d cards %s lists" % cards if cards.count else
-                         "cards", cores))
+                      % (per_host, cores, cards.count, cards.lister, cores))
   if cards.count and per_host > cards.count and not hidden:
     raise LaunchError("%d cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but %s lists %d on "
                       "this host; export IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
@@ -430,7 +429,10 @@ def check_training_flags(words):
       flag.value, flag.present = value, present
   if rest:
     raise LaunchError(errors.unexpected_arguments_text(rest))
-  if "horovodrun" in words and values.distribution not in ("none", "horovod"):
+  # horovodrun starts one process a host for multi_worker_mirrored, with TF_CONFIG.
+  started = ("none", "horovod") + (("multi_worker_mirrored",) if any(
+      word.startswith("TF_CONFIG=") for word in words) else ())
+  if "horovodrun" in words and values.distribution not in started:
     raise LaunchError("--distribution=%s runs one process, but the script starts Horovod "
                       "ranks; set DISTRIBUTION=%s instead of passing --distribution"
                       % (values.distribution, values.distribution))
