@@ -234,7 +234,8 @@ def pretraining_command(train_dir, config_file, output_dir, seq, batch, steps, w
           "--output_dir=" + output_dir, "--max_seq_length=%d" % seq,
           "--max_predictions_per_seq=%d" % PREDICTIONS[seq],
           "--train_batch_size=%d" % batch, "--num_train_steps=%d" % steps,
-          "--fps_warmup_steps=%d" % warmup, "--display_loss_steps=%d" % steps,
+          # The first update that logs the losses sets that call up: within the warm-up.
+          "--fps_warmup_steps=%d" % warmup, "--display_loss_steps=%d" % max(1, warmup),
           "--save_checkpoints_steps=100000", "--stop_threshold=0", "--learning_rate=1e-4",
           "--amp" if amp else "--noamp"]
 

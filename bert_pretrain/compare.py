@@ -32,6 +32,7 @@ scale); each run's steady-state sentences/s with its ratio to the reference's. A
 own report.png (python3 -m bert_pretrain.training.report) is not touched.
 """
 
+import json
 import logging
 import math
 import os
@@ -40,8 +41,8 @@ import sys
 from absl import app
 from absl import flags
 
+from bert_pretrain import config
 from bert_pretrain import errors
-from bert_pretrain.training import checkpoints
 from bert_pretrain.training import report
 
 flags.DEFINE_string("png_path", "compare.png", "The picture to write: .png, .svg or .pdf.")
@@ -106,9 +107,12 @@ class Run(object):
     self.evals = [r for r in report._series(self.records, "eval")  # pylint: disable=protected-access
                   if "masked_lm_accuracy" in r]
     self.summary = report.summarize(self.records)
-    try:
-      self.record = checkpoints.read_run_marker(folder) or {}
-    except ValueError:  # damaged: the run's settings are unknown, as without one
+    try:  # Plain JSON: this tool runs without TensorFlow.
+      with open(os.path.join(folder, config.RUN_MARKER), encoding="utf-8") as f:
+        self.record = json.load(f)
+    except (EnvironmentError, ValueError):  # none or damaged: the settings are unknown
+      self.record = {}
+    if not isinstance(self.record, dict):
       self.record = {}
     devices = [r for r in self.records if r.get("type") == "device"]
     self.compute = devices[-1].get("compute_type", "?") if devices else "?"

@@ -30,6 +30,9 @@ import typing
 from absl import flags
 
 DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
+# Written into output_dir by this recipe: the settings its checkpoints need and the
+# layout and data of the run that wrote them (training/checkpoints.py writes and reads it).
+RUN_MARKER = "bert_pretrain_run.json"
 # MLPerf's sequence length and masked positions: the records' and the run's default.
 MAX_SEQ_LENGTH = 512
 MAX_PREDICTIONS_PER_SEQ = 76

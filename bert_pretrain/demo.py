@@ -523,6 +523,11 @@ def main(argv):
       return 0
     if not FLAGS.finetune_from:
       raise ValueError("--finetune_from is empty; pass the pretraining run's output_dir")
+    if not FLAGS.demo_finetune_epochs > 0:
+      raise ValueError("--demo_finetune_epochs=%g leaves --finetune_from nothing to do; pass "
+                       "a positive number of epochs (default %g)" % (
+                           FLAGS.demo_finetune_epochs,
+                           config.default(config.Demo, "demo_finetune_epochs")))
     cache_dir = FLAGS.demo_cache_dir
     if not FLAGS["demo_cache_dir"].present:
       cache_dir = run_cache_dir(FLAGS.finetune_from) or cache_dir

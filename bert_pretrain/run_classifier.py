@@ -294,13 +294,14 @@ def earlier_fine_tune(settings, init_checkpoint):
                      "--init_checkpoint=%s to evaluate that one)"
                      % (FLAGS.output_dir, os.path.basename(prefix), init_checkpoint,
                         FLAGS.output_dir))
-  if not FLAGS.do_train and not prefix:
+  if not prefix:
     evaluated = (checkpoints.read_run_marker(FLAGS.output_dir) or {}).get(
         "evaluated_checkpoint")
-    if evaluated and evaluated != os.path.abspath(init_checkpoint):
-      raise ValueError("--output_dir=%s holds the results of evaluating %s; evaluating "
-                       "--init_checkpoint=%s there would replace them; pass another "
-                       "--output_dir" % (FLAGS.output_dir, evaluated, init_checkpoint))
+    if evaluated and (FLAGS.do_train or evaluated != os.path.abspath(init_checkpoint)):
+      raise ValueError("--output_dir=%s holds the results of evaluating %s; %s there "
+                       "would replace them; pass another --output_dir"
+                       % (FLAGS.output_dir, evaluated, "a fine-tune" if FLAGS.do_train else
+                          "evaluating --init_checkpoint=%s" % init_checkpoint))
   return prefix
 
 

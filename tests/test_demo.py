@@ -206,6 +206,10 @@ def test_fine_tuning_a_run_again_takes_demo_finetune_epochs_and_names_an_earlier
   assert other.stderr.strip().endswith(
       "(an earlier fine-tune is in %s: pass the --demo_finetune_epochs it was run with, or "
       "move it away)" % (run / "finetune-model.ckpt-2")), other.stderr
+  none = finetune_from(0)
+  assert (none.returncode, none.stderr) == (2, (
+      "demo: error: --demo_finetune_epochs=0 leaves --finetune_from nothing to do; pass a "
+      "positive number of epochs (default 3)\n"))
 
 
 def _listing(folder):

@@ -484,6 +484,13 @@ def test_an_output_dir_with_a_fine_tune_is_resumed_by_the_same_command_only(task
       "--init_checkpoint=%s there would replace them; pass another --output_dir"
       % (results, elsewhere / "model.ckpt-20", out / "model.ckpt-20"))
   assert _files(results) == kept
+  trained = classify(task, results, init_checkpoint=task["init"], num_train_epochs=1)
+  assert trained.returncode == 2
+  assert trained.stderr.strip().splitlines()[-1] == (
+      "run_classifier: error: --output_dir=%s holds the results of evaluating %s; a "
+      "fine-tune there would replace them; pass another --output_dir"
+      % (results, elsewhere / "model.ckpt-20"))
+  assert _files(results) == kept
   assert classify(task, results, "--nodo_train", init_checkpoint=str(elsewhere)).returncode == 0
   # A fine-tune of an earlier version (no run marker) is not written over either.
   os.remove(str(out / checkpoints.RUN_MARKER))

@@ -26,13 +26,12 @@ import socket
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import config
 from bert_pretrain.errors import is_disk_full
 
 _CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
-# Written into output_dir by this recipe: the settings its checkpoints need and the
-# layout and data of the run that wrote them. A checkpoint without it is someone else's
-# unless it holds DATA_POSITION.
-RUN_MARKER = "bert_pretrain_run.json"
+# A checkpoint without the run marker is someone else's unless it holds DATA_POSITION.
+RUN_MARKER = config.RUN_MARKER
 # The int64 variable of pretraining.build_train_graph that counts the records of the
 # data order the updates consumed: in every checkpoint of this recipe (and no other's),
 # so that a resumed run continues the data order there.

@@ -223,9 +223,10 @@ def log_throughput(cfg, logger, meter):
     logger.print("Throughput Average (sentences/sec) = %.2f (after %d warm-up steps, without "
                  "checkpoint and eval time)" % (fps_steady, cfg.run.fps_warmup_steps))
   else:  # meter.averages gave the average with overhead
-    logger.print("Throughput Average (sentences/sec) = %.2f (with overhead: no update came "
-                 "after the %d warm-up steps and the traced one; train 2 updates more than "
-                 "--fps_warmup_steps or lower it)" % (fps_steady, cfg.run.fps_warmup_steps))
+    logger.print("Throughput Average (sentences/sec) = %.2f (with overhead: no update is "
+                 "left once the %d warm-up steps, the traced one and the first to log the "
+                 "losses are out; train more updates or lower --fps_warmup_steps)"
+                 % (fps_steady, cfg.run.fps_warmup_steps))
 
 
 def log_where_time_goes(logger, fps, tokens, split, flops_per_sequence, peak, replicas):
