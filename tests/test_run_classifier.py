@@ -444,6 +444,12 @@ def _files(folder):
           if name != checkpoints.LOCK_FILE}
 
 
+def _refusal(result):
+  """The last line of a run refused with exit status 2."""
+  assert result.returncode == 2, result.stderr[-3000:]
+  return result.stderr.strip().splitlines()[-1]
+
+
 def test_an_output_dir_with_a_fine_tune_is_resumed_by_the_same_command_only(task, tmp_path):
   out = tmp_path / "out"
   flags = dict(init_checkpoint=task["init"], num_train_epochs=4)
@@ -459,9 +465,7 @@ def test_an_output_dir_with_a_fine_tune_is_resumed_by_the_same_command_only(task
   assert "Step " not in again.stdout and "Saved" not in again.stdout
   assert _files(out) == before
   # Other settings, or evaluating another checkpoint there, are refused; nothing changes.
-  other = classify(task, out, init_checkpoint=task["init"], num_train_epochs=2)
-  assert other.returncode == 2
-  assert other.stderr.strip().splitlines()[-1] == (
+  assert _refusal(classify(task, out, init_checkpoint=task["init"], num_train_epochs=2)) == (
       "run_classifier: error: --output_dir=%s holds a run with other num_train_steps "
       "(num_train_steps was 20); resume with the same settings or use a new --output_dir"
       % out)
@@ -477,16 +481,13 @@ def test_an_output_dir_with_a_fine_tune_is_resumed_by_the_same_command_only(task
   results = tmp_path / "results"
   assert classify(task, results, "--nodo_train", init_checkpoint=str(elsewhere)).returncode == 0
   kept = _files(results)
-  replaced = classify(task, results, "--nodo_train", init_checkpoint=str(out))
-  assert replaced.returncode == 2
-  assert replaced.stderr.strip().splitlines()[-1] == (
+  assert _refusal(classify(task, results, "--nodo_train", init_checkpoint=str(out))) == (
       "run_classifier: error: --output_dir=%s holds the results of evaluating %s; evaluating "
       "--init_checkpoint=%s there would replace them; pass another --output_dir"
       % (results, elsewhere / "model.ckpt-20", out / "model.ckpt-20"))
   assert _files(results) == kept
-  trained = classify(task, results, init_checkpoint=task["init"], num_train_epochs=1)
-  assert trained.returncode == 2
-  assert trained.stderr.strip().splitlines()[-1] == (
+  assert _refusal(classify(task, results, init_checkpoint=task["init"],
+                           num_train_epochs=1)) == (
       "run_classifier: error: --output_dir=%s holds the results of evaluating %s; a "
       "fine-tune there would replace them; pass another --output_dir"
       % (results, elsewhere / "model.ckpt-20"))
