@@ -42,6 +42,8 @@ SHORT_SEQ_PROB = 0.1
 DUPE_FACTOR = 10
 DATA_SEED = 12345
 CLIPPING = ("per_micro_batch", "after_allreduce")
+CROSS_REPLICA_GRADIENTS = ("sum", "mean")
+LR_SCHEDULE_STEPS = ("micro_batch", "update")
 RESUME_CHANGES = ("global_batch", "seed", "data", "shuffle_buffer", "tensorflow")
 # --seed is below this, as the seed a run draws is (TensorFlow takes int64 seeds).
 SEED_LIMIT = 2 ** 31
@@ -133,6 +135,16 @@ class Optimizer(object):
       "given on the command line still win (a --preset's values do not), and the log "
       "names the RCP.")
   num_accumulation_steps: int = setting(1, "Micro-batches summed into one update.")
+  lr_schedule_step: str = setting(
+      "micro_batch", "What the learning-rate schedule steps by with accumulation: "
+      "micro_batch (MLPerf's reference: its schedule counts micro-batches, k times as "
+      "many, and an update takes the value of its last, so update u is at u + (k-1)/k "
+      "updates) or update (NVIDIA's: update u is at u).", choices=list(LR_SCHEDULE_STEPS))
+  cross_replica_gradients: str = setting(
+      "sum", "How the ranks' gradients are combined: sum (MLPerf's reference, TensorFlow's "
+      "cross-replica sum: with LAMB or Adam, r ranks update as one card with epsilon / r) "
+      "or mean (NVIDIA's and Horovod's average: the update does not depend on the number "
+      "of ranks).", choices=list(CROSS_REPLICA_GRADIENTS))
   allreduce_post_accumulation: bool = setting(
       True, "All-reduce once per update, after accumulation (otherwise after every "
       "micro-batch).")

@@ -456,12 +456,14 @@ def ordered_flags(data, out, batch, accumulation):
   """Flags of 3 updates on equal_weight_data in record order (ranks x batch = one global batch)."""
   # shuffle_buffer=1 with one file reads records in order; the replicas take the
   # micro-batches of that order in turn, so each update trains on the same records.
-  # Clipped after the all-reduce, ranks x accumulation x batch update as one batch (clipped
-  # per micro-batch on each rank, MLPerf's reference order, they would not).
+  # Clipped after the all-reduce and averaged over the ranks, ranks x accumulation x batch
+  # update as one batch (clipped per micro-batch on each rank, or summed over the ranks,
+  # MLPerf's reference, they would not).
   return base_flags(data, out, input_files_dir=data["train"], bert_config_file=data["config"],
                     init_checkpoint=data["init"], train_batch_size=batch,
                     num_accumulation_steps=accumulation, num_train_steps=3, shuffle_buffer=1,
-                    learning_rate=5e-3, nodo_eval=None, gradient_clipping="after_allreduce")
+                    learning_rate=5e-3, nodo_eval=None, gradient_clipping="after_allreduce",
+                    cross_replica_gradients="mean")
 
 
 def assert_same_weights(one_dir, other_dir, init_checkpoint):

@@ -105,6 +105,34 @@ def test_mirrored_resumes_where_it_stopped(equal_weight_data, one_card, tmp_path
   assert_same_weights(one_card[0], tmp_path, equal_weight_data["init"])
 
 
+def test_mirrored_sums_the_replicas_gradients_as_the_reference_by_default(
+    equal_weight_data, tmp_path):
+  """Clipped on each replica, the gradients summed over 2 replicas are twice their mean,
+  exactly: LAMB's update is then that of the mean with half the epsilon, and not that of
+  the mean with the same epsilon (a large one, so that it shows)."""
+  runs = {"summed": ["--epsilon=1e-2"],
+          "averaged, half the epsilon": ["--cross_replica_gradients=mean", "--epsilon=5e-3"],
+          "averaged": ["--cross_replica_gradients=mean", "--epsilon=1e-2"]}
+  for name, extra in runs.items():
+    out = tmp_path / name.replace(" ", "_").replace(",", "")
+    flags = [f for f in engine_flags(equal_weight_data, out, 4)
+             if not f.startswith("--cross_replica_gradients")]
+    result = run_pretraining(*flags + extra + [
+        "--distribution=mirrored", "--cpu_devices=2", "--gradient_clipping=per_micro_batch"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs[name] = out
+    if name == "summed":
+      assert "summed over the 2 ranks (MLPerf's reference)" in result.stdout
+  same = assert_same_weights(runs["summed"], runs["averaged, half the epsilon"],
+                             equal_weight_data["init"])
+  _, summed = final_weights(runs["summed"])
+  _, averaged = final_weights(runs["averaged"])
+  other = max(float(np.abs(summed[n] - averaged[n]).max()) for n in summed)
+  print("summed against averaged: %.3g with half the epsilon, %.3g with the same"
+        % (same, other))
+  assert other > 100 * max(same, 1e-7)
+
+
 def test_mirrored_float16_skips_the_updates_that_overflow_on_every_replica(
     equal_weight_data, tmp_path):
   """An initial loss scale of 1e7 overflows: the replicas skip those updates together

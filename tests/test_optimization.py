@@ -30,6 +30,56 @@ def test_warmup_then_polynomial_decay():
   np.testing.assert_allclose(got, [0.0, 0.0, 0.5], atol=1e-6)
 
 
+def reference_schedule_values(steps, init_lr, num_train_steps, num_warmup_steps, poly_power,
+                              start_warmup_step):
+  """The learning rate as MLPerf's reference computes it (optimization.create_optimizer):
+  TensorFlow's polynomial_decay, then the warm-up from integer steps, blended by a 0/1
+  float."""
+  with tf.Graph().as_default():
+    step = tf.placeholder(tf.int64, [])
+    decayed = tf.train.polynomial_decay(tf.constant(init_lr, tf.float32), step,
+                                        num_train_steps, end_learning_rate=0.0,
+                                        power=poly_power, cycle=False)
+    done = tf.cast(tf.cast(step, tf.int32) - start_warmup_step, tf.float32)
+    warmup = init_lr * (done / tf.cast(num_warmup_steps, tf.float32))
+    is_warmup = tf.cast(done < num_warmup_steps, tf.float32)
+    lr = (1.0 - is_warmup) * decayed + is_warmup * warmup
+    with tf.Session() as sess:
+      return [float(sess.run(lr, {step: s})) for s in steps]
+
+
+# MLPerf's reference convergence points (learning rate, updates, warm-up, start_warmup_step).
+RCP_SCHEDULES = ((0.00288293, 600, 287, -76), (0.0033, 600, 290, -100),
+                 (0.002, 1141, 100, 0), (1e-4, 107538, 1562, 0))
+
+
+@pytest.mark.parametrize("init_lr,updates,warmup,start", RCP_SCHEDULES)
+def test_the_schedule_equals_the_references_bit_for_bit(init_lr, updates, warmup, start):
+  steps = sorted(set(range(0, 2 * warmup + 5)) | set(range(updates - 5, updates + 3)) |
+                 set(range(0, updates, max(1, updates // 200))))
+  ours = schedule_values(steps, init_lr=init_lr, num_train_steps=updates,
+                         num_warmup_steps=warmup, start_warmup_step=start)
+  assert ours == reference_schedule_values(steps, init_lr, updates, warmup, 1.0, start)
+
+
+@pytest.mark.parametrize("init_lr,updates,warmup,start", RCP_SCHEDULES[:3])
+def test_with_accumulation_the_schedule_steps_per_micro_batch_as_the_reference(
+    init_lr, updates, warmup, start):
+  """The reference with k micro-batches an update counts micro-batches, its step counts
+  scaled by k, and update u reads the value at its last micro-batch, u * k + k - 1."""
+  k = 4
+  updates_seen = list(range(0, 2 * warmup + 5)) + list(range(updates - 5, updates + 1))
+  ours = schedule_values(updates_seen, init_lr=init_lr, num_train_steps=updates,
+                         num_warmup_steps=warmup, start_warmup_step=start, micro_batches=k)
+  reference = reference_schedule_values([u * k + k - 1 for u in updates_seen], init_lr,
+                                        updates * k, warmup * k, 1.0, start * k)
+  assert ours == reference
+  # Not the schedule of updates: the first update of the warm-up already moves.
+  per_update = schedule_values(updates_seen, init_lr=init_lr, num_train_steps=updates,
+                               num_warmup_steps=warmup, start_warmup_step=start)
+  assert ours != per_update
+
+
 # 1 - beta in float32, as TensorFlow's fused ApplyAdam kernel computes it.
 ONE_MINUS_B1 = float(np.float32(1) - np.float32(0.9))
 ONE_MINUS_B2 = float(np.float32(1) - np.float32(0.999))

@@ -496,6 +496,23 @@ def test_a_negative_start_of_the_warm_up_as_mlperfs_reference_points_set_is_acce
     inputs.check_settings(settings("--num_warmup_steps=-700"))
 
 
+@pytest.mark.parametrize("step_by,rates", [("micro_batch", [1.25e-4, 3.75e-4]),
+                                            ("update", [0.0, 2.5e-4])])
+def test_with_accumulation_the_learning_rate_steps_as_the_flag_says(
+    pretraining_data, tmp_path, step_by, rates):
+  """Warm-up over 4 updates of 2 micro-batches to 1e-3: MLPerf's reference counts 8
+  micro-batches and each update takes the value at its last (0.5/4 and 1.5/4 of the
+  peak); counted in updates they are 0/4 and 1/4."""
+  result = run_pretraining(*base_flags(
+      pretraining_data, tmp_path / "out", num_accumulation_steps=2, num_train_steps=2,
+      num_warmup_steps=4, display_loss_steps=1, nodo_eval=None, lr_schedule_step=step_by,
+      dllog_path=str(tmp_path / "log.json")))
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = [json.loads(line) for line in open(str(tmp_path / "log.json"))]
+  logged = [r["learning_rate"] for r in records if r["type"] == "train" and "learning_rate" in r]
+  np.testing.assert_allclose(logged, rates, rtol=1e-6)
+
+
 @pytest.mark.parametrize("case,overrides,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_a_one_line_error(pretraining_data, tmp_path, case, overrides, message):
   out = tmp_path / "out"

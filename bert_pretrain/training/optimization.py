@@ -7,7 +7,8 @@
   adapt_every_variable). Their moment slots are named <variable>/adam_m and
   <variable>/adam_v as in Google BERT checkpoints. Each variable is updated in place
   by TensorFlow's fused kernels (ApplyAdam, ApplyGradientDescent), one pass each.
-- Linear warm-up from --start_warmup_step, then polynomial decay to 0.
+- Linear warm-up from --start_warmup_step, then polynomial decay to 0; with accumulation
+  the schedule counts micro-batches, as MLPerf's reference, or updates (NVIDIA's).
 - Gradient clipping by global norm 1.0: by default each micro-batch's gradient on each
   replica, before accumulation and the all-reduce, as MLPerf's reference (and NVIDIA)
   do; or once, after accumulation and the all-reduce (CLIP_AFTER_ALLREDUCE). MLPerf's
@@ -15,7 +16,8 @@
 - Gradient accumulation: k micro-batches are summed in float32 accumulators and applied
   as one update of their mean (clipped after the all-reduce, k micro-batches of b give
   the update of one batch kb). The all-reduce across ranks (Horovod) happens once,
-  after accumulation.
+  after accumulation; it sums the ranks' gradients, as MLPerf's reference, or averages
+  them (NVIDIA's).
 - Dynamic loss scaling for float16: start 2^15, x2 after 1000 finite steps, a step
   with a non-finite gradient is skipped (weights, slots and global_step unchanged)
   and halves the scale.
@@ -38,7 +40,7 @@ _DEFAULTS = config.Optimizer()
 
 
 def learning_rate_schedule(global_step, init_lr, num_train_steps, num_warmup_steps,
-                           poly_power=1.0, start_warmup_step=0):
+                           poly_power=1.0, start_warmup_step=0, micro_batches=1):
   """The learning rate at `global_step`: linear warm-up, then polynomial decay to 0.
 
   Args:
@@ -48,17 +50,26 @@ def learning_rate_schedule(global_step, init_lr, num_train_steps, num_warmup_ste
     num_warmup_steps: length of the linear warm-up (0: none).
     poly_power: power of the polynomial decay (1.0 is linear).
     start_warmup_step: the warm-up starts at this step (MLPerf's start_warmup_step).
+    micro_batches: the schedule counts micro-batches, this many an update, as MLPerf's
+      reference does with accumulation: its step counts are scaled by micro_batches and
+      update u takes the value at its last micro-batch, u * micro_batches +
+      micro_batches - 1. With 1, the schedule counts updates.
 
   Returns:
     float32 scalar Tensor.
   """
+  if micro_batches > 1:
+    global_step = global_step * micro_batches + (micro_batches - 1)
+    (num_train_steps, num_warmup_steps, start_warmup_step) = (
+        n * micro_batches for n in (num_train_steps, num_warmup_steps, start_warmup_step))
   step = tf.cast(global_step, tf.float32)
   decay_fraction = 1.0 - tf.minimum(step, float(num_train_steps)) / float(max(num_train_steps, 1))
   decayed_lr = init_lr * tf.pow(decay_fraction, poly_power)
   if not num_warmup_steps:
     return decayed_lr
   warmup_step = step - float(start_warmup_step)
-  warmup_lr = init_lr * tf.maximum(warmup_step, 0.0) / float(num_warmup_steps)
+  # init_lr times the fraction done, in this order, rounds as the reference does.
+  warmup_lr = init_lr * (tf.maximum(warmup_step, 0.0) / float(num_warmup_steps))
   return tf.where(warmup_step < float(num_warmup_steps), warmup_lr, decayed_lr)
 
 
@@ -358,8 +369,8 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
       loss scaling skips (a non-finite gradient) does not count: global_step and with
       it the learning-rate schedule stay where they were, as in NVIDIA's recipe.
     num_accumulation_steps: micro-batches per update (k).
-    allreduce_fn: (optional) function list of gradients -> list of gradients averaged
-      over the ranks (Horovod); applied once per update, after accumulation.
+    allreduce_fn: (optional) function list of gradients -> list of gradients summed
+      (or averaged) over the ranks; applied once per update, after accumulation.
     loss_scale: (optional) DynamicLossScale, for float16 compute.
     clip_norm: gradients are clipped to this global norm before the update.
     pre_accumulation_fn: (optional) like allreduce_fn, but applied to every

@@ -143,7 +143,8 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       clipping and float16's first loss scale (train_ops).
     learning_rate: the schedule's peak (default: opt.learning_rate).
     ranks: (optional) ranks.Ranks of several replicas: the graph is built per replica
-      (under ranks.scope()); gradients, losses and the stop signal are all-reduced.
+      (under ranks.scope()); gradients (summed or averaged: opt.cross_replica_gradients),
+      losses and the stop signal are all-reduced.
     attention_per_sequence, drop_padding: build_model's (attends_per_sequence says
       when attending per sequence pays).
     seed: (optional) Python int: each dropout mask is a function of it, the site and
@@ -183,6 +184,10 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
   replicas = ranks.replicas if ranks is not None else 1
   several = ranks is not None and ranks.replicas > 1
   all_reduce = ranks.all_reduce if several else None
+  gradient_reduce = None
+  if several:
+    average = opt.cross_replica_gradients == "mean"
+    gradient_reduce = lambda grads: ranks.all_reduce(grads, average=average)
   stop_feed = tf.placeholder_with_default(tf.constant(0.0), [], name="stop_signal")
   rank_time = None
   if ranks is not None and ranks.size > 1:
@@ -201,7 +206,7 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
                           dropout_seeds, drop_padding)
     (lr, loss_scale, accumulate_op, update_op) = train_ops(
         opt, outputs["total_loss"], global_step, dtype,
-        opt.learning_rate if learning_rate is None else learning_rate, all_reduce)
+        opt.learning_rate if learning_rate is None else learning_rate, gradient_reduce)
     with tf.control_dependencies([update_op]):
       # After the update, whose forward pass read it for the dropout masks.
       advance = data_position.assign_add(batch_size * opt.num_accumulation_steps * replicas)
@@ -239,15 +244,18 @@ def train_ops(opt, total_loss, global_step, dtype, learning_rate, all_reduce=Non
     global_step: int64 variable.
     dtype: compute type; tf.float16 brings dynamic loss scaling.
     learning_rate: the schedule's peak.
-    all_reduce: (optional) function of a list of gradients -> their mean over the
-      replicas, applied before or after the accumulation (opt.allreduce_post_accumulation).
+    all_reduce: (optional) function of a list of gradients -> their sum (or mean, as
+      opt.cross_replica_gradients says) over the replicas, applied before or after the
+      accumulation (opt.allreduce_post_accumulation).
 
   Returns:
     (learning_rate Tensor, DynamicLossScale or None, accumulate_op or None, update_op).
   """
   lr = optimization.learning_rate_schedule(global_step, learning_rate, opt.num_train_steps,
                                            opt.num_warmup_steps, opt.poly_power,
-                                           opt.start_warmup_step)
+                                           opt.start_warmup_step,
+                                           micro_batches=opt.num_accumulation_steps
+                                           if opt.lr_schedule_step == "micro_batch" else 1)
   optimizer = optimization.create_optimizer(opt.optimizer, lr, opt.weight_decay_rate,
                                             opt.beta_1, opt.beta_2, opt.epsilon,
                                             opt.lamb_adapt_layernorm_and_bias)

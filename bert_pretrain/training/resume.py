@@ -28,13 +28,13 @@ JOB_SETTINGS = ("num_train_steps", "train_batch_size", "num_accumulation_steps",
              "num_warmup_steps", "start_warmup_step", "poly_power", "scale_lr_by_ranks",
              "weight_decay_rate", "beta_1", "beta_2", "epsilon", "init_loss_scale",
              "shuffle_buffer", "seed", "lamb_adapt_layernorm_and_bias", "gradient_clipping",
-             "reference_hyperparameters")
+             "reference_hyperparameters", "cross_replica_gradients", "lr_schedule_step")
 
 
 # The flags of the learning-rate schedule, a function of the step: a resumed run that
 # changes one follows the new schedule from its first update (resume_plan says so).
 SCHEDULE = ("learning_rate", "num_warmup_steps", "start_warmup_step", "poly_power",
-            "num_train_steps", "scale_lr_by_ranks")
+            "num_train_steps", "scale_lr_by_ranks", "lr_schedule_step")
 
 
 def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files,

@@ -65,7 +65,7 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, ski
                   ", attention per sequence" if cfg.run.do_train and per_sequence else ""))
   for note in notes:
     logger.print(note)
-  rule = optimizer_rule(cfg.optimizer)
+  rule = optimizer_rule(cfg.optimizer, ranks.replicas)
   logger.print("optimizer: %s; evaluation every %d samples%s" % (
       rule, eval_interval, "" if cfg.evaluation.samples_between_eval else
       " (MLPerf's interval for a global batch of %d)" % global_batch_size))
@@ -73,6 +73,9 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, ski
                               "lamb_adapt_layernorm_and_bias":
                                   cfg.optimizer.lamb_adapt_layernorm_and_bias,
                               "gradient_clipping": cfg.optimizer.gradient_clipping,
+                              "cross_replica_gradients":
+                                  cfg.optimizer.cross_replica_gradients,
+                              "lr_schedule_step": cfg.optimizer.lr_schedule_step,
                               "samples_between_eval": eval_interval})
   log_hyperparameters(cfg, logger, ranks, global_batch_size, learning_rate)
   if cfg.data.skip_corrupt_records:
@@ -85,18 +88,27 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, ski
   return logger
 
 
-def optimizer_rule(opt):
-  """One line on the optimizer's rules that recipes differ in: LAMB's layer adaptation
-  and where the gradients are clipped (opt: config.Optimizer)."""
+def optimizer_rule(opt, replicas=1):
+  """One line on the optimizer's rules that recipes differ in: LAMB's layer adaptation,
+  where the gradients are clipped, and with several ranks or micro-batches how the
+  gradients are combined and what the schedule steps by (opt: config.Optimizer)."""
   clipping = ("gradients clipped to norm 1.0 per micro-batch on each rank (MLPerf's "
               "reference)" if opt.gradient_clipping == optimization.CLIP_PER_MICRO_BATCH
               else "gradients clipped to norm 1.0 after accumulation and all-reduce")
-  if opt.optimizer != "lamb":
-    return "%s, %s" % (opt.optimizer, clipping)
-  return "lamb, %s, %s" % ("trust ratio on every variable (NVIDIA's LAMB)"
-                           if opt.lamb_adapt_layernorm_and_bias else
-                           "LayerNorm and bias without trust ratio (MLPerf's reference)",
-                           clipping)
+  rules = [opt.optimizer]
+  if opt.optimizer == "lamb":
+    rules.append("trust ratio on every variable (NVIDIA's LAMB)"
+                 if opt.lamb_adapt_layernorm_and_bias else
+                 "LayerNorm and bias without trust ratio (MLPerf's reference)")
+  rules.append(clipping)
+  if replicas > 1:
+    rules.append("summed over the %d ranks (MLPerf's reference)" % replicas
+                 if opt.cross_replica_gradients == "sum" else
+                 "averaged over the %d ranks" % replicas)
+  if opt.num_accumulation_steps > 1:
+    rules.append("learning rate stepped per micro-batch (MLPerf's reference)"
+                 if opt.lr_schedule_step == "micro_batch" else "learning rate stepped per update")
+  return ", ".join(rules)
 
 
 def log_hyperparameters(cfg, logger, ranks, global_batch_size, learning_rate):
