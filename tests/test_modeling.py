@@ -449,6 +449,21 @@ def test_gelus_written_out_gradient_equals_tensorflows_own_and_keeps_one_tensor(
   np.testing.assert_allclose(values[2], values[3], rtol=tolerance, atol=tolerance)
 
 
+def test_gelus_gradient_in_float16_stays_finite_where_its_inner_slope_would_overflow():
+  """From |x| = 68 the sigmoid's inner slope exceeds float16's range, where the slope
+  itself is 0 or 1: the gradient is that of the plain formula, finite."""
+  x_value = np.concatenate([np.linspace(-300.0, 300.0, 121), [-68.0, 68.0, -67.0, 67.0]])
+  x_value = x_value.astype(np.float32).reshape(1, -1)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    x = tf.placeholder_with_default(x_value, x_value.shape)
+    (ours_g,) = tf.gradients(modeling.gelu(tf.cast(x, tf.float16)), [x])
+    theirs = x * (0.5 * (1.0 + tf.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * tf.pow(x, 3)))))
+    (theirs_g,) = tf.gradients(theirs, [x])
+    (ours_g, theirs_g) = sess.run([ours_g, theirs_g])
+  assert np.isfinite(ours_g).all()
+  np.testing.assert_allclose(ours_g, theirs_g, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("kept_dtype, tolerance", [(tf.float32, 1e-6), (tf.bfloat16, 5e-3)])
 def test_the_attentions_softmax_keeps_its_probabilities_in_the_matmuls_type(
     kept_dtype, tolerance):

@@ -116,7 +116,13 @@ def _gelu_ops(x):
 
   def grad(upstream):
     # In x's type: the gradient leaves in it.
-    inner_slope = v * (_GELU_A + (3 * _GELU_B) * square)
+    (w, w_square) = (v, square)
+    if v.dtype == tf.float16:
+      # Past |x| = 10 the sigmoid's slope is 0 in float16; clipped there, the inner slope
+      # stays finite (from |x| = 68 it overflowed, and inf x 0 made the gradient NaN).
+      w = tf.clip_by_value(v, -10.0, 10.0)
+      w_square = tf.square(w)
+    inner_slope = w * (_GELU_A + (3 * _GELU_B) * w_square)
     slope = tf.cast(s + tf.raw_ops.SigmoidGrad(y=s, dy=inner_slope), x.dtype)
     return upstream * slope
 
