@@ -457,11 +457,21 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   two = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path)
   assert two.returncode == 0, two.stderr
   assert two.stdout.startswith("Launching 2 ranks on 1 host (2 per host)")
-  # A card list is CUDA's to check where the ranks start; the script's default of 2 CPU
-  # ranks stands on any host.
-  for values in (dict(CUDA_VISIBLE_DEVICES="0,1,2", PATH=gpu_path), dict(PATH=INSTALLED_PATH)):
+  # A card list names cards this host has (CUDA would hide those after a missing one, and
+  # ranks would share the rest); the script's default of 2 CPU ranks stands on any host.
+  for values in (dict(CUDA_VISIBLE_DEVICES="1,0", PATH=gpu_path), dict(PATH=INSTALLED_PATH),
+                 dict(CUDA_VISIBLE_DEVICES="GPU-1,GPU-0", PATH=gpu_path)):
     listed = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", **values)
     assert listed.returncode == 0, listed.stderr
+  for visible, card in (("0,1,2", 2), ("0,5", 5)):
+    missing = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path,
+                          CUDA_VISIBLE_DEVICES=visible)
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.strip() == (
+        "run_multi_card_FPS: error: CUDA_VISIBLE_DEVICES=%s names card %d but nvidia-smi "
+        "lists 2 on this host (from 0); CUDA would hide every card from it on and ranks "
+        "would share the rest; export cards it has, e.g. CUDA_VISIBLE_DEVICES=0,1"
+        % (visible, card))
   assert sorted(os.listdir(str(tmp_path))) == ["gpu_bin"]
 
 

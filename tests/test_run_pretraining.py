@@ -806,8 +806,10 @@ class FakeRanks(object):
     ("cpu", 0, "0", False, False, "auto", ("CPU", tf.float32)),
     ("auto", 0, "0,1", True, False, "auto",
      r"CUDA_VISIBLE_DEVICES=0,1 lists cards but TensorFlow \S+, a GPU build, finds no usable "
-     r"GPU; check the driver \(nvidia-smi -L or ixsmi -L\) and the CUDA libraries, or pass "
-     r"--device=cpu to train on the CPU on purpose$"),
+     r"GPU; check that this host has them, the driver \(nvidia-smi -L or ixsmi -L\) and the "
+     r"CUDA libraries, or pass --device=cpu to train on the CPU on purpose$"),
+    ("gpu", 0, "-1", True, False, "auto", r"^--device=gpu but CUDA_VISIBLE_DEVICES=-1 hides "
+     r"every card; unset it or export the cards to use, e.g. CUDA_VISIBLE_DEVICES=0$"),
     ("gpu", 0, None, True, False, "auto", r"--device=gpu but TensorFlow \S+, a GPU build, "
      r"finds no usable GPU; check the driver"),
     ("gpu", 0, None, False, False, "auto", r"--device=gpu but this TensorFlow \S+ is a CPU "
@@ -892,9 +894,14 @@ def test_device_line_names_this_ranks_card_among_the_jobs(monkeypatch):
                                  cores=2)
           == "CPU, 2 cores, 2 logical devices (mirrored), compute bfloat16")
   # A launcher that gives every rank its own single card: each uses its card 0.
-  assert device_lib.gpu_index(FakeRanks(5, size=8, local_size=8), 1) == 0
+  assert device_lib.gpu_index(FakeRanks(5, size=8, local_size=8), 1, "GPU-5c1e") == 0
   with pytest.raises(ValueError, match="3 ranks on this host but TensorFlow sees 2 GPUs"):
-    device_lib.gpu_index(FakeRanks(2, size=3, local_size=3), 2)
+    device_lib.gpu_index(FakeRanks(2, size=3, local_size=3), 2, "")
+  # A card the host lacks hides the cards after it: two ranks would share card 0.
+  with pytest.raises(ValueError, match=r"CUDA_VISIBLE_DEVICES=0,5 lists 2 cards but "
+                                       r"TensorFlow sees 1 \(CUDA hides"):
+    device_lib.gpu_index(FakeRanks(1, size=2, local_size=2), 1, "0,5")
+  assert device_lib.gpu_index(FakeRanks(1, size=2, local_size=2), 2, "0,5") == 1
 
 
 def test_gpu_name_without_starting_the_gpu_and_on_tf115(monkeypatch):

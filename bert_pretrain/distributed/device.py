@@ -127,6 +127,12 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
       cause = "this TensorFlow %s is a CPU build" % tf.VERSION
       fix = "install a GPU build (bash init_tf.sh on the GPU host)"
     fix += ", or pass --device=cpu to train on the CPU on purpose"
+    if built_with_cuda and cuda_visible_devices is not None and \
+        not cards_listed(cuda_visible_devices):
+      (cause, fix) = ("CUDA_VISIBLE_DEVICES=%s hides every card" % cuda_visible_devices,
+                      "unset it or export the cards to use, e.g. CUDA_VISIBLE_DEVICES=0")
+    elif built_with_cuda and cards_listed(cuda_visible_devices):
+      fix = fix.replace("check the driver", "check that this host has them, the driver")
     if device_flag == "gpu":
       raise ValueError("--device=gpu but %s; %s" % (cause, fix))
     if cards_listed(cuda_visible_devices):
@@ -159,13 +165,27 @@ def detect_device(device_flag, amp, amp_dtype):
                        bfloat16_slowness(cpu_has_bfloat16(), tensorflow_uses_onednn()))
 
 
-def gpu_index(ranks, num_gpus):
+def gpu_index(ranks, num_gpus, cuda_visible_devices=None):
   """The index, among the GPUs this process sees, of the one this rank uses: its local
   rank, or 0 when the launcher gave each rank a single card.
 
+  Args:
+    cuda_visible_devices: the CUDA_VISIBLE_DEVICES value (None: this process's).
+
   Raises:
-    ValueError: more ranks on this host than GPUs.
+    ValueError: CUDA_VISIBLE_DEVICES lists more cards than TensorFlow sees (CUDA stops at
+      an entry the host lacks, and the ranks would share what is left), or more ranks on
+      this host than GPUs.
   """
+  if cuda_visible_devices is None:
+    cuda_visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+  entries = [e for e in (cuda_visible_devices or "").split(",") if e.strip()]
+  if cards_listed(cuda_visible_devices) and len(entries) > num_gpus:
+    raise ValueError("CUDA_VISIBLE_DEVICES=%s lists %d cards but TensorFlow sees %d (CUDA "
+                     "hides every card from the first this host lacks, and ranks would "
+                     "share the rest); export cards it has (nvidia-smi -L or ixsmi -L lists "
+                     "them)"
+                     % (cuda_visible_devices, len(entries), num_gpus))
   if ranks.local_rank < num_gpus:
     return ranks.local_rank
   if num_gpus == 1:

@@ -232,6 +232,25 @@ def check_this_host(per_host, cards, cores, hidden=False):
                       % (per_host, cores, cores, per_host))
 
 
+def check_card_list(visible, cards):
+  """Raises LaunchError when CUDA_VISIBLE_DEVICES (visible) names a card index this host
+  lacks: CUDA would hide every card from it on, and the ranks would share the rest.
+
+  Args:
+    visible: the CUDA_VISIBLE_DEVICES value, checked for syntax by the script.
+    cards: Cards, those listed here (count 0: none listed, nothing to check against;
+      with MIG slices counted, an index is checked against at least the GPUs).
+  """
+  indexes = [int(e) for e in visible.split(",") if e.strip().isdigit()]
+  missing = [i for i in indexes if i >= cards.count]
+  if cards.count and missing:
+    raise LaunchError("CUDA_VISIBLE_DEVICES=%s names card %d but %s lists %d on this host "
+                      "(from 0); CUDA would hide every card from it on and ranks would share "
+                      "the rest; export cards it has, e.g. CUDA_VISIBLE_DEVICES=%s"
+                      % (visible, missing[0], cards.lister, cards.count,
+                         ",".join(str(i) for i in range(min(len(indexes), cards.count)))))
+
+
 # The cards a host lists, and the tool that listed them.
 Cards = collections.namedtuple("Cards", ["count", "lister"])
 
@@ -559,14 +578,15 @@ def main(argv):
       # horovodrun alone picks MPI where its build has it: the default stays Gloo.
       run_args = ["--gloo"] + run_args
     job = plan(run_args, int(argv[1]), distribution)
-    # Only a count given for this host alone: CUDA_VISIBLE_DEVICES is checked where the
-    # ranks start, and the script's own default is within the host. An empty one hides
-    # every card: CPU ranks.
+    # On this host alone: the cards listed must be here; a count given must fit (the
+    # script's own default is within the host). An empty list hides every card: CPU ranks.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES") and not visible and \
-        not names_hosts(run_args):
-      check_this_host(job.per_host, listed_cards(), os.cpu_count() or 1,
-                      hidden=visible == "")
+    if not names_hosts(run_args):
+      if visible:
+        check_card_list(visible, listed_cards())
+      elif os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES"):
+        check_this_host(job.per_host, listed_cards(), os.cpu_count() or 1,
+                        hidden=visible == "")
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
