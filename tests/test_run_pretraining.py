@@ -647,6 +647,41 @@ def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsy
           "--output_dir=out") in capsys.readouterr().out
 
 
+def test_a_run_of_skipped_updates_is_traced_once_not_each():
+  """After the FPS warm-up the first applied update is traced for the time split; of a
+  run of updates that loss scaling skips (here the 2nd to 7th) only the first is traced,
+  then the next but one after an applied one. The loop runs on a stand-in job, stopped
+  by a signal after the 10th."""
+  class SkippingJob(object):
+    step, split, traced = 0, None, []
+    train = types.SimpleNamespace(loss_scale=None)
+    evals = types.SimpleNamespace(start_block=lambda step: None, due=lambda step: False)
+    ranks = types.SimpleNamespace(doing="", rank=0)
+    meter = types.SimpleNamespace(updates=0, update=lambda seconds, steady: None)
+    logger = types.SimpleNamespace(print=print)
+    first_display = False
+
+    def loss_scale(self):
+      return 2.0 ** 20
+
+    def update(self, step, stop, trace):
+      self.traced.append(trace)
+      self.meter.updates += 1
+      applied = len(self.traced) == 1 or len(self.traced) > 7
+      if trace and applied:
+        self.split = "the traced update's parts"
+      return {"step": step + applied, "loss_scale": 2.0 ** 10,
+              "stop_signal": signal.SIGTERM if len(self.traced) == 10 else 0}
+
+  cfg = types.SimpleNamespace(
+      run=types.SimpleNamespace(do_train=True, fps_warmup_steps=1, display_loss_steps=100,
+                                save_checkpoints_steps=100, output_dir="out"),
+      optimizer=types.SimpleNamespace(num_train_steps=100))
+  job = SkippingJob()
+  assert loop.train(cfg, job, None, {})[:3] == (4, True, signal.SIGTERM)
+  assert job.traced == [False, True, False, False, False, False, False, False, True, False]
+
+
 def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   """The throughput's clock starts as the job is set up; the evaluation before the first
   update is paused out of it (the first window, the average with overhead) as those

@@ -71,6 +71,7 @@ def train(cfg, job, stop, results):
   evaluation's results)."""
   step = job.step
   last_scale = job.loss_scale()
+  skipped_trace = False  # the last try to trace was skipped by loss scaling
   if cfg.run.do_train and step >= cfg.optimizer.num_train_steps:
     job.logger.print("global_step %d already reached --num_train_steps=%d; nothing to train"
                      % (step, cfg.optimizer.num_train_steps))
@@ -80,14 +81,16 @@ def train(cfg, job, stop, results):
     job.ranks.doing = ("update %d: input, forward, backward, the gradients' all-reduce and "
                        "the optimizer's step" % (step + 1))
     # One update is traced for the time split: the first applied after the FPS warm-up
-    # (never the very first), else the last; tracing slows it, so it stays out of the
-    # steady FPS.
-    trace = job.split is None and (job.meter.updates >= max(cfg.run.fps_warmup_steps, 1) or
-                                   step + 1 == cfg.optimizer.num_train_steps)
+    # (never the very first; after a skipped try, the next but one, not each of a run of
+    # skipped updates), else the last; tracing slows it, so it stays out of the steady FPS.
+    trace = job.split is None and (
+        (job.meter.updates >= max(cfg.run.fps_warmup_steps, 1) and not skipped_trace) or
+        step + 1 == cfg.optimizer.num_train_steps)
     values = job.update(step, stop, trace)
     # The first update that fetches the losses also sets up that session call: not steady.
     job.meter.update(time.time() - step_start,
                      steady=not trace and not (job.first_display and job.meter.updates > 0))
+    skipped_trace = (skipped_trace or trace) and values["step"] == step
     if values["step"] == step:
       # Skipped by loss scaling (the scale is halved): this update is run again with
       # new data, and only applied updates count towards --num_train_steps.
