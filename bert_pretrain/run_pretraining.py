@@ -68,7 +68,7 @@ def main(argv):
     ranks = ranks_lib.Ranks(cfg.runtime.engine(), cfg.runtime.stall_timeout_s,
                             cfg.run.output_dir,
                             device_lib.replica_devices(device, cfg.runtime.cpu_devices))
-    notes = []
+    notes = loss_scale_notes(device, inputs.resume_checkpoint)
     if cfg.optimizer.reference_hyperparameters:
       notes.append(apply_reference_hyperparameters(
           inputs_lib.global_batch_size(cfg, ranks.replicas, inputs.packing)))
@@ -88,6 +88,21 @@ def main(argv):
     if status is None:
       raise
     return status
+
+
+def loss_scale_notes(device, resume_checkpoint):
+  """A note when --init_loss_scale is given but not used: the compute is not float16, or
+  the loss scale goes on from the checkpoint resumed (a float16 run's)."""
+  if not FLAGS["init_loss_scale"].present:
+    return []
+  if device.dtype != tf.float16:
+    return ["--init_loss_scale has no effect: only float16 compute scales the loss, this "
+            "run computes %s" % device.dtype.name]
+  if resume_checkpoint and tf.train.load_checkpoint(resume_checkpoint).has_tensor(
+      "loss_scale/scale"):
+    return ["--init_loss_scale starts a fresh run only: the loss scale goes on from %s's"
+            % os.path.basename(resume_checkpoint)]
+  return []
 
 
 def run(cfg, inputs, ranks, device, stop, notes):

@@ -616,6 +616,21 @@ def test_skipped_updates_are_not_counted_as_steps(pretraining_data, tmp_path):
       "CPU, %d cores, compute float16" % os.cpu_count()]
 
 
+def test_an_initial_loss_scale_that_is_not_used_is_noted(pretraining_data, tmp_path):
+  """float32 compute scales no loss; a float16 run resumed goes on with the checkpoint's
+  scale (one resumed from a float32 run starts at --init_loss_scale)."""
+  out = tmp_path / "out"
+  unused = "--init_loss_scale has no effect: only float16 compute scales the loss"
+  goes_on = "--init_loss_scale starts a fresh run only: the loss scale goes on from"
+  for steps, extra, notes in ((2, ["--noamp"], [unused]),
+                              (4, ["--amp_dtype=float16"], []),
+                              (6, ["--amp_dtype=float16"], [goes_on])):
+    result = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=steps,
+                                         nodo_eval=None) + ["--init_loss_scale=8"] + extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [n for n in (unused, goes_on) if n in result.stdout] == notes, result.stdout
+
+
 def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsys):
   """A run of skipped updates (a loss scale far too high) is no place to ignore SIGTERM:
   the training loop stops at the update the signal reached, without waiting for one to
