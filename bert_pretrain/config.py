@@ -397,11 +397,15 @@ def apply_presets(flag_values=flags.FLAGS):
   flags the command line did not give.
 
   Raises:
-    ValueError: --preset=demo with --input_files_dir.
+    ValueError: --preset=demo with --input_files_dir, or a demo with --eval_files_dir.
   """
   if flag_values.preset == "demo" and flag_values["input_files_dir"].present:
     raise ValueError("--preset=demo trains on the demo's data but --input_files_dir is "
                      "given; drop it, or pass --preset=one_card to train on yours")
+  if is_demo(flag_values) and flag_values["eval_files_dir"].present:
+    raise ValueError("--eval_files_dir is given but not --input_files_dir, so this run would "
+                     "be the embedded demo, on its own data; pass --input_files_dir too, or "
+                     "drop --eval_files_dir for the demo")
   names = [flag_values.preset] if flag_values.preset else []
   if is_demo(flag_values) and "demo" not in names:
     names.append("demo")
