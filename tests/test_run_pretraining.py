@@ -98,6 +98,37 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
   assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-6")
 
 
+def test_a_resumed_run_evaluates_first_where_the_stopped_one_reached_a_point_unevaluated(
+    pretraining_data, tmp_path):
+  """A run stopped right after the update that reached an evaluation point saved without
+  evaluating (here: 3 updates without evaluation). Resumed with evaluations every 24
+  samples, it evaluates update 3 (24 samples) first; one whose target that evaluation
+  reaches stops there."""
+  def resumed(name, **overrides):
+    out = tmp_path / name
+    first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=3, seed=7,
+                                        learning_rate=1e-2, nodo_eval=None))
+    assert first.returncode == 0, first.stderr[-3000:]
+    result = run_pretraining(*base_flags(
+        pretraining_data, out, num_train_steps=5, samples_start_eval=0, seed=7,
+        learning_rate=1e-2, samples_between_eval=24, dllog_path=str(out / "log.json"),
+        **overrides))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("Update 3 reached an evaluation point: evaluating it first (a run stopped right "
+            "after it does not)") in result.stdout
+    records = [json.loads(line) for line in open(str(out / "log.json"))]
+    return result.stdout, {r["step"]: r["masked_lm_accuracy"] for r in records
+                           if r["type"] == "eval"}
+
+  (_, evaluated) = resumed("on")
+  assert sorted(evaluated) == [3, 5] and evaluated[3] > 0
+  # The same weights at update 3 (--seed): their accuracy is the target.
+  (stdout, evaluated) = resumed("target", stop_threshold=evaluated[3])
+  assert sorted(evaluated) == [3]
+  assert "reached --stop_threshold=%g at step 3" % evaluated[3] in stdout
+  assert tf.train.latest_checkpoint(str(tmp_path / "target")).endswith("model.ckpt-3")
+
+
 def test_a_run_at_sequence_512_attends_per_sequence_trains_and_evaluates(
     pretraining_data, tmp_path):
   """MLPerf's sequence length, with records whose real tokens vary as Wikipedia's do:

@@ -52,7 +52,15 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
   run_start = time.time()
   job = start(cfg, inputs, ranks, device, notes)
   results = results_at_start = {}
-  if job.evaluator is not None and (cfg.evaluation.eval_at_start or not cfg.run.do_train):
+  at_start = cfg.evaluation.eval_at_start or not cfg.run.do_train
+  # A run stopped by a signal right after an update that reached an evaluation point saved
+  # without evaluating: the resumed run evaluates there first (again, if one had).
+  missed = (not at_start and job.step < cfg.optimizer.num_train_steps and
+            job.evals.reached_by(job.step))
+  if missed:
+    job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
+                     "stopped right after it does not)" % job.step)
+  if job.evaluator is not None and (at_start or missed):
     results = job.evals.evaluate(job.sess, job.step)
     results_at_start = dict(results, step=job.step)
     job.meter.pause(results["eval_time_s"])
@@ -60,7 +68,11 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
       runlog.check_initial_accuracy(cfg, job.logger, results["masked_lm_accuracy"],
                                     inputs.init_checkpoint)
   stop.arm()
-  step, finite, stopped_by, results = train(cfg, job, stop, results)
+  if missed and reached_target(cfg, results):
+    job.logger.print(target_line(cfg, results, job.step))
+    (step, finite, stopped_by) = (job.step, True, 0)
+  else:
+    step, finite, stopped_by, results = train(cfg, job, stop, results)
   return finish(cfg, job, step, finite, stopped_by, results, results_at_start,
                 time.time() - run_start)
 
@@ -126,9 +138,7 @@ def train(cfg, job, stop, results):
       results = job.evals.evaluate(job.sess, step)
       job.meter.pause(results["eval_time_s"])
       if reached_target(cfg, results):
-        job.logger.print("masked_lm_accuracy %.4f reached --stop_threshold=%g at step %d"
-                         % (results["masked_lm_accuracy"], cfg.evaluation.stop_threshold,
-                            step))
+        job.logger.print(target_line(cfg, results, step))
         break
   return step, True, 0, results
 
@@ -207,6 +217,11 @@ def reached_target(cfg, results):
   """Whether an evaluation's masked-LM accuracy reached --stop_threshold."""
   threshold = cfg.evaluation.stop_threshold
   return threshold > 0 and results["masked_lm_accuracy"] >= threshold
+
+
+def target_line(cfg, results, step):
+  return ("masked_lm_accuracy %.4f reached --stop_threshold=%g at step %d"
+          % (results["masked_lm_accuracy"], cfg.evaluation.stop_threshold, step))
 
 
 def attends_per_sequence(cfg, device):

@@ -105,6 +105,7 @@ class EvalSchedule(object):
     self.monitor = monitor
     self.batch_size = batch_size
     self.samples_between_eval = samples_between_eval
+    self.start_samples = samples_start_eval
     # The first point of the schedule (the start, then every interval) past the samples
     # done.
     done = samples(step, batch_size) - samples_start_eval
@@ -142,6 +143,17 @@ class EvalSchedule(object):
     while self.next_samples <= samples(step, self.batch_size):
       self.next_samples += self.samples_between_eval
     return True
+
+  def reached_by(self, step):
+    """Whether update `step` (counted from 1) reached a point of the schedule: a run
+    stopped right after it did not evaluate there."""
+    if self.evaluator is None or step < 1:
+      return False
+    done = samples(step, self.batch_size) - self.start_samples
+    if done < 0:
+      return False
+    point = self.start_samples + done // self.samples_between_eval * self.samples_between_eval
+    return samples(step - 1, self.batch_size) < point
 
   def evaluate(self, sess, step):
     """Evaluates the weights of `step` and logs the results.
