@@ -346,6 +346,7 @@ def main(argv):
     errors.unexpected_arguments("run_classifier", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
+  errors.stop_on_sigterm()
   try:
     bert_config, init_checkpoint, labels, data = check_flags()
     runtime = config.from_flags(config.Runtime)
@@ -377,6 +378,10 @@ def main(argv):
   except ValueError as e:
     errors.print_error("run_classifier", e)
     return 2
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    return errors.stopped_by_signal(
+        "run_classifier", e, "run the same command again (a fine-tune is saved at its end: "
+        "one stopped before it starts over)")
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise

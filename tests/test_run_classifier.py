@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from bert_pretrain import demo
 from bert_pretrain.model import modeling
 from bert_pretrain.finetune import classifier
 from bert_pretrain.data import tokenization
-from conftest import ROOT, SAMPLE_TEXT, TINY_CONFIG, run_command
+from conftest import ROOT, SAMPLE_TEXT, TINY_CONFIG, run_command, start_command
 
 
 def _write(path, lines):
@@ -580,6 +582,38 @@ def test_pretraining_and_fine_tuning_refuse_each_others_output_dir(task, tmp_pat
   assert sorted(os.listdir(str(pretrained))) == [
       checkpoints.RUN_MARKER, "checkpoint", "model.ckpt-0.data-00000-of-00001",
       "model.ckpt-0.index"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_fine_tune_ends_it_with_one_line(task, tmp_path, signum):
+  out = tmp_path / "out"
+  log = tmp_path / "log.txt"
+  values = dict(task_name="tsv", data_dir=task["data"], vocab_file=task["vocab"],
+                bert_config_file=task["config"], output_dir=str(out), max_seq_length=64,
+                train_batch_size=8, num_train_epochs=1000, display_loss_steps=1,
+                init_checkpoint=task["init"], intra_op_threads=1)
+  process = start_command("bert_pretrain.run_classifier",
+                          *["--%s=%s" % item for item in values.items()],
+                          stdout=log, stderr=log)
+  try:
+    deadline = time.time() + 120
+    while "Step 1," not in log.read_text():  # training, with SIGINT's default handler
+      assert process.poll() is None and time.time() < deadline, log.read_text()
+      time.sleep(0.05)
+    process.send_signal(signum)
+    status = process.wait(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  output = log.read_text()
+  assert "Traceback" not in output, output
+  said = ("run the same command again (a fine-tune is saved at its end: one stopped before "
+          "it starts over)\n")
+  if signum == signal.SIGTERM:
+    assert status == 143 and output.endswith("\nrun_classifier: terminated (SIGTERM); " + said)
+  else:
+    assert status == 1 and output.endswith("\nrun_classifier: interrupted; " + said), output
+  assert not [n for n in os.listdir(str(out)) if n.startswith("model.ckpt")]
 
 
 def test_a_second_run_on_an_output_dir_in_use_is_refused(task, tmp_path):
