@@ -662,6 +662,18 @@ def test_an_initial_loss_scale_that_is_not_used_is_noted(pretraining_data, tmp_p
     assert [n for n in (unused, goes_on) if n in result.stdout] == notes, result.stdout
 
 
+def test_a_run_resumed_in_another_compute_type_says_so(pretraining_data, tmp_path):
+  out = tmp_path / "out"
+  lines = []
+  for steps, amp in ((2, "--noamp"), (4, "--amp_dtype=bfloat16"), (6, "--amp_dtype=bfloat16")):
+    result = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=steps,
+                                         nodo_eval=None) + [amp])
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines.append([l for l in result.stdout.splitlines() if l.startswith("Compute: ")])
+  assert lines == [[], ["Compute: bfloat16 since model.ckpt-2, was float32 (the weights stay "
+                        "float32)"], []]
+
+
 def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsys):
   """A run of skipped updates (a loss scale far too high) is no place to ignore SIGTERM:
   the training loop stops at the update the signal reached, without waiting for one to

@@ -359,7 +359,7 @@ def start(cfg, inputs, ranks, device, notes):
       ranks.replicas if cfg.optimizer.scale_lr_by_ranks else 1)
   seed, seed_line = resume_lib.choose_seed(cfg, inputs, ranks, device, config)
   record = resume_lib.run_record(cfg, inputs.bert_config, ranks, seed, global_batch_size,
-                                 inputs.train_files, learning_rate)
+                                 inputs.train_files, learning_rate, device.dtype.name)
   plan = resume_lib.resume_plan(cfg, inputs, record)
   eval_interval = (cfg.evaluation.samples_between_eval or
                    mlperf.eval_interval_samples(global_batch_size))

@@ -38,11 +38,12 @@ SCHEDULE = ("learning_rate", "num_warmup_steps", "start_warmup_step", "poly_powe
 
 
 def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files,
-               learning_rate):
+               learning_rate, compute):
   """What bert_pretrain_run.json records: the settings a resumed run must share
   (inputs.resume_settings), the layout, the seed, the training files, what else decides
-  their order (data_order) and the learning-rate schedule: its flags and its peak
-  (learning_rate: --learning_rate, times the replicas with --scale_lr_by_ranks)."""
+  their order (data_order), the learning-rate schedule: its flags and its peak
+  (learning_rate: --learning_rate, times the replicas with --scale_lr_by_ranks), and the
+  compute type (compute: its name, e.g. "bfloat16")."""
   record = inputs_lib.resume_settings(cfg, bert_config)
   values = config.as_flags(cfg)
   record.update(layout={"distribution": ranks.distribution, "processes": ranks.size,
@@ -52,7 +53,8 @@ def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files,
                         "global_batch_size": global_batch_size},
                 seed=seed, train_files=data_files(train_files),
                 data_order=data_order(cfg),
-                schedule=dict({k: values[k] for k in SCHEDULE}, peak=learning_rate))
+                schedule=dict({k: values[k] for k in SCHEDULE}, peak=learning_rate),
+                compute=compute)
   return record
 
 
@@ -209,9 +211,13 @@ def resume_plan(cfg, inputs, record):
     lines.append("Learning rate: %s since %s: the schedule is the new one from step %d on, "
                  "so the learning rate there differs from the run's"
                  % (schedule, os.path.basename(inputs.resume_checkpoint), step + 1))
+  compute_was = earlier.get("compute", record["compute"])
+  if compute_was != record["compute"]:
+    lines.append("Compute: %s since %s, was %s (the weights stay float32)"
+                 % (record["compute"], os.path.basename(inputs.resume_checkpoint), compute_was))
   return Resume(position, lines, was == now and not change and
                 earlier.get("seed") == record["seed"] and not changed_order and
-                not schedule)
+                not schedule and compute_was == record["compute"])
 
 
 def _check_data_order(cfg, earlier, record, allowed, where):
