@@ -13,10 +13,17 @@ the attention per sequence pays.
                   to_lengths: no mask, no work at the padding)
 """
 
+import warnings
+
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.model import modeling
 from bert_pretrain.model import shapes
+
+# TensorFlow 1.15 warns each time the gradient of a gather of rows below is made dense;
+# it is an activation's size, as in 2.x, which says nothing.
+warnings.filterwarnings("ignore", message="Converting sparse IndexedSlices to a dense "
+                        "Tensor of unknown shape")
 
 
 def transformer_model(input_tensor,
