@@ -392,6 +392,21 @@ def start_command(module, *flags, stdout, stderr, timeout=300):
                             stderr=subprocess.STDOUT if one_file else err, env=_command_env())
 
 
+def signal_when(process, ready, signum, log, timeout=120):
+  """Sends `signum` to `process` (start_command's) once ready() holds, the process still
+  running, and waits for it; returns its exit status. A process left running is killed."""
+  try:
+    deadline = time.time() + timeout
+    while not ready():
+      assert process.poll() is None and time.time() < deadline, log.read_text()
+      time.sleep(0.05)
+    process.send_signal(signum)
+    return process.wait(timeout=timeout)
+  finally:
+    if process.poll() is None:
+      process.kill()
+
+
 def rank_command(*flags):
   """The command of one process of a job (a Horovod rank under horovodrun or mpirun, a
   multi_worker_mirrored worker): python3 -m bert_pretrain.run_pretraining FLAGS, forked

@@ -11,7 +11,6 @@ import random
 import re
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import create_pretraining_data as cpd
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
-from conftest import run_command, start_command
+from conftest import run_command, signal_when, start_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
@@ -528,17 +527,9 @@ def test_a_signal_ends_the_command_with_one_line_and_no_temporary_file(tmp_path,
                           "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
                           "--max_predictions_per_seq=10", "--dupe_factor=20",
                           stdout=log, stderr=log)
-  try:
-    # Signalled once it writes: its temporary files are there.
-    deadline = time.time() + 120
-    while not (os.path.isdir(str(tmp_path / "out")) and os.listdir(str(tmp_path / "out"))):
-      assert process.poll() is None and time.time() < deadline, log.read_text()
-      time.sleep(0.05)
-    process.send_signal(signum)
-    status = process.wait(timeout=120)
-  finally:
-    if process.poll() is None:
-      process.kill()
+  # Signalled once it writes: its temporary files are there.
+  status = signal_when(process, lambda: os.path.isdir(str(tmp_path / "out")) and
+                       os.listdir(str(tmp_path / "out")), signum, log)
   output = log.read_text()
   assert "Traceback" not in output, output
   if signum == signal.SIGTERM:

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -21,7 +20,8 @@ from bert_pretrain import demo
 from bert_pretrain.model import modeling
 from bert_pretrain.finetune import classifier
 from bert_pretrain.data import tokenization
-from conftest import ROOT, SAMPLE_TEXT, TINY_CONFIG, run_command, start_command
+from conftest import (ROOT, SAMPLE_TEXT, TINY_CONFIG, run_command, signal_when,
+                      start_command)
 
 
 def _write(path, lines):
@@ -595,16 +595,7 @@ def test_a_signal_during_the_fine_tune_ends_it_with_one_line(task, tmp_path, sig
   process = start_command("bert_pretrain.run_classifier",
                           *["--%s=%s" % item for item in values.items()],
                           stdout=log, stderr=log)
-  try:
-    deadline = time.time() + 120
-    while "Step 1," not in log.read_text():  # training, with SIGINT's default handler
-      assert process.poll() is None and time.time() < deadline, log.read_text()
-      time.sleep(0.05)
-    process.send_signal(signum)
-    status = process.wait(timeout=120)
-  finally:
-    if process.poll() is None:
-      process.kill()
+  status = signal_when(process, lambda: "Step 1," in log.read_text(), signum, log)  # training
   output = log.read_text()
   assert "Traceback" not in output, output
   said = ("run the same command again (a fine-tune is saved at its end: one stopped before "

@@ -675,21 +675,27 @@ def test_a_run_resumed_in_another_compute_type_says_so(pretraining_data, tmp_pat
                         "float32)"], []]
 
 
+class StandInTrainingJob(object):
+  """What loop.train reads of a job, for a stand-in whose update() a test writes."""
+  step, split, first_display = 0, None, False
+
+  def __init__(self):
+    self.train = types.SimpleNamespace(loss_scale="a variable")
+    self.evals = types.SimpleNamespace(start_block=lambda step: None, due=lambda step: False)
+    self.ranks = types.SimpleNamespace(doing="", rank=0)
+    self.meter = types.SimpleNamespace(updates=0, update=lambda seconds, steady: None)
+    self.logger = types.SimpleNamespace(print=print)
+
+  def loss_scale(self):
+    return 2.0 ** 20
+
+
 def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsys):
   """A run of skipped updates (a loss scale far too high) is no place to ignore SIGTERM:
   the training loop stops at the update the signal reached, without waiting for one to
   be applied. The loop runs on a stand-in job whose updates all overflow."""
-  class SkippingJob(object):
-    step, split, calls = 3, None, 0
-    train = types.SimpleNamespace(loss_scale="a variable")
-    evals = types.SimpleNamespace(start_block=lambda step: None)
-    ranks = types.SimpleNamespace(doing="", rank=0)
-    meter = types.SimpleNamespace(updates=0, update=lambda seconds, steady: None)
-    logger = types.SimpleNamespace(print=print)
-    first_display = False
-
-    def loss_scale(self):
-      return 2.0 ** 20
+  class SkippingJob(StandInTrainingJob):
+    step, calls = 3, 0
 
     def update(self, step, stop, trace):
       self.calls += 1
@@ -711,17 +717,8 @@ def test_a_run_of_skipped_updates_is_traced_once_not_each():
   run of updates that loss scaling skips (here the 2nd to 7th) only the first is traced,
   then the next but one after an applied one. The loop runs on a stand-in job, stopped
   by a signal after the 10th."""
-  class SkippingJob(object):
-    step, split, traced = 0, None, []
-    train = types.SimpleNamespace(loss_scale=None)
-    evals = types.SimpleNamespace(start_block=lambda step: None, due=lambda step: False)
-    ranks = types.SimpleNamespace(doing="", rank=0)
-    meter = types.SimpleNamespace(updates=0, update=lambda seconds, steady: None)
-    logger = types.SimpleNamespace(print=print)
-    first_display = False
-
-    def loss_scale(self):
-      return 2.0 ** 20
+  class SkippingJob(StandInTrainingJob):
+    traced = []
 
     def update(self, step, stop, trace):
       self.traced.append(trace)
