@@ -142,9 +142,9 @@ class Optimizer(object):
       "updates) or update (NVIDIA's: update u is at u).", choices=list(LR_SCHEDULE_STEPS))
   cross_replica_gradients: str = setting(
       "sum", "How the ranks' gradients are combined: sum (MLPerf's reference, TensorFlow's "
-      "cross-replica sum: with LAMB or Adam, r ranks update as one card with epsilon / r) "
-      "or mean (NVIDIA's and Horovod's average: the update does not depend on the number "
-      "of ranks).", choices=list(CROSS_REPLICA_GRADIENTS))
+      "cross-replica sum: clipped per micro-batch, with LAMB or Adam, r ranks update as "
+      "their mean would with epsilon / r) or mean (NVIDIA's and Horovod's average).",
+      choices=list(CROSS_REPLICA_GRADIENTS))
   allreduce_post_accumulation: bool = setting(
       True, "All-reduce once per update, after accumulation (otherwise after every "
       "micro-batch).")
@@ -403,6 +403,10 @@ def apply_presets(flag_values=flags.FLAGS):
     raise ValueError("--preset=demo trains on the demo's data but --input_files_dir is "
                      "given; drop it, or pass --preset=one_card to train on yours")
   if is_demo(flag_values) and flag_values["eval_files_dir"].present:
+    if flag_values.preset == "demo":
+      raise ValueError("--preset=demo evaluates on the demo's data but --eval_files_dir is "
+                       "given; drop it, or pass --preset=one_card with --input_files_dir "
+                       "to train on yours")
     raise ValueError("--eval_files_dir is given but not --input_files_dir, so this run would "
                      "be the embedded demo, on its own data; pass --input_files_dir too, or "
                      "drop --eval_files_dir for the demo")

@@ -59,6 +59,25 @@ def test_two_ranks_match_one_card_with_twice_the_batch(equal_weight_data, tmp_pa
   assert not re.search(r"all-reduce|overlapped", re.search(r"Update time .*", one.stdout).group(0))
 
 
+def test_two_ranks_sum_their_gradients_by_default_as_the_reference(equal_weight_data,
+                                                                    tmp_path):
+  """Clipped per micro-batch, 2 Horovod ranks' summed gradients (the default) update as
+  TensorFlow's mirrored replicas averaging them with half the epsilon (LAMB)."""
+  def flags(out, *extra):
+    return [f for f in ordered_flags(equal_weight_data, out, 4, 1)
+            if not f.startswith("--cross_replica_gradients")] + [
+                "--gradient_clipping=per_micro_batch"] + list(extra)
+
+  summed = launch(GLOO, flags(tmp_path / "summed", "--epsilon=1e-2"))
+  assert summed.returncode == 0, summed.stdout[-3000:]
+  assert "summed over the 2 ranks (MLPerf's reference)" in summed.stdout
+  averaged = run_pretraining(*flags(tmp_path / "averaged", "--epsilon=5e-3",
+                                    "--cross_replica_gradients=mean",
+                                    "--distribution=mirrored", "--cpu_devices=2"))
+  assert averaged.returncode == 0, averaged.stderr[-3000:]
+  assert_same_weights(tmp_path / "summed", tmp_path / "averaged", equal_weight_data["init"])
+
+
 def test_distributed_eval_equals_single_card_eval(equal_weight_data, tmp_path):
   flags = lambda out: base_flags(equal_weight_data, out, init_checkpoint=equal_weight_data["init"],
                                  bert_config_file=equal_weight_data["config"], nodo_train=None,

@@ -116,7 +116,7 @@ def test_a_resumed_run_evaluates_first_where_the_stopped_one_reached_a_point_une
         **overrides))
     assert result.returncode == 0, result.stderr[-3000:]
     assert ("Update 3 reached an evaluation point: evaluating it first (a run stopped right "
-            "after it does not)") in result.stdout
+            "after it saves without evaluating)") in result.stdout
     records = [json.loads(line) for line in open(str(out / "log.json"))]
     return result.stdout, {r["step"]: r["masked_lm_accuracy"] for r in records
                            if r["type"] == "eval"}
@@ -690,6 +690,37 @@ class StandInTrainingJob(object):
     return 2.0 ** 20
 
 
+def test_a_resumed_run_says_when_the_update_rule_changed(pretraining_data, tmp_path):
+  """How an update combines the ranks' gradients and where it reads the schedule: a run
+  marker of an older version (without them: averaged, at u) against today's defaults,
+  then a flag given against the recorded rule, then the same rule."""
+  out = tmp_path / "out"
+  mirrored = ["--distribution=mirrored", "--cpu_devices=2", "--nodo_eval"]
+
+  def resume(steps, *extra):
+    result = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=steps,
+                                         train_batch_size=4, num_accumulation_steps=2) +
+                             mirrored + list(extra))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [l for l in result.stdout.splitlines()
+            if l.startswith(("Gradients:", "Learning rate: update u"))]
+
+  assert resume(2) == []
+  marker = out / "bert_pretrain_run.json"
+  older = json.loads(marker.read_text())
+  del older["update_rule"]
+  marker.write_text(json.dumps(older))
+  assert resume(4) == [
+      "Gradients: summed over 2 ranks since model.ckpt-2, were averaged over the ranks "
+      "(--cross_replica_gradients, the ranks)",
+      "Learning rate: update u takes the schedule's at u + 1/2 (stepped per micro-batch) "
+      "since model.ckpt-2, was at u (--lr_schedule_step, --num_accumulation_steps)"]
+  assert resume(6, "--cross_replica_gradients=mean") == [
+      "Gradients: averaged over the ranks since model.ckpt-4, were summed over 2 ranks "
+      "(--cross_replica_gradients, the ranks)"]
+  assert resume(8, "--cross_replica_gradients=mean") == []
+
+
 def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsys):
   """A run of skipped updates (a loss scale far too high) is no place to ignore SIGTERM:
   the training loop stops at the update the signal reached, without waiting for one to
@@ -993,6 +1024,9 @@ def test_device_line_names_this_ranks_card_among_the_jobs(monkeypatch):
                                        r"TensorFlow sees 1 \(CUDA hides"):
     device_lib.gpu_index(FakeRanks(1, size=2, local_size=2), 1, "0,5")
   assert device_lib.gpu_index(FakeRanks(1, size=2, local_size=2), 2, "0,5") == 1
+  # CUDA reads no further than a negative entry; a process sees one MIG slice.
+  assert device_lib.gpu_index(FakeRanks(1, size=2, local_size=2), 2, "0,1,-1,3") == 1
+  assert device_lib.gpu_index(FakeRanks(0), 1, "MIG-a,MIG-b") == 0
 
 
 def test_gpu_name_without_starting_the_gpu_and_on_tf115(monkeypatch):

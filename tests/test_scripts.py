@@ -124,12 +124,16 @@ def test_the_demo_preset_with_the_users_data_is_an_error():
       "pass --preset=one_card to train on yours")):
     parsed("--preset=demo", *DATA)
   # Only an evaluation set: the demo would train on its own data and fail on the lengths.
-  for preset in ("demo", "one_card", "multi_card"):
+  for preset in ("one_card", "multi_card"):
     with pytest.raises(ValueError, match=re.escape(
         "--eval_files_dir is given but not --input_files_dir, so this run would be the "
         "embedded demo, on its own data; pass --input_files_dir too, or drop "
         "--eval_files_dir for the demo")):
       parsed("--preset=" + preset, "--eval_files_dir=/data/eval")
+  with pytest.raises(ValueError, match=re.escape(
+      "--preset=demo evaluates on the demo's data but --eval_files_dir is given; drop it, or "
+      "pass --preset=one_card with --input_files_dir to train on yours")):
+    parsed("--preset=demo", "--eval_files_dir=/data/eval")
 
 
 def test_a_value_given_after_its_flag_replaces_the_presets():

@@ -179,8 +179,13 @@ def gpu_index(ranks, num_gpus, cuda_visible_devices=None):
   """
   if cuda_visible_devices is None:
     cuda_visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
-  entries = [e for e in (cuda_visible_devices or "").split(",") if e.strip()]
-  if cards_listed(cuda_visible_devices) and len(entries) > num_gpus:
+  entries = []
+  for entry in (e.strip() for e in (cuda_visible_devices or "").split(",") if e.strip()):
+    if entry.startswith("-"):
+      break  # CUDA reads no further
+    entries.append(entry)
+  # A process sees one MIG slice of those listed.
+  if entries and not any(e.startswith("MIG-") for e in entries) and len(entries) > num_gpus:
     raise ValueError("CUDA_VISIBLE_DEVICES=%s lists %d cards but TensorFlow sees %d (CUDA "
                      "hides every card from the first this host lacks, and ranks would "
                      "share the rest); export cards it has (nvidia-smi -L or ixsmi -L lists "

@@ -59,7 +59,7 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
             job.evals.reached_by(job.step))
   if missed:
     job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
-                     "stopped right after it does not)" % job.step)
+                     "stopped right after it saves without evaluating)" % job.step)
   if job.evaluator is not None and (at_start or missed):
     results = job.evals.evaluate(job.sess, job.step)
     results_at_start = dict(results, step=job.step)

@@ -13,6 +13,7 @@ everything it needs is an argument.
 """
 
 import collections
+import functools
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -143,8 +144,7 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
       clipping and float16's first loss scale (train_ops).
     learning_rate: the schedule's peak (default: opt.learning_rate).
     ranks: (optional) ranks.Ranks of several replicas: the graph is built per replica
-      (under ranks.scope()); gradients (summed or averaged: opt.cross_replica_gradients),
-      losses and the stop signal are all-reduced.
+      (under ranks.scope()); gradients (train_ops), losses and stop signal all-reduced.
     attention_per_sequence, drop_padding: build_model's (attends_per_sequence says
       when attending per sequence pays).
     seed: (optional) Python int: each dropout mask is a function of it, the site and
@@ -184,10 +184,6 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
   replicas = ranks.replicas if ranks is not None else 1
   several = ranks is not None and ranks.replicas > 1
   all_reduce = ranks.all_reduce if several else None
-  gradient_reduce = None
-  if several:
-    average = opt.cross_replica_gradients == "mean"
-    gradient_reduce = lambda grads: ranks.all_reduce(grads, average=average)
   stop_feed = tf.placeholder_with_default(tf.constant(0.0), [], name="stop_signal")
   rank_time = None
   if ranks is not None and ranks.size > 1:
@@ -206,7 +202,7 @@ def build_train_graph(bert_config, features, dtype, opt, learning_rate=None, ran
                           dropout_seeds, drop_padding)
     (lr, loss_scale, accumulate_op, update_op) = train_ops(
         opt, outputs["total_loss"], global_step, dtype,
-        opt.learning_rate if learning_rate is None else learning_rate, gradient_reduce)
+        opt.learning_rate if learning_rate is None else learning_rate, all_reduce)
     with tf.control_dependencies([update_op]):
       # After the update, whose forward pass read it for the dropout masks.
       advance = data_position.assign_add(batch_size * opt.num_accumulation_steps * replicas)
@@ -244,9 +240,9 @@ def train_ops(opt, total_loss, global_step, dtype, learning_rate, all_reduce=Non
     global_step: int64 variable.
     dtype: compute type; tf.float16 brings dynamic loss scaling.
     learning_rate: the schedule's peak.
-    all_reduce: (optional) function of a list of gradients -> their sum (or mean, as
-      opt.cross_replica_gradients says) over the replicas, applied before or after the
-      accumulation (opt.allreduce_post_accumulation).
+    all_reduce: (optional) ranks.Ranks.all_reduce: the gradients are summed (or
+      averaged, as opt.cross_replica_gradients says) over the replicas, before or after
+      the accumulation (opt.allreduce_post_accumulation).
 
   Returns:
     (learning_rate Tensor, DynamicLossScale or None, accumulate_op or None, update_op).
@@ -262,6 +258,8 @@ def train_ops(opt, total_loss, global_step, dtype, learning_rate, all_reduce=Non
   loss_scale = None
   if dtype == tf.float16:
     loss_scale = optimization.DynamicLossScale(initial_scale=opt.init_loss_scale)
+  if all_reduce is not None:
+    all_reduce = functools.partial(all_reduce, average=opt.cross_replica_gradients == "mean")
   post = opt.allreduce_post_accumulation
   (accumulate_op, update_op) = optimization.create_train_ops(
       total_loss, optimizer, global_step, opt.num_accumulation_steps,

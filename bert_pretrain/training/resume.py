@@ -34,7 +34,11 @@ JOB_SETTINGS = ("num_train_steps", "train_batch_size", "num_accumulation_steps",
 # The flags of the learning-rate schedule, a function of the step: a resumed run that
 # changes one follows the new schedule from its first update (resume_plan says so).
 SCHEDULE = ("learning_rate", "num_warmup_steps", "start_warmup_step", "poly_power",
-            "num_train_steps", "scale_lr_by_ranks", "lr_schedule_step")
+            "num_train_steps", "scale_lr_by_ranks")
+
+# How an update combines its gradients and reads the schedule, with what a run marker of
+# an older version (without them) did.
+UPDATE_RULE = {"cross_replica_gradients": "mean", "lr_schedule_step": "update"}
 
 
 def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files,
@@ -54,7 +58,7 @@ def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files,
                 seed=seed, train_files=data_files(train_files),
                 data_order=data_order(cfg),
                 schedule=dict({k: values[k] for k in SCHEDULE}, peak=learning_rate),
-                compute=compute)
+                update_rule={k: values[k] for k in UPDATE_RULE}, compute=compute)
   return record
 
 
@@ -132,7 +136,9 @@ def resume_plan(cfg, inputs, record):
   - another layout of the same global batch (ranks, engine, per-card batch,
     accumulation) continues at the same sample, re-sharded: each update still takes
     the next global batch of the order, and the step count, learning-rate and
-    evaluation schedules, which count updates, keep their meaning;
+    evaluation schedules, which count updates, keep their meaning (where an update
+    reads the schedule may follow the accumulation, and summed gradients the ranks:
+    said, as another --cross_replica_gradients or --lr_schedule_step is);
   - another global batch is refused unless --allow_resume_change=global_batch: those
     schedules and --num_train_steps count updates, which would then hold another
     number of samples than the run was planned with;
@@ -211,13 +217,15 @@ def resume_plan(cfg, inputs, record):
     lines.append("Learning rate: %s since %s: the schedule is the new one from step %d on, "
                  "so the learning rate there differs from the run's"
                  % (schedule, os.path.basename(inputs.resume_checkpoint), step + 1))
+  rule = _update_rule_change(earlier, record, os.path.basename(inputs.resume_checkpoint))
+  lines.extend(rule)
   compute_was = earlier.get("compute", record["compute"])
   if compute_was != record["compute"]:
     lines.append("Compute: %s since %s, was %s (the weights stay float32)"
                  % (record["compute"], os.path.basename(inputs.resume_checkpoint), compute_was))
   return Resume(position, lines, was == now and not change and
                 earlier.get("seed") == record["seed"] and not changed_order and
-                not schedule and compute_was == record["compute"])
+                not schedule and not rule and compute_was == record["compute"])
 
 
 def _check_data_order(cfg, earlier, record, allowed, where):
@@ -256,6 +264,36 @@ def _check_data_order(cfg, earlier, record, allowed, where):
                      % (cfg.run.output_dir, order_was["tensorflow"], order_now["tensorflow"],
                         where, order_was["tensorflow"]))
   return change
+
+
+def _update_rule(record):
+  """(how the ranks' gradients combine, where update u reads the schedule) of a run
+  record, in words."""
+  (layout, rule) = (record["layout"], dict(UPDATE_RULE, **record.get("update_rule", {})))
+  (replicas, k) = (layout["replicas"], layout["num_accumulation_steps"])
+  gradients = "one rank's"
+  if replicas > 1:
+    gradients = ("summed over %d ranks" % replicas
+                 if rule["cross_replica_gradients"] == "sum" else "averaged over the ranks")
+  at = "u"
+  if k > 1 and rule["lr_schedule_step"] == "micro_batch":
+    at = "u + %d/%d (stepped per micro-batch)" % (k - 1, k)
+  return gradients, at
+
+
+def _update_rule_change(earlier, record, checkpoint):
+  """Lines saying how the update's rule changed since `checkpoint` ([]: it did not)."""
+  if "layout" not in earlier:
+    return []
+  ((gradients_was, at_was), (gradients, at)) = (_update_rule(earlier), _update_rule(record))
+  lines = []
+  if gradients != gradients_was:
+    lines.append("Gradients: %s since %s, were %s (--cross_replica_gradients, the ranks)"
+                 % (gradients, checkpoint, gradients_was))
+  if at != at_was:
+    lines.append("Learning rate: update u takes the schedule's at %s since %s, was at %s "
+                 "(--lr_schedule_step, --num_accumulation_steps)" % (at, checkpoint, at_was))
+  return lines
 
 
 def _schedule_change(was, now):
