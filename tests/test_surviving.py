@@ -501,7 +501,8 @@ def _plan(earlier, now, step=62, num_train_steps=400, allowed=()):
   resume_plan reads; the layout the same; a key None in `earlier`: not recorded)."""
   layout = {"distribution": "none", "processes": 1, "replicas": 1, "train_batch_size": 4,
             "num_accumulation_steps": 1, "global_batch_size": 4}
-  record = dict(layout=layout, seed=7, train_files=[["part-0", 100]], **now)
+  record = dict(dict(layout=layout, seed=7, train_files=[["part-0", 100]], compute="float32",
+                     update_rule=dict(resume_lib.UPDATE_RULE)), **now)
   cfg = types.SimpleNamespace(
       run=types.SimpleNamespace(do_train=True, output_dir="out", allow_resume_change=allowed,
                                 seed=None),
