@@ -833,6 +833,18 @@ def check_flags(tool):
   return [int(s) for s in FLAGS.seq_lengths]
 
 
+def stoppable(tool, body, fix="the rows it had not finished are not in its table; run the "
+              "same command again"):
+  """body(), with SIGTERM raised as Ctrl-C is: either ends the tool with one line (`fix`
+  after the signal's name) and its exit status (subprocess.run kills the worker it waits
+  on), not a traceback."""
+  errors.stop_on_sigterm()
+  try:
+    return body()
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    sys.exit(errors.stopped_by_signal(tool, e, fix))
+
+
 def failed_cells_line(count, total, out_dir):
   """The closing line of a run some of whose measurements failed (the exit status is 1)."""
   return ("%d of %d measurements failed; their cells say why, their logs are in %s"
@@ -950,7 +962,7 @@ def main(argv):
     {"ours": ours_worker, "google": google_worker, "peer": peer_worker,
      "peak": peak_worker}[FLAGS.worker](row)
     return
-  run_benchmark()
+  stoppable("benchmark", run_benchmark)
 
 
 if __name__ == "__main__":

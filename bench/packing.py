@@ -218,7 +218,7 @@ def main(argv):
   errors.make_output_folders("bench.packing", "--out_dir", FLAGS.out_dir, ("logs",))
   from bert_pretrain.wiki import workdir  # pylint: disable=g-import-not-at-top
   try:
-    rows = run()
+    rows = benchmark.stoppable("bench.packing", run)
   except workdir.PrepareError as e:
     print("bench.packing: error: %s" % e, file=sys.stderr)
     return 2

@@ -169,6 +169,12 @@ def main(argv):
                              ("warmup_steps", FLAGS.warmup_steps, 0)):
     if value < least:
       errors.usage_error("profile_step", "--%s: %d; use %d or more" % (name, value, least))
+  errors.make_output_folders("profile_step", "--out_dir", FLAGS.out_dir)
+  benchmark.stoppable("profile_step", profile, "run the same command again")
+
+
+def profile():
+  """Traces FLAGS' step and prints where its time (and, with --memory, its memory) goes."""
   row = dict(config=FLAGS.config, seq=FLAGS.seq, preds=benchmark.PREDICTIONS[FLAGS.seq],
              batch=FLAGS.batch, precision=FLAGS.precision, intra=FLAGS.intra_threads,
              inter=FLAGS.inter_threads, xla=FLAGS.xla,

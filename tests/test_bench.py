@@ -11,6 +11,8 @@ import math
 import os
 import platform
 import re
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -20,6 +22,7 @@ import pytest
 from bench import card
 from bench import google_peer
 from bert_pretrain.distributed import device
+from conftest import signal_when
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -141,7 +144,7 @@ def test_flags_that_would_measure_nothing_are_refused_in_one_line_before_any_wor
   assert not out_dir.exists()
 
 
-@pytest.mark.parametrize("module", ["bench.benchmark", "bench.packing"])
+@pytest.mark.parametrize("module", ["bench.benchmark", "bench.packing", "bench.profile_step"])
 def test_an_out_dir_that_cannot_be_written_is_said_in_one_line_before_any_work(tmp_path,
                                                                                module):
   in_the_way = tmp_path / "a-file"
@@ -151,7 +154,8 @@ def test_an_out_dir_that_cannot_be_written_is_said_in_one_line_before_any_work(t
     assert result.returncode == 2, result.stdout
     assert result.stdout.splitlines() == [
         "%s: error: --out_dir=%s: cannot write %s (%s); pass a folder you can write to" % (
-            module.replace("bench.benchmark", "benchmark"), out_dir, out_dir,
+            {"bench.benchmark": "benchmark", "bench.profile_step": "profile_step"}.get(
+                module, module), out_dir, out_dir,
             "Not a directory" if out_dir.startswith(str(tmp_path)) else
             "No such file or directory")]
 
@@ -302,6 +306,34 @@ def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
   assert lamb["config"]["compute"] == "float32" and lamb["config"]["batch"] == 16
   assert lamb["config_hash"] != adam["config_hash"]
   assert ("tiny-seq128-fp32 Google" in entries) == google_peer.available()
+
+
+@pytest.mark.parametrize("signum,status,said", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                (signal.SIGINT, 1, "interrupted")])
+def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp_path, signum,
+                                                                 status, said):
+  import psutil  # pylint: disable=g-import-not-at-top
+  out_dir = tmp_path / "out"
+  shutil.copytree(os.path.join(bench_out, "data"), str(out_dir / "data"))
+  log = tmp_path / "log.txt"
+  with open(str(log), "w") as output:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.benchmark", "--configs=tiny", "--seq_lengths=128",
+         "--precisions=fp32", "--skip_peer", "--skip_large", "--rounds=1", "--windows=100",
+         "--out_dir=%s" % out_dir], stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
+  workers = []
+
+  def measuring():
+    workers[:] = psutil.Process(process.pid).children()
+    return bool(workers)
+
+  assert signal_when(process, measuring, signum, log) == status
+  output = log.read_text()
+  assert "Traceback" not in output, output
+  assert output.endswith("\nbenchmark: %s; the rows it had not finished are not in its "
+                         "table; run the same command again\n" % said), output
+  for worker in workers:  # ended with it, not left measuring
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_run_whose_measurements_failed_writes_its_table_and_exits_1(bench_out, tmp_path):
