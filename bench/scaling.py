@@ -61,7 +61,6 @@ import subprocess
 import sys
 import tempfile
 
-from absl import app
 from absl import flags
 
 from bench import card
@@ -584,6 +583,14 @@ def main(argv):
   for value in FLAGS.batch_sizes:
     if not value.isdigit() or int(value) < 1:
       errors.usage_error("scaling", "--batch_sizes: %r is not a positive whole number" % value)
+  for name in ("train_batch_size", "num_train_steps", "fps_warmup_steps", "intra_op_threads",
+               "inter_op_threads"):
+    if FLAGS[name].value < 0:
+      errors.usage_error("scaling", "--%s=%d; pass 0 (%s) or more" % (
+          name, FLAGS[name].value,
+          "chosen for the host" if "threads" in name else "the model's own"))
+  # The runs start in the checkout: a relative folder is the caller's.
+  FLAGS.out_dir = os.path.abspath(FLAGS.out_dir)
   for model in FLAGS.models:
     if "engines" in FLAGS.tables or "speed" in FLAGS.tables:
       _, steps, warmup, _ = model_settings(model)
@@ -746,4 +753,4 @@ def write_card(results, models):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run_main("scaling", main)

@@ -25,7 +25,8 @@ def scaling(tmp_path_factory):
   of each engine, the speed table (ranks x amp and fp32 at batch 4, whose fp32 runs are
   the engine table's Horovod ones), and the largest batch under a 0.04 GiB limit (the
   demo's data prepared once for the three).
-  Returns (its output, scaling.json, scaling_card.json, the folder)."""
+  Returns (its output, scaling.json, scaling_card.json, the folder). It runs outside the
+  checkout with a relative --out_dir, as a user may."""
   out_dir = str(tmp_path_factory.mktemp("scaling"))
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, "bench", "scaling.py"), "--models=tiny",
@@ -33,9 +34,9 @@ def scaling(tmp_path_factory):
        "--noindependent",
        "--tables=engines,speed,max_batch", "--batch_sizes=4", "--precisions=amp,fp32",
        "--max_batch_seq_lengths=128", "--memory_limit_gib=0.04", "--max_batch_limit=256",
-       "--out_dir=" + out_dir],
+       "--out_dir=" + os.path.basename(out_dir)],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-      timeout=1800, env=dict(os.environ, PYTHONPATH=ROOT))
+      timeout=1800, env=dict(os.environ, PYTHONPATH=ROOT), cwd=os.path.dirname(out_dir))
   assert result.returncode == 0, result.stdout[-3000:]
   with open(os.path.join(out_dir, "scaling.json")) as f:
     results = json.load(f)
@@ -212,6 +213,13 @@ def run_scaling(*args, env=None, timeout=300):
     (["--horovod_args=--gloo --bogus"],
      "scaling: error: --horovod_args: --bogus is no option of horovodrun; pass its options "
      "(horovodrun --help lists them), e.g. --horovod_args=--gloo"),
+    (["--train_batch_size=-4"],
+     "scaling: error: --train_batch_size=-4; pass 0 (the model's own) or more"),
+    (["--inter_op_threads=-1"],
+     "scaling: error: --inter_op_threads=-1; pass 0 (chosen for the host) or more"),
+    (["--repeats=0"],
+     "scaling: error: flag --repeats=0: 0 is not a positive integer; --helpfull lists the "
+     "flags"),
     (["--horovod_args=--gloo -p"],
      "scaling: error: --horovod_args: horovodrun's -p takes a value; pass it after the "
      "option, e.g. --horovod_args='--gloo -p VALUE'"),
