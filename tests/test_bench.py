@@ -327,13 +327,18 @@ def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp
     workers[:] = psutil.Process(process.pid).children()
     return bool(workers)
 
-  assert signal_when(process, measuring, signum, log) == status
-  output = log.read_text()
-  assert "Traceback" not in output, output
-  assert output.endswith("\nbenchmark: %s; the rows it had not finished are not in its "
-                         "table; run the same command again\n" % said), output
-  for worker in workers:  # ended with it, not left measuring
-    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+  try:
+    assert signal_when(process, measuring, signum, log) == status
+    output = log.read_text()
+    assert "Traceback" not in output, output
+    assert output.endswith("\nbenchmark: %s; the rows it had not finished are not in its "
+                           "table; run the same command again\n" % said), output
+    for worker in workers:  # ended with it, not left measuring
+      assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+  finally:
+    for worker in workers:
+      if worker.is_running():
+        worker.kill()
 
 
 def test_a_run_whose_measurements_failed_writes_its_table_and_exits_1(bench_out, tmp_path):
