@@ -37,6 +37,11 @@ SLOWEST_FIRST = ["test_distribution.py", "test_scaling.py", "test_surviving.py",
                  "test_modeling.py", "test_pack_records.py", "test_create_pretraining_data.py",
                  "test_compare.py", "test_packed_run.py", "test_optimization.py"]
 
+# A suite started as a background job (`.ci/run &`, nohup) inherits SIGINT ignored, and so
+# would every command it starts: the tests that press Ctrl-C on one would wait in vain.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def pytest_configure(config):
   """Compiles the project's sources once, before the workers start: with
@@ -501,6 +506,22 @@ def assert_same_weights(one_dir, other_dir, init_checkpoint):
     moved = max(moved, np.abs(weights_one[name] - reader.get_tensor(name)).max())
   assert moved > 1e-3  # the steps did train
   return largest
+
+
+def kill_tree(pid):
+  """Kills process `pid` and every process under it: what a failed test left running
+  would slow the rest of the suite down."""
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
+  try:
+    parent = psutil.Process(pid)
+    processes = parent.children(recursive=True) + [parent]
+  except psutil.Error:
+    return
+  for process in processes:
+    try:
+      process.kill()
+    except psutil.Error:
+      pass
 
 
 def rank_pid(launcher, rank):

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import AMP_ON_THIS_CPU
+from conftest import kill_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -332,12 +333,16 @@ def test_a_stopped_run_ends_its_training_and_removes_its_folders(demo_out, tmp_p
       env=dict(os.environ, PYTHONPATH=ROOT, TMPDIR=str(temporary)))
   training = lambda: subprocess.run(["pgrep", "-f", "run_pretraining.*" + str(temporary)],
                                     stdout=subprocess.PIPE).stdout.split()
-  deadline = time.time() + 300
-  while not training() and process.poll() is None and time.time() < deadline:
-    time.sleep(0.5)
-  assert os.listdir(str(temporary)) and training()
-  process.send_signal(stop)
-  out = process.communicate(timeout=120)[0]
+  try:
+    deadline = time.time() + 300
+    while not training() and process.poll() is None and time.time() < deadline:
+      time.sleep(0.5)
+    assert os.listdir(str(temporary)) and training()
+    process.send_signal(stop)
+    out = process.communicate(timeout=120)[0]
+  finally:
+    if process.poll() is None:  # not reaped: the pid is still its own
+      kill_tree(process.pid)
   assert process.returncode == status, out[-3000:]
   assert out.splitlines()[-1].startswith(line + "its training runs are ended"), out[-3000:]
   assert not os.listdir(str(temporary)) and not training()
