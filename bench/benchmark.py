@@ -827,7 +827,12 @@ def check_flags(tool):
       ("rounds", FLAGS.rounds, 1, "1 or more"), ("windows", FLAGS.windows, 1, "1 or more"),
       ("steps", FLAGS.steps, 0, "0 (as many as fill --window_seconds) or more"),
       ("warmup_steps", FLAGS.warmup_steps, 0, "0 or more"),
-      ("batch_size", FLAGS.batch_size, 0, "0 (each row's default) or more")):
+      ("batch_size", FLAGS.batch_size, 0, "0 (each row's default) or more"),
+      ("intra_threads", FLAGS.intra_threads, 1, "1 or more"),
+      ("inter_threads", FLAGS.inter_threads, 1, "1 or more"),
+      ("row_timeout", FLAGS.row_timeout, 1, "1 or more seconds"),
+      ("mlperf_batch", FLAGS.mlperf_batch, 1, "1 or more"),
+      ("mlperf_accumulation", FLAGS.mlperf_accumulation, 1, "1 or more")):
     if value < least:
       errors.usage_error(tool, "--%s: %d; use %s" % (name, value, meaning))
   return [int(s) for s in FLAGS.seq_lengths]

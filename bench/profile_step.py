@@ -166,7 +166,8 @@ def main(argv):
     errors.usage_error("profile_step", "--seq: %d is not one of %s" % (
         FLAGS.seq, ", ".join(map(str, sorted(benchmark.PREDICTIONS)))))
   for name, value, least in (("batch", FLAGS.batch, 1), ("traced_steps", FLAGS.traced_steps, 1),
-                             ("warmup_steps", FLAGS.warmup_steps, 0)):
+                             ("warmup_steps", FLAGS.warmup_steps, 0),
+                             ("top_ops", FLAGS.top_ops, 1)):
     if value < least:
       errors.usage_error("profile_step", "--%s: %d; use %d or more" % (name, value, least))
   errors.make_output_folders("profile_step", "--out_dir", FLAGS.out_dir)

@@ -117,7 +117,8 @@ flags.DEFINE_list("batch_sizes", [], "Batches per rank of the speed table (defau
                                            for m, b in sorted(SPEED_BATCHES.items())))
 flags.DEFINE_list("max_batch_seq_lengths", ["128", "512"], "Sequence lengths of the "
                   "largest-batch search (128, 512).")
-flags.DEFINE_integer("max_batch_limit", 4096, "The largest batch the search tries.")
+flags.DEFINE_integer("max_batch_limit", 4096, "The largest batch the search tries.",
+                     lower_bound=1)
 flags.DEFINE_float("memory_limit_gib", -1, "A card's memory in the largest-batch search: "
                    "on a CPU, the GiB TensorFlow's tensors may take (its BFC allocator, "
                    "TF_CPU_BFC_MEM_LIMIT_IN_MB); 0: no limit (on GPUs, whose memory is "

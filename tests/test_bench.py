@@ -129,12 +129,18 @@ def run_tool(module, *args, env=None, timeout=300):
     ("bench.packing", "--configs=huge",
      "bench.packing: error: --configs: unknown 'huge'; use tiny,mini,small,medium,base"),
     ("bench.packing", "--windows=0", "bench.packing: error: --windows: 0; use 1 or more"),
+    ("bench.benchmark", "--mlperf_accumulation=0",
+     "benchmark: error: --mlperf_accumulation: 0; use 1 or more"),
+    ("bench.benchmark", "--intra_threads=0", "benchmark: error: --intra_threads: 0; use 1 or more"),
+    ("bench.packing", "--row_timeout=-5",
+     "bench.packing: error: --row_timeout: -5; use 1 or more seconds"),
     ("bench.profile_step", "--config=huge", "profile_step: error: --config: unknown 'huge'; "
      "use tiny, mini, small, medium, base, large"),
     ("bench.profile_step", "--seq=256", "profile_step: error: --seq: 256 is not one of 128, 512"),
     ("bench.profile_step", "--traced_steps=0",
      "profile_step: error: --traced_steps: 0; use 1 or more"),
     ("bench.profile_step", "--batch=0", "profile_step: error: --batch: 0; use 1 or more"),
+    ("bench.profile_step", "--top_ops=-1", "profile_step: error: --top_ops: -1; use 1 or more"),
 ])
 def test_flags_that_would_measure_nothing_are_refused_in_one_line_before_any_work(
     tmp_path, module, flag, line):

@@ -221,6 +221,9 @@ def run_scaling(*args, env=None, timeout=300):
     (["--repeats=0"],
      "scaling: error: flag --repeats=0: 0 is not a positive integer; --helpfull lists the "
      "flags"),
+    (["--max_batch_limit=0"],
+     "scaling: error: flag --max_batch_limit=0: 0 is not a positive integer; --helpfull "
+     "lists the flags"),
     (["--horovod_args=--gloo -p"],
      "scaling: error: --horovod_args: horovodrun's -p takes a value; pass it after the "
      "option, e.g. --horovod_args='--gloo -p VALUE'"),
