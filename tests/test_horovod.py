@@ -210,6 +210,42 @@ def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
   assert "demo: fine-tuning" not in out  # the downstream step follows runs of one process
 
 
+def test_sigterm_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
+    pretraining_data, tmp_path):
+  """horovodrun --mpi hands over to `sh -c "mpirun ..."`: the script's process is mpirun,
+  which passes the signal on to the ranks, not a shell that dies alone."""
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
+                     save_checkpoints_steps=10 ** 6, nodo_eval=None)
+  # mpirun passes SIGTERM on after odls_base_sigkill_timeout (1 s) and kills the ranks as
+  # long again later: time to save under a loaded suite.
+  run_args = "--mpi --mpi-args='--oversubscribe --mca odls_base_sigkill_timeout 10'"
+  proc = subprocess.Popen(
+      ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags, cwd=str(tmp_path),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", HOROVOD_RUN_ARGS=run_args,
+                        PATH=INSTALLED_PATH))
+  ranks = lambda: subprocess.run(["pgrep", "-f", "^[^ ]*python[0-9.]* -m bert_pretrain"
+                                  ".run_pretraining .*" + str(out)],
+                                 stdout=subprocess.PIPE).stdout.split()
+  try:
+    deadline, seen = time.time() + 300, []
+    for line in proc.stdout:
+      seen.append(line)
+      if "Step 5," in line or time.time() > deadline:
+        break
+    assert len(ranks()) == 2, "".join(seen[-30:])
+    proc.send_signal(signal.SIGTERM)
+    seen.append(proc.communicate(timeout=120)[0])
+    text = "".join(seen)
+    assert proc.returncode != 0, text[-4000:]  # mpirun's own status for a job it aborted
+    stop_step = int(re.search(r"SIGTERM: rank 0 stops after step (\d+)", text).group(1))
+    assert os.path.exists(str(out / ("model.ckpt-%d.index" % stop_step))), text[-4000:]
+    assert not ranks(), text[-4000:]
+  finally:  # the job's processes, whichever the script left
+    subprocess.run(["pkill", "-KILL", "-f", "run_pretraining .*" + str(out)])
+
+
 def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_data, tmp_path):
   """horovodrun --gloo itself would end with its RuntimeError's traceback."""
   flags = base_flags(pretraining_data, tmp_path / "out", learning_rate=-1)

@@ -21,8 +21,8 @@ it prints a one-line error and exits 2.
   python3 -m bert_pretrain.distributed.launch run COMMAND...
 runs the script's command: horovodrun in this process (Horovod's own run_commandline), so
 that a job a rank failed ends with that rank's one-line error and its exit status, where
-horovodrun --gloo would end with its RuntimeError's traceback; any other command replaces
-this process.
+horovodrun --gloo would end with its RuntimeError's traceback (with --mpi horovodrun's
+shell execs mpirun, which becomes this process); any other command replaces this process.
 """
 
 import collections
@@ -404,6 +404,27 @@ def run_horovodrun(args, run_commandline):
     sys.argv, sys.stderr = argv, rank_errors.stream
 
 
+@contextlib.contextmanager
+def shell_execs_its_command():
+  """Within: an os.execve of `/bin/sh -c COMMAND` runs `exec COMMAND`. horovodrun --mpi
+  (and --jsrun) replaces its process with `sh -c "mpirun ..."`, whose shell would take a
+  signal meant for the job (`kill`, `timeout`, a container's stop) and die, leaving
+  mpirun and the ranks training; with exec, mpirun is the process and passes it on."""
+  execve = os.execve
+
+  def execve_exec(path, args, env):
+    args = list(args)
+    if len(args) >= 3 and args[1] == "-c" and os.path.basename(args[0]) == "sh":
+      args[2] = "exec " + args[2]
+    execve(path, args, env)
+
+  os.execve = execve_exec
+  try:
+    yield
+  finally:
+    os.execve = execve
+
+
 def check_training_flags(words):
   """Parses the words after `bert_pretrain.run_pretraining` in words as a rank will
   (absl), so that what every rank would refuse is told once, before any starts: a
@@ -545,7 +566,8 @@ def run(words, dry_run=False):
       run_commandline = None
     if run_commandline is not None:
       os.environ.update(env)
-      return run_horovodrun(program[1:], run_commandline)
+      with shell_execs_its_command():
+        return run_horovodrun(program[1:], run_commandline)
   os.execvp(words[0], list(words))
   return 1  # Not reached: execvp replaces this process or raises.
 
