@@ -37,7 +37,7 @@ SLOWEST_FIRST = ["test_distribution.py", "test_scaling.py", "test_surviving.py",
                  "test_modeling.py", "test_pack_records.py", "test_create_pretraining_data.py",
                  "test_compare.py", "test_packed_run.py", "test_optimization.py"]
 
-# A suite started as a background job (`.ci/run &`, nohup) inherits SIGINT ignored, and so
+# A suite started as a background job (`.ci/run &` in a script) inherits SIGINT ignored, and so
 # would every command it starts: the tests that press Ctrl-C on one would wait in vain.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
   signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -514,7 +514,8 @@ def kill_tree(pid):
   import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
   try:
     parent = psutil.Process(pid)
-    processes = parent.children(recursive=True) + [parent]
+    parent.kill()  # first: it starts no child after the list is taken
+    processes = parent.children(recursive=True)
   except psutil.Error:
     return
   for process in processes:

@@ -416,6 +416,8 @@ def shell_execs_its_command():
     args = list(args)
     if len(args) >= 3 and args[1] == "-c" and os.path.basename(args[0]) == "sh":
       args[2] = "exec " + args[2]
+    sys.stdout.flush()  # what horovodrun printed, before the process is replaced
+    sys.stderr.flush()
     execve(path, args, env)
 
   os.execve = execve_exec
