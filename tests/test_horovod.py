@@ -218,9 +218,7 @@ def test_sigterm_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
                      save_checkpoints_steps=10 ** 6, nodo_eval=None)
-  # mpirun passes SIGTERM on after odls_base_sigkill_timeout (1 s) and kills the ranks as
-  # long again later: time to save under a loaded suite.
-  run_args = "--mpi --mpi-args='--oversubscribe --mca odls_base_sigkill_timeout 10'"
+  run_args = "--mpi --mpi-args=--oversubscribe"  # the launcher's odls_base_sigkill_timeout
   proc = subprocess.Popen(
       ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags, cwd=str(tmp_path),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
@@ -248,6 +246,27 @@ def test_sigterm_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
   finally:  # the job's processes, whichever the script left
     watchdog.cancel()
     subprocess.run(["pkill", "-KILL", "-f", "run_pretraining .*" + str(out)])
+
+
+@pytest.mark.parametrize("run_args,given,timeout", [
+    (["--mpi"], None, str(launch_plan.MPI_SIGKILL_TIMEOUT_S)),
+    (["--mpi"], "60", "60"),
+    (["--gloo"], None, None)])
+def test_mpirun_gives_the_ranks_time_to_save_unless_told_otherwise(run_args, given, timeout,
+                                                                   monkeypatch):
+  """mpirun's own 1 s between passing a signal on and killing the ranks is too short."""
+  import types  # pylint: disable=g-import-not-at-top
+  seen = []
+  fake = types.ModuleType("horovod.runner.launch")
+  fake.run_commandline = lambda: seen.append(
+      os.environ.get("OMPI_MCA_odls_base_sigkill_timeout"))
+  monkeypatch.setitem(sys.modules, "horovod.runner.launch", fake)
+  monkeypatch.setenv(launch_plan.LAUNCH_ID_VARIABLE, "")
+  monkeypatch.setenv("OMPI_MCA_odls_base_sigkill_timeout", given or "")
+  if given is None:
+    monkeypatch.delenv("OMPI_MCA_odls_base_sigkill_timeout")
+  assert launch_plan.run(["horovodrun", "-np", "2"] + run_args + ["python3", "x.py"]) == 0
+  assert seen == [timeout]
 
 
 def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_data, tmp_path):

@@ -48,6 +48,10 @@ MULTI_WORKER_PORT = 12345  # TF_CONFIG's port of every worker, unless MULTI_WORK
 # Set by run for every process it starts (horovodrun and mpirun pass the environment on):
 # a demo's processes name their one output folder with it.
 LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
+# mpirun passes a signal on to the ranks after odls_base_sigkill_timeout seconds and kills
+# them as long again later: its own 1 s leaves a rank no time to finish an update and save.
+# A value the user set (environment, --mpi-args) wins.
+MPI_SIGKILL_TIMEOUT_S = 10
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -568,6 +572,8 @@ def run(words, dry_run=False):
       run_commandline = None
     if run_commandline is not None:
       os.environ.update(env)
+      if "--gloo" not in program:
+        os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", str(MPI_SIGKILL_TIMEOUT_S))
       with shell_execs_its_command():
         return run_horovodrun(program[1:], run_commandline)
   os.execvp(words[0], list(words))
