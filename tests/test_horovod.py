@@ -211,10 +211,27 @@ def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
   assert "demo: fine-tuning" not in out  # the downstream step follows runs of one process
 
 
-def test_sigterm_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
-    pretraining_data, tmp_path):
-  """horovodrun --mpi hands over to `sh -c "mpirun ..."`: the script's process is mpirun,
-  which passes the signal on to the ranks, not a shell that dies alone."""
+def _stop_as_kill(pid):
+  os.kill(pid, signal.SIGTERM)
+
+
+def _stop_as_timeout(pid):  # GNU timeout: the command's pid, then its own process group
+  os.kill(pid, signal.SIGTERM)
+  time.sleep(0.2)  # not at once: two signals pending together would be one
+  os.killpg(pid, signal.SIGTERM)
+
+
+def _stop_as_ctrl_c(pid):  # the terminal: the foreground process group
+  os.killpg(pid, signal.SIGINT)
+
+
+@pytest.mark.parametrize("stop", [_stop_as_kill, _stop_as_timeout, _stop_as_ctrl_c],
+                         ids=["kill", "timeout", "ctrl-c"])
+def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
+    pretraining_data, tmp_path, stop):
+  """horovodrun --mpi hands over to `sh -c "mpirun ..."`: a shell that dies alone, and an
+  mpirun that leaves its ranks running at a second signal. The launcher passes the signal
+  on to mpirun once, which passes it on to the ranks."""
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
                      save_checkpoints_steps=10 ** 6, nodo_eval=None)
@@ -222,6 +239,7 @@ def test_sigterm_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
   proc = subprocess.Popen(
       ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags, cwd=str(tmp_path),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      start_new_session=True,  # a process group of its own to signal
       env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", HOROVOD_RUN_ARGS=run_args,
                         PATH=INSTALLED_PATH))
   ranks = lambda: subprocess.run(["pgrep", "-f", "^[^ ]*python[0-9.]* -m bert_pretrain"
@@ -236,11 +254,11 @@ def test_sigterm_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
       if "Step 5," in line:
         break
     assert len(ranks()) == 2, "".join(seen[-30:])
-    proc.send_signal(signal.SIGTERM)
+    stop(proc.pid)
     seen.append(proc.communicate(timeout=120)[0])
     text = "".join(seen)
     assert proc.returncode != 0, text[-4000:]  # mpirun's own status for a job it aborted
-    stop_step = int(re.search(r"SIGTERM: rank 0 stops after step (\d+)", text).group(1))
+    stop_step = int(re.search(r"SIG[A-Z]+: rank 0 stops after step (\d+)", text).group(1))
     assert os.path.exists(str(out / ("model.ckpt-%d.index" % stop_step))), text[-4000:]
     assert not ranks(), text[-4000:]
   finally:  # the job's processes, whichever the script left
@@ -253,20 +271,20 @@ def test_sigterm_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     (["--mpi"], "60", "60"),
     (["--gloo"], None, None)])
 def test_mpirun_gives_the_ranks_time_to_save_unless_told_otherwise(run_args, given, timeout,
-                                                                   monkeypatch):
+                                                                   monkeypatch, tmp_path):
   """mpirun's own 1 s between passing a signal on and killing the ranks is too short."""
   import types  # pylint: disable=g-import-not-at-top
-  seen = []
+  seen = tmp_path / "seen.json"  # written in the launcher's child under --mpi
   fake = types.ModuleType("horovod.runner.launch")
-  fake.run_commandline = lambda: seen.append(
-      os.environ.get("OMPI_MCA_odls_base_sigkill_timeout"))
+  fake.run_commandline = lambda: seen.write_text(json.dumps(
+      os.environ.get("OMPI_MCA_odls_base_sigkill_timeout")))
   monkeypatch.setitem(sys.modules, "horovod.runner.launch", fake)
   monkeypatch.setenv(launch_plan.LAUNCH_ID_VARIABLE, "")
   monkeypatch.setenv("OMPI_MCA_odls_base_sigkill_timeout", given or "")
   if given is None:
     monkeypatch.delenv("OMPI_MCA_odls_base_sigkill_timeout")
   assert launch_plan.run(["horovodrun", "-np", "2"] + run_args + ["python3", "x.py"]) == 0
-  assert seen == [timeout]
+  assert json.loads(seen.read_text()) == timeout
 
 
 def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_data, tmp_path):

@@ -21,8 +21,9 @@ it prints a one-line error and exits 2.
   python3 -m bert_pretrain.distributed.launch run COMMAND...
 runs the script's command: horovodrun in this process (Horovod's own run_commandline), so
 that a job a rank failed ends with that rank's one-line error and its exit status, where
-horovodrun --gloo would end with its RuntimeError's traceback (with --mpi horovodrun's
-shell execs mpirun, which becomes this process); any other command replaces this process.
+horovodrun --gloo would end with its RuntimeError's traceback (with --mpi, horovodrun
+runs in a child that becomes mpirun, and this process passes each signal on to it once);
+any other command replaces this process.
 """
 
 import collections
@@ -52,6 +53,10 @@ LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
 # them as long again later: its own 1 s leaves a rank no time to finish an update and save.
 # A value the user set (environment, --mpi-args) wins.
 MPI_SIGKILL_TIMEOUT_S = 10
+# The signals the launcher passes on to mpirun, and how soon a repeat is the same request
+# (the ranks' own window, bert_pretrain/training/signals.py, is as long).
+_PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+REPEAT_WINDOW_S = 1.0
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -412,8 +417,8 @@ def run_horovodrun(args, run_commandline):
 def shell_execs_its_command():
   """Within: an os.execve of `/bin/sh -c COMMAND` runs `exec COMMAND`. horovodrun --mpi
   (and --jsrun) replaces its process with `sh -c "mpirun ..."`, whose shell would take a
-  signal meant for the job (`kill`, `timeout`, a container's stop) and die, leaving
-  mpirun and the ranks training; with exec, mpirun is the process and passes it on."""
+  signal passed on to it and die, leaving mpirun and the ranks training; with exec,
+  mpirun is the process and passes the signal on to the ranks."""
   execve = os.execve
 
   def execve_exec(path, args, env):
@@ -429,6 +434,64 @@ def shell_execs_its_command():
     yield
   finally:
     os.execve = execve
+
+
+def run_passing_signals_once(body):
+  """Runs body() in a child process of its own process group and returns its exit status
+  (128 + the signal for a child a signal ended), passing SIGTERM, SIGINT and SIGHUP on to
+  it once: mpirun, which the child becomes, leaves its ranks running and exits when a
+  second signal follows within seconds, as `timeout` (to the pid, then to its group) and a
+  group's Ctrl-C with the launcher in it would deliver. A repeat within
+  REPEAT_WINDOW_S of the last signal passed on is the same request. The child's standard
+  input is /dev/null: outside the terminal's foreground group, reading it would stop it.
+
+  Args:
+    body: a callable returning an exit status, or replacing its process (execve).
+  """
+  state = {"child": None, "last": -REPEAT_WINDOW_S}
+
+  def pass_on(signum, unused_frame):
+    now = time.time()
+    if now - state["last"] >= REPEAT_WINDOW_S:
+      state["last"] = now
+      try:
+        os.kill(state["child"], signum)
+      except OSError:  # it has just ended
+        pass
+
+  # Held back until the child's pid is known (a signal already ignored stays ignored).
+  passed_on = [signum for signum in _PASSED_ON if signal.getsignal(signum) != signal.SIG_IGN]
+  signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
+  previous = {signum: signal.signal(signum, pass_on) for signum in passed_on}
+  child = os.fork()
+  if child == 0:
+    status = 1
+    try:
+      for signum in passed_on:
+        signal.signal(signum, signal.SIG_DFL)
+      signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on)
+      os.setpgid(0, 0)
+      os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+      status = body()
+    except SystemExit as e:
+      status = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # pylint: disable=broad-except  (the child must not return)
+      import traceback  # pylint: disable=g-import-not-at-top
+      traceback.print_exc()
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(status)  # pylint: disable=protected-access
+  state["child"] = child
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on)
+  try:
+    _, status = os.waitpid(child, 0)
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+  if os.WIFSIGNALED(status):
+    return 128 + os.WTERMSIG(status)
+  return os.WEXITSTATUS(status)
 
 
 def check_training_flags(words):
@@ -572,10 +635,15 @@ def run(words, dry_run=False):
       run_commandline = None
     if run_commandline is not None:
       os.environ.update(env)
-      if "--gloo" not in program:
-        os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", str(MPI_SIGKILL_TIMEOUT_S))
-      with shell_execs_its_command():
+      if "--gloo" in program:
         return run_horovodrun(program[1:], run_commandline)
+      # Any other controller (--mpi, --jsrun) ends in its shell: mpirun in a child.
+      os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", str(MPI_SIGKILL_TIMEOUT_S))
+
+      def job():
+        with shell_execs_its_command():
+          return run_horovodrun(program[1:], run_commandline)
+      return run_passing_signals_once(job)
   os.execvp(words[0], list(words))
   return 1  # Not reached: execvp replaces this process or raises.
 
