@@ -221,17 +221,24 @@ def _stop_as_timeout(pid):  # GNU timeout: the command's pid, then its own proce
   os.killpg(pid, signal.SIGTERM)
 
 
-def _stop_as_ctrl_c(pid):  # the terminal: the foreground process group
+def _stop_as_ctrl_c_twice(pid):  # the terminal: the foreground process group
+  os.killpg(pid, signal.SIGINT)
+  time.sleep(2)  # a user pressing it again
   os.killpg(pid, signal.SIGINT)
 
 
-@pytest.mark.parametrize("stop", [_stop_as_kill, _stop_as_timeout, _stop_as_ctrl_c],
-                         ids=["kill", "timeout", "ctrl-c"])
+def _stop_as_sigkill(pid):  # the launcher killed (OOM, kill -9): the job stops all the same
+  os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("stop", [_stop_as_kill, _stop_as_timeout, _stop_as_ctrl_c_twice,
+                                  _stop_as_sigkill],
+                         ids=["kill", "timeout", "ctrl-c-twice", "sigkill"])
 def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     pretraining_data, tmp_path, stop):
   """horovodrun --mpi hands over to `sh -c "mpirun ..."`: a shell that dies alone, and an
-  mpirun that leaves its ranks running at a second signal. The launcher passes the signal
-  on to mpirun once, which passes it on to the ranks."""
+  mpirun that leaves its ranks running at a second signal. The launcher passes the first
+  signal on to mpirun, which passes it on to the ranks, and its end is a SIGTERM to it."""
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
                      save_checkpoints_steps=10 ** 6, nodo_eval=None)
@@ -245,7 +252,8 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
   ranks = lambda: subprocess.run(["pgrep", "-f", "^[^ ]*python[0-9.]* -m bert_pretrain"
                                   ".run_pretraining .*" + str(out)],
                                  stdout=subprocess.PIPE).stdout.split()
-  watchdog = threading.Timer(400, proc.kill)  # a job printing nothing ends the reading
+  end_job = lambda: subprocess.run(["pkill", "-KILL", "-f", "run_pretraining .*" + str(out)])
+  watchdog = threading.Timer(400, end_job)  # a job printing nothing ends the reading
   watchdog.start()
   try:
     seen = []
@@ -263,7 +271,7 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     assert not ranks(), text[-4000:]
   finally:  # the job's processes, whichever the script left
     watchdog.cancel()
-    subprocess.run(["pkill", "-KILL", "-f", "run_pretraining .*" + str(out)])
+    end_job()
 
 
 @pytest.mark.parametrize("run_args,given,timeout", [

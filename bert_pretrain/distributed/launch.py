@@ -22,7 +22,7 @@ it prints a one-line error and exits 2.
 runs the script's command: horovodrun in this process (Horovod's own run_commandline), so
 that a job a rank failed ends with that rank's one-line error and its exit status, where
 horovodrun --gloo would end with its RuntimeError's traceback (with --mpi, horovodrun
-runs in a child that becomes mpirun, and this process passes each signal on to it once);
+runs in a child that becomes mpirun, and this process passes the first signal on to it);
 any other command replaces this process.
 """
 
@@ -53,10 +53,9 @@ LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
 # them as long again later: its own 1 s leaves a rank no time to finish an update and save.
 # A value the user set (environment, --mpi-args) wins.
 MPI_SIGKILL_TIMEOUT_S = 10
-# The signals the launcher passes on to mpirun, and how soon a repeat is the same request
-# (the ranks' own window, bert_pretrain/training/signals.py, is as long).
+# The signals the launcher passes on to mpirun, the first of them only.
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-REPEAT_WINDOW_S = 1.0
+_PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -438,22 +437,22 @@ def shell_execs_its_command():
 
 def run_passing_signals_once(body):
   """Runs body() in a child process of its own process group and returns its exit status
-  (128 + the signal for a child a signal ended), passing SIGTERM, SIGINT and SIGHUP on to
-  it once: mpirun, which the child becomes, leaves its ranks running and exits when a
-  second signal follows within seconds, as `timeout` (to the pid, then to its group) and a
-  group's Ctrl-C with the launcher in it would deliver. A repeat within
-  REPEAT_WINDOW_S of the last signal passed on is the same request. The child's standard
-  input is /dev/null: outside the terminal's foreground group, reading it would stop it.
+  (128 + the signal for a child a signal ended), passing the first SIGTERM, SIGINT or
+  SIGHUP on to it and no other: mpirun, which the child becomes, exits at once and leaves
+  its ranks running when a second signal follows within 5 s, as `timeout` (to the pid,
+  then to its group), a group's Ctrl-C or a second Ctrl-C would deliver; after the first
+  it ends the job itself within twice its odls_base_sigkill_timeout. The child gets
+  SIGTERM if this process ends first (SIGKILL, say), and its standard input is /dev/null:
+  outside the terminal's foreground group, reading it would stop it.
 
   Args:
     body: a callable returning an exit status, or replacing its process (execve).
   """
-  state = {"child": None, "last": -REPEAT_WINDOW_S}
+  state = {"child": None, "passed": False}
 
   def pass_on(signum, unused_frame):
-    now = time.time()
-    if now - state["last"] >= REPEAT_WINDOW_S:
-      state["last"] = now
+    if state["child"] is not None and not state["passed"]:
+      state["passed"] = True
       try:
         os.kill(state["child"], signum)
       except OSError:  # it has just ended
@@ -461,37 +460,61 @@ def run_passing_signals_once(body):
 
   # Held back until the child's pid is known (a signal already ignored stays ignored).
   passed_on = [signum for signum in _PASSED_ON if signal.getsignal(signum) != signal.SIG_IGN]
-  signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
+  mask = signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
   previous = {signum: signal.signal(signum, pass_on) for signum in passed_on}
+  parent = os.getpid()
   child = os.fork()
   if child == 0:
     status = 1
     try:
       for signum in passed_on:
         signal.signal(signum, signal.SIG_DFL)
-      signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on)
       os.setpgid(0, 0)
+      _end_with_parent(parent)
+      signal.pthread_sigmask(signal.SIG_SETMASK, mask)
       os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
       status = body()
     except SystemExit as e:
-      status = e.code if isinstance(e.code, int) else 1
+      if e.code is None or isinstance(e.code, int):
+        status = e.code or 0
+      else:
+        print(e.code, file=sys.stderr)
     except BaseException:  # pylint: disable=broad-except  (the child must not return)
       import traceback  # pylint: disable=g-import-not-at-top
       traceback.print_exc()
     finally:
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(status)  # pylint: disable=protected-access
+      try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+      finally:
+        os._exit(status)  # pylint: disable=protected-access
+  try:
+    os.setpgid(child, child)  # as the child does: whichever runs first
+  except OSError:  # it has done so and exec'd
+    pass
   state["child"] = child
-  signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on)
+  signal.pthread_sigmask(signal.SIG_SETMASK, mask)
   try:
     _, status = os.waitpid(child, 0)
   finally:
+    state["child"] = None  # its pid may be another process's from now on
     for signum, handler in previous.items():
       signal.signal(signum, handler)
   if os.WIFSIGNALED(status):
     return 128 + os.WTERMSIG(status)
   return os.WEXITSTATUS(status)
+
+
+def _end_with_parent(parent):
+  """Asks Linux to send this process SIGTERM when its parent (pid `parent`) ends; exits
+  if it already has."""
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+  except (OSError, AttributeError):  # not Linux: the job outlives a killed launcher
+    return
+  if os.getppid() != parent:
+    os._exit(1)  # pylint: disable=protected-access
 
 
 def check_training_flags(words):
