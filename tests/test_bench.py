@@ -337,8 +337,8 @@ def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp
     assert signal_when(process, measuring, signum, log) == status
     output = log.read_text()
     assert "Traceback" not in output, output
-    assert output.endswith("\nbenchmark: %s; the rows it had not finished are not in its "
-                           "table; run the same command again\n" % said), output
+    assert output.splitlines()[-1] == ("benchmark: %s; the rows it had not finished are not "
+                                       "in its table; run the same command again" % said), output
     for worker in workers:  # ended with it, not left measuring
       assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
   finally:
