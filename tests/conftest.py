@@ -514,8 +514,8 @@ def kill_tree(pid):
   import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
   try:
     parent = psutil.Process(pid)
-    parent.kill()  # first: it starts no child after the list is taken
-    processes = parent.children(recursive=True)
+    parent.suspend()  # starts no child after the list is taken; killed, its children move
+    processes = [parent] + parent.children(recursive=True)
   except psutil.Error:
     return
   for process in processes:
