@@ -163,7 +163,7 @@ def resume_plan(cfg, inputs, record):
     return Resume(0, [], True)
   earlier = inputs.earlier_run or {}
   was, now = earlier.get("layout"), record["layout"]
-  step = inputs.resume_step
+  step, checkpoint = inputs.resume_step, os.path.basename(inputs.resume_checkpoint)
   position = inputs.resume_position
   if position is None:  # An older version's checkpoint: it consumed step global batches.
     position = step * (was or now)["global_batch_size"]
@@ -183,26 +183,7 @@ def resume_plan(cfg, inputs, record):
                      % (cfg.run.output_dir, was["global_batch_size"], describe_layout(was),
                         now["global_batch_size"], describe_layout(now),
                         was["global_batch_size"], where, now["global_batch_size"]))
-  if was is None:
-    line = ("Data: %s holds no layout of the run that wrote %s (an older version, or a "
-            "deleted bert_pretrain_run.json): continuing at %s"
-            % (checkpoints.RUN_MARKER, os.path.basename(inputs.resume_checkpoint), where))
-  elif was == now:
-    line = ("Data: continuing at %s, the records the run consumed up to step %d (read, not "
-            "parsed)" % (where, step))
-  elif was["global_batch_size"] == now["global_batch_size"]:
-    line = ("Resuming on another layout: %s (was %s); the global batch stays %d, so the run "
-            "continues at %s, re-sharded over %d replica%s (the losses are not "
-            "bit-identical to an uninterrupted run's)"
-            % (describe_layout(now), describe_layout(was), now["global_batch_size"], where,
-               now["replicas"], "s" if now["replicas"] > 1 else ""))
-  else:
-    line = ("Resuming with another global batch (--allow_resume_change=global_batch): %s "
-            "(was %s); the run continues at %s in updates of %d, and the schedules go "
-            "on counting updates from step %d"
-            % (describe_layout(now), describe_layout(was), where, now["global_batch_size"],
-               step))
-  lines = [line]
+  lines = [_layout_line(was, now, where, step, checkpoint)]
   if change:
     lines.append("Data: the training files changed (%s; --allow_resume_change=data): "
                  "continuing at %s of their order" % (change, where))
@@ -216,16 +197,38 @@ def resume_plan(cfg, inputs, record):
   if schedule and step < cfg.optimizer.num_train_steps:
     lines.append("Learning rate: %s since %s: the schedule is the new one from step %d on, "
                  "so the learning rate there differs from the run's"
-                 % (schedule, os.path.basename(inputs.resume_checkpoint), step + 1))
-  rule = _update_rule_change(earlier, record, os.path.basename(inputs.resume_checkpoint))
+                 % (schedule, checkpoint, step + 1))
+  rule = _update_rule_change(earlier, record, checkpoint)
   lines.extend(rule)
   compute_was = earlier.get("compute", record["compute"])
   if compute_was != record["compute"]:
     lines.append("Compute: %s since %s, was %s (the weights stay float32)"
-                 % (record["compute"], os.path.basename(inputs.resume_checkpoint), compute_was))
+                 % (record["compute"], checkpoint, compute_was))
   return Resume(position, lines, was == now and not change and
                 earlier.get("seed") == record["seed"] and not changed_order and
                 not schedule and not rule and compute_was == record["compute"])
+
+
+def _layout_line(was, now, where, step, checkpoint):
+  """The line saying on which layout the run continues at `where` from `checkpoint` (a
+  name; was: the earlier run's layout, None when its record has none)."""
+  if was is None:
+    return ("Data: %s holds no layout of the run that wrote %s (an older version, or a "
+            "deleted bert_pretrain_run.json): continuing at %s"
+            % (checkpoints.RUN_MARKER, checkpoint, where))
+  if was == now:
+    return ("Data: continuing at %s, the records the run consumed up to step %d (read, not "
+            "parsed)" % (where, step))
+  if was["global_batch_size"] == now["global_batch_size"]:
+    return ("Resuming on another layout: %s (was %s); the global batch stays %d, so the run "
+            "continues at %s, re-sharded over %d replica%s (the losses are not "
+            "bit-identical to an uninterrupted run's)"
+            % (describe_layout(now), describe_layout(was), now["global_batch_size"], where,
+               now["replicas"], "s" if now["replicas"] > 1 else ""))
+  return ("Resuming with another global batch (--allow_resume_change=global_batch): %s "
+          "(was %s); the run continues at %s in updates of %d, and the schedules go on "
+          "counting updates from step %d"
+          % (describe_layout(now), describe_layout(was), where, now["global_batch_size"], step))
 
 
 def _check_data_order(cfg, earlier, record, allowed, where):
