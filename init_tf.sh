@@ -65,7 +65,8 @@ gpu=""
 for smi in nvidia-smi ixsmi; do
   listed=$("$smi" -L 2>/dev/null | grep '^GPU [0-9]' || true)
   if [ -n "$listed" ]; then
-    gpu="$smi -L lists $(echo "$listed" | wc -l): $(echo "$listed" | head -n 1)"
+    # The first line by expansion: `echo | head` under pipefail can die of SIGPIPE.
+    gpu="$smi -L lists $(echo "$listed" | wc -l): ${listed%%$'\n'*}"
     break
   fi
 done

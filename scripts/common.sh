@@ -30,7 +30,8 @@ check_card_list() {
       exit 2
     fi
   done
-  twice="$(printf '%s\n' "${entries[@]}" | sort | uniq -d | head -n 1)"
+  twice="$(printf '%s\n' "${entries[@]}" | sort | uniq -d)"
+  twice="${twice%%$'\n'*}"  # not `| head -n 1`: under pipefail uniq may die of SIGPIPE
   if [ -n "$twice" ]; then
     echo "$error lists card $twice twice; each rank needs a card of its own" >&2
     exit 2

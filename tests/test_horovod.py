@@ -181,6 +181,8 @@ def _run_script(tmp_path, *flags, **values):
      "index or its GPU-/MIG- UUID); export the cards to use, e.g. CUDA_VISIBLE_DEVICES=0,1"),
     ({"CUDA_VISIBLE_DEVICES": "0,1,0"}, "CUDA_VISIBLE_DEVICES=0,1,0 lists card 0 twice; each "
      "rank needs a card of its own"),
+    ({"CUDA_VISIBLE_DEVICES": "1,0,1,0"}, "CUDA_VISIBLE_DEVICES=1,0,1,0 lists card 0 twice; "
+     "each rank"),
 ])
 def test_launcher_rejects_inconsistent_card_counts(values, message, tmp_path):
   result = _run_script(tmp_path, **values)

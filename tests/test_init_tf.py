@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 A100 = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-0)\nGPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\n"
 BI_V100 = "GPU 0: Iluvatar BI-V100 (UUID: GPU-2)\n"
@@ -40,7 +42,7 @@ def _fake_toolkit(folder, headers, nvcc=False):
 
 def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=False,
             cuda=False, nccl=None, openmpi=True, bert_pretrain=None, setuptools=None,
-            **settings):
+            wrapper=(), **settings):
   """Runs `INIT_TF_DRY_RUN=1 bash init_tf.sh` on a faked machine.
 
   PATH holds only the fakes and the few plain tools the script uses, so this machine's
@@ -58,6 +60,7 @@ def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=Fals
     openmpi: whether mpicc and mpirun are on PATH (the fake user is root either way).
     bert_pretrain: the checkout folder `import bert_pretrain` reports, or None: it fails.
     setuptools: the version of a fake setuptools, or None: the real one.
+    wrapper: a command line that runs bash, e.g. strace's.
     **settings: more environment variables (None removes one).
 
   Returns:
@@ -100,7 +103,8 @@ def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=Fals
     env["NCCL_HOME"] = _fake_toolkit(tmp_path / "nccl", ["nccl.h"] if nccl else [])
   env.update(settings)
   env = {k: v for k, v in env.items() if v is not None}
-  result = subprocess.run([shutil.which("bash"), os.path.join(ROOT, "init_tf.sh")], env=env,
+  result = subprocess.run(list(wrapper) + [shutil.which("bash"), os.path.join(ROOT, "init_tf.sh")],
+                          env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=120)
   assert result.returncode == 0, result.stdout + result.stderr
@@ -181,6 +185,23 @@ def test_a_gpu_without_cuda_headers_builds_cpu_horovod_and_says_why(tmp_path):
   assert "CPU operations only: a GPU is visible but CUDA is not found" in horovod
   assert str(tmp_path / "cuda") in horovod and "set CUDA_HOME" in horovod
   assert "HOROVOD_GPU_OPERATIONS" not in _horovod_build(commands)
+
+
+def _strace_delays_writes():
+  """Whether strace is here and may trace (containers can forbid ptrace)."""
+  strace = shutil.which("strace")
+  return strace and subprocess.run([strace, "-o", os.devnull, "true"]).returncode == 0
+
+
+@pytest.mark.skipif(not _strace_delays_writes(), reason="needs strace and ptrace")
+def test_a_pipe_whose_reader_stops_early_does_not_end_the_script(tmp_path):
+  # strace holds every process's second write for 0.2 s, as a loaded machine may: a reader
+  # that stops after one line (head -n 1) is gone by then, and under pipefail the writer's
+  # SIGPIPE ended init_tf.sh with 141 right after the OpenMPI line.
+  wrapper = [shutil.which("strace"), "-f", "-o", str(tmp_path / "strace.log"), "-e",
+             "trace=write", "-e", "inject=write:delay_enter=200000:when=2"]
+  decisions, _ = dry_run(tmp_path, nvidia_smi=A100, wrapper=wrapper)
+  assert _decision(decisions, "GPU") == "nvidia-smi -L lists 2: " + A100.splitlines()[0]
 
 
 def test_a_gpu_without_nccl_headers_builds_cpu_horovod_and_says_why(tmp_path):
