@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +46,22 @@ def start_workers(flags, logs, count=2):
           rank_command("--distribution=multi_worker_mirrored", *flags), stdout=log,
           stderr=subprocess.STDOUT, universal_newlines=True, env=env))
   return procs
+
+
+@pytest.mark.parametrize("ephemeral, below", [("32768\t60999\n", 32768),
+                                               ("1024 65535\n", 20000), (None, 32768)])
+def test_ports_for_local_workers_are_free_distinct_and_below_the_ephemeral_range(
+    ephemeral, below, tmp_path):
+  """No outgoing connection takes a port below the ephemeral range before its worker
+  binds it; a range starting too low (or none readable) leaves 10000-19999."""
+  path = tmp_path / "ip_local_port_range"
+  if ephemeral is not None:
+    path.write_text(ephemeral)
+  ports = launch_plan.free_ports(40, str(path))
+  assert len(set(ports)) == 40 and all(10000 <= p < below for p in ports), ports
+  for port in ports:
+    with socket.socket() as s:
+      s.bind(("", port))
 
 
 def finish(procs, logs, timeout=300):

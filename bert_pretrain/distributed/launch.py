@@ -32,6 +32,7 @@ import copy
 import io
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -298,14 +299,25 @@ def launcher(job, distribution="horovod", port=MULTI_WORKER_PORT):
   return ["env", "TF_CONFIG=" + tf_config, "horovodrun"] + job.args
 
 
-def free_ports(count):
-  """`count` TCP ports free on this host now (for the workers of a local job)."""
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
+def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):
+  """`count` TCP ports free on this host now (for the workers of a local job), drawn below
+  the ephemeral range: there no outgoing connection takes one before its worker binds it."""
+  try:
+    with open(ephemeral_range) as f:
+      lowest_ephemeral = int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    lowest_ephemeral = 32768  # Linux's default
+  draw = random.SystemRandom()
+  ports = []
+  while len(ports) < count:
+    port = draw.randrange(10000, max(lowest_ephemeral, 20000))
+    with contextlib.closing(socket.socket()) as s:
+      try:
+        s.bind(("", port))  # every address, as the worker's server binds
+      except OSError:
+        continue
+    if port not in ports:
+      ports.append(port)
   return ports
 
 
