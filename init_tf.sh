@@ -15,7 +15,7 @@
 #   INIT_TF_DRY_RUN  1: print the decisions and the commands, run nothing
 # Then it installs this checkout as the package bert_pretrain in editable mode (pip -e) and
 # builds its fused CPU kernels for this TensorFlow (bert_pretrain/model/kernels.py).
-set -euo pipefail
+set -Eeuo pipefail  # -E: the ERR trap below sees failures inside functions too
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # quiet TensorFlow imports
 
 ROOT="$(cd "$(dirname "$0")" && pwd)"
@@ -25,6 +25,14 @@ DRY_RUN="${INIT_TF_DRY_RUN:-0}"
 
 say() { echo "init_tf: $*"; }
 die() { echo "init_tf: error: $*" >&2; exit 1; }
+on_error() {  # the ERR trap: a command that failed unexpectedly, named once by its line
+  local status=$? line=$1 signal=""
+  [ "$BASH_SUBSHELL" = 0 ] || return 0  # in a $(...): the line that ran it says it
+  [ "${#BASH_LINENO[@]}" -le 2 ] || line="${BASH_LINENO[${#BASH_LINENO[@]}-2]}"
+  [ "$status" -le 128 ] || signal=" (SIG$(kill -l $((status - 128))))"
+  echo "init_tf: error: line $line of ${0##*/} failed with exit status $status$signal; the lines above say why; run it again once that is fixed" >&2
+}
+trap 'on_error "$LINENO"' ERR
 run() {  # runs a command; in a dry run only prints it
   if [ "$DRY_RUN" = 1 ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi
 }

@@ -40,10 +40,11 @@ def _fake_toolkit(folder, headers, nvcc=False):
   return str(folder)
 
 
-def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=False,
+def run_dry(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=False,
             cuda=False, nccl=None, openmpi=True, bert_pretrain=None, setuptools=None,
             wrapper=(), **settings):
-  """Runs `INIT_TF_DRY_RUN=1 bash init_tf.sh` on a faked machine.
+  """Runs `INIT_TF_DRY_RUN=1 bash init_tf.sh` on a faked machine; returns the
+  CompletedProcess.
 
   PATH holds only the fakes and the few plain tools the script uses, so this machine's
   own nvidia-smi, nvcc or OpenMPI play no part. The fake Python, apt-get and pip log each
@@ -62,16 +63,13 @@ def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=Fals
     setuptools: the version of a fake setuptools, or None: the real one.
     wrapper: a command line that runs bash, e.g. strace's.
     **settings: more environment variables (None removes one).
-
-  Returns:
-    (decision lines without "init_tf: ", command lines without "+ "), both lists of str.
   """
   bin_dir = tmp_path / "bin"
   modules = tmp_path / "modules"
   calls = tmp_path / "calls"
   for folder in (bin_dir, modules / "tensorflow", modules / "horovod" / "tensorflow"):
     folder.mkdir(parents=True)
-  for tool in ("dirname", "grep", "wc", "head", "cut", "paste", "cat", "env"):
+  for tool in ("dirname", "grep", "wc", "cut", "paste", "cat", "env"):
     os.symlink(shutil.which(tool), str(bin_dir / tool))
   for name, output in (("nvidia-smi", nvidia_smi), ("ixsmi", ixsmi)):
     if output is not None:
@@ -103,10 +101,19 @@ def dry_run(tmp_path, nvidia_smi=None, ixsmi=None, tensorflow=None, horovod=Fals
     env["NCCL_HOME"] = _fake_toolkit(tmp_path / "nccl", ["nccl.h"] if nccl else [])
   env.update(settings)
   env = {k: v for k, v in env.items() if v is not None}
-  result = subprocess.run(list(wrapper) + [shutil.which("bash"), os.path.join(ROOT, "init_tf.sh")],
-                          env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=120)
+  return subprocess.run(list(wrapper) + [shutil.which("bash"), os.path.join(ROOT, "init_tf.sh")],
+                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, timeout=120)
+
+
+def dry_run(tmp_path, **machine):
+  """run_dry on the machine run_dry's arguments describe, which must succeed.
+
+  Returns:
+    (decision lines without "init_tf: ", command lines without "+ "), both lists of str.
+  """
+  calls = tmp_path / "calls"
+  result = run_dry(tmp_path, **machine)
   assert result.returncode == 0, result.stdout + result.stderr
   lines = result.stdout.splitlines()
   assert all(line.startswith(("init_tf: ", "+ ")) for line in lines), result.stdout
@@ -202,6 +209,21 @@ def test_a_pipe_whose_reader_stops_early_does_not_end_the_script(tmp_path):
              "trace=write", "-e", "inject=write:delay_enter=200000:when=2"]
   decisions, _ = dry_run(tmp_path, nvidia_smi=A100, wrapper=wrapper)
   assert _decision(decisions, "GPU") == "nvidia-smi -L lists 2: " + A100.splitlines()[0]
+
+
+def test_a_command_that_fails_unexpectedly_is_named_by_its_line_in_a_last_error_line(
+    tmp_path):
+  # A vendor TensorFlow whose version has no minor number: reading its numpy pin fails.
+  result = run_dry(tmp_path, nvidia_smi=NO_DEVICES, tensorflow="vendor")
+  assert result.returncode == 1
+  said = re.fullmatch(r"init_tf: error: line (\d+) of init_tf.sh failed with exit status 1; "
+                      r"the lines above say why; run it again once that is fixed",
+                      result.stderr.splitlines()[-1])
+  assert said, result.stderr
+  # Bash names a command of several lines by its last: the numpy pin's fourth.
+  script = open(os.path.join(ROOT, "init_tf.sh")).read().splitlines()
+  assert script[int(said.group(1)) - 4].startswith("  numpy_pin=$("), said.group(0)
+  assert "ValueError" in result.stderr
 
 
 def test_a_gpu_without_nccl_headers_builds_cpu_horovod_and_says_why(tmp_path):
