@@ -233,11 +233,12 @@ def _stop_as_sigkill(pid):  # the launcher killed (OOM, kill -9): the job stops 
   os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("stop", [_stop_as_kill, _stop_as_timeout, _stop_as_ctrl_c_twice,
-                                  _stop_as_sigkill],
+@pytest.mark.parametrize("stop,status", [(_stop_as_kill, 143), (_stop_as_timeout, 143),
+                                         (_stop_as_ctrl_c_twice, 130),
+                                         (_stop_as_sigkill, -signal.SIGKILL)],
                          ids=["kill", "timeout", "ctrl-c-twice", "sigkill"])
 def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
-    pretraining_data, tmp_path, stop):
+    pretraining_data, tmp_path, stop, status):
   """horovodrun --mpi hands over to `sh -c "mpirun ..."`: a shell that dies alone, and an
   mpirun that leaves its ranks running at a second signal. The launcher passes the first
   signal on to mpirun, which passes it on to the ranks, and its end is a SIGTERM to it."""
@@ -267,7 +268,7 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     stop(proc.pid)
     seen.append(proc.communicate(timeout=120)[0])
     text = "".join(seen)
-    assert proc.returncode != 0, text[-4000:]  # mpirun's own status for a job it aborted
+    assert proc.returncode == status, text[-4000:]  # 128 + the signal passed on to mpirun
     stop_step = int(re.search(r"SIG[A-Z]+: rank 0 stops after step (\d+)", text).group(1))
     assert os.path.exists(str(out / ("model.ckpt-%d.index" % stop_step))), text[-4000:]
     assert not ranks(), text[-4000:]
@@ -618,6 +619,39 @@ def test_a_job_its_ranks_stopped_at_sigterm_ends_with_143_though_horovodrun_retu
   assert launch_plan.run_horovodrun(["-np", "2"], stopped) == 143
   assert launch_plan.run_horovodrun(["-np", "2"], finished) == 0
   assert "[1]<stderr>:run_pretraining: SIGTERM received" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("signum,child_status,status", [
+    (signal.SIGTERM, 1, 143), (signal.SIGINT, 1, 130), (signal.SIGTERM, 0, 0),
+    (None, 3, 3)], ids=["sigterm", "sigint", "finished-before", "failed-alone"])
+def test_a_job_under_mpirun_a_signal_stopped_ends_with_128_plus_that_signal(
+    signum, child_status, status, tmp_path):
+  """mpirun exits with 1 after passing a signal on; the launcher, which passed it to
+  mpirun, ends with 128 + the signal, as a job under horovodrun --gloo does."""
+  ready = tmp_path / "ready"
+
+  def mpirun():  # a stand-in: exits with child_status at the signal, or without one
+    end = lambda *unused: os._exit(child_status)  # pylint: disable=protected-access
+    signal.signal(signal.SIGTERM, end)
+    signal.signal(signal.SIGINT, end)
+    ready.write_text("")
+    if signum is None:
+      return child_status
+    time.sleep(60)
+    return 9
+
+  launcher = threading.get_ident()
+
+  def send_when_ready():  # the child waits for it, so the launcher's handler is still set
+    while not ready.exists():
+      time.sleep(0.01)
+    signal.pthread_kill(launcher, signum)  # not this thread: the launcher's handler runs there
+
+  if signum is not None:
+    threading.Thread(target=send_when_ready, daemon=True).start()
+  started = time.time()
+  assert launch_plan.run_passing_signals_once(mpirun) == status
+  assert time.time() - started < 30
 
 
 def _stopped_job(lines, rank, status):

@@ -449,7 +449,9 @@ def shell_execs_its_command():
 
 def run_passing_signals_once(body):
   """Runs body() in a child process of its own process group and returns its exit status
-  (128 + the signal for a child a signal ended), passing the first SIGTERM, SIGINT or
+  (128 + the signal for a child a signal ended, or that failed after the signal passed on
+  to it: mpirun then exits with 1 where the ranks ended with 143 or 130, and horovodrun
+  --gloo's job ends with 128 + the signal too), passing the first SIGTERM, SIGINT or
   SIGHUP on to it and no other: mpirun, which the child becomes, exits at once and leaves
   its ranks running when a second signal follows within 5 s, as `timeout` (to the pid,
   then to its group), a group's Ctrl-C or a second Ctrl-C would deliver; after the first
@@ -460,11 +462,11 @@ def run_passing_signals_once(body):
   Args:
     body: a callable returning an exit status, or replacing its process (execve).
   """
-  state = {"child": None, "passed": False}
+  state = {"child": None, "passed": None}
 
   def pass_on(signum, unused_frame):
     if state["child"] is not None and not state["passed"]:
-      state["passed"] = True
+      state["passed"] = signum
       try:
         os.kill(state["child"], signum)
       except OSError:  # it has just ended
@@ -514,6 +516,8 @@ def run_passing_signals_once(body):
       signal.signal(signum, handler)
   if os.WIFSIGNALED(status):
     return 128 + os.WTERMSIG(status)
+  if os.WEXITSTATUS(status) and state["passed"]:
+    return 128 + state["passed"]
   return os.WEXITSTATUS(status)
 
 
