@@ -4,6 +4,7 @@ of one card with the same global batch, evaluate as one card does, resume, stop 
 SIGTERM after an update that every replica makes, with a checkpoint, and a killed worker
 ends the job."""
 
+import errno
 import json
 import os
 import re
@@ -49,11 +50,13 @@ def start_workers(flags, logs, count=2):
 
 
 @pytest.mark.parametrize("ephemeral, below", [("32768\t60999\n", 32768),
+                                               ("15000 60999\n", 15000),
                                                ("1024 65535\n", 20000), (None, 32768)])
 def test_ports_for_local_workers_are_free_distinct_and_below_the_ephemeral_range(
     ephemeral, below, tmp_path):
   """No outgoing connection takes a port below the ephemeral range before its worker
-  binds it; a range starting too low (or none readable) leaves 10000-19999."""
+  binds it; a range starting below 11000 leaves 10000-19999, none readable Linux's
+  default (from 32768)."""
   path = tmp_path / "ip_local_port_range"
   if ephemeral is not None:
     path.write_text(ephemeral)
@@ -62,6 +65,15 @@ def test_ports_for_local_workers_are_free_distinct_and_below_the_ephemeral_range
   for port in ports:
     with socket.socket() as s:
       s.bind(("", port))
+
+
+def test_ports_that_cannot_be_bound_but_for_being_in_use_are_an_error_not_a_search(
+    monkeypatch):
+  def refused(unused_socket, unused_address):
+    raise PermissionError(errno.EACCES, "Permission denied")
+  monkeypatch.setattr(socket.socket, "bind", refused)
+  with pytest.raises(PermissionError):
+    launch_plan.free_ports(2)
 
 
 def finish(procs, logs, timeout=300):

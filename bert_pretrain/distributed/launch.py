@@ -29,6 +29,7 @@ any other command replaces this process.
 import collections
 import contextlib
 import copy
+import errno
 import io
 import json
 import os
@@ -300,25 +301,39 @@ def launcher(job, distribution="horovod", port=MULTI_WORKER_PORT):
 
 
 def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):
-  """`count` TCP ports free on this host now (for the workers of a local job), drawn below
-  the ephemeral range: there no outgoing connection takes one before its worker binds it."""
+  """`count` TCP ports free on this host now (for the workers of a local job), drawn from
+  10000 (above most services' ports) to the ephemeral range: no outgoing connection takes
+  one of those before its worker binds it. With less than 1000 ports there, 10000-19999.
+
+  Raises:
+    OSError: a port cannot be bound for another reason than being in use, or 100 draws a
+      port found none free.
+  """
   try:
     with open(ephemeral_range) as f:
       lowest_ephemeral = int(f.read().split()[0])
   except (OSError, ValueError, IndexError):
     lowest_ephemeral = 32768  # Linux's default
-  draw = random.SystemRandom()
+  low, high = 10000, lowest_ephemeral
+  if high - low < 1000:
+    high = 20000
+  draw = random.Random()  # unseeded: processes that seeded `random` would draw alike
   ports = []
-  while len(ports) < count:
-    port = draw.randrange(10000, max(lowest_ephemeral, 20000))
+  for _ in range(100 * count):
+    port = draw.randrange(low, high)
     with contextlib.closing(socket.socket()) as s:
       try:
         s.bind(("", port))  # every address, as the worker's server binds
-      except OSError:
+      except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+          raise
         continue
     if port not in ports:
       ports.append(port)
-  return ports
+    if len(ports) == count:
+      return ports
+  raise OSError(errno.EADDRINUSE, "no free TCP port found in %d draws from %d-%d"
+                % (100 * count, low, high - 1))
 
 
 def summary(job, distribution="horovod"):
