@@ -31,7 +31,7 @@ check_card_list() {
     fi
   done
   twice="$(printf '%s\n' "${entries[@]}" | sort | uniq -d)"
-  twice="${twice%%$'\n'*}"  # not `| head -n 1`: under pipefail uniq may die of SIGPIPE
+  twice="${twice%%$'\n'*}"  # not `| head -n 1`, whose early exit can fail the pipe
   if [ -n "$twice" ]; then
     echo "$error lists card $twice twice; each rank needs a card of its own" >&2
     exit 2

@@ -194,19 +194,24 @@ def test_a_gpu_without_cuda_headers_builds_cpu_horovod_and_says_why(tmp_path):
   assert "HOROVOD_GPU_OPERATIONS" not in _horovod_build(commands)
 
 
-def _strace_delays_writes():
-  """Whether strace is here and may trace (containers can forbid ptrace)."""
+def _delayed_writes(log, microseconds):
+  """strace's words that hold every process's second write for `microseconds`, or None
+  where strace is missing, too old (4.22 added delays) or may not trace (ptrace)."""
   strace = shutil.which("strace")
-  return strace and subprocess.run([strace, "-o", os.devnull, "true"]).returncode == 0
+  words = [strace, "-f", "-o", log, "-e", "trace=write", "-e",
+           "inject=write:delay_enter=%d:when=2" % microseconds]
+  if strace and subprocess.run(words + ["true"]).returncode == 0:
+    return words
+  return None
 
 
-@pytest.mark.skipif(not _strace_delays_writes(), reason="needs strace and ptrace")
+@pytest.mark.skipif(not _delayed_writes(os.devnull, 1),
+                    reason="needs strace 4.22 or later and ptrace")
 def test_a_pipe_whose_reader_stops_early_does_not_end_the_script(tmp_path):
-  # strace holds every process's second write for 0.2 s, as a loaded machine may: a reader
-  # that stops after one line (head -n 1) is gone by then, and under pipefail the writer's
+  # Each process's second write waits 0.2 s, as on a loaded machine: a reader that
+  # stops after one line (head -n 1) is gone by then, and under pipefail the writer's
   # SIGPIPE ended init_tf.sh with 141 right after the OpenMPI line.
-  wrapper = [shutil.which("strace"), "-f", "-o", str(tmp_path / "strace.log"), "-e",
-             "trace=write", "-e", "inject=write:delay_enter=200000:when=2"]
+  wrapper = _delayed_writes(str(tmp_path / "strace.log"), 200000)
   decisions, _ = dry_run(tmp_path, nvidia_smi=A100, wrapper=wrapper)
   assert _decision(decisions, "GPU") == "nvidia-smi -L lists 2: " + A100.splitlines()[0]
 
