@@ -29,7 +29,7 @@ on_error() {  # the ERR trap: a command that failed unexpectedly, named once by 
   local status=$? line=$1 signal=""
   [ "$BASH_SUBSHELL" = 0 ] || return 0  # in a $(...): the line that ran it says it
   [ "${#BASH_LINENO[@]}" -le 2 ] || line="${BASH_LINENO[${#BASH_LINENO[@]}-2]}"
-  [ "$status" -le 128 ] || signal=" (SIG$(kill -l $((status - 128))))"
+  if [ "$status" -gt 128 ] && name=$(kill -l "$status" 2>/dev/null); then signal=" (SIG$name)"; fi
   echo "init_tf: error: line $line of ${0##*/} failed with exit status $status$signal; the lines above say why; run it again once that is fixed" >&2
 }
 trap 'on_error "$LINENO"' ERR
@@ -95,10 +95,10 @@ if have_module tensorflow; then
   say "TensorFlow: keeping the installed $tf_found (it imports)"
   case "$tf_found" in 1.*) tokenizers="tokenizers<0.14" ;; esac
   # It keeps the numpy it works with; 2.x before 2.16 keeps numpy 1.x.
-  numpy_pin=$("$PYTHON" -c "
-import numpy, tensorflow as tf
+  pin="import numpy, tensorflow as tf
 v = tuple(int(x) for x in tf.__version__.split('.')[:2])
-print('numpy==' + numpy.__version__ if v < (2, 0) else 'numpy<2' if v < (2, 16) else 'numpy')")
+print('numpy==' + numpy.__version__ if v < (2, 0) else 'numpy<2' if v < (2, 16) else 'numpy')"
+  numpy_pin=$("$PYTHON" -c "$pin")
 else
   if [ -z "$gpu" ]; then
     tf_package="tensorflow-cpu==$TF_VERSION"

@@ -218,17 +218,28 @@ def test_a_pipe_whose_reader_stops_early_does_not_end_the_script(tmp_path):
 
 def test_a_command_that_fails_unexpectedly_is_named_by_its_line_in_a_last_error_line(
     tmp_path):
-  # A vendor TensorFlow whose version has no minor number: reading its numpy pin fails.
+  # A vendor TensorFlow whose version is not a number: reading its numpy pin fails.
   result = run_dry(tmp_path, nvidia_smi=NO_DEVICES, tensorflow="vendor")
   assert result.returncode == 1
   said = re.fullmatch(r"init_tf: error: line (\d+) of init_tf.sh failed with exit status 1; "
                       r"the lines above say why; run it again once that is fixed",
                       result.stderr.splitlines()[-1])
   assert said, result.stderr
-  # Bash names a command of several lines by its last: the numpy pin's fourth.
   script = open(os.path.join(ROOT, "init_tf.sh")).read().splitlines()
-  assert script[int(said.group(1)) - 4].startswith("  numpy_pin=$("), said.group(0)
+  assert script[int(said.group(1)) - 1].startswith("  numpy_pin=$("), said.group(0)
   assert "ValueError" in result.stderr
+
+
+@pytest.mark.parametrize("status, said", [(141, "141 (SIGPIPE)"), (200, "200")])
+def test_the_last_error_line_names_a_signal_only_for_a_status_that_is_one(status, said,
+                                                                         tmp_path):
+  # The Python that reads the numpy pin fails with `status`; the others answer.
+  failing = _executable(tmp_path / "failing", "#!/bin/sh\ncase \"$2\" in *'numpy, tensorflow'*) "
+                        "exit %d ;; esac\nexec %s \"$@\"\n" % (status, tmp_path / "python"))
+  result = run_dry(tmp_path, nvidia_smi=A100, tensorflow="2.15.1", PYTHON=failing)
+  assert result.returncode == status, result.stderr
+  assert re.fullmatch(r"init_tf: error: line \d+ of init_tf.sh failed with exit status %s; .*"
+                      % re.escape(said), result.stderr.splitlines()[-1]), result.stderr
 
 
 def test_a_gpu_without_nccl_headers_builds_cpu_horovod_and_says_why(tmp_path):
