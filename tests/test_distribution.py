@@ -60,6 +60,7 @@ def test_ports_for_local_workers_are_free_distinct_and_below_the_ephemeral_range
   path = tmp_path / "ip_local_port_range"
   if ephemeral is not None:
     path.write_text(ephemeral)
+  assert launch_plan.free_ports(0, str(path)) == []
   ports = launch_plan.free_ports(40, str(path))
   assert len(set(ports)) == 40 and all(10000 <= p < below for p in ports), ports
   for port in ports:

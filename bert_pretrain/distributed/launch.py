@@ -306,8 +306,8 @@ def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):
   one of those before its worker binds it. With less than 1000 ports there, 10000-19999.
 
   Raises:
-    OSError: a port cannot be bound for another reason than being in use, or 100 draws a
-      port found none free.
+    OSError: a port cannot be bound for another reason than being in use, or 100 draws
+      per port found too few free.
   """
   try:
     with open(ephemeral_range) as f:
@@ -320,6 +320,8 @@ def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):
   draw = random.Random()  # unseeded: processes that seeded `random` would draw alike
   ports = []
   for _ in range(100 * count):
+    if len(ports) == count:
+      break
     port = draw.randrange(low, high)
     with contextlib.closing(socket.socket()) as s:
       try:
@@ -330,10 +332,10 @@ def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):
         continue
     if port not in ports:
       ports.append(port)
-    if len(ports) == count:
-      return ports
-  raise OSError(errno.EADDRINUSE, "no free TCP port found in %d draws from %d-%d"
-                % (100 * count, low, high - 1))
+  if len(ports) < count:
+    raise OSError(errno.EADDRINUSE, "%d free TCP ports of %d found in %d draws from %d-%d"
+                  % (len(ports), count, 100 * count, low, high - 1))
+  return ports
 
 
 def summary(job, distribution="horovod"):
