@@ -39,12 +39,14 @@ from __future__ import absolute_import
 from __future__ import division
 from __future__ import print_function
 
+import functools
 import importlib.util
 import itertools
 import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +64,7 @@ except ImportError:
   import google_peer
 from bert_pretrain import errors
 from bert_pretrain.training import timing  # the FLOP count the runs' MFU uses too
+from bert_pretrain.wiki import workdir
 
 CORPUS = os.path.join(ROOT, "bert_pretrain", "demo_data", "corpus.txt")
 
@@ -496,8 +499,12 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   start = time.time()
   with open(log_path, "w") as log_file:
     try:
+      # A signal to this process while Popen waits for the exec would leave the worker
+      # running (subprocess.run kills only a worker it got back): it ends with this one.
       process = subprocess.run(command, stdout=subprocess.PIPE, stderr=log_file, env=env,
-                               universal_newlines=True, timeout=FLAGS.row_timeout)
+                               universal_newlines=True, timeout=FLAGS.row_timeout,
+                               preexec_fn=functools.partial(workdir.end_with_parent,
+                                                            os.getpid(), signal.SIGKILL))
     except subprocess.TimeoutExpired:
       return {"error": "timed out after %d s" % FLAGS.row_timeout}
     log_file.write(process.stdout)
