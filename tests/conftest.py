@@ -525,6 +525,22 @@ def kill_tree(pid):
       pass
 
 
+def gone(pid, seconds=30):
+  """Whether process pid has ended (or is a zombie) within `seconds`: a killed process
+  ends when the kernel next runs it, which on a loaded machine can be after its killer's
+  own exit."""
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
+  deadline = time.time() + seconds
+  while time.time() < deadline:
+    try:
+      if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        return True
+    except psutil.NoSuchProcess:
+      return True
+    time.sleep(0.1)
+  return False
+
+
 def rank_pid(launcher, rank):
   """The pid of training rank `rank` among the descendants of the launcher process
   (horovodrun or mpirun, a subprocess.Popen): never another job's process. Of a forked

@@ -32,6 +32,7 @@ from bert_pretrain.wiki import sentences
 from bert_pretrain.wiki import shard
 from bert_pretrain.wiki import tfrecords
 from bert_pretrain.wiki import workdir
+from conftest import gone
 import pool_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -814,20 +815,6 @@ def _read_until_tfrecords(process):
   return "".join(seen)
 
 
-def _gone(pid, seconds=30):
-  """Whether process pid has ended (or is a zombie) within `seconds`."""
-  import psutil  # pylint: disable=g-import-not-at-top
-  deadline = time.time() + seconds
-  while time.time() < deadline:
-    try:
-      if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-        return True
-    except psutil.NoSuchProcess:
-      return True
-    time.sleep(0.1)
-  return False
-
-
 def test_a_worker_killed_mid_run_ends_it_with_one_line_and_the_same_command_finishes(
     run_a, vocab, tmp_path):
   output_dir = str(tmp_path / "out")
@@ -843,7 +830,7 @@ def test_a_worker_killed_mid_run_ends_it_with_one_line_and_the_same_command_fini
   result = subprocess.CompletedProcess(process.args, process.returncode, out, seen + err)
   assert error_line(result) == "prepare_wiki: error: %s" % workdir.WorkerDied()
   assert result.returncode == 1 and "Traceback" not in result.stderr
-  assert _gone(workers[1])  # the other worker did not go on alone
+  assert gone(workers[1])  # the other worker did not go on alone
   assert os.path.exists(os.path.join(output_dir, "work", "done", "shard.json"))
   result = run_cli(output_dir, vocab, jobs=2)
   assert result.returncode == 0, result.stderr
@@ -862,7 +849,7 @@ def test_workers_end_with_their_run_when_it_is_killed(context):
     workers = _workers(process.pid)
     process.kill()
     process.wait(timeout=60)
-    assert [pid for pid in workers if not _gone(pid)] == []
+    assert [pid for pid in workers if not gone(pid)] == []
   finally:
     try:
       os.killpg(process.pid, signal.SIGKILL)
