@@ -7,6 +7,7 @@ redirects, disambiguation pages, other namespaces and a stub) at small settings.
 
 import bz2
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -836,6 +837,19 @@ def test_a_worker_killed_mid_run_ends_it_with_one_line_and_the_same_command_fini
   assert result.returncode == 0, result.stderr
   assert "shard: done before" in result.stderr
   assert files_under(output_dir) == files_under(run_a)
+
+
+def test_a_child_whose_parent_ended_before_it_asked_ends_at_once_even_with_the_signal_blocked():
+  def orphan(block):
+    signal.pthread_sigmask(signal.SIG_BLOCK if block else signal.SIG_UNBLOCK,
+                           [signal.SIGTERM])
+    workdir.end_with_parent(os.getpid() + 1)  # as if the parent had ended
+
+  child = [sys.executable, "-c", "print('ran')"]
+  for block, status in ((False, -signal.SIGTERM), (True, 128 + signal.SIGTERM)):
+    ended = subprocess.run(child, stdout=subprocess.PIPE, universal_newlines=True,
+                           preexec_fn=functools.partial(orphan, block))
+    assert (ended.returncode, ended.stdout) == (status, "")
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

@@ -43,6 +43,7 @@ import sys
 import time
 
 from bert_pretrain import errors
+from bert_pretrain.wiki import workdir
 
 Plan = collections.namedtuple("Plan", ["ranks", "hosts", "per_host", "args"])
 # The engines the script launches (run_pretraining's --distribution, but "none").
@@ -57,7 +58,6 @@ LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
 MPI_SIGKILL_TIMEOUT_S = 10
 # The signals the launcher passes on to mpirun, the first of them only.
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -501,7 +501,7 @@ def run_passing_signals_once(body):
       for signum in passed_on:
         signal.signal(signum, signal.SIG_DFL)
       os.setpgid(0, 0)
-      _end_with_parent(parent)
+      workdir.end_with_parent(parent)  # the job ends with a killed launcher
       signal.pthread_sigmask(signal.SIG_SETMASK, mask)
       os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
       status = body()
@@ -536,18 +536,6 @@ def run_passing_signals_once(body):
   if os.WEXITSTATUS(status) and state["passed"]:
     return 128 + state["passed"]
   return os.WEXITSTATUS(status)
-
-
-def _end_with_parent(parent):
-  """Asks Linux to send this process SIGTERM when its parent (pid `parent`) ends; exits
-  if it already has."""
-  try:
-    import ctypes  # pylint: disable=g-import-not-at-top
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-  except (OSError, AttributeError):  # not Linux: the job outlives a killed launcher
-    return
-  if os.getppid() != parent:
-    os._exit(1)  # pylint: disable=protected-access
 
 
 def check_training_flags(words):

@@ -374,13 +374,14 @@ def _start_worker(parent):
 
 def end_with_parent(parent, signum=signal.SIGTERM):
   """In a child process of `parent`: signal `signum` when the thread that started it
-  ends (Linux's PR_SET_PDEATHSIG), and at once if `parent` has ended already."""
+  ends (Linux's PR_SET_PDEATHSIG), and end at once if `parent` has ended already."""
   try:
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signum)
-  except (OSError, AttributeError):
+  except (OSError, AttributeError):  # not Linux: the child outlives a killed parent
     return
   if os.getppid() != parent:  # it ended between the fork and prctl
     os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # where the signal is blocked or ignored
 
 
 def arm_stacks():
