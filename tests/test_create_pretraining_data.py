@@ -9,6 +9,7 @@ instance statistics against a plain re-implementation of Google's instance loop.
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 
@@ -522,14 +523,20 @@ def test_a_signal_ends_the_command_with_one_line_and_no_temporary_file(tmp_path,
   text = _write(tmp_path / "long.txt", open(SAMPLE_TEXT, encoding="utf-8").read() * 30)
   outputs = [str(tmp_path / "out" / "part-0"), str(tmp_path / "out" / "part-1")]
   log = tmp_path / "log.txt"
-  process = start_command("bert_pretrain.create_pretraining_data", "--input_file=%s" % text,
-                          "--output_file=%s" % ",".join(outputs),
-                          "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
-                          "--max_predictions_per_seq=10", "--dupe_factor=20",
-                          stdout=log, stderr=log)
-  # Signalled once it writes: its temporary files are there.
-  status = signal_when(process, lambda: os.path.isdir(str(tmp_path / "out")) and
-                       os.listdir(str(tmp_path / "out")), signum, log)
+  for _ in range(3):  # again where it had written its files before the signal (starved)
+    process = start_command("bert_pretrain.create_pretraining_data", "--input_file=%s" % text,
+                            "--output_file=%s" % ",".join(outputs),
+                            "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
+                            "--max_predictions_per_seq=10", "--dupe_factor=20",
+                            stdout=log, stderr=log)
+    # Signalled once it writes: its temporary files are there, for about a second.
+    status = signal_when(process, lambda: process.poll() is not None or (
+        os.path.isdir(str(tmp_path / "out")) and os.listdir(str(tmp_path / "out"))),
+                         signum, log)
+    if status != 0:
+      break
+    assert sorted(os.listdir(str(tmp_path / "out"))) == ["part-0", "part-1"]
+    shutil.rmtree(str(tmp_path / "out"))
   output = log.read_text()
   assert "Traceback" not in output, output
   if signum == signal.SIGTERM:

@@ -163,7 +163,7 @@ def test_rank_count_from_the_environment(values, ranks, message, tmp_path):
 def _run_script(tmp_path, *flags, **values):
   return subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + list(flags),
                         cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, env=_launcher_env(**values), timeout=60)
+                        universal_newlines=True, env=_launcher_env(**values), timeout=300)
 
 
 @pytest.mark.parametrize("values,message", [

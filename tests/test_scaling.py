@@ -345,6 +345,9 @@ def test_a_stopped_run_ends_its_training_and_removes_its_folders(demo_out, tmp_p
     out = process.communicate(timeout=120)[0]
     assert process.returncode == status, out[-3000:]
     assert out.splitlines()[-1].startswith(line + "its training runs are ended"), out[-3000:]
+    deadline = time.time() + 60  # a rank Horovod SIGKILLed ends when next scheduled
+    while training() and time.time() < deadline:
+      time.sleep(0.5)
     assert not os.listdir(str(temporary)) and not training()
   finally:  # what a failure left running would slow the rest of the suite down
     if process.poll() is None:  # not reaped: the pid is still its own

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from absl import flags
 import pytest
@@ -25,6 +24,7 @@ from bert_pretrain import pack_records
 from bert_pretrain import run_pretraining
 from bert_pretrain.distributed import launch
 from bert_pretrain.training import checkpoints
+from conftest import gone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
@@ -304,12 +304,8 @@ def test_a_sigterm_during_the_fine_tuning_step_ends_it_and_its_trainer(demo_cach
                                      "--num_train_steps=2"), "demo: fine-tuning from")
   assert lines[-1].strip() == ("run_pretraining: SIGTERM during the demo's fine-tuning step "
                                "(the pretraining run is saved): exiting (nothing to save)")
-  for _ in range(100):
-    children = _processes_naming(str(tmp_path / "out" / "finetune-"))
-    if not children:
-      break
-    time.sleep(0.1)
-  assert children == []
+  children = _processes_naming(str(tmp_path / "out" / "finetune-"))
+  assert [pid for pid in children if not gone(pid, seconds=60)] == []
 
 
 def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path):

@@ -92,3 +92,41 @@ def test_a_heartbeat_left_by_an_earlier_run_or_naming_another_process_gets_no_si
   finally:
     other.kill()
     other.wait()
+
+
+# A rank stand-in whose dump takes a while between its first thread and its last, as
+# faulthandler's can on a loaded machine.
+SLOW_CHILD = """
+import os, signal, sys, time
+from bert_pretrain.distributed import stacks
+folder = sys.argv[1]
+def dump(*_):
+  with open(os.path.join(folder, "stack-rank-0"), "a") as f:
+    f.write("Thread 0x1 (most recent call first):\\n  File x, line 1 in a_worker_thread\\n")
+    f.flush()
+    time.sleep(0.5)
+    f.write("Current thread 0x2 (most recent call first):\\n  File y, line 2 in main\\n")
+signal.signal(stacks.STACK_SIGNAL, dump)
+with open(os.path.join(folder, "rank-0"), "w") as f:
+  f.write(stacks.heartbeat_text(os.getpid(), 1, "update 7"))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stack_whose_dump_pauses_between_threads_is_reported_whole(tmp_path):
+  folder = tmp_path / ".ranks"
+  folder.mkdir()
+  (folder / "stack-rank-0").write_text("")
+  child = subprocess.Popen([sys.executable, "-c", SLOW_CHILD, str(folder)],
+                           stdout=subprocess.PIPE, universal_newlines=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+  try:
+    assert child.stdout.readline().strip() == "ready"
+    stacks.write_reports(str(folder), str(tmp_path), 1, seen_by=0, stalled=[],
+                         since=time.time() - 60, wait_s=5.0)
+    report = (tmp_path / "stall-rank-0.txt").read_text()
+    assert "in a_worker_thread" in report and "in main" in report, report
+  finally:
+    child.kill()
+    child.wait()

@@ -98,7 +98,15 @@ def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0)
   deadline = time.time() + wait_s
   while time.time() < deadline and any(_size(p) <= done for p, done in asked.values()):
     time.sleep(0.1)
-  time.sleep(0.2)  # a dump being written finishes
+  # A dump is written thread by thread, the main thread last: read it once its size has
+  # held for a second.
+  sizes = None
+  while asked and time.time() < deadline + wait_s:
+    now = [_size(p) for p, _ in asked.values()]
+    if now == sizes:
+      break
+    sizes = now
+    time.sleep(1.0)
   written = {}
   for rank, (pid, rank_host, doing, age) in sorted(beats.items()):
     path = os.path.join(output_dir, REPORT_NAME % rank)
