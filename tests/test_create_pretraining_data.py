@@ -530,7 +530,7 @@ def test_a_signal_ends_the_command_with_one_line_and_no_temporary_file(tmp_path,
                             "--max_predictions_per_seq=10", "--dupe_factor=20",
                             stdout=log, stderr=log)
     # Signalled once it writes: its temporary files are there, for about a second.
-    status = signal_when(process, lambda: process.poll() is not None or (
+    status = signal_when(process, lambda process=process: process.poll() is not None or (
         os.path.isdir(str(tmp_path / "out")) and os.listdir(str(tmp_path / "out"))),
                          signum, log)
     if status != 0:

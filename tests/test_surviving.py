@@ -90,6 +90,9 @@ def _run_and_signal(command, out, at_step, target=None, sig=signal.SIGTERM, dllo
   for attempt in range(3):
     result, sent = _run_and_signal_once(command, out, at_step, target, sig, dllog)
     logged = lambda moment: _logged_last_step_before(out / "dllog.json", moment)
+    if sent == float("inf") and not (result[0] == 0 and logged(sent)):
+      raise AssertionError("the job ended by itself before the signal (status %d): %s"
+                           % (result[0], result[1][-3000:]))
     if not (logged(sent) or (result[0] == 0 and logged(float("inf")))):
       return result
     print("attempt %d: the job logged step %d; the signal reached no update; again"
@@ -130,11 +133,16 @@ def _run_and_signal_once(command, out, at_step, target, sig, dllog):
         assert seen(), stdout_path.read_text()  # it ended before that step
         break
       time.sleep(0.01)
-    sent = float("inf")  # the job ended before the signal (a starved test): run again
+    sent = float("inf")  # the job ended before the signal (a starved test)
     if proc.poll() is None:
-      sent = time.time()
-      with contextlib.suppress(ProcessLookupError):  # it has just ended
-        os.kill(target(proc) if target else proc.pid, sig)
+      try:
+        pid = target(proc) if target else proc.pid
+      except AssertionError:  # its ranks have just ended
+        pid = None
+      if pid is not None:
+        sent = time.time()
+        with contextlib.suppress(ProcessLookupError):  # it has just ended
+          os.kill(pid, sig)
     status = proc.wait(timeout=120)
   finally:
     if proc.poll() is None:

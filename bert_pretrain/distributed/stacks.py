@@ -61,8 +61,9 @@ def parse_heartbeat(content):
 
 def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0):
   """Asks each rank of this host for its stack (STACK_SIGNAL, to its pid in its
-  heartbeat), waits up to wait_s for the answers, and writes output_dir/stall-rank-N.txt
-  for those ranks and for the stalled ones of other hosts.
+  heartbeat), waits up to wait_s for the answers and then, up to wait_s more, until they
+  have not grown for a second, and writes output_dir/stall-rank-N.txt for those ranks
+  and for the stalled ones of other hosts.
 
   Args:
     folder: the heartbeat folder (output_dir/.ranks).
@@ -72,7 +73,7 @@ def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0)
     stalled: the ranks named as stalled.
     since: heartbeats written before this time (time.time()) were left by an earlier
       run: their pid may be another process now, which the signal would end.
-    wait_s: how long to wait for the stacks.
+    wait_s: how long to wait for the stacks to start, and to finish.
 
   Returns:
     The paths written, by rank.

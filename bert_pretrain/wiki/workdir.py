@@ -381,7 +381,7 @@ def end_with_parent(parent, signum=signal.SIGTERM):
     return
   if os.getppid() != parent:  # it ended between the fork and prctl
     os.kill(os.getpid(), signum)
-    os._exit(128 + signum)  # where the signal is blocked or ignored
+    os._exit(128 + signum)  # pylint: disable=protected-access  (blocked, ignored or handled)
 
 
 def arm_stacks():
