@@ -829,7 +829,8 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
   """Masks instances and writes them round-robin over TFRecord files.
 
   Each file is written under a temporary name and renamed when all are complete, so a
-  reader never takes a half-written file for a finished one.
+  reader never takes a half-written file for a finished one; an error or a signal, also
+  between two renames, leaves none of this call's files.
 
   Args:
     instances: list of (tokens_a, tokens_b, is_random_next), in output order.
@@ -853,6 +854,7 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
   num_instance_tokens = 0
   num_masked_tokens = 0
   writers = []
+  renamed = []
   current = 0  # the file being written: a full disk's line names its folder
   try:
     for current, path in enumerate(temporary_files):
@@ -876,14 +878,16 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
         tf.io.gfile.rename(temporary, final, overwrite=True)
       else:
         os.replace(temporary, final)
+      renamed.append(final)
   except BaseException as e:
-    # Every temporary file goes, also when closing one fails again on the full disk.
+    # Every temporary file goes, also when closing one fails again on the full disk; so do
+    # the files already renamed, since part of a set is not what was asked for.
     for writer in writers:
       try:
         writer.close()
       except tf.errors.OpError:
         pass
-    for temporary in temporary_files:
+    for temporary in temporary_files + renamed:
       try:
         if tf.io.gfile.exists(temporary):
           tf.io.gfile.remove(temporary)
@@ -938,6 +942,20 @@ def check_new_outputs(output_files):
                        "to make it again, or pass another path" % path)
 
 
+def print_summary(stats, vocab_file, do_lower_case):
+  """Prints the warnings (to stderr) and the summary line of a finished run."""
+  unknown = tokenization.unknown_tokens_warning(
+      stats["num_unknown_tokens"], stats["num_input_tokens"],
+      tokenization.casing_fix(vocab_file, do_lower_case, "--vocab_file"))
+  for warning in (unknown, random_next_warning(stats)):
+    if warning:
+      print("create_pretraining_data: warning: %s" % warning, file=sys.stderr)
+  print("create_pretraining_data: %d instances from %d documents (%.2f MB) in %.1f s, "
+        "%d masked tokens" % (stats["num_instances"], stats["num_documents"],
+                              stats["num_input_bytes"] / 1e6, stats["seconds"],
+                              stats["num_masked_tokens"]))
+
+
 def main(argv):
   """Runs create_pretraining_data from the flags; exits with one line on bad input (2
   for stray words, else 1) or a signal (1 for Ctrl-C, 143 for SIGTERM)."""
@@ -949,12 +967,15 @@ def main(argv):
       ("output_file", "the TFRecord files to write"),
       ("vocab_file", "the model's vocab.txt")))
   errors.stop_on_sigterm()
+  outputs = output_paths(flag_values.output_file)
+  checked = False
   try:
-    check_new_outputs(flag_values.output_file)
-    workdir.remove_dead_temporaries(output_paths(flag_values.output_file))
+    check_new_outputs(outputs)
+    checked = True
+    workdir.remove_dead_temporaries(outputs)
     stats = create_pretraining_data(
         input_files=flag_values.input_file,
-        output_files=flag_values.output_file,
+        output_files=outputs,
         vocab_file=flag_values.vocab_file,
         do_lower_case=flag_values.do_lower_case,
         max_seq_length=flag_values.max_seq_length,
@@ -964,27 +985,20 @@ def main(argv):
         dupe_factor=flag_values.dupe_factor,
         random_seed=flag_values.random_seed,
         do_whole_word_mask=flag_values.do_whole_word_mask)
+    print_summary(stats, flag_values.vocab_file, flag_values.do_lower_case)
   except ValueError as e:
     sys.exit("create_pretraining_data: error: %s" % e)
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    # The outputs were new and a stopped write removes all of them: all there means done.
+    written = checked and all(tf.io.gfile.exists(path) for path in outputs)
     sys.exit(errors.stopped_by_signal(
         "create_pretraining_data", e,
+        "its files were written, only the summary was cut short" if written else
         "its files were not written: run the same command again"))
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
     sys.exit("create_pretraining_data: error: %s" % errors.os_error_message(e))
-  unknown = tokenization.unknown_tokens_warning(
-      stats["num_unknown_tokens"], stats["num_input_tokens"],
-      tokenization.casing_fix(flag_values.vocab_file, flag_values.do_lower_case,
-                              "--vocab_file"))
-  for warning in (unknown, random_next_warning(stats)):
-    if warning:
-      print("create_pretraining_data: warning: %s" % warning, file=sys.stderr)
-  print("create_pretraining_data: %d instances from %d documents (%.2f MB) in %.1f s, "
-        "%d masked tokens" % (stats["num_instances"], stats["num_documents"],
-                              stats["num_input_bytes"] / 1e6, stats["seconds"],
-                              stats["num_masked_tokens"]))
 
 
 if __name__ == "__main__":
