@@ -277,6 +277,91 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     end_job()
 
 
+# A rank of horovodrun --gloo that stops as run_pretraining does: its first SIGTERM takes
+# SAVE_S to "save", later ones are ignored; with SAVE_S "never" it never ends by itself.
+_GLOO_RANK = """
+import os, signal, sys, time
+out, save_s = sys.argv[1], sys.argv[2]
+rank = os.environ["HOROVOD_RANK"]
+
+def stop(unused_signum, unused_frame):
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  sys.stderr.write("rank: SIGTERM received: finishing the current update\\n")
+  sys.stderr.flush()
+  while save_s == "never":
+    time.sleep(1)
+  time.sleep(float(save_s))
+  open(os.path.join(out, "saved-" + rank), "w").close()
+  sys.exit(143)
+
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(out, "ready-" + rank), "w").close()
+while True:
+  time.sleep(0.1)
+"""
+
+
+def _signal_gloo_job(tmp_path, save_s, stop, grace_s=launch_plan.GLOO_STOP_GRACE_S):
+  """Runs 2 _GLOO_RANKs under the script's launcher (launch.py run horovodrun --gloo),
+  stop(pid)s it once both are ready; returns (exit status, seconds from the signal to the
+  end, the ranks that saved, the output)."""
+  (tmp_path / "rank.py").write_text(_GLOO_RANK)
+  launcher = ("import sys\n"
+              "from bert_pretrain.distributed import launch\n"
+              "launch.GLOO_STOP_GRACE_S = %r\n"
+              "sys.exit(launch.run(sys.argv[1:]))\n" % grace_s)
+  proc = subprocess.Popen(
+      [sys.executable, "-c", launcher] + GLOO + [sys.executable, str(tmp_path / "rank.py"),
+                                                 str(tmp_path), str(save_s)],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      cwd=str(tmp_path), env=_env(), start_new_session=True)
+  try:
+    deadline = time.time() + 120
+    while not all((tmp_path / ("ready-%d" % rank)).exists() for rank in (0, 1)):
+      assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
+      time.sleep(0.1)
+    signalled = time.time()
+    stop(proc.pid)
+    output = proc.communicate(timeout=grace_s + 120)[0]
+    seconds = time.time() - signalled
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+    subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / "rank.py")])
+  saved = sorted(int(name.split("-")[1]) for name in os.listdir(str(tmp_path))
+                 if name.startswith("saved-"))
+  return proc.returncode, seconds, saved, output
+
+
+@pytest.mark.parametrize("stop", [_stop_as_kill, _stop_as_timeout], ids=["kill", "timeout"])
+def test_a_signal_to_the_launcher_of_a_gloo_job_leaves_its_ranks_time_to_save(tmp_path,
+                                                                              stop):
+  """horovodrun --gloo alone kills its ranks 5 s after passing a signal on; through the
+  launcher the ranks get the signal and end by themselves, here after 8 s."""
+  status, seconds, saved, output = _signal_gloo_job(tmp_path, 8, stop)
+  assert (status, saved) == (143, [0, 1]), output[-3000:]
+  assert seconds >= 8, output[-3000:]
+  assert output.count("rank: SIGTERM received") == 2, output[-3000:]
+
+
+def test_the_launcher_of_a_gloo_job_ends_ranks_that_do_not_stop_after_its_grace(tmp_path):
+  status, seconds, saved, output = _signal_gloo_job(tmp_path, "never", _stop_as_kill,
+                                                    grace_s=3)
+  assert status != 0 and saved == [], output[-3000:]
+  assert 3 <= seconds < 60, output[-3000:]  # horovodrun's SIGKILL follows 5 s after
+
+
+def test_a_second_signal_a_second_after_the_first_ends_a_gloo_job_at_once(tmp_path):
+  def twice(pid):
+    os.kill(pid, signal.SIGINT)
+    time.sleep(2)  # a user pressing Ctrl-C again
+    os.kill(pid, signal.SIGINT)
+
+  status, seconds, saved, output = _signal_gloo_job(tmp_path, 100, twice)
+  assert status != 0 and saved == [], output[-3000:]
+  assert seconds < 60, output[-3000:]
+
+
 @pytest.mark.parametrize("run_args,given,timeout", [
     (["--mpi"], None, str(launch_plan.MPI_SIGKILL_TIMEOUT_S)),
     (["--mpi"], "60", "60"),

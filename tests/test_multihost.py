@@ -283,9 +283,9 @@ def test_killing_the_rank_on_one_host_ends_the_job_quickly(hosts, pretraining_da
 
 def test_sigterm_to_the_launcher_of_a_two_host_gloo_job_saves_and_ends_stopped(
     hosts, pretraining_data, tmp_path):
-  """horovodrun --gloo signals the ranks of its own host; the one on host2 ends with its
-  ssh session. Rank 0 stops after the agreed update and saves; the job ends as stopped
-  (143), with a line saying which rank ended how, not as a failed job."""
+  """The script's launcher signals the ranks of its own host; the one on host2 learns of
+  the stop from them. Both stop after the same update, rank 0 saves, and the job ends as
+  stopped (143), not as a failed job."""
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
                      save_checkpoints_steps=10 ** 6, nodo_eval=None)
@@ -297,8 +297,9 @@ def test_sigterm_to_the_launcher_of_a_two_host_gloo_job_saves_and_ends_stopped(
   assert status == 143, text[-4000:]
   stop_step = int(re.search(r"SIGTERM: rank 0 stops after step (\d+)", text).group(1))
   assert os.path.exists(str(out / ("model.ckpt-%d.index" % stop_step))), text[-4000:]
+  assert "SIGTERM: rank 1 stops after step %d" % stop_step in text, text[-4000:]
   assert "Traceback" not in text and "error:" not in text, text[-4000:]
-  deadline = time.time() + 30  # the rank on host2 ends as its ssh session closes
+  deadline = time.time() + 30  # the rank on host2 ends
   while _ranks_on(hosts, 1) and time.time() < deadline:
     time.sleep(0.5)
   assert not _ranks_on(hosts, 1)

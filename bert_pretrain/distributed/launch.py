@@ -21,9 +21,10 @@ it prints a one-line error and exits 2.
   python3 -m bert_pretrain.distributed.launch run COMMAND...
 runs the script's command: horovodrun in this process (Horovod's own run_commandline), so
 that a job a rank failed ends with that rank's one-line error and its exit status, where
-horovodrun --gloo would end with its RuntimeError's traceback (with --mpi, horovodrun
-runs in a child that becomes mpirun, and this process passes the first signal on to it);
-any other command replaces this process.
+horovodrun --gloo would end with its RuntimeError's traceback, and a signal reaches the
+ranks without horovodrun's 5 s limit (with --mpi, horovodrun runs in a child that becomes
+mpirun, and this process passes the first signal on to it); any other command replaces
+this process.
 """
 
 import collections
@@ -40,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from bert_pretrain import errors
@@ -58,6 +60,10 @@ LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
 MPI_SIGKILL_TIMEOUT_S = 10
 # The signals the launcher passes on to mpirun, the first of them only.
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# horovodrun --gloo kills its host's ranks 5 s after it passes a signal on (Horovod's fixed
+# grace), often before an update and a checkpoint end: the launcher signals those ranks
+# itself and hands the signal to horovodrun only this much later (or at a second one).
+GLOO_STOP_GRACE_S = 120
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -441,6 +447,84 @@ def run_horovodrun(args, run_commandline):
     sys.argv, sys.stderr = argv, rank_errors.stream
 
 
+def ranks_of_this_host():
+  """The processes of the ranks horovodrun --gloo started on this host, below this one:
+  the topmost descendants with HOROVOD_RANK in their environment (its ssh to another
+  host's rank has none; a rank's own children have their parent's)."""
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
+
+  def is_rank(process):
+    try:
+      return "HOROVOD_RANK" in process.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+      return False
+
+  ranks = []
+  for process in psutil.Process().children(recursive=True):
+    try:
+      parent = process.parent()
+    except psutil.NoSuchProcess:
+      continue
+    if is_rank(process) and not (parent and is_rank(parent)):
+      ranks.append(process)
+  return ranks
+
+
+@contextlib.contextmanager
+def ranks_stop_before_horovodrun_ends_them():
+  """Within: horovodrun --gloo (run in this process) takes SIGTERM and SIGINT so:
+  the first is passed on to its host's ranks as SIGTERM, as horovodrun passes it, but
+  horovodrun ends the job (SIGTERM, and SIGKILL 5 s later) only GLOO_STOP_GRACE_S later, at a signal
+  one second or more after the first (a rank's own rule for "now"), or at once when no
+  rank has started. The ranks stop after the update they are in, save and exit; the ranks
+  of other hosts stop with them (they agree on the step). A Horovod without the hook
+  (gloo_run.register_shutdown_event) keeps its own handling."""
+  try:
+    from horovod.runner import gloo_run  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    gloo_run = None
+  register = getattr(gloo_run, "register_shutdown_event", None)
+  if register is None:
+    yield
+    return
+  previous = {}
+
+  def register_passing_on():
+    shutdown = threading.Event()  # set: horovodrun ends every rank
+    first = []
+
+    def on_signal(unused_signum, unused_frame):
+      if first:
+        if time.time() - first[0] >= 1:
+          shutdown.set()
+        return
+      first.append(time.time())
+      ranks = ranks_of_this_host()
+      for rank in ranks:
+        try:
+          rank.send_signal(signal.SIGTERM)
+        except Exception:  # pylint: disable=broad-except  (it has just ended)
+          pass
+      if not ranks:
+        shutdown.set()
+        return
+      timer = threading.Timer(GLOO_STOP_GRACE_S, shutdown.set)
+      timer.daemon = True
+      timer.start()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):  # horovodrun's own
+      previous[signum] = signal.signal(signum, on_signal)
+    return shutdown
+
+  gloo_run.register_shutdown_event = register_passing_on
+  try:
+    yield
+  finally:
+    gloo_run.register_shutdown_event = register
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
 @contextlib.contextmanager
 def shell_execs_its_command():
   """Within: an os.execve of `/bin/sh -c COMMAND` runs `exec COMMAND`. horovodrun --mpi
@@ -680,7 +764,8 @@ def run(words, dry_run=False):
     if run_commandline is not None:
       os.environ.update(env)
       if "--gloo" in program:
-        return run_horovodrun(program[1:], run_commandline)
+        with ranks_stop_before_horovodrun_ends_them():
+          return run_horovodrun(program[1:], run_commandline)
       # Any other controller (--mpi, --jsrun) ends in its shell: mpirun in a child.
       os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", str(MPI_SIGKILL_TIMEOUT_S))
 
