@@ -854,7 +854,7 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
   num_instance_tokens = 0
   num_masked_tokens = 0
   writers = []
-  renamed = []
+  renaming = []  # (temporary, final) of the renames begun
   current = 0  # the file being written: a full disk's line names its folder
   try:
     for current, path in enumerate(temporary_files):
@@ -874,19 +874,21 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
     for current, writer in enumerate(writers):
       writer.close()
     for temporary, final in zip(temporary_files, output_files):
+      renaming.append((temporary, final))  # before: a signal can land as the call returns
       if "://" in final:
         tf.io.gfile.rename(temporary, final, overwrite=True)
       else:
         os.replace(temporary, final)
-      renamed.append(final)
   except BaseException as e:
     # Every temporary file goes, also when closing one fails again on the full disk; so do
-    # the files already renamed, since part of a set is not what was asked for.
+    # the files already renamed (their temporary is gone), as part of a set is not what
+    # was asked for.
     for writer in writers:
       try:
         writer.close()
       except tf.errors.OpError:
         pass
+    renamed = [final for temporary, final in renaming if not tf.io.gfile.exists(temporary)]
     for temporary in temporary_files + renamed:
       try:
         if tf.io.gfile.exists(temporary):

@@ -119,9 +119,9 @@ def run(cfg, inputs, ranks, device, stop, notes):
   status = loop.run(cfg, inputs, ranks, device, stop, notes)
   ranks.stop()
   if stop.requested:
-    # Saved and logged. horovodrun --gloo kills the ranks 5 s after it forwards a
-    # signal, and the interpreter's teardown (TensorFlow, Horovod) took 2 of those at
-    # load 2, more than 5 with the save at load 9: skip it.
+    # Saved and logged. horovodrun --gloo kills the ranks 5 s after it forwards a signal
+    # or a rank exits, and the interpreter's teardown (TensorFlow, Horovod) took 2 of
+    # those at load 2, more than 5 with the save at load 9: skip it.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)  # pylint: disable=protected-access

@@ -551,8 +551,9 @@ def test_a_signal_ends_the_command_with_one_line_and_no_temporary_file(tmp_path,
   assert os.listdir(str(tmp_path / "out")) == []
 
 
+@pytest.mark.parametrize("when", ["before the second rename", "as the first returns"])
 def test_a_signal_between_two_renames_leaves_none_of_the_files(tmp_path, vocab_file,
-                                                              monkeypatch):
+                                                              monkeypatch, when):
   renames = []
 
   def replace_then_interrupt(source, destination):
@@ -560,6 +561,8 @@ def test_a_signal_between_two_renames_leaves_none_of_the_files(tmp_path, vocab_f
       raise KeyboardInterrupt()
     os.rename(source, destination)
     renames.append(destination)
+    if when == "as the first returns":
+      raise KeyboardInterrupt()
 
   monkeypatch.setattr(cpd.os, "replace", replace_then_interrupt)
   with pytest.raises(KeyboardInterrupt):

@@ -318,7 +318,9 @@ def _signal_gloo_job(tmp_path, save_s, stop, grace_s=launch_plan.GLOO_STOP_GRACE
   try:
     deadline = time.time() + 120
     while not all((tmp_path / ("ready-%d" % rank)).exists() for rank in (0, 1)):
-      assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
+      if proc.poll() is not None or time.time() > deadline:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the ranks did not start: %s" % proc.communicate()[0][-3000:])
       time.sleep(0.1)
     signalled = time.time()
     stop(proc.pid)
@@ -345,19 +347,16 @@ def test_a_signal_to_the_launcher_of_a_gloo_job_leaves_its_ranks_time_to_save(tm
 
 
 def test_the_launcher_of_a_gloo_job_ends_ranks_that_do_not_stop_after_its_grace(tmp_path):
+  # horovodrun alone ends such ranks in about 10 s (5 s for its SIGTERM, 5 for SIGSTOP,
+  # SIGTERM and then SIGKILL); after the grace it does the same.
   status, seconds, saved, output = _signal_gloo_job(tmp_path, "never", _stop_as_kill,
-                                                    grace_s=3)
+                                                    grace_s=20)
   assert status != 0 and saved == [], output[-3000:]
-  assert 3 <= seconds < 60, output[-3000:]  # horovodrun's SIGKILL follows 5 s after
+  assert 20 <= seconds < 90, output[-3000:]
 
 
 def test_a_second_signal_a_second_after_the_first_ends_a_gloo_job_at_once(tmp_path):
-  def twice(pid):
-    os.kill(pid, signal.SIGINT)
-    time.sleep(2)  # a user pressing Ctrl-C again
-    os.kill(pid, signal.SIGINT)
-
-  status, seconds, saved, output = _signal_gloo_job(tmp_path, 100, twice)
+  status, seconds, saved, output = _signal_gloo_job(tmp_path, 100, _stop_as_ctrl_c_twice)
   assert status != 0 and saved == [], output[-3000:]
   assert seconds < 60, output[-3000:]
 

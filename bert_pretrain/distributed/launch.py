@@ -449,15 +449,17 @@ def run_horovodrun(args, run_commandline):
 
 def ranks_of_this_host():
   """The processes of the ranks horovodrun --gloo started on this host, below this one:
-  the topmost descendants with HOROVOD_RANK in their environment (its ssh to another
-  host's rank has none; a rank's own children have their parent's)."""
+  those whose HOROVOD_RANK and HOROVOD_GLOO_RENDEZVOUS_PORT differ from their parent's
+  (horovodrun sets them in each rank's command; its ssh to another host's rank has
+  neither, a rank's own children have their parent's)."""
   import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
 
-  def is_rank(process):
+  def job_of(process):
     try:
-      return "HOROVOD_RANK" in process.environ()
+      environ = process.environ()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-      return False
+      return None
+    return environ.get("HOROVOD_RANK"), environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
 
   ranks = []
   for process in psutil.Process().children(recursive=True):
@@ -465,20 +467,21 @@ def ranks_of_this_host():
       parent = process.parent()
     except psutil.NoSuchProcess:
       continue
-    if is_rank(process) and not (parent and is_rank(parent)):
+    job = job_of(process)
+    if job and job[0] is not None and parent is not None and job != job_of(parent):
       ranks.append(process)
   return ranks
 
 
 @contextlib.contextmanager
 def ranks_stop_before_horovodrun_ends_them():
-  """Within: horovodrun --gloo (run in this process) takes SIGTERM and SIGINT so:
+  """Within: horovodrun --gloo (run in this process) takes SIGTERM, SIGINT and SIGHUP so:
   the first is passed on to its host's ranks as SIGTERM, as horovodrun passes it, but
-  horovodrun ends the job (SIGTERM, and SIGKILL 5 s later) only GLOO_STOP_GRACE_S later, at a signal
-  one second or more after the first (a rank's own rule for "now"), or at once when no
-  rank has started. The ranks stop after the update they are in, save and exit; the ranks
-  of other hosts stop with them (they agree on the step). A Horovod without the hook
-  (gloo_run.register_shutdown_event) keeps its own handling."""
+  horovodrun ends the job (SIGTERM, and SIGKILL 5 s later) only GLOO_STOP_GRACE_S later,
+  at a signal one second or more after the first (a rank's own rule for "now"), or at
+  once when this host runs no rank. The ranks stop after the update they are in, save and
+  exit; the ranks of other hosts stop with them (they agree on the step). A Horovod
+  without the hook (gloo_run.register_shutdown_event) keeps its own handling."""
   try:
     from horovod.runner import gloo_run  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -487,33 +490,37 @@ def ranks_stop_before_horovodrun_ends_them():
   if register is None:
     yield
     return
-  previous = {}
+  previous, timers = {}, []
 
   def register_passing_on():
     shutdown = threading.Event()  # set: horovodrun ends every rank
     first = []
 
     def on_signal(unused_signum, unused_frame):
-      if first:
-        if time.time() - first[0] >= 1:
+      try:
+        if first:
+          if time.monotonic() - first[0] >= 1:
+            shutdown.set()
+          return
+        first.append(time.monotonic())
+        ranks = ranks_of_this_host()
+        for rank in ranks:
+          try:
+            rank.send_signal(signal.SIGTERM)
+          except Exception:  # pylint: disable=broad-except  (it has just ended)
+            pass
+        if not ranks:
           shutdown.set()
-        return
-      first.append(time.time())
-      ranks = ranks_of_this_host()
-      for rank in ranks:
-        try:
-          rank.send_signal(signal.SIGTERM)
-        except Exception:  # pylint: disable=broad-except  (it has just ended)
-          pass
-      if not ranks:
+          return
+        timers.append(threading.Timer(GLOO_STOP_GRACE_S, shutdown.set))
+        timers[-1].daemon = True
+        timers[-1].start()
+      except Exception:  # pylint: disable=broad-except  (not into horovodrun's wait)
         shutdown.set()
-        return
-      timer = threading.Timer(GLOO_STOP_GRACE_S, shutdown.set)
-      timer.daemon = True
-      timer.start()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):  # horovodrun's own
-      previous[signum] = signal.signal(signum, on_signal)
+    for signum in _PASSED_ON:  # a signal already ignored stays ignored
+      if signal.getsignal(signum) != signal.SIG_IGN:
+        previous[signum] = signal.signal(signum, on_signal)
     return shutdown
 
   gloo_run.register_shutdown_event = register_passing_on
@@ -521,6 +528,8 @@ def ranks_stop_before_horovodrun_ends_them():
     yield
   finally:
     gloo_run.register_shutdown_event = register
+    for timer in timers:
+      timer.cancel()
     for signum, handler in previous.items():
       signal.signal(signum, handler)
 

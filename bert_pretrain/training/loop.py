@@ -178,7 +178,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
     last_barrier(job, stopped_by)
   job.sess.close()
   if job.ranks.is_chief and stopped_by:
-    # A launcher that forwarded the signal ends the job within seconds (horovodrun
+    # A launcher ends the job within seconds of a signal or of a rank's exit (horovodrun
     # --gloo after 5): the checkpoint and logs are written, the picture can wait.
     print("report: not drawn after %s; python3 -m bert_pretrain.training.report %s draws it"
           % (signals.name(stopped_by), shlex.quote(cfg.run.output_dir)), flush=True)
@@ -195,8 +195,8 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
 
 def last_barrier(job, stopped_by):
   """After a stop, waits for every rank: no rank exits (which makes the launcher end the
-  others) before rank 0 has saved and written its logs. Peers that ended first (under
-  horovodrun --gloo the ranks of other hosts end with their ssh session) leave the stop
+  others) before rank 0 has saved and written its logs. Peers that ended first (under a
+  signalled horovodrun --gloo the ranks of other hosts end with their ssh session) leave the stop
   as it is, with a line on stderr (the launcher reads it); other errors are raised."""
   try:
     job.sess.run(job.train.stop_agreed)
