@@ -335,7 +335,12 @@ def _signal_gloo_job(tmp_path, save_s, stop, grace_s=launch_plan.GLOO_STOP_GRACE
   return proc.returncode, seconds, saved, output
 
 
-@pytest.mark.parametrize("stop", [_stop_as_kill, _stop_as_timeout], ids=["kill", "timeout"])
+def _stop_as_hangup(pid):  # the terminal or ssh session that started the script closed
+  os.kill(pid, signal.SIGHUP)
+
+
+@pytest.mark.parametrize("stop", [_stop_as_kill, _stop_as_timeout, _stop_as_hangup],
+                         ids=["kill", "timeout", "hangup"])
 def test_a_signal_to_the_launcher_of_a_gloo_job_leaves_its_ranks_time_to_save(tmp_path,
                                                                               stop):
   """horovodrun --gloo alone kills its ranks 5 s after passing a signal on; through the
