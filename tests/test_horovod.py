@@ -306,7 +306,9 @@ def _signal_gloo_job(tmp_path, save_s, stop, grace_s=launch_plan.GLOO_STOP_GRACE
   stop(pid)s it once both are ready; returns (exit status, seconds from the signal to the
   end, the ranks that saved, the output)."""
   (tmp_path / "rank.py").write_text(_GLOO_RANK)
-  launcher = ("import sys\n"
+  # SIGHUP as from a terminal: a suite run under nohup would hand it on ignored.
+  launcher = ("import signal, sys\n"
+              "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
               "from bert_pretrain.distributed import launch\n"
               "launch.GLOO_STOP_GRACE_S = %r\n"
               "sys.exit(launch.run(sys.argv[1:]))\n" % grace_s)
