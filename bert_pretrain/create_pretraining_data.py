@@ -881,8 +881,7 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
         os.replace(temporary, final)
   except BaseException as e:
     # Every temporary file goes, also when closing one fails again on the full disk; so do
-    # the files already renamed (their temporary is gone), as part of a set is not what
-    # was asked for.
+    # the files already renamed (their temporary is gone): part of a set was not asked for.
     for writer in writers:
       try:
         writer.close()

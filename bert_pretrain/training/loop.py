@@ -196,8 +196,9 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
 def last_barrier(job, stopped_by):
   """After a stop, waits for every rank: no rank exits (which makes the launcher end the
   others) before rank 0 has saved and written its logs. Peers that ended first (under a
-  signalled horovodrun --gloo the ranks of other hosts end with their ssh session) leave the stop
-  as it is, with a line on stderr (the launcher reads it); other errors are raised."""
+  signalled horovodrun --gloo the ranks of other hosts end with their ssh session) leave
+  the stop as it is, with a line on stderr (the launcher reads it); other errors are
+  raised."""
   try:
     job.sess.run(job.train.stop_agreed)
   except tf.errors.OpError as e:
