@@ -233,15 +233,19 @@ def _stop_as_sigkill(pid):  # the launcher killed (OOM, kill -9): the job stops 
   os.kill(pid, signal.SIGKILL)
 
 
+def _stop_as_ctrl_c(pid):  # the terminal: the foreground process group
+  os.killpg(pid, signal.SIGINT)
+
+
 @pytest.mark.parametrize("stop,status", [(_stop_as_kill, 143), (_stop_as_timeout, 143),
-                                         (_stop_as_ctrl_c_twice, 130),
+                                         (_stop_as_ctrl_c, 130),
                                          (_stop_as_sigkill, -signal.SIGKILL)],
-                         ids=["kill", "timeout", "ctrl-c-twice", "sigkill"])
+                         ids=["kill", "timeout", "ctrl-c", "sigkill"])
 def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     pretraining_data, tmp_path, stop, status):
   """horovodrun --mpi hands over to `sh -c "mpirun ..."`: a shell that dies alone, and an
-  mpirun that leaves its ranks running at a second signal. The launcher passes the first
-  signal on to mpirun, which passes it on to the ranks, and its end is a SIGTERM to it."""
+  mpirun that leaves its ranks running at a second signal. The launcher signals the ranks
+  itself; its end is a SIGTERM to mpirun, which passes it on to them."""
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
                      save_checkpoints_steps=10 ** 6, nodo_eval=None)
@@ -277,12 +281,12 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     end_job()
 
 
-# A rank of horovodrun --gloo that stops as run_pretraining does: its first SIGTERM takes
-# SAVE_S to "save", later ones are ignored; with SAVE_S "never" it never ends by itself.
-_GLOO_RANK = """
+# A rank that stops as run_pretraining does: its first SIGTERM takes SAVE_S to "save",
+# later ones are ignored; with SAVE_S "never" it never ends by itself.
+_FAKE_RANK = """
 import os, signal, sys, time
 out, save_s = sys.argv[1], sys.argv[2]
-rank = os.environ["HOROVOD_RANK"]
+rank = os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]
 
 def stop(unused_signum, unused_frame):
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -299,22 +303,23 @@ open(os.path.join(out, "ready-" + rank), "w").close()
 while True:
   time.sleep(0.1)
 """
+HOROVODRUN_MPI_OVERSUBSCRIBED = HOROVODRUN_MPI + ["--mpi-args=--oversubscribe"]
 
 
-def _signal_gloo_job(tmp_path, save_s, stop, grace_s=launch_plan.GLOO_STOP_GRACE_S):
-  """Runs 2 _GLOO_RANKs under the script's launcher (launch.py run horovodrun --gloo),
+def _signal_job(tmp_path, save_s, stop, grace_s=launch_plan.STOP_GRACE_S, horovodrun=GLOO):
+  """Runs 2 _FAKE_RANKs under the script's launcher (launch.py run horovodrun ...),
   stop(pid)s it once both are ready; returns (exit status, seconds from the signal to the
   end, the ranks that saved, the output)."""
-  (tmp_path / "rank.py").write_text(_GLOO_RANK)
+  (tmp_path / "rank.py").write_text(_FAKE_RANK)
   # SIGHUP as from a terminal: a suite run under nohup would hand it on ignored.
   launcher = ("import signal, sys\n"
               "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
               "from bert_pretrain.distributed import launch\n"
-              "launch.GLOO_STOP_GRACE_S = %r\n"
+              "launch.STOP_GRACE_S = %r\n"
               "sys.exit(launch.run(sys.argv[1:]))\n" % grace_s)
   proc = subprocess.Popen(
-      [sys.executable, "-c", launcher] + GLOO + [sys.executable, str(tmp_path / "rank.py"),
-                                                 str(tmp_path), str(save_s)],
+      [sys.executable, "-c", launcher] + horovodrun + [
+          sys.executable, str(tmp_path / "rank.py"), str(tmp_path), str(save_s)],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
       cwd=str(tmp_path), env=_env(), start_new_session=True)
   try:
@@ -341,29 +346,57 @@ def _stop_as_hangup(pid):  # the terminal or ssh session that started the script
   os.kill(pid, signal.SIGHUP)
 
 
-@pytest.mark.parametrize("stop", [_stop_as_kill, _stop_as_timeout, _stop_as_hangup],
-                         ids=["kill", "timeout", "hangup"])
-def test_a_signal_to_the_launcher_of_a_gloo_job_leaves_its_ranks_time_to_save(tmp_path,
-                                                                              stop):
-  """horovodrun --gloo alone kills its ranks 5 s after passing a signal on; through the
-  launcher the ranks get the signal and end by themselves, here after 8 s."""
-  status, seconds, saved, output = _signal_gloo_job(tmp_path, 8, stop)
+def _stop_as_a_scheduler(pid):  # Slurm's scancel or time limit: every process of the job
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
+  launcher = psutil.Process(pid)
+  for process in [launcher] + launcher.children(recursive=True):
+    try:
+      process.send_signal(signal.SIGTERM)
+    except psutil.NoSuchProcess:
+      pass
+
+
+_CONTROLLERS = {"gloo": GLOO, "mpi": HOROVODRUN_MPI_OVERSUBSCRIBED}
+
+
+@pytest.mark.parametrize("controller,stop", [
+    ("gloo", _stop_as_kill), ("gloo", _stop_as_timeout), ("gloo", _stop_as_hangup),
+    ("gloo", _stop_as_a_scheduler), ("mpi", _stop_as_kill), ("mpi", _stop_as_a_scheduler)],
+                         ids=["gloo-kill", "gloo-timeout", "gloo-hangup", "gloo-scheduler",
+                              "mpi-kill", "mpi-scheduler"])
+def test_a_signal_to_the_launcher_or_to_every_process_leaves_the_ranks_time_to_save(
+    tmp_path, controller, stop):
+  """horovodrun --gloo alone kills its ranks 5 s after passing a signal on, mpirun after
+  its odls_base_sigkill_timeout (10 s), or at once at a second signal; through the
+  launcher the ranks get the signal and end by themselves, here after 8 s (3 s when
+  mpirun got the signal too: it still kills them 10 s later)."""
+  save_s = 3 if stop is _stop_as_a_scheduler else 8
+  status, seconds, saved, output = _signal_job(tmp_path, save_s, stop,
+                                               horovodrun=_CONTROLLERS[controller])
   assert (status, saved) == (143, [0, 1]), output[-3000:]
-  assert seconds >= 8, output[-3000:]
+  assert seconds >= save_s, output[-3000:]
   assert output.count("rank: SIGTERM received") == 2, output[-3000:]
+  if controller == "gloo":
+    assert output.strip().splitlines()[-1].endswith(
+        "after the job's SIGTERM; run the same command again to resume from its last "
+        "checkpoint"), output[-3000:]
 
 
-def test_the_launcher_of_a_gloo_job_ends_ranks_that_do_not_stop_after_its_grace(tmp_path):
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_the_launcher_ends_ranks_that_do_not_stop_after_its_grace(tmp_path, controller):
   # horovodrun alone ends such ranks in about 10 s (5 s for its SIGTERM, 5 for SIGSTOP,
-  # SIGTERM and then SIGKILL); after the grace it does the same.
-  status, seconds, saved, output = _signal_gloo_job(tmp_path, "never", _stop_as_kill,
-                                                    grace_s=20)
+  # SIGTERM and then SIGKILL), mpirun 10 s after passing the signal on: after the grace
+  # they do the same.
+  status, seconds, saved, output = _signal_job(tmp_path, "never", _stop_as_kill, grace_s=20,
+                                               horovodrun=_CONTROLLERS[controller])
   assert status != 0 and saved == [], output[-3000:]
   assert 20 <= seconds < 90, output[-3000:]
 
 
-def test_a_second_signal_a_second_after_the_first_ends_a_gloo_job_at_once(tmp_path):
-  status, seconds, saved, output = _signal_gloo_job(tmp_path, 100, _stop_as_ctrl_c_twice)
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_a_second_signal_a_second_after_the_first_ends_the_job_at_once(tmp_path, controller):
+  status, seconds, saved, output = _signal_job(tmp_path, 100, _stop_as_ctrl_c_twice,
+                                               horovodrun=_CONTROLLERS[controller])
   assert status != 0 and saved == [], output[-3000:]
   assert seconds < 60, output[-3000:]
 
@@ -739,7 +772,7 @@ def test_a_job_under_mpirun_a_signal_stopped_ends_with_128_plus_that_signal(
   if signum is not None:
     threading.Thread(target=send_when_ready, daemon=True).start()
   started = time.time()
-  assert launch_plan.run_passing_signals_once(mpirun) == status
+  assert launch_plan.run_mpirun_in_child(mpirun) == status
   assert time.time() - started < 30
 
 
@@ -769,7 +802,14 @@ def _stopped_job(lines, rank, status):
      "rank 1 exited with status 143; rank 0: run_pretraining: error: the disk is full"),
     # Killed while saving, no line of its own: not a clean stop.
     ([], 0, -9, 1, "rank 0 exited with status -9 (its lines are above)"),
-], ids=["peer-lost-after-the-save", "rank-error", "rank-error-peer-first", "killed"])
+    # A stopped rank exits after rank 0's save (loop.last_barrier).
+    ([], 1, 143, 143, "rank 1 exited with status 143 after the job's SIGTERM; run the same "
+     "command again to resume from its last checkpoint"),
+    # Its middleman ended by the SIGTERM too, as a scheduler signals every process.
+    ([], 1, -15, 143, "rank 1 exited with status -15 after the job's SIGTERM; run the same "
+     "command again to resume from its last checkpoint"),
+], ids=["peer-lost-after-the-save", "rank-error", "rank-error-peer-first", "killed",
+        "stopped", "middleman-signalled"])
 def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_failed(
     capsys, lines, rank, status, exit_status, last_line):
   assert launch_plan.run_horovodrun(["-np", "2"], _stopped_job(lines, rank, status)) == (

@@ -22,9 +22,8 @@ it prints a one-line error and exits 2.
 runs the script's command: horovodrun in this process (Horovod's own run_commandline), so
 that a job a rank failed ends with that rank's one-line error and its exit status, where
 horovodrun --gloo would end with its RuntimeError's traceback, and a signal reaches the
-ranks without horovodrun's 5 s limit (with --mpi, horovodrun runs in a child that becomes
-mpirun, and this process passes the first signal on to it); any other command replaces
-this process.
+ranks without horovodrun's 5 s or mpirun's limits (StopRanksFirst; with --mpi, horovodrun
+runs in a child that becomes mpirun); any other command replaces this process.
 """
 
 import collections
@@ -58,12 +57,16 @@ LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
 # them as long again later: its own 1 s leaves a rank no time to finish an update and save.
 # A value the user set (environment, --mpi-args) wins.
 MPI_SIGKILL_TIMEOUT_S = 10
-# The signals the launcher passes on to mpirun, the first of them only.
+# The signals that stop a job (StopRanksFirst).
 _PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # horovodrun --gloo kills its host's ranks 5 s after it passes a signal on (Horovod's fixed
-# grace), often before an update and a checkpoint end: the launcher signals those ranks
-# itself and hands the signal to horovodrun only this much later (or at a second one).
-GLOO_STOP_GRACE_S = 120
+# grace), mpirun after its odls_base_sigkill_timeout, and a second signal within 5 s makes
+# mpirun exit at once: the launcher signals those ranks itself and hands the signal to
+# horovodrun or mpirun only this much later (or at a second one).
+STOP_GRACE_S = 120
+# Set for each rank by horovodrun --gloo, Open MPI's mpirun, MPICH's (ranks_of_this_host).
+_RANK_VARIABLES = ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_PORT", "OMPI_COMM_WORLD_RANK",
+                   "PMI_RANK")
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -425,9 +428,13 @@ def run_horovodrun(args, run_commandline):
       errors.print_error("horovodrun", str(e).strip().splitlines()[0])
       return 1
     rank, status = int(failed.group(1)), int(failed.group(2))
-    if rank_errors.stop_signal and rank_errors.chief_alone and not rank_errors.errors:
-      # Rank 0 saved at the agreed update, then found the others gone: under horovodrun
-      # --gloo the ranks of other hosts end with their ssh session.
+    stop = getattr(signal, rank_errors.stop_signal) if rank_errors.stop_signal else None
+    if stop and not rank_errors.errors and (
+        rank_errors.chief_alone or status in (128 + stop, -signal.SIGTERM)):
+      # Rank 0 saved at the agreed update: a stopped rank exits after it
+      # (loop.last_barrier), or rank 0 found the others gone (under horovodrun --gloo the
+      # ranks of other hosts end with their ssh session). -SIGTERM: the rank's middleman
+      # got it too, as from a scheduler that signals every process of the job.
       print("rank %d exited with status %d after the job's %s; run the same command again "
             "to resume from its last checkpoint" % (rank, status, rank_errors.stop_signal),
             file=sys.stderr)
@@ -448,10 +455,10 @@ def run_horovodrun(args, run_commandline):
 
 
 def ranks_of_this_host():
-  """The processes of the ranks horovodrun --gloo started on this host, below this one:
-  those whose HOROVOD_RANK and HOROVOD_GLOO_RENDEZVOUS_PORT differ from their parent's
-  (horovodrun sets them in each rank's command; its ssh to another host's rank has
-  neither, a rank's own children have their parent's)."""
+  """The processes of the ranks started on this host below this one, by horovodrun --gloo
+  or by mpirun: those whose rank variables (_RANK_VARIABLES) are set and differ from their
+  parent's (horovodrun and mpirun set them for each rank; an ssh to another host's rank
+  has none of its own, a rank's own children have their parent's)."""
   import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
 
   def job_of(process):
@@ -459,7 +466,7 @@ def ranks_of_this_host():
       environ = process.environ()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
       return None
-    return environ.get("HOROVOD_RANK"), environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    return tuple(environ.get(name) for name in _RANK_VARIABLES)
 
   ranks = []
   for process in psutil.Process().children(recursive=True):
@@ -468,20 +475,57 @@ def ranks_of_this_host():
     except psutil.NoSuchProcess:
       continue
     job = job_of(process)
-    if job and job[0] is not None and parent is not None and job != job_of(parent):
+    if job and any(job) and parent is not None and job != job_of(parent):
       ranks.append(process)
   return ranks
 
 
+class StopRanksFirst(object):
+  """The launcher's handler of SIGTERM, SIGINT and SIGHUP: the first goes to this host's
+  ranks as SIGTERM, which stop after the update they are in, save and exit (the ranks of
+  other hosts stop with them: they agree on the step). end_now(), the launcher's own end
+  of the job, runs only STOP_GRACE_S later, at a signal one second or more after the
+  first (a rank's own rule for "now"), or at once when this host runs no rank."""
+
+  def __init__(self, end_now):
+    self.end_now = end_now
+    self.signum = None  # the first signal
+    self.first = None  # and when it came (time.monotonic)
+    self.timer = None
+
+  def __call__(self, signum, unused_frame):
+    try:
+      if self.signum is not None:
+        if time.monotonic() - self.first >= 1:
+          self.end_now()
+        return
+      self.signum, self.first = signum, time.monotonic()
+      ranks = ranks_of_this_host()
+      for rank in ranks:
+        try:
+          rank.send_signal(signal.SIGTERM)
+        except Exception:  # pylint: disable=broad-except  (it has just ended)
+          pass
+      if not ranks:
+        self.end_now()
+        return
+      self.timer = threading.Timer(STOP_GRACE_S, self.end_now)
+      self.timer.daemon = True
+      self.timer.start()
+    except Exception:  # pylint: disable=broad-except  (not into the launcher's wait)
+      self.end_now()
+
+  def cancel(self):
+    if self.timer is not None:
+      self.timer.cancel()
+
+
 @contextlib.contextmanager
 def ranks_stop_before_horovodrun_ends_them():
-  """Within: horovodrun --gloo (run in this process) takes SIGTERM, SIGINT and SIGHUP so:
-  the first is passed on to its host's ranks as SIGTERM, as horovodrun passes it, but
-  horovodrun ends the job (SIGTERM, and SIGKILL 5 s later) only GLOO_STOP_GRACE_S later,
-  at a signal one second or more after the first (a rank's own rule for "now"), or at
-  once when this host runs no rank. The ranks stop after the update they are in, save and
-  exit; the ranks of other hosts stop with them (they agree on the step). A Horovod
-  without the hook (gloo_run.register_shutdown_event) keeps its own handling."""
+  """Within: horovodrun --gloo (run in this process) takes SIGTERM, SIGINT and SIGHUP
+  through StopRanksFirst, whose end_now is horovodrun's own end of the job (SIGTERM to the
+  ranks, and SIGKILL 5 s later). A Horovod without the hook
+  (gloo_run.register_shutdown_event) keeps its own handling."""
   try:
     from horovod.runner import gloo_run  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -490,37 +534,14 @@ def ranks_stop_before_horovodrun_ends_them():
   if register is None:
     yield
     return
-  previous, timers = {}, []
+  previous, stops = {}, []
 
   def register_passing_on():
     shutdown = threading.Event()  # set: horovodrun ends every rank
-    first = []
-
-    def on_signal(unused_signum, unused_frame):
-      try:
-        if first:
-          if time.monotonic() - first[0] >= 1:
-            shutdown.set()
-          return
-        first.append(time.monotonic())
-        ranks = ranks_of_this_host()
-        for rank in ranks:
-          try:
-            rank.send_signal(signal.SIGTERM)
-          except Exception:  # pylint: disable=broad-except  (it has just ended)
-            pass
-        if not ranks:
-          shutdown.set()
-          return
-        timers.append(threading.Timer(GLOO_STOP_GRACE_S, shutdown.set))
-        timers[-1].daemon = True
-        timers[-1].start()
-      except Exception:  # pylint: disable=broad-except  (not into horovodrun's wait)
-        shutdown.set()
-
+    stops.append(StopRanksFirst(shutdown.set))
     for signum in _PASSED_ON:  # a signal already ignored stays ignored
       if signal.getsignal(signum) != signal.SIG_IGN:
-        previous[signum] = signal.signal(signum, on_signal)
+        previous[signum] = signal.signal(signum, stops[-1])
     return shutdown
 
   gloo_run.register_shutdown_event = register_passing_on
@@ -528,8 +549,8 @@ def ranks_stop_before_horovodrun_ends_them():
     yield
   finally:
     gloo_run.register_shutdown_event = register
-    for timer in timers:
-      timer.cancel()
+    for stop in stops:
+      stop.cancel()
     for signum, handler in previous.items():
       signal.signal(signum, handler)
 
@@ -557,35 +578,36 @@ def shell_execs_its_command():
     os.execve = execve
 
 
-def run_passing_signals_once(body):
-  """Runs body() in a child process of its own process group and returns its exit status
-  (128 + the signal for a child a signal ended, or that failed after the signal passed on
-  to it: mpirun then exits with 1 where the ranks ended with 143 or 130, and horovodrun
-  --gloo's job ends with 128 + the signal too), passing the first SIGTERM, SIGINT or
-  SIGHUP on to it and no other: mpirun, which the child becomes, exits at once and leaves
-  its ranks running when a second signal follows within 5 s, as `timeout` (to the pid,
-  then to its group), a group's Ctrl-C or a second Ctrl-C would deliver; after the first
-  it ends the job itself within twice its odls_base_sigkill_timeout. The child gets
+def run_mpirun_in_child(body):
+  """Runs body(), horovodrun --mpi, which becomes mpirun, in a child process of its own
+  process group and returns its exit status: 128 + the signal that ended it, or that
+  this process got before it failed (mpirun exits with 1 after passing a signal on, or
+  passes on the ranks' 143). This process takes SIGTERM, SIGINT and SIGHUP through
+  StopRanksFirst, whose end_now passes the first of them on to mpirun, once: mpirun
+  SIGTERMs the ranks and kills them twice its odls_base_sigkill_timeout later, and at a
+  second signal within 5 s it exits at once and leaves its ranks running. A signal to
+  every process of the job (a scheduler's) thus reaches mpirun once. The child gets
   SIGTERM if this process ends first (SIGKILL, say), and its standard input is /dev/null:
   outside the terminal's foreground group, reading it would stop it.
 
   Args:
     body: a callable returning an exit status, or replacing its process (execve).
   """
-  state = {"child": None, "passed": None}
+  state = {"child": None, "passed": False}
 
-  def pass_on(signum, unused_frame):
+  def pass_on():
     if state["child"] is not None and not state["passed"]:
-      state["passed"] = signum
+      state["passed"] = True
       try:
-        os.kill(state["child"], signum)
+        os.kill(state["child"], stop.signum)
       except OSError:  # it has just ended
         pass
 
+  stop = StopRanksFirst(pass_on)
   # Held back until the child's pid is known (a signal already ignored stays ignored).
   passed_on = [signum for signum in _PASSED_ON if signal.getsignal(signum) != signal.SIG_IGN]
   mask = signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
-  previous = {signum: signal.signal(signum, pass_on) for signum in passed_on}
+  previous = {signum: signal.signal(signum, stop) for signum in passed_on}
   parent = os.getpid()
   child = os.fork()
   if child == 0:
@@ -622,12 +644,13 @@ def run_passing_signals_once(body):
     _, status = os.waitpid(child, 0)
   finally:
     state["child"] = None  # its pid may be another process's from now on
+    stop.cancel()
     for signum, handler in previous.items():
       signal.signal(signum, handler)
   if os.WIFSIGNALED(status):
     return 128 + os.WTERMSIG(status)
-  if os.WEXITSTATUS(status) and state["passed"]:
-    return 128 + state["passed"]
+  if os.WEXITSTATUS(status) and stop.signum:
+    return 128 + stop.signum
   return os.WEXITSTATUS(status)
 
 
@@ -781,7 +804,7 @@ def run(words, dry_run=False):
       def job():
         with shell_execs_its_command():
           return run_horovodrun(program[1:], run_commandline)
-      return run_passing_signals_once(job)
+      return run_mpirun_in_child(job)
   os.execvp(words[0], list(words))
   return 1  # Not reached: execvp replaces this process or raises.
 
