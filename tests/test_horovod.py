@@ -281,22 +281,33 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     end_job()
 
 
-# A rank that stops as run_pretraining does: its first SIGTERM takes SAVE_S to "save",
-# later ones are ignored; with SAVE_S "never" it never ends by itself.
+# A rank that stops as run_pretraining does: its first SIGTERM takes SAVE_S to "save", a
+# later one a second or more after it ends it at once; with SAVE_S "never" it never ends by
+# itself and ignores later ones.
 _FAKE_RANK = """
 import os, signal, sys, time
 out, save_s = sys.argv[1], sys.argv[2]
 rank = os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]
 
+def now(unused_signum, unused_frame):  # a second signal a second or more after the first
+  if time.time() - first[0] >= 1:
+    os._exit(143)
+
 def stop(unused_signum, unused_frame):
-  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  first.append(time.time())
+  signal.signal(signal.SIGTERM, signal.SIG_IGN if save_s == "never" else now)
   sys.stderr.write("rank: SIGTERM received: finishing the current update\\n")
   sys.stderr.flush()
   while save_s == "never":
     time.sleep(1)
   time.sleep(float(save_s))
   open(os.path.join(out, "saved-" + rank), "w").close()
+  if rank == "0":
+    print("report: not drawn after SIGTERM; python3 -m bert_pretrain.training.report o "
+          "draws it", flush=True)
   sys.exit(143)
+
+first = []
 
 signal.signal(signal.SIGTERM, stop)
 open(os.path.join(out, "ready-" + rank), "w").close()
@@ -776,13 +787,19 @@ def test_a_job_under_mpirun_a_signal_stopped_ends_with_128_plus_that_signal(
   assert time.time() - started < 30
 
 
+_SAVED = "report: not drawn after SIGTERM; python3 -m bert_pretrain.training.report o draws it"
+
+
 def _stopped_job(lines, rank, status):
-  """A stand-in for horovodrun's run_commandline: the ranks' stderr `lines` after rank 0's
-  SIGTERM line, then horovodrun's error naming the first rank to exit non-zero."""
+  """A stand-in for horovodrun's run_commandline: rank 0's lines after its SIGTERM line
+  (on stderr, or on stdout when they are _SAVED), then horovodrun's error naming the first
+  rank to exit non-zero."""
   def run():
     sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
-                     "update, then saving a checkpoint\n" + "".join(
-                         "[0]<stderr>:%s\n" % line for line in lines))
+                     "update, then saving a checkpoint\n")
+    for line in lines:
+      (sys.stdout if line == _SAVED else sys.stderr).write("[0]<%s>:%s\n" % (
+          "stdout" if line == _SAVED else "stderr", line))
     raise RuntimeError("Horovod detected that one or more processes exited with non-zero "
                        "status, thus causing the job to be terminated. The first process "
                        "to do so was:\nProcess name: %d\nExit code: %d\n" % (rank, status))
@@ -802,14 +819,18 @@ def _stopped_job(lines, rank, status):
      "rank 1 exited with status 143; rank 0: run_pretraining: error: the disk is full"),
     # Killed while saving, no line of its own: not a clean stop.
     ([], 0, -9, 1, "rank 0 exited with status -9 (its lines are above)"),
-    # A stopped rank exits after rank 0's save (loop.last_barrier).
-    ([], 1, 143, 143, "rank 1 exited with status 143 after the job's SIGTERM; run the same "
-     "command again to resume from its last checkpoint"),
+    # Rank 0 saved and ended its stop; the others exit after it (loop.last_barrier).
+    ([_SAVED], 1, 143, 143, "rank 1 exited with status 143 after the job's SIGTERM; run the "
+     "same command again to resume from its last checkpoint"),
     # Its middleman ended by the SIGTERM too, as a scheduler signals every process.
-    ([], 1, -15, 143, "rank 1 exited with status -15 after the job's SIGTERM; run the same "
-     "command again to resume from its last checkpoint"),
+    ([_SAVED], 1, -15, 143, "rank 1 exited with status -15 after the job's SIGTERM; run the "
+     "same command again to resume from its last checkpoint"),
+    # Without rank 0's line after its save, the stop is not known to have saved.
+    ([], 1, -15, 1, "rank 1 exited with status -15 (its lines are above)"),
+    ([], 1, 143, 143, "rank 1 exited with status 143 (its lines are above)"),
 ], ids=["peer-lost-after-the-save", "rank-error", "rank-error-peer-first", "killed",
-        "stopped", "middleman-signalled"])
+        "saved", "saved-middleman-signalled", "not-saved-middleman-signalled",
+        "not-saved"])
 def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_failed(
     capsys, lines, rank, status, exit_status, last_line):
   assert launch_plan.run_horovodrun(["-np", "2"], _stopped_job(lines, rank, status)) == (

@@ -58,15 +58,18 @@ LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
 # A value the user set (environment, --mpi-args) wins.
 MPI_SIGKILL_TIMEOUT_S = 10
 # The signals that stop a job (StopRanksFirst).
-_PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # horovodrun --gloo kills its host's ranks 5 s after it passes a signal on (Horovod's fixed
 # grace), mpirun after its odls_base_sigkill_timeout, and a second signal within 5 s makes
 # mpirun exit at once: the launcher signals those ranks itself and hands the signal to
 # horovodrun or mpirun only this much later (or at a second one).
 STOP_GRACE_S = 120
-# Set for each rank by horovodrun --gloo, Open MPI's mpirun, MPICH's (ranks_of_this_host).
+# Set for each rank by horovodrun --gloo, Open MPI's mpirun (with the job's PMIx namespace:
+# a launcher itself under mpirun has its own), MPICH's (ranks_of_this_host).
 _RANK_VARIABLES = ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_PORT", "OMPI_COMM_WORLD_RANK",
-                   "PMI_RANK")
+                   "PMIX_NAMESPACE", "PMI_RANK")
+# mpirun takes a second signal within 5 s as "exit now", leaving its ranks running.
+MPIRUN_REPEAT_S = 6
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -363,21 +366,24 @@ def summary(job, distribution="horovod"):
 class RankErrors(object):
   """A text stream in front of sys.stderr that passes everything on and keeps each rank's
   last error line, the signal a rank said it stops at, and whether the chief stopped
-  with its peers gone (loop.last_barrier): horovodrun --gloo writes the ranks' lines as
-  "[N]<stderr>:line", each in one write."""
+  with its peers gone (loop.last_barrier) or ended its stop after saving (loop.finish;
+  that line from sys.stdout, through watching): horovodrun --gloo writes the ranks' lines
+  as "[N]<stderr>:line" or "[N]<stdout>:line", each in one write."""
 
   _LINE = re.compile(r"^\[(\d+)\]<stderr>:(.*\berror: .*)$")
   _STOP = re.compile(r"^\[\d+\]<stderr>:\S+: (SIG[A-Z]+) received: finishing")
   _CHIEF_ALONE = re.compile(r"^\[0\]<stderr>:SIG[A-Z]+: rank 0: other ranks ended before "
                             r"the last barrier")
+  _CHIEF_SAVED = re.compile(r"^\[0\]<stdout>:report: not drawn after SIG[A-Z]+;")
 
   def __init__(self, stream):
     self.stream = stream
     self.errors = {}  # rank -> its last line with "error: "
     self.stop_signal = None  # the signal a rank stops at (signals.py), e.g. "SIGTERM"
     self.chief_alone = False  # rank 0 saved at the stop, then found its peers gone
+    self.chief_saved = False  # rank 0 saved at the stop and ended it
 
-  def write(self, text):
+  def read(self, text):
     for line in text.splitlines():
       match = self._LINE.match(line)
       if match:
@@ -386,6 +392,28 @@ class RankErrors(object):
       if stop and self.stop_signal is None:
         self.stop_signal = stop.group(1)
       self.chief_alone = self.chief_alone or bool(self._CHIEF_ALONE.match(line))
+      self.chief_saved = self.chief_saved or bool(self._CHIEF_SAVED.match(line))
+
+  def write(self, text):
+    self.read(text)
+    return self.stream.write(text)
+
+  def watching(self, stream):
+    """stream, whose text this also reads."""
+    return _Read(stream, self)
+
+  def __getattr__(self, name):
+    return getattr(self.stream, name)
+
+
+class _Read(object):
+  """A text stream in front of another that passes everything on to it and to a reader."""
+
+  def __init__(self, stream, reader):
+    self.stream, self.reader = stream, reader
+
+  def write(self, text):
+    self.reader.read(text)
     return self.stream.write(text)
 
   def __getattr__(self, name):
@@ -404,8 +432,9 @@ def run_horovodrun(args, run_commandline):
     horovodrun refuses; or the exit status of the rank that failed first, after a last
     line naming it with its error line.
   """
-  rank_errors, argv = RankErrors(sys.stderr), sys.argv
+  rank_errors, argv, stdout = RankErrors(sys.stderr), sys.argv, sys.stdout
   sys.argv, sys.stderr = ["horovodrun"] + list(args), rank_errors
+  sys.stdout = rank_errors.watching(stdout)
   try:
     run_commandline()
     # horovodrun can return normally for ranks it killed after its 5 s grace (its
@@ -415,7 +444,7 @@ def run_horovodrun(args, run_commandline):
     return 0
   except ValueError as e:
     # horovodrun's own checks (a --network-interface this host lacks, say), before any rank.
-    sys.stderr = rank_errors.stream
+    sys.stderr, sys.stdout = rank_errors.stream, stdout
     message = (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
     errors.print_error("horovodrun", "%s; check HOROVOD_RUN_ARGS%s" % (message, (
         " (its --network-interface: ip -brief address lists this host's)"
@@ -423,18 +452,16 @@ def run_horovodrun(args, run_commandline):
     return 2
   except RuntimeError as e:
     failed = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(e))
-    sys.stderr = rank_errors.stream
+    sys.stderr, sys.stdout = rank_errors.stream, stdout
     if not failed:
       errors.print_error("horovodrun", str(e).strip().splitlines()[0])
       return 1
     rank, status = int(failed.group(1)), int(failed.group(2))
     stop = getattr(signal, rank_errors.stop_signal) if rank_errors.stop_signal else None
-    if stop and not rank_errors.errors and (
-        rank_errors.chief_alone or status in (128 + stop, -signal.SIGTERM)):
-      # Rank 0 saved at the agreed update: a stopped rank exits after it
-      # (loop.last_barrier), or rank 0 found the others gone (under horovodrun --gloo the
-      # ranks of other hosts end with their ssh session). -SIGTERM: the rank's middleman
-      # got it too, as from a scheduler that signals every process of the job.
+    if stop and not rank_errors.errors and (rank_errors.chief_alone or
+                                            rank_errors.chief_saved):
+      # Rank 0 saved at the agreed update, and ended its stop or found the others gone
+      # (under horovodrun --gloo the ranks of other hosts end with their ssh session).
       print("rank %d exited with status %d after the job's %s; run the same command again "
             "to resume from its last checkpoint" % (rank, status, rank_errors.stop_signal),
             file=sys.stderr)
@@ -451,7 +478,7 @@ def run_horovodrun(args, run_commandline):
           file=sys.stderr)
     return status if 0 < status < 256 else 1
   finally:
-    sys.argv, sys.stderr = argv, rank_errors.stream
+    sys.argv, sys.stderr, sys.stdout = argv, rank_errors.stream, stdout
 
 
 def ranks_of_this_host():
@@ -485,10 +512,11 @@ class StopRanksFirst(object):
   ranks as SIGTERM, which stop after the update they are in, save and exit (the ranks of
   other hosts stop with them: they agree on the step). end_now(), the launcher's own end
   of the job, runs only STOP_GRACE_S later, at a signal one second or more after the
-  first (a rank's own rule for "now"), or at once when this host runs no rank."""
+  first (a rank's own rule for "now"), or alone_s after the signal when this host runs no
+  rank."""
 
-  def __init__(self, end_now):
-    self.end_now = end_now
+  def __init__(self, end_now, alone_s=0):
+    self.end_now, self.alone_s = end_now, alone_s
     self.signum = None  # the first signal
     self.first = None  # and when it came (time.monotonic)
     self.timer = None
@@ -506,10 +534,10 @@ class StopRanksFirst(object):
           rank.send_signal(signal.SIGTERM)
         except Exception:  # pylint: disable=broad-except  (it has just ended)
           pass
-      if not ranks:
+      if not ranks and not self.alone_s:
         self.end_now()
         return
-      self.timer = threading.Timer(STOP_GRACE_S, self.end_now)
+      self.timer = threading.Timer(STOP_GRACE_S if ranks else self.alone_s, self.end_now)
       self.timer.daemon = True
       self.timer.start()
     except Exception:  # pylint: disable=broad-except  (not into the launcher's wait)
@@ -539,7 +567,7 @@ def ranks_stop_before_horovodrun_ends_them():
   def register_passing_on():
     shutdown = threading.Event()  # set: horovodrun ends every rank
     stops.append(StopRanksFirst(shutdown.set))
-    for signum in _PASSED_ON:  # a signal already ignored stays ignored
+    for signum in _STOP_SIGNALS:  # a signal already ignored stays ignored
       if signal.getsignal(signum) != signal.SIG_IGN:
         previous[signum] = signal.signal(signum, stops[-1])
     return shutdown
@@ -583,10 +611,11 @@ def run_mpirun_in_child(body):
   process group and returns its exit status: 128 + the signal that ended it, or that
   this process got before it failed (mpirun exits with 1 after passing a signal on, or
   passes on the ranks' 143). This process takes SIGTERM, SIGINT and SIGHUP through
-  StopRanksFirst, whose end_now passes the first of them on to mpirun, once: mpirun
-  SIGTERMs the ranks and kills them twice its odls_base_sigkill_timeout later, and at a
-  second signal within 5 s it exits at once and leaves its ranks running. A signal to
-  every process of the job (a scheduler's) thus reaches mpirun once. The child gets
+  StopRanksFirst, whose end_now passes the first of them on to mpirun, once (when this
+  host runs no rank, MPIRUN_REPEAT_S after the signal): mpirun SIGTERMs the ranks after
+  its odls_base_sigkill_timeout and kills them as long again later, and at a second
+  signal within 5 s it exits at once and leaves its ranks running. A signal to every
+  process of the job (a scheduler's) thus reaches mpirun once. The child gets
   SIGTERM if this process ends first (SIGKILL, say), and its standard input is /dev/null:
   outside the terminal's foreground group, reading it would stop it.
 
@@ -594,18 +623,23 @@ def run_mpirun_in_child(body):
     body: a callable returning an exit status, or replacing its process (execve).
   """
   state = {"child": None, "passed": False}
+  lock = threading.Lock()  # held: passing on, or the child has ended
 
-  def pass_on():
-    if state["child"] is not None and not state["passed"]:
-      state["passed"] = True
-      try:
+  def pass_on():  # from the handler or the grace's timer
+    if not lock.acquire(False):
+      return
+    try:
+      if state["child"] is not None and not state["passed"]:
+        state["passed"] = True
         os.kill(state["child"], stop.signum)
-      except OSError:  # it has just ended
-        pass
+    except OSError:  # it has just ended
+      pass
+    finally:
+      lock.release()
 
-  stop = StopRanksFirst(pass_on)
+  stop = StopRanksFirst(pass_on, alone_s=MPIRUN_REPEAT_S)
   # Held back until the child's pid is known (a signal already ignored stays ignored).
-  passed_on = [signum for signum in _PASSED_ON if signal.getsignal(signum) != signal.SIG_IGN]
+  passed_on = [signum for signum in _STOP_SIGNALS if signal.getsignal(signum) != signal.SIG_IGN]
   mask = signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
   previous = {signum: signal.signal(signum, stop) for signum in passed_on}
   parent = os.getpid()
@@ -641,9 +675,12 @@ def run_mpirun_in_child(body):
   state["child"] = child
   signal.pthread_sigmask(signal.SIG_SETMASK, mask)
   try:
+    os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped
+    with lock:
+      state["child"] = None  # once reaped, its pid may be another process's
     _, status = os.waitpid(child, 0)
   finally:
-    state["child"] = None  # its pid may be another process's from now on
+    state["child"] = None
     stop.cancel()
     for signum, handler in previous.items():
       signal.signal(signum, handler)
