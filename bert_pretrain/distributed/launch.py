@@ -363,7 +363,21 @@ def summary(job, distribution="horovod"):
   return "Launching %d processes on %s, each driving %s" % (len(job.hosts), hosts, cards)
 
 
-class RankErrors(object):
+class _Read(object):
+  """A text stream in front of another that passes everything on to it and to a reader."""
+
+  def __init__(self, stream, reader):
+    self.stream, self.reader = stream, reader
+
+  def write(self, text):
+    self.reader.read(text)
+    return self.stream.write(text)
+
+  def __getattr__(self, name):
+    return getattr(self.stream, name)
+
+
+class RankErrors(_Read):
   """A text stream in front of sys.stderr that passes everything on and keeps each rank's
   last error line, the signal a rank said it stops at, and whether the chief stopped
   with its peers gone (loop.last_barrier) or ended its stop after saving (loop.finish;
@@ -377,7 +391,7 @@ class RankErrors(object):
   _CHIEF_SAVED = re.compile(r"^\[0\]<stdout>:report: not drawn after SIG[A-Z]+;")
 
   def __init__(self, stream):
-    self.stream = stream
+    super(RankErrors, self).__init__(stream, self)
     self.errors = {}  # rank -> its last line with "error: "
     self.stop_signal = None  # the signal a rank stops at (signals.py), e.g. "SIGTERM"
     self.chief_alone = False  # rank 0 saved at the stop, then found its peers gone
@@ -394,30 +408,9 @@ class RankErrors(object):
       self.chief_alone = self.chief_alone or bool(self._CHIEF_ALONE.match(line))
       self.chief_saved = self.chief_saved or bool(self._CHIEF_SAVED.match(line))
 
-  def write(self, text):
-    self.read(text)
-    return self.stream.write(text)
-
   def watching(self, stream):
     """stream, whose text this also reads."""
     return _Read(stream, self)
-
-  def __getattr__(self, name):
-    return getattr(self.stream, name)
-
-
-class _Read(object):
-  """A text stream in front of another that passes everything on to it and to a reader."""
-
-  def __init__(self, stream, reader):
-    self.stream, self.reader = stream, reader
-
-  def write(self, text):
-    self.reader.read(text)
-    return self.stream.write(text)
-
-  def __getattr__(self, name):
-    return getattr(self.stream, name)
 
 
 def run_horovodrun(args, run_commandline):
@@ -639,15 +632,15 @@ def run_mpirun_in_child(body):
 
   stop = StopRanksFirst(pass_on, alone_s=MPIRUN_REPEAT_S)
   # Held back until the child's pid is known (a signal already ignored stays ignored).
-  passed_on = [signum for signum in _STOP_SIGNALS if signal.getsignal(signum) != signal.SIG_IGN]
-  mask = signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
-  previous = {signum: signal.signal(signum, stop) for signum in passed_on}
+  caught = [signum for signum in _STOP_SIGNALS if signal.getsignal(signum) != signal.SIG_IGN]
+  mask = signal.pthread_sigmask(signal.SIG_BLOCK, caught)
+  previous = {signum: signal.signal(signum, stop) for signum in caught}
   parent = os.getpid()
   child = os.fork()
   if child == 0:
     status = 1
     try:
-      for signum in passed_on:
+      for signum in caught:
         signal.signal(signum, signal.SIG_DFL)
       os.setpgid(0, 0)
       workdir.end_with_parent(parent)  # the job ends with a killed launcher
