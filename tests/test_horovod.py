@@ -798,8 +798,8 @@ def _stopped_job(lines, rank, status):
     sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
                      "update, then saving a checkpoint\n")
     for line in lines:
-      (sys.stdout if line == _SAVED else sys.stderr).write("[0]<%s>:%s\n" % (
-          "stdout" if line == _SAVED else "stderr", line))
+      stream = "stdout" if line == _SAVED else "stderr"
+      getattr(sys, stream).write("[0]<%s>:%s\n" % (stream, line))
     raise RuntimeError("Horovod detected that one or more processes exited with non-zero "
                        "status, thus causing the job to be terminated. The first process "
                        "to do so was:\nProcess name: %d\nExit code: %d\n" % (rank, status))
