@@ -17,6 +17,9 @@
 # builds its fused CPU kernels for this TensorFlow (bert_pretrain/model/kernels.py).
 set -Eeuo pipefail  # -E: the ERR trap below sees failures inside functions too
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # quiet TensorFlow imports
+# Installing into the system Python as root is what this script is for on a fresh machine:
+# pip's warning against it would read as a failure.
+export PIP_ROOT_USER_ACTION="${PIP_ROOT_USER_ACTION:-ignore}"
 
 ROOT="$(cd "$(dirname "$0")" && pwd)"
 TF_VERSION="${TF_VERSION:-2.15.1}"
