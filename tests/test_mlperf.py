@@ -1,6 +1,6 @@
 """MLPerf's rules as the run applies them: the evaluation interval and schedule, the load
 check of the initial checkpoint, the reference convergence points (RCPs) and the
-compliance checker on a run's log."""
+compliance and seed checkers on a run's log."""
 
 import json
 import re
@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from bert_pretrain import config
 from bert_pretrain import demo
 from bert_pretrain.training import meters
 from bert_pretrain.training import mlperf
@@ -142,7 +143,7 @@ def test_a_run_with_the_reference_hyperparameters_checks_its_start_and_passes_th
   below every RCP, so bert_ref_256's) where the command line gives nothing; the evaluation
   at start checks the accuracy after loading --init_checkpoint against the expected one;
   the run prints a projected time to train; mlperf-logging's compliance checker finds
-  nothing wrong in its MLPerf log but the target not reached."""
+  nothing wrong in its MLPerf log but the target not reached, its seed checker nothing."""
   init = tmp_path / "init" / "model.ckpt-0"
   demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(TINY_CONFIG), str(init))
   out = tmp_path / "out"
@@ -184,6 +185,11 @@ def test_a_run_with_the_reference_hyperparameters_checks_its_start_and_passes_th
     mllog.setdefault(record["key"], record["value"])
   assert mllog["opt_lamb_beta_2"] == 0.999 and mllog["opt_base_learning_rate"] == 1e-3
   assert _compliance_problems(str(out / "mlperf.log"), tmp_path) == []
+  # MLPerf's package checker refuses a run whose log holds no seed (rules v4.1 on).
+  with open(str(out / config.RUN_MARKER)) as f:
+    assert mllog["seed"] == json.load(f)["seed"]
+  from mlperf_logging.package_checker.seed_checker import SeedChecker
+  assert SeedChecker(mlperf.RULESET).check_seeds([str(out / "mlperf.log")])
 
 
 def test_an_mlperf_logging_without_the_rounds_rcps_is_a_one_line_error():

@@ -366,7 +366,7 @@ def start(cfg, inputs, ranks, device, notes):
   eval_interval = (cfg.evaluation.samples_between_eval or
                    mlperf.eval_interval_samples(global_batch_size))
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
-                             inputs.skipped_records, eval_interval,
+                             seed, inputs.skipped_records, eval_interval,
                              attends_per_sequence(cfg, device), notes, inputs.packing)
   if seed_line:
     logger.print(seed_line)

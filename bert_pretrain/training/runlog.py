@@ -20,8 +20,8 @@ from bert_pretrain.training import mlperf
 from bert_pretrain.training import optimization
 from bert_pretrain.training import timing
 
-def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, skipped_records,
-               eval_interval, per_sequence, notes, packing):
+def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, seed,
+               skipped_records, eval_interval, per_sequence, notes, packing):
   """Opens the run's logs and writes what the run is: its device, its batch and
   optimizer, MLPerf's hyperparameters, the training records left out.
 
@@ -77,7 +77,7 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, ski
                                   cfg.optimizer.cross_replica_gradients,
                               "lr_schedule_step": cfg.optimizer.lr_schedule_step,
                               "samples_between_eval": eval_interval})
-  log_hyperparameters(cfg, logger, ranks, global_batch_size, learning_rate)
+  log_hyperparameters(cfg, logger, ranks, global_batch_size, learning_rate, seed)
   if cfg.data.skip_corrupt_records:
     bad = skipped_records.bad
     logger.print("--skip_corrupt_records: %d of %d training records skipped%s"
@@ -111,9 +111,12 @@ def optimizer_rule(opt, replicas=1):
   return ", ".join(rules)
 
 
-def log_hyperparameters(cfg, logger, ranks, global_batch_size, learning_rate):
-  """The MLPerf hyperparameter keys of the BERT benchmark."""
+def log_hyperparameters(cfg, logger, ranks, global_batch_size, learning_rate, seed):
+  """The MLPerf hyperparameter keys of the BERT benchmark, and the run's seed, which
+  MLPerf's rules (from v4.1) require in the log: the package checker refuses a run
+  without one."""
   c = logs.mllog.constants
+  logger.mlperf(c.SEED, seed)
   logger.mlperf(c.SUBMISSION_BENCHMARK, "bert")
   logger.mlperf(c.SUBMISSION_ORG, cfg.run.submission_org)
   logger.mlperf(c.SUBMISSION_PLATFORM, cfg.run.submission_platform)
