@@ -78,9 +78,36 @@ def test_a_batch_size_with_an_rcp_takes_its_hyperparameters_and_mean():
       "start_warmup_step": params["start_warmup_step"], "beta_1": params["opt_lamb_beta_1"],
       "beta_2": params["opt_lamb_beta_2"],
       "weight_decay_rate": params["opt_lamb_weight_decay_rate"]}
-  assert choice.samples_mean == pytest.approx(_olympic_mean(raw["Epochs to converge"]))
-  assert choice.samples_stdev == pytest.approx(np.std(raw["Epochs to converge"]))
   assert choice.note == "RCP bert_ref_4096 (global batch 4096)"
+  # The RCP checker leaves bert_ref_4096 out (it converges slower than the line from
+  # bert_ref_448 to bert_ref_4608), so a run of 4096 is judged between those two.
+  assert choice.judged_by == "bert_ref_448 and bert_ref_4608 interpolated"
+
+
+def _checker_expects(batch_size):
+  """(mean, stdev) of the samples to converge that mlperf-logging's RCP checker weighs a
+  run of this global batch size against, as its check_directory picks the record from
+  the pruned RCPs (above every RCP, where it judges nothing: the largest)."""
+  from mlperf_logging.rcp_checker import rcp_checker
+  checker = rcp_checker.RCP_Checker("training", mlperf.RULESET, "bert", False)
+  record = checker._find_rcp(batch_size, "pruned_rcps")
+  low = checker._find_top_min_rcp(batch_size, "pruned_rcps")
+  high = checker._find_bottom_max_rcp(batch_size, "pruned_rcps")
+  if record is None and low and high:
+    record = checker._create_interp_rcp(batch_size, low, high)[1]
+  elif record is None:
+    record = checker._find_min_rcp("pruned_rcps") if high else low
+  return record["RCP Mean"], record["RCP Stdev"]
+
+
+@pytest.mark.parametrize("batch_size", [8, 256, 448, 1024, 2048, 4096, 5000, 6144, 8192,
+                                        16384, 20000])
+def test_the_samples_to_converge_are_those_mlperfs_rcp_checker_judges_the_batch_by(
+    batch_size):
+  choice = mlperf.choose_rcp(batch_size, mlperf.load_rcps())
+  mean, stdev = _checker_expects(batch_size)
+  assert choice.samples_mean == pytest.approx(mean)
+  assert choice.samples_stdev == pytest.approx(stdev)
 
 
 def test_a_batch_size_between_two_rcps_takes_the_one_below_and_interpolates_the_mean():
@@ -95,13 +122,16 @@ def test_a_batch_size_between_two_rcps_takes_the_one_below_and_interpolates_the_
   want = np.interp(5000, [4608, 6144], [_olympic_mean(low["Epochs to converge"]),
                                         _olympic_mean(high["Epochs to converge"])])
   assert choice.samples_mean == pytest.approx(want)
-  assert "nearest below" in choice.note and "bert_ref_6144" in choice.note
+  assert "nearest below" in choice.note
+  assert choice.judged_by == "bert_ref_4608 and bert_ref_6144 interpolated"
 
 
 def test_a_batch_size_outside_the_rcps_takes_the_nearest_end_and_says_so():
   rcps = mlperf.load_rcps()
   small = mlperf.choose_rcp(32, rcps)
   assert small.rcp.name == "bert_ref_256"
+  # Judged by the smallest RCP the checker keeps: bert_ref_448 converges in fewer samples.
+  assert small.judged_by == "bert_ref_448"
   assert small.hyperparameters["num_train_steps"] == 13700 * 8
   assert "below every RCP" in small.note
   large = mlperf.choose_rcp(20000, rcps)
@@ -167,7 +197,7 @@ def test_a_run_with_the_reference_hyperparameters_checks_its_start_and_passes_th
   assert accuracy < 0.1  # random weights
   assert "warning: masked_lm_accuracy right after loading --init_checkpoint is" in stdout
   projected = re.search(r"^projected time to train: .* \(([\d]+) samples, the mean of "
-                        r"MLPerf's bert_ref_256, at [\d.]+ sentences/s, and (\d+) evaluations "
+                        r"MLPerf's bert_ref_448, at [\d.]+ sentences/s, and (\d+) evaluations "
                         r"of 10000 samples: .*\)$", stdout, re.M)
   assert projected, stdout
   assert int(projected.group(2)) == int(projected.group(1)) // 150000

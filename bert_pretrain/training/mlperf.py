@@ -111,21 +111,70 @@ def samples_mean_and_stdev(rcp):
 
 # What a run takes from the RCPs for its global batch size: the RCP whose hyperparameters
 # it uses, those hyperparameters (steps scaled to the run's batch), the expected samples to
-# converge (mean, stdev), and one line that says which and why.
+# converge (mean, stdev) as MLPerf's RCP checker expects them and the RCPs they come from
+# (judged_by), and one line that says which hyperparameters and why.
 RcpChoice = collections.namedtuple("RcpChoice", ["rcp", "hyperparameters", "samples_mean",
-                                                 "samples_stdev", "note"])
+                                                 "samples_stdev", "judged_by", "note"])
+
+
+def prune_rcps(rcps):
+  """The RCPs MLPerf's RCP checker judges convergence by (its pruned set, which the
+  package checker uses): those from the one that converges in the fewest samples up, then
+  without each that converges slower than the line between its two neighbours.
+
+  Args:
+    rcps: load_rcps(), sorted by batch size.
+
+  Returns:
+    A list of Rcp, sorted by batch size.
+  """
+  means = {rcp.name: samples_mean_and_stdev(rcp)[0] for rcp in rcps}
+  fastest = min(rcps, key=lambda rcp: means[rcp.name])
+  kept = [rcp for rcp in rcps if rcp.batch_size >= fastest.batch_size]
+  i = 1
+  while i < len(kept) - 1:
+    low, rcp, high = kept[i - 1], kept[i], kept[i + 1]
+    t = float(rcp.batch_size - low.batch_size) / (high.batch_size - low.batch_size)
+    if means[rcp.name] > means[low.name] + t * (means[high.name] - means[low.name]):
+      del kept[i]  # and the next one is weighed against the same left neighbour
+    else:
+      i += 1
+  return kept
+
+
+def expected_convergence(global_batch_size, rcps):
+  """The samples to converge MLPerf's RCP checker weighs a run of this global batch size
+  against, from the pruned RCPs (prune_rcps): at an RCP's batch size its mean and stdev;
+  between two, both interpolated linearly; below every one, the smallest's (slower
+  convergence at a smaller batch passes); above every one, the largest's, though the
+  checker cannot judge that batch size.
+
+  Returns:
+    (mean, stdev, the RCPs they come from).
+  """
+  pruned = prune_rcps(rcps)
+  below = [r for r in pruned if r.batch_size <= global_batch_size]
+  above = [r for r in pruned if r.batch_size > global_batch_size]
+  if below and above and below[-1].batch_size < global_batch_size:
+    low, high = below[-1], above[0]
+    (low_mean, low_stdev), (high_mean, high_stdev) = (samples_mean_and_stdev(low),
+                                                      samples_mean_and_stdev(high))
+    t = float(global_batch_size - low.batch_size) / (high.batch_size - low.batch_size)
+    return (low_mean + t * (high_mean - low_mean), low_stdev + t * (high_stdev - low_stdev),
+            "%s and %s interpolated" % (low.name, high.name))
+  rcp = below[-1] if below else above[0]
+  return samples_mean_and_stdev(rcp) + (rcp.name,)
 
 
 def choose_rcp(global_batch_size, rcps):
   """The reference's hyperparameters and convergence for a global batch size.
 
-  On an RCP's batch size: that RCP. Between two: the hyperparameters of the one below
-  (tuned for a batch no larger than the run's), and the samples to converge interpolated
-  linearly between the two, as MLPerf's RCP checker does. Below every RCP: the smallest
-  (the checker accepts slower convergence at a smaller batch). Above every RCP: the
-  largest, which the checker cannot judge. Away from the RCP's batch size, the
-  hyperparameters counted in updates (training, warm-up steps, start_warmup_step) are
-  scaled by the ratio of the batch sizes, so the schedule spans the same samples.
+  The hyperparameters: on an RCP's batch size, that RCP's; between two, those of the one
+  below (tuned for a batch no larger than the run's); below every RCP the smallest's,
+  above every RCP the largest's. Away from the RCP's batch size, the hyperparameters
+  counted in updates (training, warm-up steps, start_warmup_step) are scaled by the ratio
+  of the batch sizes, so the schedule spans the same samples. The samples to converge:
+  expected_convergence.
 
   Args:
     global_batch_size: sequences per update, all ranks.
@@ -138,27 +187,19 @@ def choose_rcp(global_batch_size, rcps):
   above = [r for r in rcps if r.batch_size >= global_batch_size]
   if below and below[-1].batch_size == global_batch_size:
     rcp = below[-1]
-    mean, stdev = samples_mean_and_stdev(rcp)
     note = "RCP %s (global batch %d)" % (rcp.name, rcp.batch_size)
   elif below and above:
-    rcp, upper = below[-1], above[0]
-    (low_mean, low_stdev), (high_mean, high_stdev) = (samples_mean_and_stdev(rcp),
-                                                      samples_mean_and_stdev(upper))
-    t = float(global_batch_size - rcp.batch_size) / (upper.batch_size - rcp.batch_size)
-    mean, stdev = low_mean + t * (high_mean - low_mean), low_stdev + t * (high_stdev - low_stdev)
+    rcp = below[-1]
     note = ("no RCP at global batch %d: hyperparameters of %s (the nearest below, %d; "
-            "steps scaled by %d/%d), samples to converge interpolated between it and %s"
-            % (global_batch_size, rcp.name, rcp.batch_size, rcp.batch_size,
-               global_batch_size, upper.name))
+            "steps scaled by %d/%d)" % (global_batch_size, rcp.name, rcp.batch_size,
+                                        rcp.batch_size, global_batch_size))
   elif above:
     rcp = above[0]
-    mean, stdev = samples_mean_and_stdev(rcp)
     note = ("global batch %d is below every RCP: those of the smallest, %s (%d; steps "
             "scaled by %d/%d)" % (global_batch_size, rcp.name, rcp.batch_size,
                                   rcp.batch_size, global_batch_size))
   else:
     rcp = below[-1]
-    mean, stdev = samples_mean_and_stdev(rcp)
     note = ("global batch %d is above every RCP: those of the largest, %s (%d; steps "
             "scaled by %d/%d); MLPerf's RCP checker has none to judge this batch size"
             % (global_batch_size, rcp.name, rcp.batch_size, rcp.batch_size,
@@ -166,7 +207,8 @@ def choose_rcp(global_batch_size, rcps):
   params = dict(rcp.hyperparameters)
   for name in _STEP_FLAGS:
     params[name] = int(round(params[name] * float(rcp.batch_size) / global_batch_size))
-  return RcpChoice(rcp, params, mean, stdev, note)
+  mean, stdev, judged_by = expected_convergence(global_batch_size, rcps)
+  return RcpChoice(rcp, params, mean, stdev, judged_by, note)
 
 
 def projected_time_to_train(samples, throughput, global_batch_size, eval_seconds_per_sample):

@@ -290,7 +290,7 @@ def log_time_to_train(logger, throughput, evals, rcp, status, step, batch_size):
       rcp.samples_mean, throughput, int(round(batch_size)), per_sample)
   logger.print("projected time to train: %s (%.0f samples, the mean of MLPerf's %s, at "
                "%.2f sentences/s, and %d evaluations of %d samples: %s)"
-               % (mlperf.format_duration(total), rcp.samples_mean, rcp.rcp.name, throughput,
+               % (mlperf.format_duration(total), rcp.samples_mean, rcp.judged_by, throughput,
                   evaluations, mlperf.EVAL_SAMPLES,
                   mlperf.format_duration(eval_seconds) if eval_seconds is not None
                   else "not timed, the run did not evaluate"))
@@ -298,7 +298,7 @@ def log_time_to_train(logger, throughput, evals, rcp, status, step, batch_size):
   if status == "success":
     samples = meters.samples(step, batch_size)
     logger.print("samples to converge: %d; %s: mean %.0f, stdev %.0f (%.2f of the mean)"
-                 % (samples, rcp.rcp.name, rcp.samples_mean, rcp.samples_stdev,
+                 % (samples, rcp.judged_by, rcp.samples_mean, rcp.samples_stdev,
                     samples / rcp.samples_mean))
     figures["samples_to_converge"] = samples
   return figures
