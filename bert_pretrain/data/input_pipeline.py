@@ -13,8 +13,9 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain.data import records
 
-# Folders whose records together are smaller than this are read whole before training,
-# so a corrupt record is reported before any step runs; larger sets check the first
+# Folders whose records together are smaller than this are read whole before the first
+# step (once MLPerf's clock runs), so a corrupt record is reported before any step; larger
+# sets check the first
 # record of each file, and a corrupt record met later is located when the pipeline
 # reaches it (find_bad_records).
 FULL_CHECK_MAX_BYTES = 256 * 1024 * 1024
@@ -328,13 +329,13 @@ def _file_of_the_flags_lengths(files, lengths):
 
 
 def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_size,
-                         skip_corrupt=False, max_corrupt_share=0.0,
-                         full_check_max_bytes=FULL_CHECK_MAX_BYTES, max_sequences=None):
+                         skip_corrupt=False, max_corrupt_share=0.0, max_sequences=None):
   """The up-front check of a training set; with skip_corrupt, finds the records to skip.
 
-  Without skip_corrupt this is check_record_files. With it, every record is read
-  (framing, CRC, lengths, token ids) and the bad ones are returned, to be left out by
-  make_dataset; the files' format is still checked on a good first record.
+  Without skip_corrupt this is check_record_files on each file's first record (the
+  layout; the run reads small sets whole later, on MLPerf's clock). With it, every
+  record is read (framing, CRC, lengths, token ids) and the bad ones are returned, to be
+  left out by make_dataset; the files' format is still checked on a good first record.
 
   Args:
     files: list of TFRecord paths.
@@ -342,7 +343,6 @@ def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_s
       find_bad_records.
     skip_corrupt: find bad records instead of failing on the first.
     max_corrupt_share: the largest fraction of bad records skip_corrupt accepts.
-    full_check_max_bytes: as check_record_files.
 
   Returns:
     (num_records, bad): num_records is None unless every record was counted; bad is
@@ -354,8 +354,7 @@ def check_training_files(files, max_seq_length, max_predictions_per_seq, vocab_s
   """
   if not skip_corrupt:
     return check_record_files(files, max_seq_length, max_predictions_per_seq, vocab_size,
-                              full_check_max_bytes=full_check_max_bytes,
-                              max_sequences=max_sequences), []
+                              full_check=False, max_sequences=max_sequences), []
   total, bad = 0, []
   for path in files:
     count, file_bad = find_bad_records(path, max_seq_length, max_predictions_per_seq,

@@ -176,22 +176,18 @@ def check_inputs(cfg):
   _check_folders_apart(cfg, train_files, eval_files)
   if not 0 <= cfg.data.max_corrupt_share < 1:
     raise ValueError("--max_corrupt_share=%g must be in [0, 1)" % cfg.data.max_corrupt_share)
-  full_check_bytes = cfg.data.full_record_check_mb * 1024 * 1024
   skipped_records = input_pipeline.SkippedRecords(None, [])
   packing = Packing(cfg.data.max_predictions_per_seq, None, 1.0)
+  # Each file's first record only: the layout the graph is built for. MLPerf's clock
+  # starts before the data is read, so the records are read through in read_records_through.
   if train_files:
     packing = check_packing(cfg, train_files)
     skipped_records = input_pipeline.SkippedRecords(*input_pipeline.check_training_files(
         train_files, cfg.data.max_seq_length, packing.max_predictions,
         bert_config.vocab_size, cfg.data.skip_corrupt_records, cfg.data.max_corrupt_share,
-        full_check_bytes, packing.max_sequences))
+        packing.max_sequences))
   if eval_files:
-    input_pipeline.check_record_files(
-        eval_files, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
-        vocab_size=bert_config.vocab_size, full_check_max_bytes=full_check_bytes,
-        lengths_of=(None if not train_files else "the training records" if
-                    packing.max_sequences is None else "the packed training records' "
-                    "sequences"), skippable=False)
+    _check_eval_files(cfg, eval_files, bert_config, packing, bool(train_files), False)
   resume_checkpoint = checkpoints.find_resume_checkpoint(cfg.run.output_dir,
                                                          resume_settings(cfg, bert_config))
   if not cfg.run.do_train:
@@ -207,6 +203,39 @@ def check_inputs(cfg):
       resume_position = int(resume_position)
   return Inputs(bert_config, train_files, eval_files, skipped_records, resume_checkpoint,
                 init_checkpoint, earlier_run, resume_step, resume_position, packing)
+
+
+def read_records_through(cfg, inputs):
+  """Reads record sets under --full_record_check_mb whole (framing, CRCs, lengths, token
+  ids): the eval set, and the training set unless --skip_corrupt_records read it in
+  check_inputs. Called once MLPerf's clock runs (the rules start it before any part of
+  the system reads the data), before the first evaluation and update.
+
+  Raises:
+    ValueError: as input_pipeline.check_record_files, naming the file and record.
+  """
+  limit = cfg.data.full_record_check_mb * 1024 * 1024
+  def small(files):
+    return files and sum(tf.gfile.Stat(f).length for f in files) < limit
+  if small(inputs.train_files) and not cfg.data.skip_corrupt_records:
+    input_pipeline.check_record_files(
+        inputs.train_files, cfg.data.max_seq_length, inputs.packing.max_predictions,
+        inputs.bert_config.vocab_size, full_check=True,
+        max_sequences=inputs.packing.max_sequences)
+  if small(inputs.eval_files):
+    _check_eval_files(cfg, inputs.eval_files, inputs.bert_config, inputs.packing,
+                      bool(inputs.train_files), True)
+
+
+def _check_eval_files(cfg, eval_files, bert_config, packing, with_training, full_check):
+  """check_record_files on the eval set: the flags' lengths, or the training records'
+  (packing: theirs) when the run trains; never skippable."""
+  input_pipeline.check_record_files(
+      eval_files, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
+      vocab_size=bert_config.vocab_size, full_check=full_check,
+      lengths_of=(None if not with_training else "the training records" if
+                  packing.max_sequences is None else "the packed training records' "
+                  "sequences"), skippable=False)
 
 
 def sentences_per_update(cfg, replicas, packing):

@@ -342,7 +342,8 @@ class Job(object):
 def start(cfg, inputs, ranks, device, notes):
   """Sets the run up: the session's config, the global batch, MLPerf's RCP and
   evaluation interval, the seed and the resume plan (resume.py), the logs, the graph
-  and session (start_session). Returns a Job."""
+  and session (start_session); then MLPerf's clock, and the small record sets read whole
+  (inputs.read_records_through). Returns a Job."""
   gpu = None
   if device.kind == "GPU":
     gpu = "all" if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
@@ -388,6 +389,8 @@ def start(cfg, inputs, ranks, device, notes):
     checkpoints.write_run_marker(cfg.run.output_dir, record)
   logger.mlperf(logs.mllog.constants.INIT_STOP, kind="end")
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
+  ranks.doing = "reading the small record sets whole (CRCs, token ids) on MLPerf's clock"
+  inputs_lib.read_records_through(cfg, inputs)
   return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
              all_finite=all_finite, logger=logger, rcp=rcp, record=record,
              record_pending=not plan.record_now,
