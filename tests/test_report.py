@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -87,7 +88,8 @@ def _write_log(path, resumed=False):
                           "samples": step * 32, "loss_scale": 1024.0}, prefix="train")
   logger.metrics(30, {"masked_lm_accuracy": 0.05, "samples": 30 * 32}, prefix="eval")
   logger.warning(30, "throughput fell to 1.00 sentences/s at step 30")
-  logger.metrics(30, {"throughput": 104.0}, prefix="summary")
+  logger.metrics(30, {"throughput": 104.0, "steady_sentences": 2080.0, "steady_time_s": 20.0},
+                 prefix="summary")
   logger.close()
   if resumed:
     logger = logs.RunLogger(dllog_path=str(path))
@@ -97,7 +99,8 @@ def _write_log(path, resumed=False):
     logger.metrics(40, {"total_loss": 6.9, "throughput_train": 95.0, "samples": 40 * 32},
                    prefix="train")
     logger.metrics(40, {"masked_lm_accuracy": 0.08, "samples": 40 * 32}, prefix="eval")
-    logger.metrics(40, {"throughput": 93.0}, prefix="summary")
+    logger.metrics(40, {"throughput": 93.0, "steady_sentences": 320.0,
+                        "steady_time_s": 320 / 93.0}, prefix="summary")
     logger.close()
   with open(str(path), "a") as f:
     f.write('{"type": "train", "step": 5')  # a line cut short by a kill
@@ -112,7 +115,8 @@ def test_the_summary_gives_the_run_history_with_a_resume_counted_once(tmp_path):
   assert summary["evaluations"] == 3 and summary["runs"] == 2
   # Windows 10, 20, 30 (redone: 90) and 40.
   assert summary["median_fps"] == pytest.approx((95.0 + 100.0) / 2)
-  assert summary["throughput"] == 93.0
+  # The parts' steady sentences over their steady time, not the last part's figure.
+  assert summary["throughput"] == pytest.approx((2080 + 320) / (20 + 320 / 93.0))
   assert summary["warnings"] == ["throughput fell to 1.00 sentences/s at step 30"]
   text = "\n".join(report.format_summary(summary))
   assert "masked-LM accuracy: 0.0010 -> 0.0800 (best 0.0800, 3 evaluations)" in text
@@ -133,6 +137,20 @@ def test_a_run_stopped_between_two_log_lines_is_counted_to_the_step_it_saved(tmp
   summary = report.summarize(report.read_records(str(tmp_path / "dllog.json")))
   assert "updates: 34, training samples: 1088, runs logged: 1" in report.format_summary(
       summary)
+
+
+def test_a_part_too_short_for_a_steady_figure_leaves_the_throughput_to_the_others():
+  parts = [{"type": "summary", "step": 30, "throughput": 104.0, "steady_sentences": 2080.0,
+            "steady_time_s": 20.0},
+           # Resumed for 2 updates, both warm-up: its figure has the overhead in.
+           {"type": "summary", "step": 32, "throughput": 11.95, "steady_sentences": 0,
+            "steady_time_s": 0.0},
+           {"type": "summary", "step": 32}]  # resumed once more, with nothing to train
+  assert report.summarize(parts)["throughput"] == 104.0
+  # A log written before the parts' steady sentences and time were: the last figure.
+  assert report.summarize([{"type": "summary", "step": 30, "throughput": 104.0},
+                           {"type": "summary", "step": 32, "throughput": 11.95}])[
+                               "throughput"] == 11.95
 
 
 def _png_size(path):
@@ -201,3 +219,25 @@ def test_every_run_ends_with_its_report(pretraining_data, tmp_path):
   assert [(r["step"], r["samples"]) for r in train] == [(2, 16), (4, 32), (6, 48)]
   assert [r["samples"] for r in records if r["type"] == "eval"] == [0, 48]
   assert [(r["step"], r["samples"]) for r in records if r["type"] == "summary"] == [(6, 48)]
+
+
+def test_a_resumed_runs_report_gives_the_steady_throughput_of_all_its_parts(pretraining_data,
+                                                                            tmp_path):
+  """A run of 8 updates, then the same command resumed to 10: the second part's 2 updates
+  are all warm-up, so its figure has the overhead in; the report's steady-state average is
+  still the first part's."""
+  pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
+  from conftest import base_flags, run_pretraining
+  out = tmp_path / "out"
+  steady = []
+  for steps in (8, 10):
+    flags = base_flags(pretraining_data, out, num_train_steps=steps, display_loss_steps=2,
+                       fps_warmup_steps=2, nodo_eval=None)
+    result = run_pretraining(*[f for f in flags if f != "--nodraw_report"])
+    assert result.returncode == 0, result.stderr
+    steady.append(float(re.search(r"^Throughput Average \(sentences/sec\) = ([\d.]+) ",
+                                  result.stdout, re.M).group(1)))
+  assert "no update is left once the 2 warm-up steps" in result.stdout
+  assert "report: updates: 10, training samples: 80, runs logged: 2" in result.stdout
+  reported = float(re.search(r"steady-state average ([\d.]+)", result.stdout).group(1))
+  assert reported == pytest.approx(steady[0], abs=0.01) and reported != steady[1], steady

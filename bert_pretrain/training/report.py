@@ -10,7 +10,8 @@ red ones. Rank 0 of every run writes it at the end; it needs matplotlib (install
 init_tf.sh), and without it the run says how to get the picture and goes on.
 
 A resumed run appends to the same dllog.json: the report shows the whole history, a
-step logged twice (redone after a resume) once, with its latest values.
+step logged twice (redone after a resume) once, with its latest values, and the
+steady-state throughput of all the parts together.
 """
 
 import json
@@ -120,12 +121,24 @@ def summarize(records):
       "median_fps": statistics.median(fps) if fps else None,
       "min_fps": min(fps) if fps else None,
       "max_fps": max(fps) if fps else None,
-      # A process that trained nothing (a finished run resumed) logs no throughput.
-      "throughput": trained[-1]["throughput"] if trained else None,
+      "throughput": steady_throughput(trained),
       "where": where_time_went(trained[-1]) if trained else None,
       "runs": len(summaries),
       "warnings": [r.get("message", "") for r in warnings],
   }
+
+
+def steady_throughput(summaries):
+  """The steady-state sentences/s of a run from its summary records, one per part (a
+  resumed run appends one each time; a part that trained nothing, a finished run resumed,
+  has no throughput): the parts' steady sentences over their steady time, so a short
+  last part does not stand for the whole run. Without a part long enough for a steady
+  figure, or from a log that lacks the parts' sentences and time: the last part's."""
+  steady = [r for r in summaries if r.get("steady_time_s")]
+  if steady:
+    return (sum(r["steady_sentences"] for r in steady) /
+            sum(r["steady_time_s"] for r in steady))
+  return summaries[-1]["throughput"] if summaries else None
 
 
 def where_time_went(record):

@@ -200,7 +200,9 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
              "training_sentences": meter.sentences,
              "checkpoint_time_s": meter.checkpoint_time, "eval_time_s": eval_time}
   if meter.sentences:
-    summary.update(throughput_with_overhead=fps_all, throughput=fps_steady)
+    # The steady sentences and time let the report add up a run resumed in parts.
+    summary.update(throughput_with_overhead=fps_all, throughput=fps_steady,
+                   steady_sentences=meter.steady_sentences, steady_time_s=meter.steady_time)
   if results_at_start and cfg.run.do_train:
     logger.print("masked_lm_accuracy %s: %.4f" % (
         "at the start (step %d, resumed)" % results_at_start["step"]
