@@ -479,6 +479,17 @@ def test_a_finished_folder_redoes_only_the_steps_a_changed_setting_touches(
   assert settings["num_eval_samples"] == 5
 
 
+def test_a_changed_setting_the_kept_records_cannot_meet_is_refused_before_work_is_deleted(
+    run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "c")
+  shutil.copytree(run_a, output_dir)
+  original = files_under(output_dir)
+  line = error_line(run_cli(output_dir, vocab, steps="eval", num_eval_samples=1000,
+                            redo_changed_steps="true"))
+  assert "fewer than --num_eval_samples=1000; lower --num_eval_samples (to " in line
+  assert files_under(output_dir) == original  # eval_data/eval_20 among them
+
+
 def test_folder_of_other_files_is_refused(vocab, tmp_path):
   (tmp_path / "notes.txt").write_text("someone else's file")
   line = error_line(run_cli(str(tmp_path), vocab))

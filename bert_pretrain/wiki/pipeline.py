@@ -17,7 +17,7 @@ from bert_pretrain import errors
 from bert_pretrain import pack_records
 from bert_pretrain.data import tokenization
 from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
-from bert_pretrain.wiki.evalset import run_eval
+from bert_pretrain.wiki.evalset import check_eval_samples, run_eval
 from bert_pretrain.wiki.extract import run_extract
 from bert_pretrain.wiki.manifest import run_manifest
 from bert_pretrain.wiki.pack import run_pack
@@ -25,8 +25,8 @@ from bert_pretrain.wiki.shard import run_shard
 from bert_pretrain.wiki.tfrecords import run_tfrecords
 from bert_pretrain.wiki.workdir import (FORMAT_VERSION, STEP_SETTINGS, Layout,
                                         PrepareError, atomic_output, file_digest,
-                                        locked, read_json, remove_quietly, say,
-                                        write_json)
+                                        locked, marker_is_valid, read_json,
+                                        remove_quietly, say, write_json)
 
 STEPS = ("extract", "clean", "segment", "shard", "tfrecords", "pack", "eval", "manifest")
 
@@ -150,6 +150,9 @@ def reconcile_settings(layout, settings, step_list, redo=False):
         "steps is kept" % ("; ".join(differences.values()), "s" * (len(now) > 1),
                            ", ".join(now),
                            " (and %s when run)" % ", ".join(later) if later else ""))
+    if "eval" in redone and "tfrecords" not in redone:
+      _check_kept_eval_records(layout, dict(stored, **{k: v for k, v in settings.items()
+                                                       if v is not None}))
     for step in redone:
       _forget_step(layout, step)
   # Only the settings of steps that ran bind the folder: an extract-only first run
@@ -315,6 +318,14 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
         _restore_file(layout.settings, settings_before)
       raise
   return manifest
+
+
+def _check_kept_eval_records(layout, settings):
+  """Raises PrepareError, before step eval's finished work is deleted, when the held-out
+  records step tfrecords made and keeps hold fewer than the new --num_eval_samples."""
+  marker = read_json(layout.marker("tfrecords", "eval_all"))
+  if marker_is_valid(layout, marker, settings, "tfrecords"):
+    check_eval_samples(settings, marker["stats"]["num_instances"])
 
 
 def _read_bytes(path):
