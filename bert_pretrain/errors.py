@@ -156,14 +156,14 @@ class Terminated(KeyboardInterrupt):
 
 def stopped_by_signal(tool, error, fix, stream=None):
   """Says `TOOL: terminated (SIGTERM); FIX` for Terminated, `TOOL: interrupted; FIX` for
-  Ctrl-C's KeyboardInterrupt; returns the exit status: 128 + 15, the status a SIGTERM
-  gives (so a scheduler still sees what ended it), or 1."""
+  Ctrl-C's KeyboardInterrupt; returns the exit status a shell gives a process the signal
+  ended, so a scheduler or a script still sees what ended it: 128 + 15, or 128 + 2."""
   stream = stream or sys.stderr
   if isinstance(error, Terminated):
     stream.write("%s: terminated (SIGTERM); %s\n" % (tool, fix))
     return 128 + signal.SIGTERM
   stream.write("%s: interrupted; %s\n" % (tool, fix))
-  return 1
+  return 128 + signal.SIGINT
 
 
 def stop_on_sigterm():

@@ -316,7 +316,7 @@ def test_one_row_run_of_every_side_writes_table_and_json(bench_out):
 
 
 @pytest.mark.parametrize("signum,status,said", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
-                                                (signal.SIGINT, 1, "interrupted")])
+                                                (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp_path, signum,
                                                                  status, said):
   import psutil  # pylint: disable=g-import-not-at-top

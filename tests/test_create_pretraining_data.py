@@ -545,7 +545,7 @@ def test_a_signal_ends_the_command_with_one_line_and_no_temporary_file(tmp_path,
         "\ncreate_pretraining_data: terminated (SIGTERM); its files were not written: run "
         "the same command again\n"), output
   else:
-    assert status == 1 and output.endswith(
+    assert status == 130 and output.endswith(
         "\ncreate_pretraining_data: interrupted; its files were not written: run the same "
         "command again\n"), output
   assert os.listdir(str(tmp_path / "out")) == []
@@ -598,7 +598,7 @@ def test_a_signal_while_the_summary_prints_says_the_files_were_written(tmp_path,
                                               "(SIGTERM); its files were written, only the "
                                               "summary was cut short")
   else:
-    assert (result.returncode, said) == (1, "create_pretraining_data: interrupted; its files "
+    assert (result.returncode, said) == (130, "create_pretraining_data: interrupted; its files "
                                             "were written, only the summary was cut short")
   assert sorted(os.listdir(str(tmp_path))) == ["part-0", "part-1"]
   assert len(read_records(outputs)) > 20

@@ -294,7 +294,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(demo_data, tmp_path, monkey
     assert status == 143 and err == ("pack_records: terminated (SIGTERM); run the same "
                                      "command again to go on where it stopped\n")
   else:
-    assert status == 1 and err == ("pack_records: interrupted; run the same command again "
+    assert status == 130 and err == ("pack_records: interrupted; run the same command again "
                                    "to go on where it stopped\n")
   assert not [n for n in os.listdir(output_dir) if ".tmp" in n]
   written = sorted(output_bytes(output_dir))

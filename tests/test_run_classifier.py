@@ -603,7 +603,7 @@ def test_a_signal_during_the_fine_tune_ends_it_with_one_line(task, tmp_path, sig
   if signum == signal.SIGTERM:
     assert status == 143 and output.endswith("\nrun_classifier: terminated (SIGTERM); " + said)
   else:
-    assert status == 1 and output.endswith("\nrun_classifier: interrupted; " + said), output
+    assert status == 130 and output.endswith("\nrun_classifier: interrupted; " + said), output
   assert not [n for n in os.listdir(str(out)) if n.startswith("model.ckpt")]
 
 

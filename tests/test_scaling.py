@@ -324,7 +324,7 @@ def test_a_run_whose_trainings_failed_writes_its_table_and_exits_1(demo_out, tmp
 
 @pytest.mark.parametrize("stop, status, line", [
     (signal.SIGTERM, 143, "scaling: terminated (SIGTERM); "),
-    (signal.SIGINT, 1, "scaling: interrupted; ")])
+    (signal.SIGINT, 130, "scaling: interrupted; ")])
 def test_a_stopped_run_ends_its_training_and_removes_its_folders(demo_out, tmp_path, stop,
                                                                  status, line):
   temporary = tmp_path / "tmp"
