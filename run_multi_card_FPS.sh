@@ -9,7 +9,7 @@
 # --gloo) goes to horovodrun: --mpi, or hosts for several machines, e.g.
 # HOROVOD_RUN_ARGS="--gloo -H host1:8,host2:8" or "--gloo --hostfile hosts"; the script
 # computes -np (bert_pretrain/distributed/launch.py). DRY_RUN=1 prints the plan and the
-# command and checks the flags only.
+# command and checks the flags (and, for a job on this host alone, the files) only.
 # DISTRIBUTION chooses TensorFlow's own engines instead of Horovod: mirrored (one process
 # drives the cards of this host) or multi_worker_mirrored (one process per host; on
 # several hosts of HOROVOD_RUN_ARGS horovodrun starts them and TF_CONFIG names them, at

@@ -185,6 +185,10 @@ class Evaluation(object):
 class Run(object):
   output_dir: str = setting("./results", "Checkpoints, TensorBoard events, eval results.")
   do_train: bool = setting(True, "Train.")
+  check_only: bool = setting(
+      False, "Check the flags, the files and --output_dir as every run does before it "
+      "builds anything, then exit (DRY_RUN=1 of run_multi_card_FPS.sh runs this once for "
+      "a job on this host).")
   train_batch_size: int = setting(24, "Sequences per micro-batch on each card.")
   seed: typing.Optional[int] = setting(
       None, "Random seed of the data order, the dropout masks and the initialization. "

@@ -52,9 +52,13 @@ def main(argv):
     demo_settings = config.from_flags(config.Demo) if config.is_demo() else None
     if demo_settings:
       inputs_lib.check_settings(config.settings_from_flags())  # before the demo builds
+      if FLAGS.check_only:
+        return 0  # the demo makes its own inputs
       demo.set_up_run(FLAGS)
     cfg = config.settings_from_flags()
     inputs = inputs_lib.check_inputs(cfg)
+    if FLAGS.check_only:
+      return 0
   except (ValueError, workdir.PrepareError) as e:
     errors.print_error("run_pretraining", e)
     return 2

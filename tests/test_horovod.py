@@ -873,6 +873,28 @@ def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
   assert sorted(os.listdir(str(tmp_path))) == ["hosts"]
 
 
+def test_a_dry_run_on_this_host_checks_the_inputs_as_a_rank_would_and_starts_nothing(
+    pretraining_data, tmp_path):
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out)
+  good = _run_script(tmp_path, *flags, DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  assert good.returncode == 0, good.stderr
+  assert good.stdout.startswith("Launching 2 ranks on 1 host") and not out.exists()
+  for wrong, message in (
+      ("--input_files_dir=%s" % (tmp_path / "nope"), "--input_files_dir=%s does not exist"
+       % (tmp_path / "nope")),
+      ("--train_batch_size=0", "--train_batch_size=0 must be at least 1"),
+      ("--output_dir=%s" % (tmp_path / "a_file" / "out"), "--output_dir=%s cannot be written"
+       % (tmp_path / "a_file" / "out"))):
+    (tmp_path / "a_file").write_text("")
+    bad = _run_script(tmp_path, *(flags + [wrong]), DRY_RUN="1",
+                      IX_NUM_CUDA_VISIBLE_DEVICES="2")
+    assert bad.returncode == 2, bad.stderr
+    lines = bad.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("run_pretraining: error: " + message), lines
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("values,message", [
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "HOROVOD_RUN_ARGS": "--gloo -H h1:4,h2:4"},
      "run_multi_card_FPS: error: host h1 has 4 slots in -H h1:4,h2:4 but the count per host is 8"),

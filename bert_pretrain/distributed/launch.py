@@ -737,6 +737,34 @@ def check_training_flags(words):
                       % (values.distribution, values.distribution))
 
 
+def check_inputs_here(words):
+  """Runs a rank's own checks of its settings, files and --output_dir (run_pretraining
+  --check_only) once in this process's environment with the command's `env NAME=VALUE`
+  words, when the command's processes all run on this host. Returns its exit status (0
+  when there is nothing to check here)."""
+  if "bert_pretrain.run_pretraining" not in words:
+    return 0
+  start = words.index("bert_pretrain.run_pretraining")
+  env, hosts, after = dict(os.environ), [], None
+  for word in words[:start]:
+    if after in ("-H", "--hosts"):
+      hosts.extend(spec.split(":")[0] for spec in word.split(","))
+    elif word.startswith(("--hosts=", "--hostfile", "-hostfile")) or after == "--hostfile":
+      return 0  # hosts named in a file: their inputs are theirs to check
+    elif after == "env" and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word):
+      name, value = word.split("=", 1)
+      env[name] = value
+      continue
+    after = word
+  if any(host not in ("localhost", "127.0.0.1", socket.gethostname()) for host in hosts):
+    return 0
+  # The ranks' own interpreter (python3 -m ...); its errors are one line on stderr.
+  python = (words[start - 2:start] if start >= 2 and words[start - 1] == "-m" else
+            [sys.executable, "-m"])
+  return subprocess.call(python + words[start:] + ["--check_only"], env=env,
+                         stdout=subprocess.DEVNULL)
+
+
 def _unknown_flag_text(name, args, absl_message):
   """The message for flag `name` that run_pretraining's own flags do not define: where
   it goes when it is horovodrun's, else that run_pretraining has no such flag (with
@@ -803,14 +831,15 @@ def run(words, dry_run=False):
   """Runs the script's command (words): horovodrun, after any `env NAME=VALUE` words, in
   this process (run_horovodrun); any other command replaces this process. Every process
   of the job gets the launch's time and this process's id in LAUNCH_ID_VARIABLE. With
-  dry_run, only checks its flags (DRY_RUN=1)."""
+  dry_run, only checks its flags, and its inputs where the job is this host's alone
+  (DRY_RUN=1)."""
   try:
     check_training_flags(words)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
   if dry_run:
-    return 0
+    return check_inputs_here(words)
   os.environ[LAUNCH_ID_VARIABLE] = "%s-%d" % (time.strftime("%Y%m%d-%H%M%S"), os.getpid())
   env, program = {}, list(words)
   while program and program[0] == "env":

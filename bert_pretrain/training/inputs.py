@@ -192,7 +192,7 @@ def check_inputs(cfg):
                                                          resume_settings(cfg, bert_config))
   if not cfg.run.do_train:
     check_evaluated(cfg, resume_checkpoint or init_checkpoint, bert_config)
-  _check_output_dir(cfg.run.output_dir)
+  _check_output_dir(cfg.run.output_dir, create=not cfg.run.check_only)
   earlier_run = resume_step = resume_position = None
   if resume_checkpoint:
     earlier_run = checkpoints.read_run_marker(cfg.run.output_dir)
@@ -356,8 +356,18 @@ def resume_settings(cfg, bert_config):
           "optimizer": cfg.optimizer.optimizer}
 
 
-def _check_output_dir(output_dir):
-  """Creates output_dir if needed and checks that it can be written."""
+def _check_output_dir(output_dir, create=True):
+  """Creates output_dir if needed and checks that it can be written; with create=False
+  (--check_only, which leaves no trace) checks the folder, or the nearest above it that
+  exists, instead."""
+  if not create and "://" not in output_dir:
+    existing = os.path.abspath(output_dir)
+    while not os.path.exists(existing):
+      existing = os.path.dirname(existing)
+    if not (os.path.isdir(existing) and os.access(existing, os.W_OK | os.X_OK)):
+      raise ValueError("--output_dir=%s cannot be written (%s is not a folder you can "
+                       "write to); pass a folder you can write to" % (output_dir, existing))
+    return
   try:
     tf.gfile.MakeDirs(output_dir)
     # Named per process: all ranks probe the same folder at once.
