@@ -614,8 +614,8 @@ def test_a_hostfile_becomes_the_host_list(form, tmp_path):
     (["-H", "h1", "--hostfile", "{hosts}"], "h2\n", "gives the hosts or -np twice"),
     (["-np", "8", "-H", "h1,h2"], None, "-np 8 in HOROVOD_RUN_ARGS but 2 hosts x 8 per host = 16"),
     (["-H"], None, "-H in HOROVOD_RUN_ARGS has no value"),
-    (["--num-pro", "4"], None, "-np 4 in HOROVOD_RUN_ARGS but 1 hosts x 8 per host = 8"),
-    (["--num-proc=16", "-H", "h1"], None, "-np 16 in HOROVOD_RUN_ARGS but 1 hosts x 8"),
+    (["--num-pro", "4"], None, "-np 4 in HOROVOD_RUN_ARGS but 1 host x 8 per host = 8"),
+    (["--num-proc=16", "-H", "h1"], None, "-np 16 in HOROVOD_RUN_ARGS but 1 host x 8"),
 ])
 def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
   if hostfile is not None:

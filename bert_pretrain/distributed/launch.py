@@ -208,9 +208,9 @@ def plan(run_args, per_host, distribution="horovod"):
                            "%s:%d" % (host, per_host)))
   ranks = per_host * len(hosts)
   if "np" in found and found["np"] != str(ranks):
-    raise LaunchError("-np %s in HOROVOD_RUN_ARGS but %d hosts x %d per host = %d ranks; drop -np "
-                      "(the script computes it) or change the hosts" % (found["np"], len(hosts),
-                                                                        per_host, ranks))
+    raise LaunchError("-np %s in HOROVOD_RUN_ARGS but %d host%s x %d per host = %d ranks; "
+                      "drop -np (the script computes it) or change the hosts"
+                      % (found["np"], len(hosts), "s" * (len(hosts) > 1), per_host, ranks))
   if distribution == "mirrored" and len(names) > 1:
     raise LaunchError("DISTRIBUTION=mirrored drives the cards of one host but %s names %d; "
                       "use DISTRIBUTION=multi_worker_mirrored or horovod for several hosts"
