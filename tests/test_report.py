@@ -229,7 +229,7 @@ def test_a_resumed_runs_report_gives_the_steady_throughput_of_all_its_parts(pret
   pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
   from conftest import base_flags, run_pretraining
   out = tmp_path / "out"
-  steady = []
+  steady, saved = [], []
   for steps in (8, 10):
     flags = base_flags(pretraining_data, out, num_train_steps=steps, display_loss_steps=2,
                        fps_warmup_steps=2, nodo_eval=None)
@@ -237,7 +237,10 @@ def test_a_resumed_runs_report_gives_the_steady_throughput_of_all_its_parts(pret
     assert result.returncode == 0, result.stderr
     steady.append(float(re.search(r"^Throughput Average \(sentences/sec\) = ([\d.]+) ",
                                   result.stdout, re.M).group(1)))
+    saved.append(float(re.search(r"checkpoint time: ([\d.]+) s", result.stdout).group(1)))
   assert "no update is left once the 2 warm-up steps" in result.stdout
   assert "report: updates: 10, training samples: 80, runs logged: 2" in result.stdout
   reported = float(re.search(r"steady-state average ([\d.]+)", result.stdout).group(1))
   assert reported == pytest.approx(steady[0], abs=0.01) and reported != steady[1], steady
+  # Each part saved once, at its end (every 100 updates otherwise): that time is counted.
+  assert all(seconds > 0 for seconds in saved), saved

@@ -161,7 +161,9 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
   if job.records_log:
     job.records_log.close()
   if cfg.run.do_train and step != job.last_saved and finite:
+    save_start = time.time()
     finite = job.save(step)
+    job.meter.pause(time.time() - save_start, checkpoint=True)
   if job.evaluator is not None and job.evals.last_eval_step != step and finite \
       and not stopped_by:
     results = job.evals.evaluate(job.sess, step)
