@@ -1,7 +1,7 @@
 # coding=utf-8
-"""Measures the data preparation, stage by stage, against a plain Google-rules baseline.
+r"""Measures the data preparation, stage by stage, against a plain Google-rules baseline.
 
-  python3 bench/benchmark_data.py --dump=enwiki-...-pages-articles.xml.bz2 \\
+  python3 bench/benchmark_data.py --dump=enwiki-...-pages-articles.xml.bz2 \
       --vocab=vocab.txt --jobs=1,2
 
 Runs every step of the Wikipedia pipeline (bert_pretrain/wiki, which tools/prepare_wiki.sh

@@ -1,4 +1,4 @@
-"""Numerics conformance: one batch, forward and backward, on the device and precision
+r"""Numerics conformance: one batch, forward and backward, on the device and precision
 under test against the CPU in float32, layer by layer.
 
   python3 -m bert_pretrain.conformance --bert_config_file=bert_config.json \

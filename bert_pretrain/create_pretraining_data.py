@@ -1,5 +1,5 @@
 # coding=utf-8
-"""Creates BERT pretraining TFRecords (masked LM + next sentence) from raw text.
+r"""Creates BERT pretraining TFRecords (masked LM + next sentence) from raw text.
 
 Input: UTF-8 text files, one sentence a line, a blank line between documents.
 Output: TFRecord files of tf.train.Example protos with the features of Google's BERT
@@ -36,8 +36,8 @@ The flags are Google's; their defaults are this recipe's (MLPerf BERT: 512 token
 predictions) rather than Google's 128 and 20.
 
 Usage:
-  python3 -m bert_pretrain.create_pretraining_data --input_file=data/*.txt \\
-    --output_file=out/part-0.tfrecord --vocab_file=vocab.txt --max_seq_length=512 \\
+  python3 -m bert_pretrain.create_pretraining_data --input_file=data/*.txt \
+    --output_file=out/part-0.tfrecord --vocab_file=vocab.txt --max_seq_length=512 \
     --max_predictions_per_seq=76 --dupe_factor=10
 """
 

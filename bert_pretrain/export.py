@@ -1,6 +1,6 @@
-"""Exports a BERT checkpoint to a folder that Hugging Face transformers loads.
+r"""Exports a BERT checkpoint to a folder that Hugging Face transformers loads.
 
-  python3 -m bert_pretrain.export --checkpoint=results/model.ckpt-28252 \\
+  python3 -m bert_pretrain.export --checkpoint=results/model.ckpt-28252 \
       --bert_config_file=bert_config.json --vocab_file=vocab.txt --output_dir=hf_bert
 
 writes, for `transformers.BertForPreTraining.from_pretrained(output_dir)` and

@@ -1,9 +1,9 @@
 # coding=utf-8
-"""Inspects BERT pretraining TFRecords: counts, feature spec, corruption, masking.
+r"""Inspects BERT pretraining TFRecords: counts, feature spec, corruption, masking.
 
 Answers "is this the data I think it is?" before hours of training are spent on it:
 
-  python3 tools/inspect_tfrecords.py --input=/data/bert_wiki/train_data \\
+  python3 tools/inspect_tfrecords.py --input=/data/bert_wiki/train_data \
       --vocab=vocab.txt --num_examples=2
 
 (or python3 -m bert_pretrain.inspect_records with the same flags)

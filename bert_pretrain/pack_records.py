@@ -1,7 +1,7 @@
-"""Packs pretraining TFRecords: up to --max_sequences_per_pack sequences in each record.
+r"""Packs pretraining TFRecords: up to --max_sequences_per_pack sequences in each record.
 
-  python3 -m bert_pretrain.pack_records --input=/data/bert_wiki/train_data \\
-      --output_dir=/data/bert_wiki/packed_train_data [--max_sequences_per_pack=3] \\
+  python3 -m bert_pretrain.pack_records --input=/data/bert_wiki/train_data \
+      --output_dir=/data/bert_wiki/packed_train_data [--max_sequences_per_pack=3] \
       [--seed=12345] [--num_output_files=N] [--jobs=N]
 
 The input: records of create_pretraining_data (this repository's or MLCommons'), the

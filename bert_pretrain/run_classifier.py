@@ -1,4 +1,4 @@
-"""Fine-tuning BERT for sentence and sentence-pair classification (GLUE tasks or a TSV).
+r"""Fine-tuning BERT for sentence and sentence-pair classification (GLUE tasks or a TSV).
 
 Starts from any BERT checkpoint this recipe or Google writes (the model's weights by
 name; the classifier head, output_weights and output_bias as in Google's

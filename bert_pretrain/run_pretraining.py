@@ -1,4 +1,4 @@
-"""BERT pretraining (masked LM + next sentence): the command.
+r"""BERT pretraining (masked LM + next sentence): the command.
 
   python3 -m bert_pretrain.run_pretraining --input_files_dir=... --eval_files_dir=... \
       --bert_config_file=bert_config.json --init_checkpoint=model.ckpt-28252 \

@@ -2,7 +2,9 @@
 that is a file, an input that is also an output. No traceback, a non-zero exit status,
 the file named (bert_pretrain/errors.py maps them)."""
 
+import ast
 import errno
+import glob
 import os
 import shlex
 import subprocess
@@ -210,3 +212,23 @@ def test_each_os_error_reads_as_the_file_the_problem_and_the_fix():
       "while writing /x/part-1; free space there and run the same command again")
   assert errors.os_error_message(full, lambda what: "full: " + what) == "full: /x/part-1"
   assert not errors.is_file_error(ValueError("not a file's"))
+
+
+def test_every_commands_usage_keeps_the_line_breaks_of_its_source():
+  """absl prints a module's docstring as its --help usage: a usage line continued with a
+  backslash must keep it (a raw docstring), not run the next line into it."""
+  checked = 0
+  for path in sorted(glob.glob(os.path.join(ROOT, "bert_pretrain", "**", "*.py"),
+                               recursive=True) + glob.glob(os.path.join(ROOT, "bench", "*.py")) +
+                     glob.glob(os.path.join(ROOT, "tools", "*.py"))):
+    with open(path, encoding="utf-8") as f:
+      source = f.read()
+    doc = ast.get_docstring(ast.parse(source), clean=False)
+    if not doc:
+      continue
+    written = source[source.index('"""') + 3:]
+    written = written[:written.index('"""')]
+    if "\\\n" in written:
+      checked += 1
+      assert doc.count("\\\n") == written.count("\\\n"), path
+  assert checked >= 5

@@ -1,10 +1,10 @@
-"""Prepares the MLPerf BERT dataset from a Wikipedia dump, resumably and in parallel.
+r"""Prepares the MLPerf BERT dataset from a Wikipedia dump, resumably and in parallel.
 
 One command does what MLCommons' cleanup scripts do by hand (WikiExtractor, cleanup,
 sentence segmentation, a held-out test set, 500 shards, create_pretraining_data on each
 shard, pick_eval_samples):
 
-  bash tools/prepare_wiki.sh --dump=enwiki-20200101-pages-articles-multistream.xml.bz2 \\
+  bash tools/prepare_wiki.sh --dump=enwiki-20200101-pages-articles-multistream.xml.bz2 \
       --vocab=vocab.txt --output_dir=/data/bert_wiki --jobs=16
 
 The steps, in order (--steps runs a subset; each step reads what the one before wrote):
