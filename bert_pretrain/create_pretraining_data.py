@@ -113,8 +113,12 @@ def expand_input_files(input_files):
         raise ValueError("input pattern %r matches no files; check --input_file" % pattern)
       paths.extend(matches)
     elif tf.io.gfile.isdir(pattern):
-      raise ValueError("input file %r is a folder; pass the text files in it, e.g. "
-                       "--input_file=%s" % (pattern, os.path.join(pattern, "*.txt")))
+      if tf.io.gfile.glob(os.path.join(pattern, "*.txt")):
+        raise ValueError("input file %r is a folder; pass the text files in it, e.g. "
+                         "--input_file=%s" % (pattern, os.path.join(pattern, "*.txt")))
+      raise ValueError("input file %r is a folder without text files (*.txt); pass the "
+                       "corpus's text files: one sentence a line, a blank line between "
+                       "documents" % pattern)
     elif not tf.io.gfile.exists(pattern):
       raise ValueError("input file %r does not exist; check --input_file" % pattern)
     else:
