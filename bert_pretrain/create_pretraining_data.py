@@ -113,12 +113,13 @@ def expand_input_files(input_files):
         raise ValueError("input pattern %r matches no files; check --input_file" % pattern)
       paths.extend(matches)
     elif tf.io.gfile.isdir(pattern):
-      if tf.io.gfile.glob(os.path.join(pattern, "*.txt")):
-        raise ValueError("input file %r is a folder; pass the text files in it, e.g. "
-                         "--input_file=%s" % (pattern, os.path.join(pattern, "*.txt")))
-      raise ValueError("input file %r is a folder without text files (*.txt); pass the "
-                       "corpus's text files: one sentence a line, a blank line between "
-                       "documents" % pattern)
+      if not tf.io.gfile.listdir(pattern):
+        raise ValueError("input file %r is an empty folder; pass the corpus's text files "
+                         "(one sentence a line, a blank line between documents)" % pattern)
+      # prepare_wiki's text shards have no extension.
+      files = "*.txt" if tf.io.gfile.glob(os.path.join(pattern, "*.txt")) else "*"
+      raise ValueError("input file %r is a folder; pass the text files in it, e.g. "
+                       "--input_file=%s" % (pattern, os.path.join(pattern, files)))
     elif not tf.io.gfile.exists(pattern):
       raise ValueError("input file %r does not exist; check --input_file" % pattern)
     else:

@@ -386,16 +386,19 @@ def bad_cases(tmp_path, vocab_file):
   no_mask_vocab = _write(tmp_path / "vocab_no_mask.txt",
                          "[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n")
   out = [str(tmp_path / "out.tfrecord")]
-  (tmp_path / "records").mkdir(exist_ok=True)
-  _write(tmp_path / "records" / "part-0", "")
+  (tmp_path / "shards").mkdir(exist_ok=True)
+  _write(tmp_path / "shards" / "part-00000-of-00002", "")
+  (tmp_path / "empty").mkdir(exist_ok=True)
   return [
       ("missing input", dict(input_files=[str(tmp_path / "nope.txt")]),
        "input file .*nope.txt' does not exist; check --input_file"),
       ("input is a folder", dict(input_files=[str(tmp_path)]),
        "input file .* is a folder; pass the text files in it, e.g. --input_file=.*/\\*.txt"),
-      ("input is a folder of records", dict(input_files=[str(tmp_path / "records")]),
-       "input file .*records' is a folder without text files \\(\\*.txt\\); pass the "
-       "corpus's text files"),
+      ("input is a folder of shards", dict(input_files=[str(tmp_path / "shards")]),
+       "input file .*shards' is a folder; pass the text files in it, e.g. "
+       "--input_file=.*shards/\\*$"),
+      ("input is an empty folder", dict(input_files=[str(tmp_path / "empty")]),
+       "input file .*empty' is an empty folder; pass the corpus's text files"),
       ("glob matches nothing", dict(input_files=str(tmp_path / "none-*.txt")),
        "matches no files"),
       ("no input", dict(input_files=[]), "no input files given"),

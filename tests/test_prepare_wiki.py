@@ -484,9 +484,11 @@ def test_a_changed_setting_the_kept_records_cannot_meet_is_refused_before_work_i
   output_dir = str(tmp_path / "c")
   shutil.copytree(run_a, output_dir)
   original = files_under(output_dir)
-  line = error_line(run_cli(output_dir, vocab, steps="eval", num_eval_samples=1000,
-                            redo_changed_steps="true"))
-  assert "fewer than --num_eval_samples=1000; lower --num_eval_samples (to " in line
+  result = run_cli(output_dir, vocab, steps="eval", num_eval_samples=1000,
+                   redo_changed_steps="true")
+  assert "fewer than --num_eval_samples=1000; lower --num_eval_samples (to " in error_line(
+      result)
+  assert "settings changed" not in result.stderr  # nothing is said to be redone
   assert files_under(output_dir) == original  # eval_data/eval_20 among them
 
 

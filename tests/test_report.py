@@ -147,10 +147,13 @@ def test_a_part_too_short_for_a_steady_figure_leaves_the_throughput_to_the_other
             "steady_time_s": 0.0},
            {"type": "summary", "step": 32}]  # resumed once more, with nothing to train
   assert report.summarize(parts)["throughput"] == 104.0
-  # A log written before the parts' steady sentences and time were: the last figure.
+  # A log with a part written before the parts' steady sentences and time were: the
+  # last figure, as then.
   assert report.summarize([{"type": "summary", "step": 30, "throughput": 104.0},
                            {"type": "summary", "step": 32, "throughput": 11.95}])[
                                "throughput"] == 11.95
+  assert report.summarize([{"type": "summary", "step": 30, "throughput": 104.0},
+                           dict(parts[0], step=40, throughput=93.0)])["throughput"] == 93.0
 
 
 def _png_size(path):

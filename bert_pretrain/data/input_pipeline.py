@@ -15,9 +15,8 @@ from bert_pretrain.data import records
 
 # Folders whose records together are smaller than this are read whole before the first
 # step (once MLPerf's clock runs), so a corrupt record is reported before any step; larger
-# sets check the first
-# record of each file, and a corrupt record met later is located when the pipeline
-# reaches it (find_bad_records).
+# sets check the first record of each file, and a corrupt record met later is located
+# when the pipeline reaches it (find_bad_records).
 FULL_CHECK_MAX_BYTES = 256 * 1024 * 1024
 
 # The in-graph check of token ids fails with a message that starts with this, so that

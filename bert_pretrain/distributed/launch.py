@@ -747,10 +747,8 @@ def check_inputs_here(words):
   start = words.index("bert_pretrain.run_pretraining")
   env, hosts, after = dict(os.environ), [], None
   for word in words[:start]:
-    if after in ("-H", "--hosts"):
+    if after == "-H":  # plan() names every host so, this one as localhost
       hosts.extend(spec.split(":")[0] for spec in word.split(","))
-    elif word.startswith(("--hosts=", "--hostfile", "-hostfile")) or after == "--hostfile":
-      return 0  # hosts named in a file: their inputs are theirs to check
     elif after == "env" and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word):
       name, value = word.split("=", 1)
       env[name] = value
@@ -761,8 +759,11 @@ def check_inputs_here(words):
   # The ranks' own interpreter (python3 -m ...); its errors are one line on stderr.
   python = (words[start - 2:start] if start >= 2 and words[start - 1] == "-m" else
             [sys.executable, "-m"])
-  return subprocess.call(python + words[start:] + ["--check_only"], env=env,
-                         stdout=subprocess.DEVNULL)
+  try:
+    return subprocess.call(python + words[start:] + ["--check_only"], env=env,
+                           stdout=subprocess.DEVNULL)
+  except KeyboardInterrupt:  # the check, in the same process group, says it was stopped
+    return 128 + signal.SIGINT
 
 
 def _unknown_flag_text(name, args, absl_message):

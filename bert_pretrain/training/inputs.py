@@ -206,8 +206,8 @@ def check_inputs(cfg):
 
 
 def read_records_through(cfg, inputs):
-  """Reads record sets under --full_record_check_mb whole (framing, CRCs, lengths, token
-  ids): the eval set, and the training set unless --skip_corrupt_records read it in
+  """Reads record sets under --full_record_check_mb whole (every record's framing and CRC):
+  the eval set, and the training set unless --skip_corrupt_records read it in
   check_inputs. Called once MLPerf's clock runs (the rules start it before any part of
   the system reads the data), before the first evaluation and update.
 
@@ -360,11 +360,13 @@ def _check_output_dir(output_dir, create=True):
   """Creates output_dir if needed and checks that it can be written; with create=False
   (--check_only, which leaves no trace) checks the folder, or the nearest above it that
   exists, instead."""
-  if not create and "://" not in output_dir:
-    existing = os.path.abspath(output_dir)
-    while not os.path.exists(existing):
+  if not create:
+    remote = "://" in output_dir
+    existing = output_dir.rstrip("/") if remote else os.path.abspath(output_dir)
+    while not tf.gfile.Exists(existing) and os.path.dirname(existing) != existing:
       existing = os.path.dirname(existing)
-    if not (os.path.isdir(existing) and os.access(existing, os.W_OK | os.X_OK)):
+    if not tf.gfile.IsDirectory(existing) or (
+        not remote and not os.access(existing, os.W_OK | os.X_OK)):
       raise ValueError("--output_dir=%s cannot be written (%s is not a folder you can "
                        "write to); pass a folder you can write to" % (output_dir, existing))
     return

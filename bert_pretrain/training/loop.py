@@ -156,7 +156,6 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
   """The last checkpoint and evaluation, MLPerf's closing keys, the summary and the
   report. Returns the process exit status."""
   job.ranks.doing = "finishing after update %d: last checkpoint, evaluation, summary" % step
-  job.meter.stop()
   job.evals.end_block()
   if job.records_log:
     job.records_log.close()
@@ -164,6 +163,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
     save_start = time.time()
     finite = job.save(step)
     job.meter.pause(time.time() - save_start, checkpoint=True)
+  job.meter.stop()  # the average with overhead counts the final save too
   if job.evaluator is not None and job.evals.last_eval_step != step and finite \
       and not stopped_by:
     results = job.evals.evaluate(job.sess, step)
@@ -391,7 +391,7 @@ def start(cfg, inputs, ranks, device, notes):
     checkpoints.write_run_marker(cfg.run.output_dir, record)
   logger.mlperf(logs.mllog.constants.INIT_STOP, kind="end")
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
-  ranks.doing = "reading the small record sets whole (CRCs, token ids) on MLPerf's clock"
+  ranks.doing = "reading the small record sets whole (framing, CRCs) on MLPerf's clock"
   inputs_lib.read_records_through(cfg, inputs)
   return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
              all_finite=all_finite, logger=logger, rcp=rcp, record=record,

@@ -133,9 +133,11 @@ def steady_throughput(summaries):
   resumed run appends one each time; a part that trained nothing, a finished run resumed,
   has no throughput): the parts' steady sentences over their steady time, so a short
   last part does not stand for the whole run. Without a part long enough for a steady
-  figure, or from a log that lacks the parts' sentences and time: the last part's."""
-  steady = [r for r in summaries if r.get("steady_time_s")]
-  if steady:
+  figure, or from a log in which a part lacks its sentences and time (written before
+  they were): the last part's."""
+  measured = [r for r in summaries if "throughput" in r]
+  steady = [r for r in measured if r.get("steady_time_s")]
+  if steady and all("steady_time_s" in r for r in measured):
     return (sum(r["steady_sentences"] for r in steady) /
             sum(r["steady_time_s"] for r in steady))
   return summaries[-1]["throughput"] if summaries else None

@@ -5,7 +5,7 @@ the settings (config.Settings) they are given and nothing else.
   device: CPU, 2 cores, compute bfloat16
   Step 100, total_loss: 7.1, mlm_loss: 6.4, nsp_loss: 0.69, learning_rate: 1e-4, ...
   | 1 card | acc 0.41 | fps 812.3 | status aborted |
-  projected time to train: 3 h 27 min (2549220 samples, the mean of MLPerf's ...)
+  projected time to train: 3 h 16 min (2414421 samples, the mean of MLPerf's ...)
 """
 
 import os

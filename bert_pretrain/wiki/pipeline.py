@@ -144,15 +144,15 @@ def reconcile_settings(layout, settings, step_list, redo=False):
                          "--redo_changed_steps to do so, or the same settings to resume"
                          % (layout.root, "; ".join(differences.values()),
                             "s" * (len(done) > 1), ", ".join(done)))
+    if "eval" in redone and "tfrecords" not in redone:
+      _check_kept_eval_records(layout, dict(stored, **{k: v for k, v in settings.items()
+                                                       if v is not None}))
     now = [s for s in redone if s in step_list]
     later = [s for s in done if s not in step_list]
     say("settings changed (%s): redoing step%s %s%s; the finished work of the other "
         "steps is kept" % ("; ".join(differences.values()), "s" * (len(now) > 1),
                            ", ".join(now),
                            " (and %s when run)" % ", ".join(later) if later else ""))
-    if "eval" in redone and "tfrecords" not in redone:
-      _check_kept_eval_records(layout, dict(stored, **{k: v for k, v in settings.items()
-                                                       if v is not None}))
     for step in redone:
       _forget_step(layout, step)
   # Only the settings of steps that ran bind the folder: an extract-only first run
