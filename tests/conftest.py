@@ -412,6 +412,26 @@ def signal_when(process, ready, signum, log, timeout=120):
       process.kill()
 
 
+def passing_ranks_path(tmp_path, path=None, print_args=False):
+  """A PATH whose first folder (tmp_path/python_bin) holds a python3 that is this
+  interpreter but for `python3 -m bert_pretrain.run_pretraining ...`, which (a rank, or
+  the check DRY_RUN=1 runs) ends at once with status 0, printing its arguments a line
+  each with print_args: a test of the scripts' commands sees them without running them.
+  path: the PATH to put it in front of (default: this process's)."""
+  bin_dir = tmp_path / "python_bin"
+  bin_dir.mkdir(exist_ok=True)
+  fake = bin_dir / "python3"
+  fake.write_text(
+      "#!/bin/sh\n"
+      "case \"$2\" in\n"
+      "  bert_pretrain.run_pretraining) %s ;;\n"
+      "  *) exec %s \"$@\" ;;\n"
+      "esac\n" % ("shift 2; printf '%s\\n' \"$@\"" if print_args else "exit 0",
+                   sys.executable))
+  fake.chmod(0o755)
+  return "%s:%s" % (bin_dir, path or os.environ["PATH"])
+
+
 def rank_command(*flags):
   """The command of one process of a job (a Horovod rank under horovodrun or mpirun, a
   multi_worker_mirrored worker): python3 -m bert_pretrain.run_pretraining FLAGS, forked

@@ -21,7 +21,8 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (RANKS_MODULE, ROOT, assert_same_weights, base_flags, final_weights,
-                      ordered_flags, rank_command, run_pretraining, start_command)
+                      ordered_flags, passing_ranks_path, rank_command, run_pretraining,
+                      start_command)
 
 
 def _accuracy(stdout):
@@ -416,10 +417,14 @@ def test_mirrored_refuses_several_hosts():
 
 
 def test_the_script_runs_mirrored_as_one_process_without_horovodrun(tmp_path):
-  env = dict(os.environ, DRY_RUN="1", DISTRIBUTION="mirrored", IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  # The process's check of its inputs (DRY_RUN=1) passes: /data is not here.
+  (tmp_path / "bin").mkdir()
+  (tmp_path / "run").mkdir()
+  env = dict(os.environ, DRY_RUN="1", DISTRIBUTION="mirrored", IX_NUM_CUDA_VISIBLE_DEVICES="2",
+             PATH=passing_ranks_path(tmp_path / "bin"))
   env.pop("CUDA_VISIBLE_DEVICES", None)
   result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh"),
-                           "--input_files_dir=/data/train"], cwd=str(tmp_path),
+                           "--input_files_dir=/data/train"], cwd=str(tmp_path / "run"),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, env=env, timeout=60)
   assert result.returncode == 0, result.stderr
@@ -428,12 +433,13 @@ def test_the_script_runs_mirrored_as_one_process_without_horovodrun(tmp_path):
       "bert_pretrain.run_pretraining --preset=multi_card --distribution=mirrored "
       "--cpu_devices=2 --input_files_dir=/data/train"]
   bad = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")],
-                       cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       universal_newlines=True, env=dict(env, DISTRIBUTION="nccl"), timeout=60)
+                       cwd=str(tmp_path / "run"), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True,
+                       env=dict(env, DISTRIBUTION="nccl"), timeout=60)
   assert bad.returncode == 2
   assert ("run_multi_card_FPS: error: DISTRIBUTION=nccl is not one of horovod, mirrored, "
           "multi_worker_mirrored; unset it for Horovod") in bad.stderr
-  assert os.listdir(str(tmp_path)) == []
+  assert os.listdir(str(tmp_path / "run")) == []
 
 
 @pytest.mark.parametrize("distribution", ["none", "mirrored", "multi_worker_mirrored"])

@@ -15,7 +15,7 @@ import pytest
 
 from bert_pretrain.distributed import launch as launch_plan
 from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, ordered_flags,
-                      rank_command, rank_pid, run_pretraining)
+                      passing_ranks_path, rank_command, rank_pid, run_pretraining)
 
 
 def _env(**extra):
@@ -670,9 +670,11 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   smi = bin_dir / "nvidia-smi"
   smi.write_text("#!/bin/sh\necho 'GPU 0: A100 (UUID: GPU-0)'\necho 'GPU 1: A100 (UUID: GPU-1)'\n")
   smi.chmod(0o755)
+  # The ranks' check of their inputs (DRY_RUN=1) passes: /data is not here.
+  installed = passing_ranks_path(tmp_path, INSTALLED_PATH)
   cores = os.cpu_count()
   too_many = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                         IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=INSTALLED_PATH)
+                         IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=installed)
   assert too_many.returncode == 2 and too_many.stdout == ""
   assert too_many.stderr.strip() == (
       "run_multi_card_FPS: error: %d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a "
@@ -680,11 +682,11 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
       "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to oversubscribe anyway: "
       "HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\"" % (cores + 1, cores, cores, cores + 1))
   named = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                      IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=INSTALLED_PATH,
+                      IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=installed,
                       HOROVOD_RUN_ARGS="--gloo -H localhost:%d" % (cores + 1))
   assert named.returncode == 0, named.stderr
   assert named.stdout.startswith("Launching %d ranks on 1 host" % (cores + 1))
-  gpu_path = "%s:%s" % (bin_dir, INSTALLED_PATH)
+  gpu_path = "%s:%s" % (bin_dir, installed)
   three = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
                       IX_NUM_CUDA_VISIBLE_DEVICES="3", PATH=gpu_path)
   assert three.returncode == 2
@@ -701,7 +703,7 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   assert two.stdout.startswith("Launching 2 ranks on 1 host (2 per host)")
   # A card list names cards this host has (CUDA would hide those after a missing one, and
   # ranks would share the rest); the script's default of 2 CPU ranks stands on any host.
-  for values in (dict(CUDA_VISIBLE_DEVICES="1,0", PATH=gpu_path), dict(PATH=INSTALLED_PATH),
+  for values in (dict(CUDA_VISIBLE_DEVICES="1,0", PATH=gpu_path), dict(PATH=installed),
                  dict(CUDA_VISIBLE_DEVICES="GPU-1,GPU-0", PATH=gpu_path)):
     listed = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", **values)
     assert listed.returncode == 0, listed.stderr
@@ -714,7 +716,7 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
         "lists 2 on this host (from 0); CUDA would hide every card from it on and ranks "
         "would share the rest; export cards it has, e.g. CUDA_VISIBLE_DEVICES=0,1"
         % (visible, card))
-  assert sorted(os.listdir(str(tmp_path))) == ["gpu_bin"]
+  assert sorted(os.listdir(str(tmp_path))) == ["gpu_bin", "python_bin"]
 
 
 def test_a_gpu_split_into_mig_slices_counts_its_slices(tmp_path, monkeypatch):

@@ -260,7 +260,7 @@ def test_a_second_ctrl_c_while_the_runs_are_ended_does_not_cut_the_ending_short(
   time.sleep(1)
   process.send_signal(signal.SIGINT)
   out = process.communicate(timeout=60)[0]
-  assert process.returncode == 1, out
+  assert process.returncode == 130, out
   assert out.splitlines()[-1].startswith("scaling: interrupted; its training runs are ended")
   assert "Traceback" not in out
   assert not os.path.exists(folder) and not os.path.exists("/proc/" + child)

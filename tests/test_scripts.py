@@ -24,7 +24,7 @@ from bert_pretrain import pack_records
 from bert_pretrain import run_pretraining
 from bert_pretrain.distributed import launch
 from bert_pretrain.training import checkpoints
-from conftest import gone
+from conftest import gone, passing_ranks_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
@@ -33,17 +33,7 @@ DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
 
 def script_args(tmp_path, script, *flags_given, **env):
   """The arguments `bash SCRIPT FLAGS` gives bert_pretrain.run_pretraining, as a list."""
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir(exist_ok=True)
-  fake = bin_dir / "python3"
-  fake.write_text(
-      "#!/bin/sh\n"
-      "case \"$2\" in\n"
-      "  bert_pretrain.run_pretraining) shift 2; printf '%%s\\n' \"$@\" ;;\n"
-      "  *) exec %s \"$@\" ;;\n"
-      "esac\n" % sys.executable)
-  fake.chmod(0o755)
-  env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]),
+  env = dict(os.environ, PATH=passing_ranks_path(tmp_path, print_args=True),
              IX_NUM_CUDA_VISIBLE_DEVICES="2", **env)
   env.pop("CUDA_VISIBLE_DEVICES", None)
   result = subprocess.run(["bash", os.path.join(ROOT, script)] + list(flags_given),
@@ -320,7 +310,9 @@ def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path)
   env = dict(os.environ, DRY_RUN="1", DISTRIBUTION="mirrored", IX_NUM_CUDA_VISIBLE_DEVICES="2")
   env.pop("CUDA_VISIBLE_DEVICES", None)
   lines = {}
-  for host, path in (("gpu", "%s:%s" % (bin_dir, env["PATH"])), ("cpu", env["PATH"])):
+  # The process's check of its inputs (DRY_RUN=1) passes: /data is not here.
+  for host, path in (("gpu", passing_ranks_path(tmp_path, "%s:%s" % (bin_dir, env["PATH"]))),
+                     ("cpu", passing_ranks_path(tmp_path))):
     result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + DATA,
                             cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             universal_newlines=True, env=dict(env, PATH=path), timeout=60)
