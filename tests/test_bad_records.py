@@ -104,6 +104,9 @@ def test_a_bad_record_met_mid_run_is_named_and_checkpoints_stay(pretraining_data
   latest = tf.train.latest_checkpoint(str(out))
   assert latest is not None
   assert tf.train.load_checkpoint(latest).get_tensor("global_step") >= 2
+  # The MLPerf log ends as a failed run's does, with run_stop aborted.
+  last = (out / "mlperf.log").read_text().splitlines()[-1]
+  assert '"key": "run_stop"' in last and '"status": "aborted"' in last, last
 
 
 @pytest.mark.parametrize("kind", ["crc", "cut"])

@@ -569,8 +569,12 @@ def test_bad_input_is_a_one_line_error(pretraining_data, tmp_path, case, overrid
   assert (out / "model.ckpt-keep.txt").read_text() == "an earlier result"
   written = set(os.listdir(str(out))) - {"model.ckpt-keep.txt"}
   if case in READ_ON_THE_CLOCK:
-    # Found reading a small set whole once MLPerf's clock runs, before the first update.
-    assert '"key": "run_start"' in (out / "mlperf.log").read_text()
+    # Found reading a small set whole once MLPerf's clock runs, before the first update:
+    # the MLPerf log ends as a failed run's does.
+    keys = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in
+            (out / "mlperf.log").read_text().splitlines()]
+    assert [k["key"] for k in keys][-2:] == ["run_start", "run_stop"], keys[-2:]
+    assert keys[-1]["metadata"]["status"] == "aborted"
     assert not [name for name in written if name.startswith("model.ckpt")], written
   else:
     assert not written

@@ -10,6 +10,7 @@ back to its last complete line before a resumed run appends to it. The console l
     masked_lm_accuracy = 0.41
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -40,6 +41,7 @@ class RunLogger(object):
     self._dllog = None
     self._summary_writer = None
     self._mllog = None
+    self._run_open = False  # MLPerf's run_start logged, its run_stop not yet
     if not is_chief:
       return
     if dllog_path:
@@ -79,6 +81,20 @@ class RunLogger(object):
     # numpy numbers and arrays as mllog's encoder writes them.
     self._mllog.write(":::MLLOG %s\n" % json.dumps(record, default=lambda v: v.tolist()))
     self._mllog.flush()
+    if key in (mllog.constants.RUN_START, mllog.constants.RUN_STOP):
+      self._run_open = key == mllog.constants.RUN_START
+
+  @contextlib.contextmanager
+  def run_stop_on_error(self):
+    """Logs MLPerf's run_stop with status aborted when the block raises between run_start
+    and run_stop (a bad record read on the clock, out of memory, a rank lost): the MLPerf
+    log then ends as a failed run does, not cut short."""
+    try:
+      yield
+    except BaseException:
+      if self._run_open:
+        self.mlperf(mllog.constants.RUN_STOP, kind="end", metadata={"status": "aborted"})
+      raise
 
   def metrics(self, step, values, prefix="train"):
     """Logs a dict of scalars at `step` to the JSON-lines log and TensorBoard."""

@@ -51,30 +51,31 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
   stop = stop or signals.StopRequest()
   run_start = time.time()
   job = start(cfg, inputs, ranks, device, notes)
-  results = results_at_start = {}
-  at_start = cfg.evaluation.eval_at_start or not cfg.run.do_train
-  # A run stopped by a signal right after an update that reached an evaluation point saved
-  # without evaluating: the resumed run evaluates there first (again, if one had).
-  missed = (not at_start and job.step < cfg.optimizer.num_train_steps and
-            job.evals.reached_by(job.step))
-  if missed:
-    job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
-                     "stopped right after it saves without evaluating)" % job.step)
-  if job.evaluator is not None and (at_start or missed):
-    results = job.evals.evaluate(job.sess, job.step)
-    results_at_start = dict(results, step=job.step)
-    job.meter.pause(results["eval_time_s"])
-    if job.step == 0 and inputs.init_checkpoint and not inputs.resume_checkpoint:
-      runlog.check_initial_accuracy(cfg, job.logger, results["masked_lm_accuracy"],
-                                    inputs.init_checkpoint)
-  stop.arm()
-  if missed and reached_target(cfg, results):
-    job.logger.print(target_line(cfg, results, job.step))
-    (step, finite, stopped_by) = (job.step, True, 0)
-  else:
-    step, finite, stopped_by, results = train(cfg, job, stop, results)
-  return finish(cfg, job, step, finite, stopped_by, results, results_at_start,
-                time.time() - run_start)
+  with job.logger.run_stop_on_error():
+    results = results_at_start = {}
+    at_start = cfg.evaluation.eval_at_start or not cfg.run.do_train
+    # A run stopped by a signal right after an update that reached an evaluation point saved
+    # without evaluating: the resumed run evaluates there first (again, if one had).
+    missed = (not at_start and job.step < cfg.optimizer.num_train_steps and
+              job.evals.reached_by(job.step))
+    if missed:
+      job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
+                       "stopped right after it saves without evaluating)" % job.step)
+    if job.evaluator is not None and (at_start or missed):
+      results = job.evals.evaluate(job.sess, job.step)
+      results_at_start = dict(results, step=job.step)
+      job.meter.pause(results["eval_time_s"])
+      if job.step == 0 and inputs.init_checkpoint and not inputs.resume_checkpoint:
+        runlog.check_initial_accuracy(cfg, job.logger, results["masked_lm_accuracy"],
+                                      inputs.init_checkpoint)
+    stop.arm()
+    if missed and reached_target(cfg, results):
+      job.logger.print(target_line(cfg, results, job.step))
+      (step, finite, stopped_by) = (job.step, True, 0)
+    else:
+      step, finite, stopped_by, results = train(cfg, job, stop, results)
+    return finish(cfg, job, step, finite, stopped_by, results, results_at_start,
+                  time.time() - run_start)
 
 
 def train(cfg, job, stop, results):
@@ -392,7 +393,8 @@ def start(cfg, inputs, ranks, device, notes):
   logger.mlperf(logs.mllog.constants.INIT_STOP, kind="end")
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
   ranks.doing = "reading the small record sets whole (framing, CRCs) on MLPerf's clock"
-  inputs_lib.read_records_through(cfg, inputs)
+  with logger.run_stop_on_error():
+    inputs_lib.read_records_through(cfg, inputs)
   return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
              all_finite=all_finite, logger=logger, rcp=rcp, record=record,
              record_pending=not plan.record_now,
