@@ -20,6 +20,7 @@ from bert_pretrain import create_pretraining_data
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.model import modeling
 from bert_pretrain.training import loop
+from bert_pretrain.training import logs
 from bert_pretrain.training import meters
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
@@ -793,6 +794,7 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   class StandInJob(object):
     step, evaluator, sess = 0, "an evaluator", "a session"
     meter = meters.Throughput(8, warmup_steps=0)
+    logger = logs.RunLogger(is_chief=False)
 
     class evals(object):  # pylint: disable=invalid-name
       @staticmethod
