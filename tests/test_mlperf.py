@@ -46,6 +46,48 @@ def test_a_resumed_run_evaluates_at_the_same_multiples_of_the_interval():
   assert due_steps(9, 15, samples_start_eval=250) == [11, 15]
 
 
+def test_updates_skipped_by_loss_scaling_count_in_mlperfs_samples(pretraining_data, tmp_path):
+  """float16's loss scaling skips the updates whose gradients overflow (here the first,
+  at a scale of 1e7); their batches were read and are not read again, so MLPerf's samples
+  (train_samples, the evaluations' epoch_num, the schedule) count them, as the rules
+  count the samples a run reads."""
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(pretraining_data, out, amp_dtype="float16",
+                                       init_loss_scale=1e7, display_loss_steps=1,
+                                       samples_start_eval=0, samples_between_eval=24))
+  assert result.returncode == 0, result.stderr[-3000:]
+  skipped = [int(n) for n in re.findall(r"skipped_steps: (\d+)", result.stdout)]
+  assert len(skipped) == 4 and skipped[0] > 0, result.stdout[-3000:]
+  log = [json.loads(line.split(":::MLLOG ", 1)[1])
+         for line in (out / "mlperf.log").read_text().splitlines()]
+  [train_samples] = [r["value"] for r in log if r["key"] == "train_samples"]
+  assert train_samples == (4 + skipped[-1]) * 8
+  # Each update's samples read, in the JSON-lines log too.
+  train = [json.loads(line) for line in (out / "dllog.json").read_text().splitlines()]
+  train = [r for r in train if r["type"] == "train"]
+  assert [r["samples"] for r in train] == [(r["step"] + n) * 8
+                                           for r, n in zip(train, skipped)]
+  # An evaluation after the first update that reaches each multiple of 24 samples read,
+  # and the last at the end.
+  read = [(step + n) * 8 for step, n in zip(range(1, 5), skipped)]
+  due = [s for i, s in enumerate(read) if s // 24 > ((read[i - 1] if i else 0) // 24)]
+  evaluated = [r["metadata"]["epoch_num"] for r in log if r["key"] == "eval_accuracy"]
+  assert evaluated == sorted(set(due + [train_samples])), (read, evaluated)
+  # Resumed, the schedule goes on from the samples read, the skipped updates' included.
+  more = run_pretraining(*base_flags(pretraining_data, out, amp_dtype="float16",
+                                     display_loss_steps=1, num_train_steps=7,
+                                     samples_start_eval=0, samples_between_eval=24))
+  assert more.returncode == 0, more.stderr[-3000:]
+  total = [int(n) for n in re.findall(r"skipped_steps: (\d+)", more.stdout)]
+  read = [(step + n) * 8 for step, n in zip(range(5, 8), total)]
+  start = train_samples
+  due = [s for i, s in enumerate(read) if s // 24 > ((read[i - 1] if i else start) // 24)]
+  log = [json.loads(line.split(":::MLLOG ", 1)[1])
+         for line in (out / "mlperf.2.log").read_text().splitlines()]
+  evaluated = [r["metadata"]["epoch_num"] for r in log if r["key"] == "eval_accuracy"]
+  assert evaluated == sorted(set(due + [read[-1]])), (start, read, evaluated)
+
+
 def test_the_initial_accuracy_is_checked_against_mlperfs_checkpoint():
   assert mlperf.expected_initial_accuracy("/data/phase1/model.ckpt-28252") == 0.34085
   assert mlperf.expected_initial_accuracy("/data/phase1/model.ckpt-28252/") == 0.34085

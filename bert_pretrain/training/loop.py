@@ -104,6 +104,8 @@ def train(cfg, job, stop, results):
     job.meter.update(time.time() - step_start,
                      steady=not trace and not (job.first_display and job.meter.updates > 0))
     skipped_trace = (skipped_trace or trace) and values["step"] == step
+    if "skipped_steps" in values:
+      job.evals.skipped = int(values["skipped_steps"])
     if values["step"] == step:
       # Skipped by loss scaling (the scale is halved): this update is run again with
       # new data, and only applied updates count towards --num_train_steps.
@@ -170,7 +172,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
     results = job.evals.evaluate(job.sess, step)
   status = "success" if results and reached_target(cfg, results) else "aborted"
   job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES,
-                    meters.samples(step, job.meter.batch_size))
+                    meters.samples(step, job.meter.batch_size, job.evals.skipped))
   job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
   runlog.log_summary(cfg, job.logger, step, job.meter, job.evals, results, results_at_start,
                      status, job.ranks.replicas, e2e_time, job.rcp,
@@ -249,10 +251,13 @@ class Job(object):
     self.step = self.last_saved = int(self.sess.run(tf.train.get_global_step()))
     self.monitor = health.HealthMonitor()
     per_update = inputs_lib.sentences_per_update(cfg, ranks.replicas, self.packing)
+    skipped = 0
+    if self.train is not None and self.train.loss_scale is not None:
+      skipped = int(self.sess.run(self.train.loss_scale.skipped_steps))
     self.evals = meters.EvalSchedule(
         self.logger, self.evaluator, self.monitor, per_update,
         self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
-        cfg.run.output_dir if ranks.is_chief else None)
+        cfg.run.output_dir if ranks.is_chief else None, skipped)
     self.meter = meters.Throughput(per_update, cfg.run.fps_warmup_steps)
     self.tokens = timing.Tokens(cfg.data.max_seq_length)
     self.split = None  # the traced update's parts (timing.split_update), once traced

@@ -12,10 +12,11 @@ import time
 from mlperf_logging import mllog
 
 
-def samples(step, batch_size):
-  """The sentences `step` updates of batch_size (a fraction for packs) trained, as the
-  whole number MLPerf's log and the evaluation schedule count."""
-  return int(round(step * batch_size))
+def samples(step, batch_size, skipped=0):
+  """The sentences read by `step` updates of batch_size (a fraction for packs) and by the
+  `skipped` ones float16's loss scaling skipped (their batches were read and are not
+  read again), as the whole number MLPerf's log and the evaluation schedule count."""
+  return int(round((step + skipped) * batch_size))
 
 
 class Throughput(object):
@@ -96,11 +97,14 @@ class EvalSchedule(object):
     samples_between_eval, samples_start_eval: the schedule.
     step: the global step the run starts at.
     output_dir: where eval_results.txt goes (None: not written, e.g. other ranks).
+    skipped: the updates float16's loss scaling skipped before `step` (the samples
+      count their batches); the loop keeps self.skipped up to date.
   """
 
   def __init__(self, logger, evaluator, monitor, batch_size, samples_between_eval,
-               samples_start_eval, step, output_dir):
+               samples_start_eval, step, output_dir, skipped=0):
     self.logger = logger
+    self.skipped = skipped
     self.evaluator = evaluator
     self.monitor = monitor
     self.batch_size = batch_size
@@ -108,7 +112,7 @@ class EvalSchedule(object):
     self.start_samples = samples_start_eval
     # The first point of the schedule (the start, then every interval) past the samples
     # done.
-    done = samples(step, batch_size) - samples_start_eval
+    done = samples(step, batch_size, skipped) - samples_start_eval
     self.next_samples = samples_start_eval + (
         0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
     self.output_dir = output_dir
@@ -131,16 +135,16 @@ class EvalSchedule(object):
 
   def _log_block(self, key, kind):
     self.logger.mlperf(key, kind=kind, metadata={
-        "first_epoch_num": samples(self.block_first_step, self.batch_size),
+        "first_epoch_num": samples(self.block_first_step, self.batch_size, self.skipped),
         "epoch_count": self.samples_between_eval})
 
   def due(self, step):
     """Whether an evaluation is due after `step`; if so the next one is scheduled."""
     if self.evaluator is None:
       return False
-    if samples(step, self.batch_size) < self.next_samples:
+    if samples(step, self.batch_size, self.skipped) < self.next_samples:
       return False
-    while self.next_samples <= samples(step, self.batch_size):
+    while self.next_samples <= samples(step, self.batch_size, self.skipped):
       self.next_samples += self.samples_between_eval
     return True
 
@@ -149,11 +153,11 @@ class EvalSchedule(object):
     stopped right after it did not evaluate there."""
     if self.evaluator is None or step < 1:
       return False
-    done = samples(step, self.batch_size) - self.start_samples
+    done = samples(step, self.batch_size, self.skipped) - self.start_samples
     if done < 0:
       return False
     point = self.start_samples + done // self.samples_between_eval * self.samples_between_eval
-    return samples(step - 1, self.batch_size) < point
+    return samples(step - 1, self.batch_size, self.skipped) < point
 
   def evaluate(self, sess, step):
     """Evaluates the weights of `step` and logs the results.
@@ -162,7 +166,7 @@ class EvalSchedule(object):
       dict: the Evaluator's results and eval_time_s, the seconds it took.
     """
     start = time.time()
-    trained = {"epoch_num": samples(step, self.batch_size)}
+    trained = {"epoch_num": samples(step, self.batch_size, self.skipped)}
     self.logger.mlperf(mllog.constants.EVAL_START, metadata=trained, kind="start")
     results = self.evaluator.evaluate(sess)
     self.logger.mlperf(mllog.constants.EVAL_STOP, metadata=trained, kind="end")

@@ -164,7 +164,7 @@ def log_step(logger, monitor, sess, train, values, step, meter, step_start):
   logger.print(line)
   logged = {"total_loss": total_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
             "learning_rate": values["learning_rate"], "throughput_train": window_fps,
-            "samples": meters.samples(step, meter.batch_size)}
+            "samples": meters.samples(step, meter.batch_size, values.get("skipped_steps", 0))}
   scale = skipped = None
   if train.loss_scale is not None:
     scale, skipped = values["loss_scale"], values["skipped_steps"]
@@ -196,7 +196,8 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
   fps_all, fps_steady = meter.averages()
   # samples: the run's, all processes' (the report's count when the run stopped between
   # two log lines); training_sentences: this process's.
-  summary = {"e2e_time_s": e2e_time, "samples": meters.samples(step, meter.batch_size),
+  summary = {"e2e_time_s": e2e_time,
+             "samples": meters.samples(step, meter.batch_size, evals.skipped),
              "training_sentences": meter.sentences,
              "checkpoint_time_s": meter.checkpoint_time, "eval_time_s": eval_time}
   if meter.sentences:
@@ -298,7 +299,7 @@ def log_time_to_train(logger, throughput, evals, rcp, status, step, batch_size):
                   else "not timed, the run did not evaluate"))
   figures = {"projected_time_to_train_s": total, "rcp_samples_mean": rcp.samples_mean}
   if status == "success":
-    samples = meters.samples(step, batch_size)
+    samples = meters.samples(step, batch_size, evals.skipped)
     logger.print("samples to converge: %d; %s: mean %.0f, stdev %.0f (%.2f of the mean)"
                  % (samples, rcp.judged_by, rcp.samples_mean, rcp.samples_stdev,
                     samples / rcp.samples_mean))
