@@ -122,11 +122,14 @@ class Run(object):
 
   def samples_per_step(self):
     """(training samples per update, within what): from the last logged samples, which a
-    packed run rounds to a whole number (its updates count a fraction); None if none."""
+    packed run rounds to a whole number (its updates count a fraction) and which count
+    the updates float16's loss scaling skipped too (their batches were read); None if
+    none."""
     rows = [r for r in self.train if "samples" in r and r["step"] > 0]
     if not rows:
       return None
-    return rows[-1]["samples"] / rows[-1]["step"], 0.5 / rows[-1]["step"]
+    updates = rows[-1]["step"] + rows[-1].get("skipped_steps", 0)
+    return rows[-1]["samples"] / updates, 0.5 / updates
 
   def throughput(self):
     """The steady-state sentences/s of the last run logged, else the median window's."""

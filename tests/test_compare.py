@@ -187,14 +187,27 @@ def test_a_log_cut_after_some_steps_is_compared_up_to_there(runs, tmp_path):
   assert "never, to step 4 (" in table_row(result.stdout, "cut")
 
 
-def _packed_log(folder, last_step, per_update):
-  """A dllog.json of a packed run as RunLogger writes it: samples rounded each step."""
+def _packed_log(folder, last_step, per_update, skipped=None):
+  """A dllog.json of a packed run as RunLogger writes it: samples rounded each step; with
+  skipped, a float16 run's, whose samples count the updates loss scaling skipped."""
   os.makedirs(str(folder))
   with open(str(folder / "dllog.json"), "w") as f:
     for step in range(10, last_step + 1, 10):
-      f.write(json.dumps({"type": "train", "step": step, "total_loss": 7.0,
-                          "learning_rate": 1e-3, "samples": round(step * per_update)}) + "\n")
+      record = {"type": "train", "step": step, "total_loss": 7.0, "learning_rate": 1e-3,
+                "samples": round((step + (skipped or 0)) * per_update)}
+      if skipped is not None:
+        record.update(loss_scale=2.0 ** 15, skipped_steps=skipped)
+      f.write(json.dumps(record) + "\n")
   return compare.Run(str(folder), folder.name)
+
+
+def test_a_float16_run_that_skipped_updates_compares_with_one_that_skipped_none(tmp_path):
+  # 6 updates skipped at the start: step 100 logs (100 + 6) x 8 samples read.
+  reference = _packed_log(tmp_path / "reference", 100, 8)
+  assert compare.settings_differ(_packed_log(tmp_path / "fp16", 100, 8, skipped=6),
+                                 reference) == ""
+  assert compare.settings_differ(_packed_log(tmp_path / "other", 100, 9, skipped=6),
+                                 reference) == "samples per update 9 vs 8"
 
 
 def test_packed_runs_of_one_global_batch_compare_though_they_stopped_at_other_steps(
