@@ -180,6 +180,36 @@ def test_stop_threshold_reached_reports_success(pretraining_data, tmp_path):
                    r"the mean\)$" % samples, result.stdout, re.M), result.stdout
 
 
+def test_the_target_met_only_between_mlperfs_evaluation_points_is_not_a_success(
+    pretraining_data, tmp_path):
+  """MLPerf's rules fix where a run evaluates (from 32 samples, every 16, here): the
+  evaluation at the end of a run that stops between two (3 updates of 8) is made and
+  printed, but stays out of mlperf.log and cannot end the run as a success, even above
+  the target."""
+  out = tmp_path / "out"
+  # At this learning rate and seed the accuracy is above 0 from step 2 on (1e-3 may
+  # leave it at 0).
+  common = dict(samples_start_eval=32, samples_between_eval=16, stop_threshold=1e-9,
+                learning_rate=0.1, seed=1)
+  result = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=3, **common))
+  assert result.returncode == 0, result.stderr
+  assert ("The last evaluation, after update 3, falls between MLPerf's evaluation points "
+          "(every 16 samples): it is left out of mlperf.log and of the --stop_threshold "
+          "check") in result.stdout
+  # Made and printed, above the target.
+  assert len(result.stdout.split("***** Eval results *****")) == 2
+  assert _final_eval(result.stdout)["masked_lm_accuracy"] > 1e-9
+  assert "status aborted" in result.stdout and "reached --stop_threshold" not in result.stdout
+  log = (out / "mlperf.log").read_text()
+  assert '"key": "eval_accuracy"' not in log and '"status": "aborted"' in log
+  # One more update reaches the point at 32: evaluated there, a success.
+  more = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=4, **common))
+  assert more.returncode == 0, more.stderr
+  assert "falls between" not in more.stdout
+  assert "status success" in more.stdout, more.stdout[-2000:]
+  assert '"key": "eval_accuracy"' in (out / "mlperf.2.log").read_text()
+
+
 def _write_records(path, examples):
   def ints(v):
     return tf.train.Feature(int64_list=tf.train.Int64List(value=v))

@@ -167,10 +167,19 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
     finite = job.save(step)
     job.meter.pause(time.time() - save_start, checkpoint=True)
   job.meter.stop()  # the average with overhead counts the final save too
+  scheduled = True  # the last evaluation is one of MLPerf's schedule
   if job.evaluator is not None and job.evals.last_eval_step != step and finite \
       and not stopped_by:
-    results = job.evals.evaluate(job.sess, step)
-  status = "success" if results and reached_target(cfg, results) else "aborted"
+    scheduled = job.evals.reached_by(step)
+    results = job.evals.evaluate(job.sess, step, scheduled)
+    if not scheduled:
+      job.logger.print(
+          "The last evaluation, after update %d, falls between MLPerf's evaluation points "
+          "(every %d samples): it is left out of mlperf.log%s"
+          % (step, job.evals.samples_between_eval, " and of the --stop_threshold check"
+             if cfg.evaluation.stop_threshold > 0 else ""))
+  status = ("success" if results and scheduled and reached_target(cfg, results)
+            else "aborted")
   job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES,
                     meters.samples(step, job.meter.batch_size, job.evals.skipped))
   job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
