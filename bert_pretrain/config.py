@@ -222,6 +222,9 @@ class Run(object):
   measure_peak: bool = setting(
       False, "Measure the matmul peak at the start (square matmuls in the compute type, "
       "a few seconds) for the MFU, when --peak_tflops is not given.")
+  clear_cache: bool = setting(
+      False, "Drop the OS page cache on each host before the run starts, as MLPerf's rules "
+      "ask of a timed result, and log cache_clear true (needs root).")
   submission_org: str = setting("unknown", "MLPerf log: submitting organization.")
   submission_platform: str = setting("unknown", "MLPerf log: system name.")
 

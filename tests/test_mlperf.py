@@ -3,6 +3,7 @@ check of the initial checkpoint, the reference convergence points (RCPs) and the
 compliance and seed checkers on a run's log."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -193,6 +194,45 @@ def test_the_projected_time_adds_mlperfs_evaluations_at_the_rules_interval():
   assert mlperf.projected_time_to_train(3000000, 1000.0, 256, None) == (3000.0, 20, None)
   assert mlperf.format_duration(3725) == "1 h 02 min"
   assert mlperf.format_duration(75) == "1 min 15 s"
+
+
+def test_clear_cache_syncs_and_writes_3_where_the_kernel_reads_it(tmp_path):
+  knob = tmp_path / "drop_caches"
+  knob.write_text("")
+  mlperf.check_clear_cache(str(knob))
+  mlperf.clear_cache(str(knob))
+  assert knob.read_text() == "3\n"
+  with pytest.raises(ValueError, match=r"^--clear_cache cannot write %s on this host \(it "
+                     r"needs root.*leave --clear_cache out \(mlperf.log then says cache_clear "
+                     r"false\)$" % re.escape(str(tmp_path / "none" / "knob"))):
+    mlperf.check_clear_cache(str(tmp_path / "none" / "knob"))
+
+
+def test_a_run_with_clear_cache_drops_the_page_cache_and_logs_it_or_refuses_at_once(
+    pretraining_data, tmp_path):
+  """--clear_cache drops the page cache before the run starts and logs cache_clear true;
+  where this process cannot (not root, /proc/sys read-only) the run refuses before it
+  builds anything. Without the flag the log says false."""
+  def cache_clear(out):
+    [value] = [json.loads(line.split(":::MLLOG ", 1)[1])["value"]
+               for line in (out / "mlperf.log").read_text().splitlines()
+               if '"key": "cache_clear"' in line]
+    return value
+  result = run_pretraining(*base_flags(pretraining_data, tmp_path / "plain", nodo_eval=None,
+                                       num_train_steps=1))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert cache_clear(tmp_path / "plain") is False
+  out = tmp_path / "cleared"
+  result = run_pretraining(*base_flags(pretraining_data, out, nodo_eval=None,
+                                       num_train_steps=1, clear_cache=None))
+  if os.access(mlperf.DROP_CACHES, os.W_OK):
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert cache_clear(out) is True
+  else:
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "run_pretraining: error: --clear_cache cannot write /proc/sys/vm/drop_caches")
+    assert not out.exists() or not os.listdir(str(out))
 
 
 def _compliance_problems(mllog_path, cwd):

@@ -65,6 +65,8 @@ def check_settings(cfg):
   device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine())
   checkpoints.check_no_pattern(cfg.run.output_dir, "--output_dir")  # before the records
   check_optimizer(cfg.optimizer)
+  if cfg.run.clear_cache:
+    mlperf.check_clear_cache()
   if cfg.optimizer.reference_hyperparameters:
     mlperf.rcp_file()  # raises when mlperf-logging has no RCPs
   between = cfg.evaluation.samples_between_eval

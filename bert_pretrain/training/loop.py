@@ -383,6 +383,9 @@ def start(cfg, inputs, ranks, device, notes):
   plan = resume_lib.resume_plan(cfg, inputs, record)
   eval_interval = (cfg.evaluation.samples_between_eval or
                    mlperf.eval_interval_samples(global_batch_size))
+  if cfg.run.clear_cache and ranks.local_rank == 0:  # once a host
+    ranks.doing = "dropping the page cache (--clear_cache)"
+    mlperf.clear_cache()
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
                              seed, inputs.skipped_records, eval_interval,
                              attends_per_sequence(cfg, device), notes, inputs.packing)

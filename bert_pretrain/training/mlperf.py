@@ -1,5 +1,6 @@
 """MLPerf Training's rules for BERT, as numbers: the evaluation interval, the target, the
-initial checkpoint's accuracy and the reference convergence points (RCPs).
+initial checkpoint's accuracy and the reference convergence points (RCPs); and the page
+cache a timed run starts without (clear_cache).
 
 The RCPs are read from the mlperf-logging package (which init_tf.sh installs): for each
 global batch size the reference's hyperparameters and the samples that 20+ reference runs
@@ -21,6 +22,32 @@ MLPERF_CHECKPOINT_ACCURACY = 0.34085
 EVAL_SAMPLES = 10000  # eval_10k, the evaluation set
 # The round whose rules and RCPs apply: BERT's last MLPerf Training round.
 RULESET = "5.0.0"
+
+
+# Writing 3 here drops the OS page cache (Linux; root, and /proc/sys not read-only).
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def check_clear_cache(path=DROP_CACHES):
+  """Raises ValueError (the one-line message) when this process cannot drop the page
+  cache, so that --clear_cache fails before the run builds anything."""
+  if not os.access(path, os.W_OK):
+    raise ValueError("--clear_cache cannot write %s on this host (it needs root, and /proc/sys "
+                     "writable: a container mounts it read-only unless privileged); run as "
+                     "root there, or leave --clear_cache out (mlperf.log then says "
+                     "cache_clear false)" % path)
+
+
+def clear_cache(path=DROP_CACHES):
+  """Writes the dirty pages out and drops the page cache, dentries and inodes, as MLPerf's
+  rules ask before a timed run ("flush the cache or restart the system")."""
+  os.sync()
+  try:
+    with open(path, "w") as f:
+      f.write("3\n")
+  except EnvironmentError as e:
+    raise ValueError("--clear_cache: writing %s failed (%s); run as root with /proc/sys "
+                     "writable, or leave --clear_cache out" % (path, e.strerror or e))
 
 
 def eval_interval_samples(global_batch_size):
