@@ -88,6 +88,9 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
                                       dllog_path=str(tmp_path / "log.json")))
   assert again.returncode == 0, again.stderr
   assert "global_step 6 already reached --num_train_steps=4; nothing to train" in again.stdout
+  # It is no MLPerf run: no second MLPerf log, which would hold a run_stop without training.
+  assert "MLPerf log: none, this run trains nothing" in again.stdout
+  assert not (out / "mlperf.2.log").exists()
   assert re.search(r"^masked_lm_accuracy at the start \(step 6, resumed\): [\d.]+$",
                    again.stdout, re.M)
   assert ("Throughput Average (sentences/sec): not measured, this process trained no update"

@@ -386,9 +386,13 @@ def start(cfg, inputs, ranks, device, notes):
   if cfg.run.clear_cache and ranks.local_rank == 0:  # once a host
     ranks.doing = "dropping the page cache (--clear_cache)"
     mlperf.clear_cache()
+  # A run that trains nothing (an evaluation, or a finished run started again) is no
+  # MLPerf run: a log of it would hold a run_stop, even a success, without training.
+  trains = cfg.run.do_train and (inputs.resume_step or 0) < cfg.optimizer.num_train_steps
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
                              seed, inputs.skipped_records, eval_interval,
-                             attends_per_sequence(cfg, device), notes, inputs.packing)
+                             attends_per_sequence(cfg, device), notes, inputs.packing,
+                             mlperf_log=trains)
   if seed_line:
     logger.print(seed_line)
   peak = None  # (a card's matmul TFLOPS, where it comes from), for the MFU

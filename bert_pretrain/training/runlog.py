@@ -21,14 +21,15 @@ from bert_pretrain.training import optimization
 from bert_pretrain.training import timing
 
 def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, seed,
-               skipped_records, eval_interval, per_sequence, notes, packing):
+               skipped_records, eval_interval, per_sequence, notes, packing, mlperf_log=True):
   """Opens the run's logs and writes what the run is: its device, its batch and
   optimizer, MLPerf's hyperparameters, the training records left out.
 
   cfg: config.Settings. config: the session's tf.ConfigProto (TensorFlow 1.15 names a
   GPU with it). per_sequence: the training graph attends sequence by sequence. notes:
   lines to print after the run's description. packing: inputs.Packing of the training
-  records (a packed run's batch counts packs, its samples sequences).
+  records (a packed run's batch counts packs, its samples sequences). mlperf_log: False
+  for a run that trains nothing, which writes no MLPerf log (and says so).
 
   Returns:
     logs.RunLogger.
@@ -38,10 +39,13 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, see
     index = 0 if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
     name = device_lib.gpu_name(device.gpus[index], config)
   where = device_lib.device_line(device, ranks, name)
+  mllog_path = None
+  if mlperf_log:
+    mllog_path = cfg.run.mllog_path or logs.new_log_path(cfg.run.output_dir, "mlperf", ".log")
   logger = logs.RunLogger(
       output_dir=cfg.run.output_dir, is_chief=ranks.is_chief,
       dllog_path=cfg.run.dllog_path or os.path.join(cfg.run.output_dir, "dllog.json"),
-      mllog_path=cfg.run.mllog_path or logs.new_log_path(cfg.run.output_dir, "mlperf", ".log"))
+      mllog_path=mllog_path)
   logger.mlperf(logs.mllog.constants.INIT_START, kind="start")
   logger.print("device: " + where)
   logger.mlperf("device", where)
@@ -65,6 +69,8 @@ def start_logs(cfg, ranks, device, config, global_batch_size, learning_rate, see
                   ", attention per sequence" if cfg.run.do_train and per_sequence else ""))
   for note in notes:
     logger.print(note)
+  if not mlperf_log:
+    logger.print("MLPerf log: none, this run trains nothing")
   rule = optimizer_rule(cfg.optimizer, ranks.replicas)
   logger.print("optimizer: %s; evaluation every %d samples%s" % (
       rule, eval_interval, "" if cfg.evaluation.samples_between_eval else
