@@ -434,18 +434,24 @@ def test_mpirun_gives_the_ranks_time_to_save_unless_told_otherwise(run_args, giv
 
 
 def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_data, tmp_path):
-  """horovodrun --gloo itself would end with its RuntimeError's traceback."""
-  flags = base_flags(pretraining_data, tmp_path / "out", learning_rate=-1)
+  """horovodrun --gloo itself would end with its RuntimeError's traceback. The ranks fail
+  where the launcher's check does not look: the evaluation file's last record is cut,
+  which only reading it whole (on MLPerf's clock, in each rank) finds."""
+  evaluation = tmp_path / "eval"
+  shutil.copytree(pretraining_data["eval"], str(evaluation))
+  name = sorted(os.listdir(str(evaluation)))[0]
+  blob = (evaluation / name).read_bytes()
+  (evaluation / name).write_bytes(blob[:-3])
+  flags = base_flags(pretraining_data, tmp_path / "out", eval_files_dir=str(evaluation))
   result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags,
                           cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=300,
                           env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"))
   assert result.returncode == 2, result.stdout[-3000:]
-  error = ("run_pretraining: error: --learning_rate=-1 must be positive (the peak of the "
-           "schedule) and finite; pass e.g. --learning_rate=5e-05")
-  # Both ranks refuse the flag; the job ends with the first to exit.
+  error = "run_pretraining: error: corrupt TFRecord file %s" % (evaluation / name)
+  # Both ranks find it; the job ends with the first to exit.
   last = result.stdout.strip().splitlines()[-1]
-  assert last in ["rank %d exited with status 2: %s" % (rank, error) for rank in (0, 1)], last
+  assert re.match(r"rank [01] exited with status 2: %s" % re.escape(error), last), last
   assert "[%s]<stderr>:%s" % (last[5], error) in result.stdout
   assert "Traceback" not in result.stdout
 
@@ -875,7 +881,7 @@ def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
   assert sorted(os.listdir(str(tmp_path))) == ["hosts"]
 
 
-def test_a_dry_run_on_this_host_checks_the_inputs_as_a_rank_would_and_starts_nothing(
+def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting_one(
     pretraining_data, tmp_path):
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out)
@@ -895,6 +901,15 @@ def test_a_dry_run_on_this_host_checks_the_inputs_as_a_rank_would_and_starts_not
     lines = bad.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("run_pretraining: error: " + message), lines
     assert not out.exists()
+  # A real launch checks the same before horovodrun starts a rank: one line, not one a rank.
+  bad = _run_script(tmp_path, *(flags + ["--input_files_dir=%s" % (tmp_path / "nope")]),
+                    IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  assert bad.returncode == 2, bad.stderr
+  assert bad.stderr.splitlines() == ["run_pretraining: error: --input_files_dir=%s does not "
+                                     "exist; pass the folder that holds the TFRecord files"
+                                     % (tmp_path / "nope")], bad.stderr
+  assert bad.stdout.splitlines()[0].startswith("Launching 2 ranks on 1 host")
+  assert len(bad.stdout.splitlines()) == 1 and not out.exists(), bad.stdout
 
 
 @pytest.mark.parametrize("values,message", [

@@ -831,16 +831,19 @@ def horovodrun_options():
 def run(words, dry_run=False):
   """Runs the script's command (words): horovodrun, after any `env NAME=VALUE` words, in
   this process (run_horovodrun); any other command replaces this process. Every process
-  of the job gets the launch's time and this process's id in LAUNCH_ID_VARIABLE. With
-  dry_run, only checks its flags, and its inputs where the job is this host's alone
-  (DRY_RUN=1)."""
+  of the job gets the launch's time and this process's id in LAUNCH_ID_VARIABLE. Its
+  flags are checked first, and its inputs where the job is this host's alone, before
+  horovodrun starts any rank (a bad path is one line, not one per rank); with dry_run
+  (DRY_RUN=1) that is all."""
   try:
     check_training_flags(words)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
-  if dry_run:
-    return check_inputs_here(words)
+  if dry_run or "horovodrun" in words:  # a single process checks its own inputs
+    status = check_inputs_here(words)
+    if dry_run or status:
+      return status
   os.environ[LAUNCH_ID_VARIABLE] = "%s-%d" % (time.strftime("%Y%m%d-%H%M%S"), os.getpid())
   env, program = {}, list(words)
   while program and program[0] == "env":
