@@ -247,7 +247,8 @@ def resume_settings(bert_config, labels, init_checkpoint, num_train_steps, repli
               "vocab_sha256": file_digest(FLAGS.vocab_file)["sha256"]}
   if FLAGS.do_train:
     settings.update(
-        data_dir=os.path.abspath(FLAGS.data_dir), num_train_steps=num_train_steps,
+        data_dir=os.path.abspath(FLAGS.data_dir), num_train_epochs=FLAGS.num_train_epochs,
+        num_train_steps=num_train_steps,
         train_sha256=file_digest(classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir,
                                                            "train"))["sha256"],
         init_checkpoint=os.path.abspath(init_checkpoint) if init_checkpoint else None,

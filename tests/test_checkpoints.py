@@ -127,7 +127,7 @@ def test_resume_continues_the_step_count(pretraining_data, tmp_path):
   third = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=7,
                                       optimizer="adam", nodo_eval=None))
   assert third.returncode != 0
-  assert "holds a run with other optimizer (optimizer was lamb)" in third.stderr
+  assert "holds a run with other optimizer (optimizer was lamb, now adam)" in third.stderr
   # Another model config names the values that differ.
   other = tmp_path / "bert_config.json"
   other.write_text(json.dumps(dict(TINY_CONFIG, num_hidden_layers=3)))

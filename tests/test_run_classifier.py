@@ -468,8 +468,9 @@ def test_an_output_dir_with_a_fine_tune_is_resumed_by_the_same_command_only(task
   assert _files(out) == before
   # Other settings, or evaluating another checkpoint there, are refused; nothing changes.
   assert _refusal(classify(task, out, init_checkpoint=task["init"], num_train_epochs=2)) == (
-      "run_classifier: error: --output_dir=%s holds a run with other num_train_steps "
-      "(num_train_steps was 20); resume with the same settings or use a new --output_dir"
+      "run_classifier: error: --output_dir=%s holds a run with other num_train_epochs, "
+      "num_train_steps (num_train_epochs was 4.0, now 2.0; num_train_steps was 20, now 10); "
+      "resume with the same settings or use a new --output_dir"
       % out)
   elsewhere = tmp_path / "elsewhere"
   assert classify(task, elsewhere, **dict(flags, seed=2)).returncode == 0

@@ -128,9 +128,9 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
 
 
 def _setting_change(name, was, now):
-  """'max_seq_length was 128', or for the model config each value that differs."""
+  """'max_seq_length was 128, now 512', or for the model config each value that differs."""
   if name != "bert_config":
-    return "%s was %s" % (name, was)
+    return "%s was %s, now %s" % (name, was, now)
   return "; ".join("bert_config.json's %s was %s, now %s" % (k, was.get(k), now.get(k))
                    for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
 
