@@ -159,11 +159,18 @@ def test_the_downstream_step_prints_the_baseline_and_both_word_order_accuracies(
                                                  "model.ckpt-2"),
       "demo: fine-tuning from random weights"]
   dev_labels = collections.Counter(label for _, label in task["dev"])
-  assert demo_lines[-1] == (
+  majority = max(dev_labels.values()) / float(len(task["dev"]))
+  assert demo_lines[4] == (
       "demo: word-order accuracy on held-out documents: %.3f fine-tuned from the pretrained "
       "checkpoint, %.3f from random weights (the most frequent label alone: %.3f)"
-      % (accuracy["pretrained"], accuracy["random"],
-         max(dev_labels.values()) / float(len(task["dev"]))))
+      % (accuracy["pretrained"], accuracy["random"], majority))
+  # After 2 updates of pretraining the fine-tune may well stay near chance: said if so.
+  near_chance = accuracy["pretrained"] < max(majority, accuracy["random"]) + 0.1
+  assert demo_lines[5:] == (["demo: this time the fine-tune from the pretrained checkpoint "
+                             "stayed near chance, as it does for some seeds of this small "
+                             "model (docs/running.md, The demo); the masked-LM accuracy above "
+                             "is the pretraining's result; a new demo draws another seed"]
+                            if near_chance else []), demo_lines
   assert re.search(r"^  accuracy = [\d.]+$", "\n".join(lines), re.M)
   for name in ("finetune-model.ckpt-2", "finetune-random"):
     assert os.path.isfile(os.path.join(short_demo_run["output_dir"], name,

@@ -110,9 +110,9 @@ class StopRequest(object):
     if self._first_time is None:
       self._first_time = time.time()
       self.signum = signum
+      # The line after the save says how to resume (the demo's command makes a new folder).
       _write_stderr("run_pretraining: %s received: finishing the current update, then saving "
-                    "a checkpoint; run the same command again to resume (send %s again to "
-                    "exit at once)" % (signame, signame))
+                    "a checkpoint (send %s again to exit at once)" % (signame, signame))
     elif time.time() - self._first_time >= REPEAT_WINDOW_S:
       _exit_now("run_pretraining: second %s: exiting at once; the run resumes from its last "
                 "checkpoint" % signame, signum)
