@@ -38,8 +38,6 @@ import sys
 
 from absl import flags
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
 

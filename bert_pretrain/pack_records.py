@@ -87,9 +87,6 @@ ASSIGN_CHUNK = 1 << 20
 # Input files a write task keeps open at once.
 OPEN_FILES = 64
 
-# TensorFlow, which the tasks load, logs warnings and errors only unless told otherwise.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 
 class PackError(PrepareError):
   """Bad input or output folder; the message names the problem and the fix."""

@@ -16,9 +16,6 @@ from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, file_dig
                                         remove_stale_temporaries, run_tasks, say,
                                         step_settings, write_json)
 
-# TensorFlow, which the tasks start, logs warnings and errors only unless told otherwise.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 
 def tfrecord_task(task):
   """Runs create_pretraining_data on one text file; writes the output and its marker.
