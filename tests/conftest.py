@@ -415,8 +415,9 @@ def signal_when(process, ready, signum, log, timeout=120):
 def passing_ranks_path(tmp_path, path=None, print_args=False):
   """A PATH whose first folder (tmp_path/python_bin) holds a python3 that is this
   interpreter but for `python3 -m bert_pretrain.run_pretraining ...`, which (a rank, or
-  the check DRY_RUN=1 runs) ends at once with status 0, printing its arguments a line
-  each with print_args: a test of the scripts' commands sees them without running them.
+  the check run before the ranks) ends at once with status 0, printing its arguments a line
+  each with print_args (also for the --check_only check the multi-card script runs first
+  on this host): a test of the scripts' commands sees them without running them.
   path: the PATH to put it in front of (default: this process's)."""
   bin_dir = tmp_path / "python_bin"
   bin_dir.mkdir(exist_ok=True)

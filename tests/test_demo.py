@@ -165,7 +165,7 @@ def test_the_downstream_step_prints_the_baseline_and_both_word_order_accuracies(
       "checkpoint, %.3f from random weights (the most frequent label alone: %.3f)"
       % (accuracy["pretrained"], accuracy["random"], majority))
   # After 2 updates of pretraining the fine-tune may well stay near chance: said if so.
-  near_chance = accuracy["pretrained"] < max(majority, accuracy["random"]) + 0.1
+  near_chance = accuracy["pretrained"] < majority + 0.1
   assert demo_lines[5:] == (["demo: this time the fine-tune from the pretrained checkpoint "
                              "stayed near chance, as it does for some seeds of this small "
                              "model (docs/running.md, The demo); the masked-LM accuracy above "

@@ -754,8 +754,8 @@ def test_hosts_given_without_a_controller_keep_gloo_and_mpi_options_keep_mpi(tmp
 def test_a_job_its_ranks_stopped_at_sigterm_ends_with_143_though_horovodrun_returned(capsys):
   def stopped():  # as horovodrun does when it lost the status of the ranks it killed
     sys.stderr.write("[1]<stderr>:run_pretraining: SIGTERM received: finishing the current "
-                     "update, then saving a checkpoint; run the same command again to resume "
-                     "(send SIGTERM again to exit at once)\n")
+                     "update, then saving a checkpoint (send SIGTERM again to exit at "
+                     "once)\n")
 
   def finished():
     sys.stderr.write("[1]<stderr>:run_pretraining: warning: a line\n")

@@ -84,6 +84,11 @@ class RunLogger(object):
     if key in (mllog.constants.RUN_START, mllog.constants.RUN_STOP):
       self._run_open = key == mllog.constants.RUN_START
 
+  @property
+  def writes_mlperf(self):
+    """Whether this logger writes an MLPerf log (the chief of a run that trains)."""
+    return self._mllog is not None
+
   @contextlib.contextmanager
   def run_stop_on_error(self):
     """Logs MLPerf's run_stop with status aborted when the block raises between run_start

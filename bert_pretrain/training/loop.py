@@ -170,9 +170,9 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
   scheduled = True  # the last evaluation is one of MLPerf's schedule
   if job.evaluator is not None and job.evals.last_eval_step != step and finite \
       and not stopped_by:
-    scheduled = job.evals.reached_by(step)
+    scheduled = job.evals.due(step)  # the loop asks it of every update but the last
     results = job.evals.evaluate(job.sess, step, scheduled)
-    if not scheduled:
+    if not scheduled and job.logger.writes_mlperf:
       job.logger.print(
           "The last evaluation, after update %d, falls between MLPerf's evaluation points "
           "(every %d samples): it is left out of mlperf.log%s"
@@ -260,13 +260,10 @@ class Job(object):
     self.step = self.last_saved = int(self.sess.run(tf.train.get_global_step()))
     self.monitor = health.HealthMonitor()
     per_update = inputs_lib.sentences_per_update(cfg, ranks.replicas, self.packing)
-    skipped = 0
-    if self.train is not None and self.train.loss_scale is not None:
-      skipped = int(self.sess.run(self.train.loss_scale.skipped_steps))
     self.evals = meters.EvalSchedule(
         self.logger, self.evaluator, self.monitor, per_update,
         self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
-        cfg.run.output_dir if ranks.is_chief else None, skipped)
+        cfg.run.output_dir if ranks.is_chief else None, self.skipped)
     self.meter = meters.Throughput(per_update, cfg.run.fps_warmup_steps)
     self.tokens = timing.Tokens(cfg.data.max_seq_length)
     self.split = None  # the traced update's parts (timing.split_update), once traced
@@ -416,11 +413,22 @@ def start(cfg, inputs, ranks, device, notes):
   ranks.doing = "reading the small record sets whole (framing, CRCs) on MLPerf's clock"
   with logger.run_stop_on_error():
     inputs_lib.read_records_through(cfg, inputs)
-  return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
-             all_finite=all_finite, logger=logger, rcp=rcp, record=record,
-             record_pending=not plan.record_now,
-             eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
-             packing=inputs.packing)
+    return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
+               all_finite=all_finite, logger=logger, rcp=rcp, record=record,
+               record_pending=not plan.record_now,
+               eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
+               packing=inputs.packing, skipped=skipped_updates(inputs.resume_checkpoint))
+
+
+def skipped_updates(checkpoint):
+  """The updates float16's loss scaling skipped in the run that saved `checkpoint` (its
+  batches were read: MLPerf's samples count them), also when this run computes in
+  another type; 0 without one."""
+  if not checkpoint:
+    return 0
+  reader = tf.train.load_checkpoint(checkpoint)
+  name = "loss_scale/skipped_steps"
+  return int(reader.get_tensor(name)) if reader.has_tensor(name) else 0
 
 
 def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, position,

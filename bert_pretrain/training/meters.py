@@ -117,14 +117,17 @@ class EvalSchedule(object):
         0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
     self.output_dir = output_dir
     self.block_first_step = None  # None: no block open
+    self.block_first_samples = None
     self.last_eval_step = None
     self.eval_time = 0.0
     self.eval_samples = 0  # evaluated, over all evaluations
+    self.eval_samples_logged = False  # MLPerf's eval_samples, logged once
 
   def start_block(self, step):
     """Opens a block at `step` unless one is open."""
     if self.block_first_step is None:
       self.block_first_step = step
+      self.block_first_samples = samples(step, self.batch_size, self.skipped)
       self._log_block(mllog.constants.BLOCK_START, "start")
 
   def end_block(self):
@@ -135,7 +138,7 @@ class EvalSchedule(object):
 
   def _log_block(self, key, kind):
     self.logger.mlperf(key, kind=kind, metadata={
-        "first_epoch_num": samples(self.block_first_step, self.batch_size, self.skipped),
+        "first_epoch_num": self.block_first_samples,
         "epoch_count": self.samples_between_eval})
 
   def due(self, step):
@@ -176,8 +179,9 @@ class EvalSchedule(object):
     self.eval_time += time.time() - start
     self.eval_samples += results["eval_samples"]
     results["eval_time_s"] = round(time.time() - start, 3)
-    if self.last_eval_step is None:
+    if not self.eval_samples_logged and scheduled:
       self.logger.mlperf(mllog.constants.EVAL_SAMPLES, results["eval_samples"])
+      self.eval_samples_logged = True
     self.last_eval_step = step
     mlperf(mllog.constants.EVAL_ACCURACY, results["masked_lm_accuracy"], metadata=trained)
     self.logger.eval_results(step, results, self.output_dir, samples=trained["epoch_num"])

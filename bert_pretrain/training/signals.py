@@ -110,7 +110,7 @@ class StopRequest(object):
     if self._first_time is None:
       self._first_time = time.time()
       self.signum = signum
-      # The line after the save says how to resume (the demo's command makes a new folder).
+      # The stop's next line says how to resume (the demo's command makes a new folder).
       _write_stderr("run_pretraining: %s received: finishing the current update, then saving "
                     "a checkpoint (send %s again to exit at once)" % (signame, signame))
     elif time.time() - self._first_time >= REPEAT_WINDOW_S:
