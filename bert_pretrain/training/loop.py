@@ -424,11 +424,9 @@ def skipped_updates(checkpoint):
   """The updates float16's loss scaling skipped in the run that saved `checkpoint` (its
   batches were read: MLPerf's samples count them), also when this run computes in
   another type; 0 without one."""
-  if not checkpoint:
-    return 0
-  reader = tf.train.load_checkpoint(checkpoint)
-  name = "loss_scale/skipped_steps"
-  return int(reader.get_tensor(name)) if reader.has_tensor(name) else 0
+  value = checkpoints.checkpoint_value(checkpoint, "loss_scale/skipped_steps") \
+      if checkpoint else None
+  return int(value or 0)
 
 
 def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, position,

@@ -112,12 +112,11 @@ class EvalSchedule(object):
     self.start_samples = samples_start_eval
     # The first point of the schedule (the start, then every interval) past the samples
     # done.
-    done = samples(step, batch_size, skipped) - samples_start_eval
+    done = self.read(step) - samples_start_eval
     self.next_samples = samples_start_eval + (
         0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
     self.output_dir = output_dir
-    self.block_first_step = None  # None: no block open
-    self.block_first_samples = None
+    self.block_first_samples = None  # None: no block open
     self.last_eval_step = None
     self.eval_time = 0.0
     self.eval_samples = 0  # evaluated, over all evaluations
@@ -125,29 +124,32 @@ class EvalSchedule(object):
 
   def start_block(self, step):
     """Opens a block at `step` unless one is open."""
-    if self.block_first_step is None:
-      self.block_first_step = step
-      self.block_first_samples = samples(step, self.batch_size, self.skipped)
+    if self.block_first_samples is None:
+      self.block_first_samples = self.read(step)
       self._log_block(mllog.constants.BLOCK_START, "start")
 
   def end_block(self):
     """Closes the open block, if any."""
-    if self.block_first_step is not None:
+    if self.block_first_samples is not None:
       self._log_block(mllog.constants.BLOCK_STOP, "end")
-      self.block_first_step = None
+      self.block_first_samples = None
 
   def _log_block(self, key, kind):
     self.logger.mlperf(key, kind=kind, metadata={
         "first_epoch_num": self.block_first_samples,
         "epoch_count": self.samples_between_eval})
 
+  def read(self, step):
+    """The samples read by the updates up to `step`, the skipped ones included."""
+    return samples(step, self.batch_size, self.skipped)
+
   def due(self, step):
     """Whether an evaluation is due after `step`; if so the next one is scheduled."""
     if self.evaluator is None:
       return False
-    if samples(step, self.batch_size, self.skipped) < self.next_samples:
+    if self.read(step) < self.next_samples:
       return False
-    while self.next_samples <= samples(step, self.batch_size, self.skipped):
+    while self.next_samples <= self.read(step):
       self.next_samples += self.samples_between_eval
     return True
 
@@ -156,11 +158,11 @@ class EvalSchedule(object):
     stopped right after it did not evaluate there."""
     if self.evaluator is None or step < 1:
       return False
-    done = samples(step, self.batch_size, self.skipped) - self.start_samples
+    done = self.read(step) - self.start_samples
     if done < 0:
       return False
     point = self.start_samples + done // self.samples_between_eval * self.samples_between_eval
-    return samples(step - 1, self.batch_size, self.skipped) < point
+    return self.read(step - 1) < point
 
   def evaluate(self, sess, step, scheduled=True):
     """Evaluates the weights of `step` and logs the results; one between the schedule's
@@ -171,7 +173,7 @@ class EvalSchedule(object):
       dict: the Evaluator's results and eval_time_s, the seconds it took.
     """
     start = time.time()
-    trained = {"epoch_num": samples(step, self.batch_size, self.skipped)}
+    trained = {"epoch_num": self.read(step)}
     mlperf = self.logger.mlperf if scheduled else lambda *args, **kwargs: None
     mlperf(mllog.constants.EVAL_START, metadata=trained, kind="start")
     results = self.evaluator.evaluate(sess)
