@@ -187,8 +187,8 @@ class Run(object):
   do_train: bool = setting(True, "Train.")
   check_only: bool = setting(
       False, "Check the flags, the files and --output_dir as every run does before it "
-      "builds anything, then exit (DRY_RUN=1 of run_multi_card_FPS.sh runs this once for "
-      "a job on this host).")
+      "builds anything, then exit (run_multi_card_FPS.sh runs this once before it starts "
+      "the ranks of a job on this host).")
   train_batch_size: int = setting(24, "Sequences per micro-batch on each card.")
   seed: typing.Optional[int] = setting(
       None, "Random seed of the data order, the dropout masks and the initialization. "
