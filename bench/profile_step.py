@@ -43,6 +43,9 @@ flags.DEFINE_integer("seq", 128, "Sequence length (128 or 512).")
 flags.DEFINE_integer("batch", 8, "Sentences per step.")
 flags.DEFINE_enum("precision", "fp32", ["fp32", "amp"], "fp32 or amp (bfloat16 compute).")
 flags.DEFINE_integer("traced_steps", 3, "Steps traced after the warm-up.")
+flags.DEFINE_integer("accumulation", 1, "Micro-batches accumulated into an update, as MLPerf's "
+                     "configuration does (bench.benchmark --mlperf_accumulation): each traced "
+                     "step is an update, the times printed are a micro-batch's.")
 flags.DEFINE_integer("top_ops", 15, "Op types listed.")
 flags.DEFINE_bool("memory", False, "Also print the tensors kept for the backward pass.")
 FLAGS = flags.FLAGS
@@ -112,16 +115,17 @@ def print_kept(kept, batch):
 
 
 def trace(step, tf, steps):
-  """Sums op times (microseconds) of `steps` traced steps by (part, direction) and type;
-  returns them, the mean wall time and the last step's RunMetadata."""
+  """Sums op times (microseconds) of `steps` traced updates (step.accumulation micro-batches
+  each) by (part, direction) and type; returns them, the mean wall time of a micro-batch
+  and the last micro-batch's RunMetadata."""
   by_part = collections.Counter()
   by_type = collections.Counter()
   wall = 0.0
-  for _ in range(steps):
+  runs = [step.accumulate] * (step.accumulation - 1) + [step.fetches]
+  for fetches in runs * steps:
     metadata = tf.RunMetadata()
     start = time.perf_counter()
-    step.session.run(step.fetches,
-                     options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+    step.session.run(fetches, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
                      run_metadata=metadata)
     wall += time.perf_counter() - start
     for device in metadata.step_stats.dev_stats:
@@ -136,13 +140,13 @@ def trace(step, tf, steps):
           direction = "update" if part == "optimizer + clipping" else "forward"
         by_part[(part, direction)] += micros
         by_type[op_type(node)] += micros
-  return by_part, by_type, wall / steps, metadata
+  return by_part, by_type, wall / len(runs * steps), metadata
 
 
-def print_profile(by_part, by_type, wall_s, steps):
+def print_profile(by_part, by_type, wall_s, micro_batches):
   total = float(sum(by_part.values()))
-  print("Step: %.3f s wall (traced); summed op time %.3f s a step" % (
-      wall_s, total / 1e6 / steps))
+  print("Micro-batch: %.3f s wall (traced); summed op time %.3f s a micro-batch" % (
+      wall_s, total / 1e6 / micro_batches))
   directions = ("forward", "backward", "update")
   print("\n| part | forward | backward | update | total |\n|---|---|---|---|---|")
   part_total = lambda p: sum(by_part[(p, d)] for d in directions)
@@ -152,7 +156,8 @@ def print_profile(by_part, by_type, wall_s, steps):
                                     100 * part_total(part) / total))
   print("\n| op type | share | ms a step |\n|---|---|---|")
   for name, micros in by_type.most_common(FLAGS.top_ops):
-    print("| %s | %.1f%% | %.1f |" % (name, 100 * micros / total, micros / 1e3 / steps))
+    print("| %s | %.1f%% | %.1f |" % (name, 100 * micros / total,
+                                      micros / 1e3 / micro_batches))
 
 
 def main(argv):
@@ -166,6 +171,7 @@ def main(argv):
     errors.usage_error("profile_step", "--seq: %d is not one of %s" % (
         FLAGS.seq, ", ".join(map(str, sorted(benchmark.PREDICTIONS)))))
   for name, value, least in (("batch", FLAGS.batch, 1), ("traced_steps", FLAGS.traced_steps, 1),
+                             ("accumulation", FLAGS.accumulation, 1),
                              ("warmup_steps", FLAGS.warmup_steps, 0),
                              ("top_ops", FLAGS.top_ops, 1)):
     if value < least:
@@ -178,7 +184,7 @@ def profile():
   """Traces FLAGS' step and prints where its time (and, with --memory, its memory) goes."""
   row = dict(config=FLAGS.config, seq=FLAGS.seq, preds=benchmark.PREDICTIONS[FLAGS.seq],
              batch=FLAGS.batch, precision=FLAGS.precision, intra=FLAGS.intra_threads,
-             inter=FLAGS.inter_threads, xla=FLAGS.xla,
+             inter=FLAGS.inter_threads, xla=FLAGS.xla, accumulation=FLAGS.accumulation,
              data_dir=os.path.join(FLAGS.out_dir, "data"))
   if not os.path.exists(benchmark.record_files(row["data_dir"], row["seq"])[0]):
     benchmark.prepare_data(row["data_dir"], [row["seq"]])
@@ -187,10 +193,10 @@ def profile():
   for _ in range(FLAGS.warmup_steps + 1):
     step()
   by_part, by_type, wall_s, metadata = trace(step, tf, FLAGS.traced_steps)
-  print("%s seq %d batch %d %s, %d intra / %d inter-op threads" % (
-      FLAGS.config, FLAGS.seq, FLAGS.batch, FLAGS.precision, FLAGS.intra_threads,
-      FLAGS.inter_threads))
-  print_profile(by_part, by_type, wall_s, FLAGS.traced_steps)
+  print("%s seq %d batch %d x %d accumulated %s, %d intra / %d inter-op threads" % (
+      FLAGS.config, FLAGS.seq, FLAGS.batch, FLAGS.accumulation, FLAGS.precision,
+      FLAGS.intra_threads, FLAGS.inter_threads))
+  print_profile(by_part, by_type, wall_s, FLAGS.traced_steps * FLAGS.accumulation)
   if FLAGS.memory:
     print_kept(kept_for_backward(step, metadata), FLAGS.batch)
 

@@ -142,6 +142,8 @@ def run_tool(module, *args, env=None, timeout=300):
      "profile_step: error: --traced_steps: 0; use 1 or more"),
     ("bench.profile_step", "--batch=0", "profile_step: error: --batch: 0; use 1 or more"),
     ("bench.profile_step", "--top_ops=-1", "profile_step: error: --top_ops: -1; use 1 or more"),
+    ("bench.profile_step", "--accumulation=0",
+     "profile_step: error: --accumulation: 0; use 1 or more"),
 ])
 def test_flags_that_would_measure_nothing_are_refused_in_one_line_before_any_work(
     tmp_path, module, flag, line):
@@ -576,15 +578,20 @@ def test_the_data_benchmark_without_a_dump_says_how_to_give_one():
       "--synthesize_mb=<MB> (one built from --synthesize_from)"])
 
 
-def test_the_step_profile_lists_what_the_backward_pass_keeps(bench_out):
+def test_the_step_profile_of_accumulated_micro_batches_lists_what_the_backward_pass_keeps(
+    bench_out):
   result = subprocess.run(
       [sys.executable, "-m", "bench.profile_step", "--config=tiny", "--seq=128", "--batch=4",
-       "--precision=amp", "--traced_steps=1", "--warmup_steps=0", "--memory",
-       "--out_dir=" + bench_out],
+       "--precision=amp", "--traced_steps=1", "--accumulation=2", "--warmup_steps=0",
+       "--memory", "--out_dir=" + bench_out],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
       cwd=ROOT, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:]
   out = result.stdout
+  assert "tiny seq 128 batch 4 x 2 accumulated amp, 2 intra / 2 inter-op threads" in out
+  # The update runs once in the two micro-batches: its ops are in the traced ones.
+  update = re.search(r"^\| optimizer \+ clipping \| 0\.0% \| 0\.0% \| ([\d.]+)%", out, re.M)
+  assert update and float(update.group(1)) > 0, out
   total = float(re.search(r"^Kept for the backward pass: ([\d.]+) MB a sentence$", out,
                           re.M).group(1))
   part_rows = out[out.index("| part | MB a sentence |"):out.index("| op type and dtype |")]
