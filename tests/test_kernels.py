@@ -428,3 +428,81 @@ def test_a_bfloat16_model_trains_with_the_same_masks_and_numbers_with_the_kernel
   for name, grad in grads.items():
     want = their_grads[name]
     assert np.all(np.abs(grad - want) <= 2.0 ** -5 * np.abs(want).max() + 1e-6), name
+
+
+def _philox(c0, c1, c2, c3, k0, k1):
+  """Philox4x32-10 of numpy uint64 arrays holding 32-bit counters, under the key (k0, k1),
+  as the Philox paper (Salmon et al. 2011) and TensorFlow's random::PhiloxRandom define it."""
+  mask = np.uint64(0xFFFFFFFF)
+  (k0, k1) = (np.uint64(k0), np.uint64(k1))
+  for _ in range(10):
+    p0 = np.uint64(0xD2511F53) * c0
+    p1 = np.uint64(0xCD9E8D57) * c2
+    (c0, c1, c2, c3) = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & mask,
+                        (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask)
+    (k0, k1) = ((k0 + np.uint64(0x9E3779B9)) & mask, (k1 + np.uint64(0xBB67AE85)) & mask)
+  return c0, c1, c2, c3
+
+
+def _keep_mask_in_numpy(size, seed, threshold):
+  """The keep mask of `size` values for the stateless seed [s0, s1]: the key and the
+  counter's high half from Philox of the seed under a fixed key, then draw g's four words
+  give values 8g..8g+7, two 16-bit halves each (low first), kept where >= threshold."""
+  (s0, s1) = [np.uint64(s % 2 ** 64) for s in seed]
+  words = [np.array([w], np.uint64) for w in (s0 & np.uint64(0xFFFFFFFF), s0 >> np.uint64(32),
+                                             s1 & np.uint64(0xFFFFFFFF), s1 >> np.uint64(32))]
+  (k0, k1, c2, c3) = [int(w[0]) for w in _philox(*words, 0x3ec8f720, 0x02461e29)]
+  groups = np.arange((size + 7) // 8, dtype=np.uint64)
+  draws = _philox(groups, np.zeros_like(groups), np.full_like(groups, c2),
+                  np.full_like(groups, c3), k0, k1)
+  halves = np.stack([h for w in draws for h in (w & np.uint64(0xFFFF), w >> np.uint64(16))],
+                    axis=1).reshape(-1)[:size]
+  return halves >= threshold
+
+
+@pytest.mark.parametrize("shape, seed, dropout_prob", [
+    ([1], [0, 0], 0.1),
+    ([3, 5, 7], [5, 2 ** 40 + 3], 0.1),
+    ([2, 4099], [2 ** 59 + 12345, -1], 0.5),
+    ([16, 300, 300], [987654321, 77], 0.1),
+    ([2, 9], [1, 2], 0.99999),
+])
+def test_the_fused_keep_mask_is_the_masks_bits_for_bit(fused, monkeypatch, shape, seed,
+                                                      dropout_prob):
+  size = int(np.prod(shape))
+  threshold = int(round(dropout_prob * 65536))
+  with tf.Graph().as_default(), tf.Session() as session:
+    mask = session.run(dropout.random_keep_mask(tf.constant(shape), dropout_prob,
+                                                tf.constant(seed, tf.int64)))
+    op_types = {op.type for op in tf.get_default_graph().get_operations()}
+  assert mask.shape == tuple(shape)
+  if hasattr(tf.raw_ops, "StatelessRandomUniformFullInt"):
+    assert "BertKeepMask" in op_types
+    monkeypatch.setattr(kernels, "_loaded", {kernels.library_path(): "off"})
+    with tf.Graph().as_default(), tf.Session() as session:
+      ops_mask = session.run(dropout.random_keep_mask(tf.constant(shape), dropout_prob,
+                                                      tf.constant(seed, tf.int64)))
+    np.testing.assert_array_equal(mask, ops_mask)
+  else:  # TensorFlow 1.15's masks compare float32 draws: the kernel is checked alone
+    with tf.Graph().as_default(), tf.Session() as session:
+      mask = session.run(fused.bert_keep_mask(shape, seed, threshold=threshold))
+  np.testing.assert_array_equal(mask.reshape(-1), _keep_mask_in_numpy(size, seed, threshold))
+  assert abs(mask.mean() - (1 - threshold / 65536)) < 5 / np.sqrt(size) + 1e-9
+  # The loop every CPU runs gives the mask of the AVX-512 one (where this CPU has it).
+  with tf.Graph().as_default(), tf.Session() as session:
+    portable = session.run(fused.bert_keep_mask(shape, seed, threshold=threshold,
+                                                portable=True))
+  np.testing.assert_array_equal(portable, mask)
+
+
+@pytest.mark.parametrize("threshold, kept", [(0, True), (65536, False)])
+def test_the_fused_keep_mask_keeps_all_or_nothing_at_the_ends(fused, threshold, kept):
+  with tf.Graph().as_default(), tf.Session() as session:
+    mask = session.run(fused.bert_keep_mask([5, 77], [3, 4], threshold=threshold))
+  assert np.all(mask == kept)
+
+
+def test_the_fused_keep_mask_of_no_values_is_empty(fused):
+  with tf.Graph().as_default(), tf.Session() as session:
+    mask = session.run(fused.bert_keep_mask([3, 0], [1, 2], threshold=6554))
+  assert mask.shape == (3, 0)

@@ -7,6 +7,7 @@ import hashlib
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain.model import kernels
 from bert_pretrain.model import precision
 
 
@@ -87,8 +88,9 @@ def random_keep_mask(shape, dropout_prob, seed=None):
 
   Where TensorFlow has StatelessRandomUniformFullInt (2.x), each value takes 16 random
   bits, two from each 32-bit Philox draw (dropout_prob rounded to 1/65536): half the
-  draws of tf.nn.dropout's float32 mask. TensorFlow 1.15 (reached only with `seed`)
-  compares a float32 uniform draw.
+  draws of tf.nn.dropout's float32 mask; where the fused kernels are built, the
+  BertKeepMask kernel makes the same mask in one pass. TensorFlow 1.15 (reached only
+  with `seed`) compares a float32 uniform draw.
 
   Args:
     shape: int32 Tensor [rank], the mask's shape.
@@ -104,8 +106,13 @@ def random_keep_mask(shape, dropout_prob, seed=None):
       seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
     if not hasattr(tf.raw_ops, "StatelessRandomUniformFullInt"):
       return tf.random.stateless_uniform(shape, seed, dtype=tf.float32) >= dropout_prob
+    threshold = int(round(dropout_prob * 65536))
+    fused = kernels.load()
+    if fused is not None:
+      return fused.bert_keep_mask(tf.cast(shape, tf.int32), tf.cast(seed, tf.int64),
+                                  threshold=threshold)
     size = tf.reduce_prod(shape)
     bits = tf.raw_ops.StatelessRandomUniformFullInt(  # tf-compat: guarded (dropout)
         shape=tf.reshape((size + 1) // 2, [1]), seed=seed, dtype=tf.uint32)
     halves = tf.reshape(tf.bitcast(bits, tf.uint16), [-1])[:size]
-    return tf.reshape(halves >= int(round(dropout_prob * 65536)), shape)
+    return tf.reshape(halves >= threshold, shape)

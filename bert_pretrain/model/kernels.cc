@@ -9,6 +9,8 @@
 // BertDropoutAddLayerNorm / BertDropoutAddLayerNormGrad: the end of a Transformer sublayer
 // (precision.fused_dropout_add_normalize), dropout of the bfloat16 projection, the float32
 // residual added and layer norm, in one pass over a row each way.
+// BertKeepMask: dropout's keep mask (dropout.random_keep_mask) straight from Philox, the
+// same bits as StatelessRandomUniformFullInt and the compare, without the uint32 tensor.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,6 +21,10 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/util/work_sharder.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 // One build for every x86 CPU: the loader picks the widest vector clone the CPU runs.
 #if defined(__x86_64__)
@@ -523,6 +529,193 @@ class BertDropoutAddLayerNormGradOp : public ScaledOpKernel {
   }
 };
 
+// Philox4x32-10 as TensorFlow's random::PhiloxRandom computes it (its round, key schedule
+// and constants). The counters' 32-bit words are held in 64-bit lanes, which the compiler
+// vectorizes; x86 CPUs with AVX-512 run KeepMaskRangeAvx512 instead, 16 draws at a time.
+constexpr uint32_t kPhiloxW32A = 0x9E3779B9u;
+constexpr uint32_t kPhiloxW32B = 0xBB67AE85u;
+constexpr uint32_t kPhiloxM4x32A = 0xD2511F53u;
+constexpr uint32_t kPhiloxM4x32B = 0xCD9E8D57u;
+
+template <int kWidth>
+inline void PhiloxRounds(uint64_t (&c0)[kWidth], uint64_t (&c1)[kWidth],
+                         uint64_t (&c2)[kWidth], uint64_t (&c3)[kWidth], uint32_t key0,
+                         uint32_t key1) {
+  uint64_t k0 = key0, k1 = key1;
+  for (int round = 0; round < 10; ++round) {
+#pragma GCC unroll 1  // a loop over the lanes, which the compiler vectorizes; unrolled it does not
+    for (int l = 0; l < kWidth; ++l) {
+      uint64_t p0 = c0[l] * kPhiloxM4x32A;
+      uint64_t p1 = c2[l] * kPhiloxM4x32B;
+      c0[l] = (p1 >> 32) ^ c1[l] ^ k0;
+      c1[l] = p1 & 0xffffffffu;
+      c2[l] = (p0 >> 32) ^ c3[l] ^ k1;
+      c3[l] = p0 & 0xffffffffu;
+    }
+    k0 = (k0 + kPhiloxW32A) & 0xffffffffu;
+    k1 = (k1 + kPhiloxW32B) & 0xffffffffu;
+  }
+}
+
+// The key and counter high half the stateless random ops derive from a seed [s0, s1]
+// (TensorFlow's GenerateKey): Philox of the counter (s0, s1) under a fixed key.
+struct PhiloxStream {
+  uint32_t key0, key1, counter2, counter3;
+};
+
+PhiloxStream StreamOfSeed(uint64_t s0, uint64_t s1) {
+  uint64_t c0[1] = {s0 & 0xffffffffu}, c1[1] = {s0 >> 32};
+  uint64_t c2[1] = {s1 & 0xffffffffu}, c3[1] = {s1 >> 32};
+  PhiloxRounds<1>(c0, c1, c2, c3, 0x3ec8f720u, 0x02461e29u);
+  return PhiloxStream{static_cast<uint32_t>(c0[0]), static_cast<uint32_t>(c1[0]),
+                      static_cast<uint32_t>(c2[0]), static_cast<uint32_t>(c3[0])};
+}
+
+// keep[i] for i in [begin, end): Philox draw g (the counter's low half g) gives four
+// 32-bit words, word j the values 8g + 2j (its low 16 bits) and 8g + 2j + 1 (its high
+// ones); a value is kept where its 16 bits are >= threshold. begin is a multiple of 8.
+CLONES void KeepMaskRange(PhiloxStream stream, uint32_t threshold, int64_t begin,
+                          int64_t end, uint8_t* keep) {
+  for (int64_t at = begin; at < end; at += 8 * kLanes) {
+    uint64_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
+    for (int l = 0; l < kLanes; ++l) {
+      uint64_t group = static_cast<uint64_t>(at / 8 + l);
+      c0[l] = group & 0xffffffffu;
+      c1[l] = group >> 32;
+      c2[l] = stream.counter2;
+      c3[l] = stream.counter3;
+    }
+    PhiloxRounds<kLanes>(c0, c1, c2, c3, stream.key0, stream.key1);
+    uint8_t bytes[8 * kLanes];
+    const uint64_t* words[4] = {c0, c1, c2, c3};
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < kLanes; ++l) {
+        bytes[8 * l + 2 * j] = (words[j][l] & 0xffffu) >= threshold;
+        bytes[8 * l + 2 * j + 1] = (words[j][l] >> 16) >= threshold;
+      }
+    int64_t n = end - at < 8 * kLanes ? end - at : 8 * kLanes;
+    std::memcpy(keep + at, bytes, n);
+  }
+}
+
+#if defined(__x86_64__)
+#define AVX512 __attribute__((target("avx512f,avx512bw")))
+
+// The low and high 32 bits of c * m in each of 16 lanes.
+AVX512 inline void MultiplyLanes(__m512i c, __m512i m, __m512i* lo, __m512i* hi) {
+  __m512i even = _mm512_mul_epu32(c, m);
+  __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m);
+  *lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+  *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+}
+
+// KeepMaskRange's mask, 16 draws (128 values) at a time in AVX-512 registers. Draws
+// whose counters' low halves would carry into the high ones go to KeepMaskRange.
+AVX512 void KeepMaskRangeAvx512(PhiloxStream stream, uint32_t threshold, int64_t begin,
+                                int64_t end, uint8_t* keep) {
+  const __m512i multiplier_a = _mm512_set1_epi32(static_cast<int>(kPhiloxM4x32A));
+  const __m512i multiplier_b = _mm512_set1_epi32(static_cast<int>(kPhiloxM4x32B));
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i limit = _mm512_set1_epi16(static_cast<int16_t>(threshold));
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t at = begin; at < end; at += 128) {
+    uint64_t group = static_cast<uint64_t>(at / 8);
+    int64_t n = end - at < 128 ? end - at : 128;
+    if (static_cast<uint32_t>(group) > 0xFFFFFFFFu - 15u) {
+      KeepMaskRange(stream, threshold, at, at + n, keep);
+      continue;
+    }
+    __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(group)), lanes);
+    __m512i c1 = _mm512_set1_epi32(static_cast<int>(group >> 32));
+    __m512i c2 = _mm512_set1_epi32(static_cast<int>(stream.counter2));
+    __m512i c3 = _mm512_set1_epi32(static_cast<int>(stream.counter3));
+    uint32_t k0 = stream.key0, k1 = stream.key1;
+    for (int round = 0; round < 10; ++round) {
+      __m512i lo0, hi0, lo1, hi1;
+      MultiplyLanes(c0, multiplier_a, &lo0, &hi0);
+      MultiplyLanes(c2, multiplier_b, &lo1, &hi1);
+      c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
+      c1 = lo1;
+      c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
+      c3 = lo0;
+      k0 += kPhiloxW32A;
+      k1 += kPhiloxW32B;
+    }
+    // The four words of 16 draws, transposed into draw order: draws[q] holds draws 4q..4q+3.
+    __m512i t01lo = _mm512_unpacklo_epi32(c0, c1), t01hi = _mm512_unpackhi_epi32(c0, c1);
+    __m512i t23lo = _mm512_unpacklo_epi32(c2, c3), t23hi = _mm512_unpackhi_epi32(c2, c3);
+    __m512i r0 = _mm512_unpacklo_epi64(t01lo, t23lo), r1 = _mm512_unpackhi_epi64(t01lo, t23lo);
+    __m512i r2 = _mm512_unpacklo_epi64(t01hi, t23hi), r3 = _mm512_unpackhi_epi64(t01hi, t23hi);
+    __m512i s0 = _mm512_shuffle_i32x4(r0, r1, 0x44), s1 = _mm512_shuffle_i32x4(r0, r1, 0xEE);
+    __m512i s2 = _mm512_shuffle_i32x4(r2, r3, 0x44), s3 = _mm512_shuffle_i32x4(r2, r3, 0xEE);
+    __m512i draws[4] = {_mm512_shuffle_i32x4(s0, s2, 0x88), _mm512_shuffle_i32x4(s0, s2, 0xDD),
+                        _mm512_shuffle_i32x4(s1, s3, 0x88), _mm512_shuffle_i32x4(s1, s3, 0xDD)};
+    alignas(64) uint8_t bytes[128];
+    for (int half = 0; half < 2; ++half) {
+      uint64_t kept =
+          static_cast<uint64_t>(_mm512_cmpge_epu16_mask(draws[2 * half], limit)) |
+          static_cast<uint64_t>(_mm512_cmpge_epu16_mask(draws[2 * half + 1], limit)) << 32;
+      _mm512_store_si512(reinterpret_cast<__m512i*>(bytes + 64 * half),
+                         _mm512_maskz_mov_epi8(kept, ones));
+    }
+    std::memcpy(keep + at, bytes, n);
+  }
+}
+#endif
+
+// BertKeepMask(shape, seed) -> keep: bool of `shape`, False where the value's 16 random
+// bits are below `threshold` (dropout_prob * 65536). `portable` runs KeepMaskRange on
+// every CPU.
+class BertKeepMaskOp : public OpKernel {
+ public:
+  explicit BertKeepMaskOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("threshold", &threshold_));
+    OP_REQUIRES_OK(context, context->GetAttr("portable", &portable_));
+    OP_REQUIRES(context, threshold_ >= 0 && threshold_ <= 65536,
+                tensorflow::errors::InvalidArgument("BertKeepMask: threshold must be in "
+                                                    "[0, 65536]"));
+  }
+  void Compute(OpKernelContext* context) override {
+    const Tensor& shape = context->input(0);
+    const Tensor& seed = context->input(1);
+    OP_REQUIRES(context, seed.NumElements() == 2,
+                tensorflow::errors::InvalidArgument("BertKeepMask: the seed must hold 2 values"));
+    tensorflow::TensorShape output_shape;
+    OP_REQUIRES(context, tensorflow::TensorShapeUtils::IsVector(shape.shape()),
+                tensorflow::errors::InvalidArgument("BertKeepMask: the shape must be a vector"));
+    OP_REQUIRES_OK(context, tensorflow::TensorShapeUtils::MakeShape(
+                                shape.flat<int32_t>().data(), shape.NumElements(), &output_shape));
+    Tensor* keep = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, output_shape, &keep));
+    auto seeds = seed.flat<tensorflow::int64>();
+    PhiloxStream stream = StreamOfSeed(static_cast<uint64_t>(seeds(0)),
+                                       static_cast<uint64_t>(seeds(1)));
+    uint8_t* out = reinterpret_cast<uint8_t*>(const_cast<char*>(keep->tensor_data().data()));
+    uint32_t threshold = static_cast<uint32_t>(threshold_);
+    if (threshold > 0xFFFFu) {  // every value dropped
+      std::memset(out, 0, keep->NumElements());
+      return;
+    }
+#if defined(__x86_64__)
+    static const bool avx512 =
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    if (avx512 && !portable_) {
+      Shard(context, keep->NumElements(), [&](int64_t begin, int64_t n) {
+        KeepMaskRangeAvx512(stream, threshold, begin, begin + n, out);
+      });
+      return;
+    }
+#endif
+    Shard(context, keep->NumElements(), [&](int64_t begin, int64_t n) {
+      KeepMaskRange(stream, threshold, begin, begin + n, out);
+    });
+  }
+
+ private:
+  int threshold_;
+  bool portable_;  // the loop every CPU runs, also where AVX-512's is faster (tests)
+};
+
 }  // namespace
 
 REGISTER_OP("BertGelu")
@@ -624,3 +817,18 @@ REGISTER_KERNEL_BUILDER(Name("BertDropoutAddLayerNorm").Device(tensorflow::DEVIC
                         BertDropoutAddLayerNormOp);
 REGISTER_KERNEL_BUILDER(Name("BertDropoutAddLayerNormGrad").Device(tensorflow::DEVICE_CPU),
                         BertDropoutAddLayerNormGradOp);
+
+REGISTER_OP("BertKeepMask")
+    .Input("shape: int32")
+    .Input("seed: int64")
+    .Output("keep: bool")
+    .Attr("threshold: int")
+    .Attr("portable: bool = false")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle shape;
+      TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(0, &shape));
+      c->set_output(0, shape);
+      return tensorflow::Status();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("BertKeepMask").Device(tensorflow::DEVICE_CPU), BertKeepMaskOp);
