@@ -143,10 +143,10 @@ def trace(step, tf, steps):
   return by_part, by_type, wall / len(runs * steps), metadata
 
 
-def print_profile(by_part, by_type, wall_s, micro_batches):
+def print_profile(by_part, by_type, wall_s, micro_batches, updates):
   total = float(sum(by_part.values()))
-  print("Micro-batch: %.3f s wall (traced); summed op time %.3f s a micro-batch" % (
-      wall_s, total / 1e6 / micro_batches))
+  print("Micro-batch: %.3f s wall (traced: %d micro-batches, %d updates); summed op time "
+        "%.3f s a micro-batch" % (wall_s, micro_batches, updates, total / 1e6 / micro_batches))
   directions = ("forward", "backward", "update")
   print("\n| part | forward | backward | update | total |\n|---|---|---|---|---|")
   part_total = lambda p: sum(by_part[(p, d)] for d in directions)
@@ -154,7 +154,7 @@ def print_profile(by_part, by_type, wall_s, micro_batches):
     print("| %s | %s | %.1f%% |" % (part, " | ".join("%.1f%%" % (100 * by_part[(part, d)] / total)
                                                       for d in directions),
                                     100 * part_total(part) / total))
-  print("\n| op type | share | ms a step |\n|---|---|---|")
+  print("\n| op type | share | ms a micro-batch |\n|---|---|---|")
   for name, micros in by_type.most_common(FLAGS.top_ops):
     print("| %s | %.1f%% | %.1f |" % (name, 100 * micros / total,
                                       micros / 1e3 / micro_batches))
@@ -196,7 +196,8 @@ def profile():
   print("%s seq %d batch %d x %d accumulated %s, %d intra / %d inter-op threads" % (
       FLAGS.config, FLAGS.seq, FLAGS.batch, FLAGS.accumulation, FLAGS.precision,
       FLAGS.intra_threads, FLAGS.inter_threads))
-  print_profile(by_part, by_type, wall_s, FLAGS.traced_steps * FLAGS.accumulation)
+  print_profile(by_part, by_type, wall_s, FLAGS.traced_steps * FLAGS.accumulation,
+                FLAGS.traced_steps)
   if FLAGS.memory:
     print_kept(kept_for_backward(step, metadata), FLAGS.batch)
 
