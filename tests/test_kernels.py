@@ -506,3 +506,13 @@ def test_the_fused_keep_mask_of_no_values_is_empty(fused):
   with tf.Graph().as_default(), tf.Session() as session:
     mask = session.run(fused.bert_keep_mask([3, 0], [1, 2], threshold=6554))
   assert mask.shape == (3, 0)
+
+
+def test_the_fused_keep_mask_names_a_seed_that_is_not_two_values(fused):
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match="rank 1"):
+      fused.bert_keep_mask([4], [[1, 2]], threshold=6554)
+  with tf.Graph().as_default(), tf.Session() as session:
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="BertKeepMask: the seed must be a vector of 2 values, not \\[3\\]"):
+      session.run(fused.bert_keep_mask([4], tf.constant([1, 2, 3], tf.int64), threshold=6554))

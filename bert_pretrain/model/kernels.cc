@@ -678,8 +678,10 @@ class BertKeepMaskOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& shape = context->input(0);
     const Tensor& seed = context->input(1);
-    OP_REQUIRES(context, seed.NumElements() == 2,
-                tensorflow::errors::InvalidArgument("BertKeepMask: the seed must hold 2 values"));
+    OP_REQUIRES(context, seed.dims() == 1 && seed.dim_size(0) == 2,
+                tensorflow::errors::InvalidArgument("BertKeepMask: the seed must be a vector "
+                                                    "of 2 values, not ",
+                                                    seed.shape().DebugString()));
     tensorflow::TensorShape output_shape;
     OP_REQUIRES(context, tensorflow::TensorShapeUtils::IsVector(shape.shape()),
                 tensorflow::errors::InvalidArgument("BertKeepMask: the shape must be a vector"));
@@ -692,6 +694,7 @@ class BertKeepMaskOp : public OpKernel {
                                        static_cast<uint64_t>(seeds(1)));
     uint8_t* out = reinterpret_cast<uint8_t*>(const_cast<char*>(keep->tensor_data().data()));
     uint32_t threshold = static_cast<uint32_t>(threshold_);
+    if (keep->NumElements() == 0) return;
     if (threshold > 0xFFFFu) {  // every value dropped
       std::memset(out, 0, keep->NumElements());
       return;
@@ -827,6 +830,8 @@ REGISTER_OP("BertKeepMask")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       tensorflow::shape_inference::ShapeHandle shape;
       TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(0, &shape));
+      tensorflow::shape_inference::ShapeHandle seed;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &seed));
       c->set_output(0, shape);
       return tensorflow::Status();
     });
