@@ -516,3 +516,65 @@ def test_the_fused_keep_mask_names_a_seed_that_is_not_two_values(fused):
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="BertKeepMask: the seed must be a vector of 2 values, not \\[3\\]"):
       session.run(fused.bert_keep_mask([4], tf.constant([1, 2, 3], tf.int64), threshold=6554))
+
+
+def _lamb_in_float64(w, m, v, g, hyper, adapt, weight_decay):
+  """BertLambApply's update in float64: (w, m, v) after it."""
+  lr, grad_scale, one_minus_b1, one_minus_b2, scale, epsilon = hyper
+  g = g * grad_scale
+  m = m + (g - m) * one_minus_b1
+  v = v + (g * g - v) * one_minus_b2
+  u = m * scale / (np.sqrt(v) + epsilon) + weight_decay * w
+  (w_norm, u_norm) = (np.linalg.norm(w), np.linalg.norm(u))
+  ratio = w_norm / u_norm if adapt and w_norm > 0 and u_norm > 0 else 1.0
+  return w - lr * ratio * u, m, v
+
+
+@pytest.mark.parametrize("adapt, weight_decay, start", [
+    (True, 0.01, "random"), (False, 0.0, "random"), (True, 0.01, "zero")])
+def test_the_lamb_kernel_updates_a_variable_of_many_blocks_as_float64_does(
+    fused, adapt, weight_decay, start):
+  """Two updates of a variable of 100,003 values (blocks of 4,096 shared by the threads,
+  and a tail): the moments and the weights' change as float64 computes them; a variable
+  of zeros takes a trust ratio of 1."""
+  rng = np.random.RandomState(5)
+  n = 100003
+  w0 = (rng.randn(n) * 0.05 if start == "random" else np.zeros(n)).astype(np.float32)
+  grads = [(rng.randn(n) * 0.01).astype(np.float32) for _ in range(2)]
+  hypers = [np.array([0.01, 0.5, 0.1, 0.001, 1.2, 1e-6], np.float32),
+            np.array([0.009, 1.0, 0.1, 0.001, 1.1, 1e-6], np.float32)]
+  with tf.Graph().as_default():
+    w = tf.Variable(w0)
+    (m, v) = (tf.Variable(np.zeros(n, np.float32)), tf.Variable(np.zeros(n, np.float32)))
+    (g, hyper) = (tf.placeholder(tf.float32, [n]), tf.placeholder(tf.float32, [6]))
+    update = fused.bert_lamb_apply(w, m, v, g, hyper, adapt=adapt, weight_decay=weight_decay)
+    config = tf.ConfigProto(intra_op_parallelism_threads=2)
+    with tf.Session(config=config) as session:
+      session.run(tf.global_variables_initializer())
+      for grad, values in zip(grads, hypers):
+        session.run(update, {g: grad, hyper: values})
+      got = session.run([w, m, v])
+  want = [w0.astype(np.float64), 0.0, 0.0]
+  for grad, values in zip(grads, hypers):
+    want = _lamb_in_float64(want[0], want[1], want[2], grad.astype(np.float64),
+                            values.astype(np.float64), adapt, weight_decay)
+  for got_slot, want_slot in zip(got[1:], want[1:]):  # float32's rounding near 0
+    np.testing.assert_allclose(got_slot, want_slot, rtol=1e-5,
+                               atol=1e-6 * np.abs(want_slot).max())
+  change, want_change = got[0] - w0, want[0] - w0
+  assert np.abs(want_change).max() > 1e-4  # the weights moved
+  np.testing.assert_allclose(change, want_change, rtol=1e-3, atol=1e-3 * np.abs(
+      want_change).max())
+
+
+def test_the_lamb_kernel_names_mismatched_shapes_and_hyperparameters(fused):
+  with tf.Graph().as_default():
+    (w, m, v) = (tf.Variable(np.zeros([4, 3], np.float32)) for _ in range(3))
+    with pytest.raises(ValueError, match="Dimension 1 in both shapes must be equal"):
+      fused.bert_lamb_apply(w, m, v, tf.zeros([4, 2]), tf.zeros([6]), adapt=True)
+    update = fused.bert_lamb_apply(w, m, v, tf.zeros([4, 3]), tf.zeros([5]), adapt=True)
+    with tf.Session() as session:
+      session.run(tf.global_variables_initializer())
+      with pytest.raises(tf.errors.InvalidArgumentError,
+                         match="BertLambApply: hyper must be a vector of 6 values, not \\[5\\]"):
+        session.run(update)

@@ -4,9 +4,25 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain.model import modeling
+from bert_pretrain.model import kernels, modeling
 from bert_pretrain.training import optimization
 from bert_pretrain.training import pretraining
+
+# The three ways a variable is updated: our kernel (in place, where it is built), then
+# TensorFlow's fused kernels (in place, where ours is not), then plain ops and
+# assignments (under a tf.distribute strategy, or where an update may be skipped).
+UPDATES = ("BertLambApply", "TensorFlow's kernels", "plain ops")
+
+
+@pytest.fixture(params=UPDATES)
+def update_path(request, monkeypatch):
+  """Each of UPDATES in turn: our kernel built as init_tf.sh builds it, or not loaded."""
+  if request.param == UPDATES[0]:
+    kernels.build()
+    assert kernels.load() is not None, kernels.why_unavailable()
+  else:
+    monkeypatch.setattr(kernels, "_loaded", {kernels.library_path(): "off"})
+  return request.param
 
 
 def schedule_values(steps, **kwargs):
@@ -107,9 +123,9 @@ VARIABLES = (
 DECAYED = ("layer/kernel", "embeddings/word_embeddings")
 
 
-def one_update(name, fused, adapt_every_variable=False):
-  """{variable name: value} after one update of VARIABLES (lr 0.1, weight decay 0.01), by
-  the fused kernels or the plain ops."""
+def one_update(name, update_path, adapt_every_variable=False):
+  """{variable name: value} after one update of VARIABLES (lr 0.1, weight decay 0.01),
+  the way update_path (one of UPDATES) says."""
   with tf.Graph().as_default():
     pairs = [(tf.constant(np.array(g, np.float32)),
               tf.get_variable(n, initializer=np.array(w0, np.float32)))
@@ -118,7 +134,9 @@ def one_update(name, fused, adapt_every_variable=False):
     opt = optimization.create_optimizer(name, 0.1, weight_decay_rate=0.01,
                                         adapt_every_variable=adapt_every_variable)
     op = opt.apply_gradients(pairs, global_step=step,
-                             applied=None if fused else tf.constant(True))
+                             applied=tf.constant(True) if update_path == UPDATES[2] else None)
+    ops = {o.type for o in tf.get_default_graph().get_operations()}
+    assert ("BertLambApply" in ops) == (update_path == UPDATES[0]), ops
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())
       sess.run(op)
@@ -127,11 +145,10 @@ def one_update(name, fused, adapt_every_variable=False):
 
 
 @pytest.mark.parametrize("name", ["lamb", "adam"])
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain ops"])
-def test_one_update_matches_numpy(name, fused):
-  """The fused kernels (in place) and the plain ops (under a strategy, or when an update
-  may be skipped: `applied`) compute the same update, for every class of variable."""
-  values = one_update(name, fused)
+def test_one_update_matches_numpy(name, update_path):
+  """Our kernel, TensorFlow's fused kernels and the plain ops compute the same update,
+  for every class of variable."""
+  values = one_update(name, update_path)
   for var_name, w0, g in VARIABLES:
     w0, g = np.array(w0, np.float32), np.array(g, np.float32)
     wd = 0.01 if var_name in DECAYED else 0.0
@@ -145,13 +162,12 @@ def test_one_update_matches_numpy(name, fused):
   assert "layer/kernel/adam_m" in values and "layer/kernel/adam_v" in values
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain ops"])
-def test_lamb_adapts_layernorm_and_bias_only_when_asked(fused):
+def test_lamb_adapts_layernorm_and_bias_only_when_asked(update_path):
   """adapt_every_variable (NVIDIA's LAMB): the trust ratio for every variable; by default
   (MLPerf's reference) LayerNorm and bias variables keep a ratio of 1, so the two differ
   there and agree on kernels and embeddings."""
-  reference = one_update("lamb", fused)
-  every = one_update("lamb", fused, adapt_every_variable=True)
+  reference = one_update("lamb", update_path)
+  every = one_update("lamb", update_path, adapt_every_variable=True)
   for var_name, w0, g in VARIABLES:
     w0, g = np.array(w0, np.float32), np.array(g, np.float32)
     wd = 0.01 if var_name in DECAYED else 0.0
@@ -224,19 +240,22 @@ def test_accumulation_equals_a_larger_batch(optimizer):
   assert initial_distance > 1e-4
 
 
+@pytest.mark.parametrize("update_path", UPDATES[:2], indirect=True)
 @pytest.mark.parametrize("optimizer", ["lamb", "adam"])
-def test_the_fused_kernels_train_a_model_as_the_plain_ops_do(optimizer, monkeypatch):
-  """Three updates of a real model: the fused in-place kernels against the plain ops
-  (the path under a strategy, taken here by passing `applied`). An in-place update that
-  ran before the forward pass had read the weights (Adam's decay once did) differs by
-  1e-5 or more, and differently from run to run. The two paths' own rounding differs by
-  up to about 1.2e-6 at Adam's learning rate of 1e-2 (TensorFlow 1.15)."""
+def test_the_in_place_kernels_train_a_model_as_the_plain_ops_do(optimizer, update_path,
+                                                                monkeypatch):
+  """Three updates of a real model: the in-place kernels (ours, or TensorFlow's) against
+  the plain ops (the path under a strategy, taken here by passing `applied`). An in-place
+  update that ran before the forward pass had read the weights (Adam's decay once did)
+  differs by 1e-5 or more, and differently from run to run. The paths' own rounding
+  differs by up to about 1.2e-6 at Adam's learning rate of 1e-2 (TensorFlow 1.15)."""
   fused = train_weights(8, 1, optimizer=optimizer)[1]
   again = train_weights(8, 1, optimizer=optimizer)[1]
   apply_gradients = optimization._WeightDecayOptimizer.apply_gradients
   monkeypatch.setattr(optimization._WeightDecayOptimizer, "apply_gradients",
-                      lambda self, pairs, global_step=None, applied=None: apply_gradients(
-                          self, pairs, global_step, applied=tf.constant(True)))
+                      lambda self, pairs, global_step=None, applied=None, **kwargs:
+                      apply_gradients(self, pairs, global_step, applied=tf.constant(True),
+                                      **kwargs))
   plain = train_weights(8, 1, optimizer=optimizer)[1]
   for name in plain:
     np.testing.assert_array_equal(again[name], fused[name], err_msg=name)

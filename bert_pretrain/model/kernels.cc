@@ -11,6 +11,9 @@
 // residual added and layer norm, in one pass over a row each way.
 // BertKeepMask: dropout's keep mask (dropout.random_keep_mask) straight from Philox, the
 // same bits as StatelessRandomUniformFullInt and the compare, without the uint32 tensor.
+// BertLambApply: one update of a variable by LAMB or Adam with decoupled weight decay
+// (optimization.py), in place: moments, direction, norms and weights in two passes over
+// memory (one without the trust ratio) instead of TensorFlow's dozen.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -719,6 +722,148 @@ class BertKeepMaskOp : public OpKernel {
   bool portable_;  // the loop every CPU runs, also where AVX-512's is faster (tests)
 };
 
+// The hyperparameters of BertLambApply, in the order of its `hyper` input.
+struct LambHyper {
+  float lr, grad_scale, one_minus_beta_1, one_minus_beta_2, direction_scale,
+      direction_epsilon, weight_decay;
+};
+constexpr int kLambHyper = 6;  // the values of `hyper` (weight_decay is an attribute)
+
+// The update's direction, as optimization.py's plain ops compute it:
+// m * direction_scale / (sqrt(v) + direction_epsilon) (+ weight_decay * w).
+template <bool kDecay>
+inline float LambDirection(float m, float v, float w, const LambHyper& h) {
+  float u = m * h.direction_scale / (std::sqrt(v) + h.direction_epsilon);
+  return kDecay ? u + h.weight_decay * w : u;
+}
+
+// The moments take the gradient over [0, n); with kApply the weights move by lr times the
+// direction too (trust ratio 1), else the squares of the weights and of the direction
+// are summed into `sums` (two floats).
+template <bool kDecay, bool kApply>
+inline void LambMoment(const float* g, float* m, float* v, float* w, const LambHyper& h,
+                       float* w_square, float* u_square) {
+  float grad = *g * h.grad_scale;
+  float next_m = *m + (grad - *m) * h.one_minus_beta_1;
+  float next_v = *v + (grad * grad - *v) * h.one_minus_beta_2;
+  float u = LambDirection<kDecay>(next_m, next_v, *w, h);
+  *m = next_m;
+  *v = next_v;
+  if (kApply) {
+    *w = *w - h.lr * u;
+  } else {
+    *w_square += *w * *w;
+    *u_square += u * u;
+  }
+}
+
+template <bool kDecay, bool kApply>
+CLONES void LambMoments(const float* g, float* m, float* v, float* w, const LambHyper& h,
+                        int64_t n, double* sums) {
+  float w_lanes[kLanes] = {0.0f}, u_lanes[kLanes] = {0.0f};
+  int64_t whole = n - n % kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes)
+    for (int j = 0; j < kLanes; ++j)
+      LambMoment<kDecay, kApply>(g + i + j, m + i + j, v + i + j, w + i + j, h, w_lanes + j,
+                                 u_lanes + j);
+  for (int64_t i = whole; i < n; ++i)
+    LambMoment<kDecay, kApply>(g + i, m + i, v + i, w + i, h, w_lanes, u_lanes);
+  if (kApply) return;
+  for (int j = 0; j < kLanes; ++j) {
+    sums[0] += w_lanes[j];
+    sums[1] += u_lanes[j];
+  }
+}
+
+// The weights move by `step` times the direction, recomputed from the new moments.
+template <bool kDecay>
+CLONES void LambMove(const float* m, const float* v, float* w, const LambHyper& h,
+                     float step, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) w[i] = w[i] - step * LambDirection<kDecay>(m[i], v[i], w[i], h);
+}
+
+// BertLambApply(var, m, v, grad, hyper) -> var: grad * grad_scale updates the moments m
+// and v, and var moves by lr times the direction, times ||var|| / ||direction|| where
+// `adapt` (1 where either norm is 0). hyper: lr, grad_scale, 1 - beta_1, 1 - beta_2,
+// direction_scale, direction_epsilon.
+class BertLambApplyOp : public OpKernel {
+ public:
+  explicit BertLambApplyOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("adapt", &adapt_));
+    OP_REQUIRES_OK(context, context->GetAttr("weight_decay", &weight_decay_));
+  }
+  void Compute(OpKernelContext* context) override {
+    context->forward_ref_input_to_ref_output(0, 0);
+    Tensor var = context->mutable_input(0, false);
+    Tensor m = context->mutable_input(1, false);
+    Tensor v = context->mutable_input(2, false);
+    const Tensor& grad = context->input(3);
+    const Tensor& hyper = context->input(4);
+    OP_REQUIRES(context, var.IsInitialized() && m.IsInitialized() && v.IsInitialized(),
+                tensorflow::errors::FailedPrecondition(
+                    "BertLambApply: a variable or slot is not initialized"));
+    OP_REQUIRES(context, var.shape() == m.shape() && var.shape() == v.shape() &&
+                             var.shape() == grad.shape(),
+                tensorflow::errors::InvalidArgument(
+                    "BertLambApply: var, m, v and grad differ in shape: ",
+                    var.shape().DebugString(), " and ", grad.shape().DebugString()));
+    OP_REQUIRES(context, hyper.dims() == 1 && hyper.dim_size(0) == kLambHyper,
+                tensorflow::errors::InvalidArgument("BertLambApply: hyper must be a vector "
+                                                    "of ", kLambHyper, " values, not ",
+                                                    hyper.shape().DebugString()));
+    auto values = hyper.flat<float>();
+    LambHyper h = {values(0), values(1), values(2), values(3), values(4), values(5),
+                   weight_decay_};
+    if (weight_decay_ != 0.0f) {
+      Update<true>(context, var, m, v, grad, h);
+    } else {
+      Update<false>(context, var, m, v, grad, h);
+    }
+  }
+
+ private:
+  template <bool kDecay>
+  void Update(OpKernelContext* context, Tensor& var, Tensor& m, Tensor& v,
+              const Tensor& grad, const LambHyper& h) {
+    int64_t n = var.NumElements();
+    float* w_data = var.flat<float>().data();
+    float* m_data = m.flat<float>().data();
+    float* v_data = v.flat<float>().data();
+    const float* g_data = grad.flat<float>().data();
+    if (!adapt_) {
+      Shard(context, n, [&](int64_t begin, int64_t count) {
+        LambMoments<kDecay, true>(g_data + begin, m_data + begin, v_data + begin,
+                                  w_data + begin, h, count, nullptr);
+      });
+      return;
+    }
+    // A sum for each block, added in order: the same norms whatever the threads did.
+    std::vector<double> sums(2 * ((n + kBlock - 1) / kBlock), 0.0);
+    Shard(context, n, [&](int64_t begin, int64_t count) {
+      for (int64_t at = begin; at < begin + count; at += kBlock) {
+        int64_t block = std::min(kBlock, begin + count - at);
+        LambMoments<kDecay, false>(g_data + at, m_data + at, v_data + at, w_data + at, h,
+                                   block, &sums[2 * (at / kBlock)]);
+      }
+    });
+    double w_square = 0.0, u_square = 0.0;
+    for (size_t i = 0; i < sums.size(); i += 2) {
+      w_square += sums[i];
+      u_square += sums[i + 1];
+    }
+    float w_norm = static_cast<float>(std::sqrt(w_square));
+    float u_norm = static_cast<float>(std::sqrt(u_square));
+    float ratio = w_norm > 0.0f && u_norm > 0.0f ? w_norm / u_norm : 1.0f;
+    float step = ratio * h.lr;
+    Shard(context, n, [&](int64_t begin, int64_t count) {
+      LambMove<kDecay>(m_data + begin, v_data + begin, w_data + begin, h, step, count);
+    });
+  }
+
+  bool adapt_;
+  float weight_decay_;
+};
+
 }  // namespace
 
 REGISTER_OP("BertGelu")
@@ -837,3 +982,24 @@ REGISTER_OP("BertKeepMask")
     });
 
 REGISTER_KERNEL_BUILDER(Name("BertKeepMask").Device(tensorflow::DEVICE_CPU), BertKeepMaskOp);
+
+REGISTER_OP("BertLambApply")
+    .Input("var: Ref(float)")
+    .Input("m: Ref(float)")
+    .Input("v: Ref(float)")
+    .Input("grad: float")
+    .Input("hyper: float")
+    .Output("out: Ref(float)")
+    .Attr("adapt: bool")
+    .Attr("weight_decay: float = 0.0")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle shape, hyper;
+      TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1), &shape));
+      TF_RETURN_IF_ERROR(c->Merge(shape, c->input(2), &shape));
+      TF_RETURN_IF_ERROR(c->Merge(shape, c->input(3), &shape));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &hyper));
+      c->set_output(0, shape);
+      return tensorflow::Status();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("BertLambApply").Device(tensorflow::DEVICE_CPU), BertLambApplyOp);

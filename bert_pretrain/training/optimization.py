@@ -5,8 +5,9 @@
   and bias variables, and, as in MLPerf's reference LAMB, neither is LAMB's layer
   adaptation (their trust ratio is 1; NVIDIA's LAMB adapts every variable:
   adapt_every_variable). Their moment slots are named <variable>/adam_m and
-  <variable>/adam_v as in Google BERT checkpoints. Each variable is updated in place
-  by TensorFlow's fused kernels (ApplyAdam, ApplyGradientDescent), one pass each.
+  <variable>/adam_v as in Google BERT checkpoints. Each variable is updated in place,
+  by our kernel BertLambApply (kernels.cc) where it is built, else by TensorFlow's
+  fused kernels (ApplyAdam, ApplyGradientDescent).
 - Linear warm-up from --start_warmup_step, then polynomial decay to 0; with accumulation
   the schedule counts micro-batches, as MLPerf's reference, or updates (NVIDIA's).
 - Gradient clipping by global norm 1.0: by default each micro-batch's gradient on each
@@ -28,6 +29,7 @@ import re
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
+from bert_pretrain.model import kernels
 from bert_pretrain.training import checkpoints
 
 EXCLUDE_FROM_WEIGHT_DECAY = ["LayerNorm", "layer_norm", "bias"]
@@ -77,10 +79,11 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
   """Common part of LAMB and AdamWeightDecay: slots, weight-decay exclusions and the
   update of every variable.
 
-  Each variable is updated in place by TensorFlow's fused training kernels (ApplyAdam,
-  ApplyGradientDescent: one pass over the weights and moments each), not by a chain of
-  elementwise ops, each of which reads and writes the whole tensor (docs/performance.md
-  has the profile).
+  Each variable is updated in place, not by a chain of elementwise ops, each of which
+  reads and writes the whole tensor (docs/performance.md has the profile): by
+  BertLambApply (kernels.cc: the moments, the direction, the norms and the weights in
+  two passes) where it is built, else by TensorFlow's fused training kernels (ApplyAdam,
+  ApplyGradientDescent: one pass over the weights and moments each).
   Under a tf.distribute strategy, or where an update may be skipped (`applied`), the
   same math runs as plain ops and assignments, which a strategy can mirror and a
   select can undo.
@@ -114,16 +117,17 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
                             shape=param.shape.as_list(), dtype=tf.float32, trainable=False,
                             initializer=tf.zeros_initializer())
             for suffix in ("/adam_m", "/adam_v")))
-        if not tf.distribute.has_strategy():  # the fused update's
-          self._create_scratch(param)
+        if not tf.distribute.has_strategy() and _lamb_kernel([param]) is None:
+          self._create_scratch(param)  # TensorFlow's fused kernels need it
     return slots
 
   def _create_scratch(self, param):
     """(LAMB) a variable for the update direction, which the fused update needs."""
     del param
 
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None, applied=None):
-    """Applies the gradients; returns the group of update ops.
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None, applied=None,
+                      grad_scale=None):
+    """Applies grad_scale times the gradients; returns the group of update ops.
 
     Args:
       grads_and_vars: list of (gradient, variable); None gradients are skipped.
@@ -132,9 +136,15 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
       name: unused, for the tf.train.Optimizer signature.
       applied: (optional) bool scalar Tensor; where false, the variables and slots keep
         their values (a skipped update, without tf.cond).
+      grad_scale: (optional) float32 scalar Tensor the gradients are multiplied by (the
+        clipping's factor), in BertLambApply's pass over them.
     """
     del name
     pairs = [(g, p) for (g, p) in grads_and_vars if g is not None and p is not None]
+    fused = applied is None and not tf.distribute.has_strategy()
+    kernel = _lamb_kernel([p for _, p in pairs]) if fused else None
+    if kernel is None:
+      pairs = list(zip(_scaled([g for g, _ in pairs], grad_scale), [p for _, p in pairs]))
     slots = self.create_slots([p for _, p in pairs])
     # The scalars are made once and shared by every variable's update.
     with tf.name_scope("hyperparameters"):
@@ -143,10 +153,18 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
       scalars = dict(self._scalars(step),
                      one_minus_beta_1=1.0 - tf.constant(self.beta_1, tf.float32),
                      one_minus_beta_2=1.0 - tf.constant(self.beta_2, tf.float32))
-    fused = applied is None and not tf.distribute.has_strategy()
+      if kernel is not None:
+        hyper = tf.stack([tf.cast(x, tf.float32) for x in (
+            self.learning_rate, 1.0 if grad_scale is None else grad_scale,
+            scalars["one_minus_beta_1"], scalars["one_minus_beta_2"],
+            scalars["direction_scale"], scalars["direction_epsilon"])])
     updates = []
     for (grad, param), (m, v) in zip(pairs, slots):
       decay = self._do_use_weight_decay(checkpoints.variable_name(param))
+      if kernel is not None:
+        updates.append(kernel(param, m, v, grad, hyper, adapt=self._adapts(param),
+                              weight_decay=self.weight_decay_rate if decay else 0.0))
+        continue
       if fused:
         updates.append(self._fused_update(grad, param, m, v, decay, scalars))
         continue
@@ -176,6 +194,11 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
   def _step_size(self, param, update):
     raise NotImplementedError()
 
+  def _adapts(self, param):
+    """Whether `param`'s step is scaled by a trust ratio (LAMB's layer adaptation)."""
+    del param
+    return False
+
   def _do_use_weight_decay(self, param_name):
     """Whether to use L2 weight decay for `param_name`."""
     if not self.weight_decay_rate:
@@ -188,6 +211,16 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
 
 def _is_resource(variable):
   return variable.op.type == "VarHandleOp"
+
+
+def _lamb_kernel(variables):
+  """kernels.cc's BertLambApply where it can update all of `variables` in place (it
+  takes reference variables, as disable_v2_behavior makes them), else None."""
+  ops = kernels.load()
+  if ops is None or not hasattr(ops, "bert_lamb_apply") or any(
+      _is_resource(v) for v in variables):
+    return None
+  return ops.bert_lamb_apply
 
 
 def _apply_adam(var, m, v, grad, lr, scalars, epsilon, beta_1, beta_2):
@@ -300,9 +333,12 @@ class LAMBOptimizer(_WeightDecayOptimizer):
     update = _value_after(moved, scratch)
     return _apply_gradient_descent(param, self._step_size(param, update), update)
 
+  def _adapts(self, param):
+    return not any(re.search(r, checkpoints.variable_name(param))
+                   for r in self.exclude_from_layer_adaptation)
+
   def _step_size(self, param, update):
-    if any(re.search(r, checkpoints.variable_name(param))
-           for r in self.exclude_from_layer_adaptation):
+    if not self._adapts(param):
       return self.learning_rate
     param_norm = tf.sqrt(2.0 * tf.nn.l2_loss(param))
     update_norm = tf.sqrt(2.0 * tf.nn.l2_loss(update))
@@ -394,13 +430,13 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, tvars)]
   grads = [tf.cast(g, tf.float32) for g in grads]
   all_finite = None
-  # The micro-batch's gradient is factor * grads; accumulate_op applies the factor in
-  # its pass over each gradient instead of a product of its own.
+  # The micro-batch's gradient is factor * grads; the next pass over each gradient
+  # (accumulate_op's, or the update's) applies the factor instead of a product of its own.
   factor = None
   if clipping == CLIP_PER_MICRO_BATCH:
     with tf.name_scope("clip_micro_batch"):
       (factor, all_finite) = _clip_factor(grads, clip_norm, loss_scale)
-  if pre_accumulation_fn is not None or num_accumulation_steps == 1:
+  if pre_accumulation_fn is not None or (num_accumulation_steps == 1 and allreduce_fn):
     (grads, factor) = (_scaled(grads, factor), None)
   if pre_accumulation_fn is not None:
     grads = pre_accumulation_fn(grads)
@@ -409,13 +445,14 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   if num_accumulation_steps > 1:
     (accumulate_op, accumulators, grads) = _accumulation(tvars, grads, factor,
                                                          num_accumulation_steps)
+    factor = None
 
   if allreduce_fn is not None:
     grads = allreduce_fn(grads)
 
   def apply_update(grads, applied=None):
     apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step,
-                                         applied=applied)
+                                         applied=applied, grad_scale=factor)
     with tf.control_dependencies([apply_op]):
       step = 1 if applied is None else tf.cast(applied, tf.int64)
       return tf.identity(global_step.assign_add(step))
@@ -423,7 +460,6 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   with tf.name_scope("optimizer"):
     if clipping == CLIP_AFTER_ALLREDUCE:
       (factor, all_finite) = _clip_factor(grads, clip_norm, loss_scale)
-      grads = _scaled(grads, factor)
     elif loss_scale is not None and (
         num_accumulation_steps > 1 or allreduce_fn or pre_accumulation_fn):
       # A micro-batch that overflowed (here or on another rank) left NaN in the sum.
