@@ -1,7 +1,8 @@
 """CPU kernels of our own (kernels.cc) that fuse elementwise chains TensorFlow runs as
 many passes over memory: built by init_tf.sh (`python3 -m bert_pretrain.model.kernels`)
-for the TensorFlow it installs, loaded here, used by precision.py and dropout.py where
-they apply. Where they are not built, those use TensorFlow's ops, as they do on GPUs.
+for the TensorFlow it installs, loaded here, used by precision.py, dropout.py and
+training/optimization.py where they apply. Where they are not built, those use
+TensorFlow's ops, as they do on GPUs.
 
 The library's file name holds a digest of the TensorFlow build and compiler flags and
 one of the source, so that a checkout shared by two TensorFlow versions keeps one
