@@ -128,9 +128,9 @@ flags.DEFINE_bool("skip_peer", False, "Leave out HF's peer (PyTorch / transforme
 flags.DEFINE_bool("skip_google", False, "Leave out Google's peer (bert-tensorflow).")
 flags.DEFINE_bool("skip_large", False, "Leave out the BERT-Large seq 512 rows (the batch 1 "
                   "check and MLPerf's configuration).")
-flags.DEFINE_integer("mlperf_batch", 8, "BERT-Large in MLPerf's configuration: the micro-batch "
-                     "(one that fits in 24 GiB here, with room).")
-flags.DEFINE_integer("mlperf_accumulation", 8, "BERT-Large in MLPerf's configuration: "
+flags.DEFINE_integer("mlperf_batch", 16, "BERT-Large in MLPerf's configuration: the micro-batch "
+                     "(the largest power of two that fits in 24 GiB here).")
+flags.DEFINE_integer("mlperf_accumulation", 4, "BERT-Large in MLPerf's configuration: "
                      "micro-batches accumulated into one update (batch x this >= 64).")
 flags.DEFINE_integer("intra_threads", 2, "intra_op_parallelism_threads (and torch threads).")
 flags.DEFINE_integer("inter_threads", 2, "inter_op_parallelism_threads (run_pretraining's "

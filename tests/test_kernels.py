@@ -119,7 +119,11 @@ def test_without_the_library_gelu_runs_tensorflows_ops_and_the_device_line_says_
   assert device_lib.compute_text(cpu) == (
       "compute bfloat16 (fused kernels not built for this TensorFlow; bash init_tf.sh "
       "builds them)")
-  assert device_lib.compute_text(device_lib.Device("CPU", [], tf.float32)) == "compute float32"
+  # float32 runs the optimizer's kernel without it too.
+  assert device_lib.compute_text(device_lib.Device("CPU", [], tf.float32)) == (
+      "compute float32 (fused kernels not built for this TensorFlow; bash init_tf.sh "
+      "builds them)")
+  assert device_lib.compute_text(device_lib.Device("GPU", [], tf.float32)) == "compute float32"
 
 
 def test_the_kernels_can_be_turned_off_for_a_comparison(fused, monkeypatch):
@@ -531,15 +535,16 @@ def _lamb_in_float64(w, m, v, g, hyper, adapt, weight_decay):
 
 
 @pytest.mark.parametrize("adapt, weight_decay, start", [
-    (True, 0.01, "random"), (False, 0.0, "random"), (True, 0.01, "zero")])
+    (True, 0.1, "random"), (False, 0.1, "random"), (False, 0.0, "random"),
+    (True, 0.1, "zero")])
 def test_the_lamb_kernel_updates_a_variable_of_many_blocks_as_float64_does(
     fused, adapt, weight_decay, start):
   """Two updates of a variable of 100,003 values (blocks of 4,096 shared by the threads,
-  and a tail): the moments and the weights' change as float64 computes them; a variable
-  of zeros takes a trust ratio of 1."""
+  and a tail): the moments and the weights' change as float64 computes them, the same
+  bits on 1 thread as on 2; a variable of zeros takes a trust ratio of 1."""
   rng = np.random.RandomState(5)
   n = 100003
-  w0 = (rng.randn(n) * 0.05 if start == "random" else np.zeros(n)).astype(np.float32)
+  w0 = (rng.randn(n) if start == "random" else np.zeros(n)).astype(np.float32)
   grads = [(rng.randn(n) * 0.01).astype(np.float32) for _ in range(2)]
   hypers = [np.array([0.01, 0.5, 0.1, 0.001, 1.2, 1e-6], np.float32),
             np.array([0.009, 1.0, 0.1, 0.001, 1.1, 1e-6], np.float32)]
@@ -548,12 +553,17 @@ def test_the_lamb_kernel_updates_a_variable_of_many_blocks_as_float64_does(
     (m, v) = (tf.Variable(np.zeros(n, np.float32)), tf.Variable(np.zeros(n, np.float32)))
     (g, hyper) = (tf.placeholder(tf.float32, [n]), tf.placeholder(tf.float32, [6]))
     update = fused.bert_lamb_apply(w, m, v, g, hyper, adapt=adapt, weight_decay=weight_decay)
-    config = tf.ConfigProto(intra_op_parallelism_threads=2)
-    with tf.Session(config=config) as session:
-      session.run(tf.global_variables_initializer())
-      for grad, values in zip(grads, hypers):
-        session.run(update, {g: grad, hyper: values})
-      got = session.run([w, m, v])
+    runs = []
+    for threads in (2, 1):
+      config = tf.ConfigProto(intra_op_parallelism_threads=threads)
+      with tf.Session(config=config) as session:
+        session.run(tf.global_variables_initializer())
+        for grad, values in zip(grads, hypers):
+          session.run(update, {g: grad, hyper: values})
+        runs.append(session.run([w, m, v]))
+  for one_thread, two_threads in zip(runs[1], runs[0]):
+    np.testing.assert_array_equal(one_thread, two_threads)
+  got = runs[0]
   want = [w0.astype(np.float64), 0.0, 0.0]
   for grad, values in zip(grads, hypers):
     want = _lamb_in_float64(want[0], want[1], want[2], grad.astype(np.float64),
@@ -572,9 +582,12 @@ def test_the_lamb_kernel_names_mismatched_shapes_and_hyperparameters(fused):
     (w, m, v) = (tf.Variable(np.zeros([4, 3], np.float32)) for _ in range(3))
     with pytest.raises(ValueError, match="Dimension 1 in both shapes must be equal"):
       fused.bert_lamb_apply(w, m, v, tf.zeros([4, 2]), tf.zeros([6]), adapt=True)
-    update = fused.bert_lamb_apply(w, m, v, tf.zeros([4, 3]), tf.zeros([5]), adapt=True)
+    with pytest.raises(ValueError, match="must be 6"):
+      fused.bert_lamb_apply(w, m, v, tf.zeros([4, 3]), tf.zeros([5]), adapt=True)
+    hyper = tf.placeholder(tf.float32, [None])
+    update = fused.bert_lamb_apply(w, m, v, tf.zeros([4, 3]), hyper, adapt=True)
     with tf.Session() as session:
       session.run(tf.global_variables_initializer())
       with pytest.raises(tf.errors.InvalidArgumentError,
                          match="BertLambApply: hyper must be a vector of 6 values, not \\[5\\]"):
-        session.run(update)
+        session.run(update, {hyper: np.zeros(5, np.float32)})

@@ -16,12 +16,13 @@ UPDATES = ("BertLambApply", "TensorFlow's kernels", "plain ops")
 
 @pytest.fixture(params=UPDATES)
 def update_path(request, monkeypatch):
-  """Each of UPDATES in turn: our kernel built as init_tf.sh builds it, or not loaded."""
-  if request.param == UPDATES[0]:
+  """Each of UPDATES in turn: our kernel not loaded for TensorFlow's, else built as
+  init_tf.sh builds it (the plain ops' path must leave it aside)."""
+  if request.param == UPDATES[1]:
+    monkeypatch.setattr(kernels, "_loaded", {kernels.library_path(): "off"})
+  else:
     kernels.build()
     assert kernels.load() is not None, kernels.why_unavailable()
-  else:
-    monkeypatch.setattr(kernels, "_loaded", {kernels.library_path(): "off"})
   return request.param
 
 
@@ -272,8 +273,9 @@ CLIP_INPUTS = np.array([[[1.0, 2.0], [0.5, 1.5]], [[3.0, 0.1], [0.2, 0.4]],
 
 
 def numpy_clipped_lamb(clipping, accumulation, updates=3):
-  """The weights after `updates` LAMB updates of the model above, micro-batches taken in
-  order, gradients clipped to norm 1 per micro-batch or after averaging."""
+  """The weights and first moment after `updates` LAMB updates of the model above,
+  micro-batches taken in order, gradients clipped to norm 1 per micro-batch or after
+  averaging."""
   w, m, v = CLIP_W0.copy(), 0.0, 0.0
   inputs = iter(CLIP_INPUTS)
   for step in range(1, updates + 1):
@@ -285,7 +287,7 @@ def numpy_clipped_lamb(clipping, accumulation, updates=3):
       g = g / max(np.linalg.norm(g), 1.0)
     lr = 0.1 * (1.0 - (step - 1) / 10.0)  # the schedule's linear decay over 10 updates
     w, m, v = numpy_lamb_step(w, g, m, v, step, lr, 0.01)
-  return w
+  return w, m
 
 
 def tf_clipped_lamb(clipping, accumulation, loss_scale=None, updates=3):
@@ -307,21 +309,25 @@ def tf_clipped_lamb(clipping, accumulation, loss_scale=None, updates=3):
           sess.run(accumulate)
         sess.run(update)
       assert sess.run(step) == updates
-      return sess.run(w)
+      return sess.run((w, tf.global_variables("layer/kernel/adam_m")[0]))
 
 
+@pytest.mark.parametrize("update_path", UPDATES[:2], indirect=True)
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_both_clipping_orders_match_numpy(accumulation):
+def test_both_clipping_orders_match_numpy(accumulation, update_path):
   """Clipping each micro-batch's gradient before accumulation (MLPerf's reference and
-  NVIDIA) and clipping the accumulated mean (after the all-reduce) each match numpy, also
-  under loss scaling; with accumulation they differ."""
+  NVIDIA) and clipping the accumulated mean (after the all-reduce) each match numpy, the
+  weights and the first moment (which the clipping factor scales), also under loss
+  scaling; with accumulation they differ."""
   results = {}
   for clipping in optimization.CLIPPING:
-    want = numpy_clipped_lamb(clipping, accumulation)
-    results[clipping] = tf_clipped_lamb(clipping, accumulation)
+    (want, want_m) = numpy_clipped_lamb(clipping, accumulation)
+    (results[clipping], m) = tf_clipped_lamb(clipping, accumulation)
     np.testing.assert_allclose(results[clipping], want, rtol=1e-5, err_msg=clipping)
-    np.testing.assert_allclose(tf_clipped_lamb(clipping, accumulation, loss_scale=2.0 ** 10),
-                               want, rtol=1e-5, err_msg=clipping + " with loss scaling")
+    np.testing.assert_allclose(m, want_m, rtol=1e-5, err_msg=clipping)
+    (scaled, scaled_m) = tf_clipped_lamb(clipping, accumulation, loss_scale=2.0 ** 10)
+    np.testing.assert_allclose(scaled, want, rtol=1e-5, err_msg=clipping + " loss-scaled")
+    np.testing.assert_allclose(scaled_m, want_m, rtol=1e-5, err_msg=clipping + " loss-scaled")
   difference = np.abs(results[optimization.CLIP_PER_MICRO_BATCH]
                       - results[optimization.CLIP_AFTER_ALLREDUCE]).max()
   if accumulation > 1:

@@ -265,12 +265,12 @@ def device_line(device, ranks, name="", cores=None):
 
 def compute_text(device):
   """The end of device_line: "compute bfloat16", or "compute float32 (why; the fix)", or
-  "compute bfloat16 (fused kernels not built ...; the fix)" where the CPU's bfloat16
-  runs without its fused kernels (model/kernels.py)."""
+  "compute bfloat16 (fused kernels not built ...; the fix)" where a CPU runs without
+  our fused kernels (model/kernels.py: in every precision, the optimizer's update)."""
   text = "compute %s" % device.dtype.name
   if device.why:  # run_pretraining's --amp_dtype chooses
     text += " (%s; --amp_dtype=bfloat16 forces bfloat16)" % device.why
-  elif device.kind == "CPU" and device.dtype == tf.bfloat16:
+  elif device.kind == "CPU":
     why_not_fused = kernels.why_unavailable()
     if why_not_fused:
       text += " (fused kernels %s)" % why_not_fused

@@ -1,5 +1,6 @@
 // CPU kernels that fuse elementwise chains TensorFlow runs as many passes (built by
-// init_tf.sh, loaded by kernels.py; without them precision.py uses TensorFlow's ops).
+// init_tf.sh, loaded by kernels.py; without them precision.py, dropout.py and
+// optimization.py use TensorFlow's ops).
 //
 // BertGelu / BertGeluGrad: precision.gelu on bfloat16 in one pass each way, the math in
 // float32 as there. The backward pass recomputes the sigmoid from x instead of keeping
@@ -739,7 +740,7 @@ inline float LambDirection(float m, float v, float w, const LambHyper& h) {
 
 // The moments take the gradient over [0, n); with kApply the weights move by lr times the
 // direction too (trust ratio 1), else the squares of the weights and of the direction
-// are summed into `sums` (two floats).
+// are summed into `sums` (two doubles).
 template <bool kDecay, bool kApply>
 inline void LambMoment(const float* g, float* m, float* v, float* w, const LambHyper& h,
                        float* w_square, float* u_square) {
@@ -806,7 +807,8 @@ class BertLambApplyOp : public OpKernel {
                              var.shape() == grad.shape(),
                 tensorflow::errors::InvalidArgument(
                     "BertLambApply: var, m, v and grad differ in shape: ",
-                    var.shape().DebugString(), " and ", grad.shape().DebugString()));
+                    var.shape().DebugString(), ", ", m.shape().DebugString(), ", ",
+                    v.shape().DebugString(), " and ", grad.shape().DebugString()));
     OP_REQUIRES(context, hyper.dims() == 1 && hyper.dim_size(0) == kLambHyper,
                 tensorflow::errors::InvalidArgument("BertLambApply: hyper must be a vector "
                                                     "of ", kLambHyper, " values, not ",
@@ -994,10 +996,12 @@ REGISTER_OP("BertLambApply")
     .Attr("weight_decay: float = 0.0")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       tensorflow::shape_inference::ShapeHandle shape, hyper;
+      tensorflow::shape_inference::DimensionHandle values;
       TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1), &shape));
       TF_RETURN_IF_ERROR(c->Merge(shape, c->input(2), &shape));
       TF_RETURN_IF_ERROR(c->Merge(shape, c->input(3), &shape));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &hyper));
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(hyper, 0), kLambHyper, &values));
       c->set_output(0, shape);
       return tensorflow::Status();
     });

@@ -137,7 +137,7 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
       applied: (optional) bool scalar Tensor; where false, the variables and slots keep
         their values (a skipped update, without tf.cond).
       grad_scale: (optional) float32 scalar Tensor the gradients are multiplied by (the
-        clipping's factor), in BertLambApply's pass over them.
+        clipping's factor): in BertLambApply's pass over them, else by a product first.
     """
     del name
     pairs = [(g, p) for (g, p) in grads_and_vars if g is not None and p is not None]
@@ -293,9 +293,10 @@ class LAMBOptimizer(_WeightDecayOptimizer):
   Variables whose name matches exclude_from_layer_adaptation keep a trust ratio of 1
   (MLPerf's reference passes the weight-decay exclusions: LayerNorm and bias).
 
-  The fused update writes the update into a scratch variable <variable>/lamb_update (a
-  local variable, not saved: one more float32 copy of the weights in memory), takes
-  its norm, then moves the weights.
+  Without our kernel, TensorFlow's fused kernels write the update into a scratch
+  variable <variable>/lamb_update (a local variable, not saved: one more float32 copy of
+  the weights in memory), take its norm, then move the weights; BertLambApply recomputes
+  the update in its second pass instead.
   """
 
   def __init__(self, learning_rate, exclude_from_layer_adaptation=None, **kwargs):
@@ -451,6 +452,7 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
     grads = allreduce_fn(grads)
 
   def apply_update(grads, applied=None):
+    # `factor` as it is when this runs: clipping after the all-reduce sets it below.
     apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step,
                                          applied=applied, grad_scale=factor)
     with tf.control_dependencies([apply_op]):
