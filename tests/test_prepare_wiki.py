@@ -689,6 +689,28 @@ def test_sigterm_says_how_to_go_on_and_exits_143(vocab, tmp_path):
   assert "Traceback" not in stderr
 
 
+# A process that leaves a spawned pool's semaphore behind, as a run stopped while its
+# workers start may: the semaphore tracker removes it and, unless told not to, warns.
+LEAK = """
+import multiprocessing, os, sys
+from bert_pretrain.wiki import workdir
+if sys.argv[1] == "pool":
+  workdir.WorkerPool(1, "spawn")
+lock = multiprocessing.get_context("spawn").Lock()
+sys.stderr.write("last line\\n")
+sys.stderr.flush()
+os._exit(0)
+"""
+
+
+def test_a_spawned_pools_left_semaphores_add_no_warning_after_the_last_line():
+  def stderr_of(mode):
+    return subprocess.run([sys.executable, "-c", LEAK, mode], stderr=subprocess.PIPE,
+                          universal_newlines=True, cwd=ROOT, timeout=120).stderr
+  assert "leaked semaphore" in stderr_of("bare")  # what the pool keeps from the output
+  assert stderr_of("pool").splitlines()[-1] == "last line"
+
+
 def test_tensorflow_write_errors_read_as_os_errors():
   full = tf.errors.ResourceExhaustedError(None, None, "/x/part-1; No space left on device")
   error = records.os_error_from_tf(full, "/x/part-1")

@@ -337,6 +337,13 @@ class WorkerPool(object):
   """
 
   def __init__(self, processes, context="fork"):
+    if context != "fork":
+      # The tracker process that a spawned pool's semaphores start, and that removes
+      # those a stopped run leaves, would warn of them after the tool's last line.
+      for tracker in ("semaphore_tracker", "resource_tracker"):  # Python 3.7, 3.8 on
+        option = "ignore::UserWarning:multiprocessing." + tracker
+        if option not in sys.warnoptions:
+          sys.warnoptions.append(option)
     self._executor = concurrent.futures.ProcessPoolExecutor(
         processes, mp_context=multiprocessing.get_context(context),
         initializer=_start_worker, initargs=(os.getpid(),))
