@@ -163,6 +163,21 @@ def test_one_update_matches_numpy(name, update_path):
   assert "layer/kernel/adam_m" in values and "layer/kernel/adam_v" in values
 
 
+def test_lambs_scratch_copy_of_the_weights_exists_only_for_tensorflows_kernels(update_path):
+  """BertLambApply recomputes the update instead of keeping it: only TensorFlow's fused
+  kernels need the scratch variables <variable>/lamb_update (one more copy of the
+  weights in memory)."""
+  with tf.Graph().as_default():
+    pairs = [(tf.constant(np.array(g, np.float32)),
+              tf.get_variable(n, initializer=np.array(w0, np.float32)))
+             for n, w0, g in VARIABLES]
+    optimization.create_optimizer("lamb", 0.1).apply_gradients(
+        pairs, global_step=tf.train.get_or_create_global_step(),
+        applied=tf.constant(True) if update_path == UPDATES[2] else None)
+    scratch = [v.op.name for v in tf.local_variables() if v.op.name.endswith("/lamb_update")]
+  assert len(scratch) == (len(VARIABLES) if update_path == UPDATES[1] else 0), scratch
+
+
 def test_lamb_adapts_layernorm_and_bias_only_when_asked(update_path):
   """adapt_every_variable (NVIDIA's LAMB): the trust ratio for every variable; by default
   (MLPerf's reference) LayerNorm and bias variables keep a ratio of 1, so the two differ

@@ -110,6 +110,8 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
       list of (m, v) float32 variables, one pair per variable.
     """
     slots = []
+    # As apply_gradients decides, for all the variables at once.
+    scratch = not tf.distribute.has_strategy() and _lamb_kernel(variables) is None
     with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
       for param in variables:
         slots.append(tuple(
@@ -117,7 +119,7 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
                             shape=param.shape.as_list(), dtype=tf.float32, trainable=False,
                             initializer=tf.zeros_initializer())
             for suffix in ("/adam_m", "/adam_v")))
-        if not tf.distribute.has_strategy() and _lamb_kernel([param]) is None:
+        if scratch:
           self._create_scratch(param)  # TensorFlow's fused kernels need it
     return slots
 
