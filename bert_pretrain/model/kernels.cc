@@ -738,9 +738,7 @@ inline float LambDirection(float m, float v, float w, const LambHyper& h) {
   return kDecay ? u + h.weight_decay * w : u;
 }
 
-// The moments take the gradient over [0, n); with kApply the weights move by lr times the
-// direction too (trust ratio 1), else the squares of the weights and of the direction
-// are summed into `sums` (two doubles).
+// One value of LambMoments: its moments, then its weight or the two squares.
 template <bool kDecay, bool kApply>
 inline void LambMoment(const float* g, float* m, float* v, float* w, const LambHyper& h,
                        float* w_square, float* u_square) {
@@ -758,6 +756,9 @@ inline void LambMoment(const float* g, float* m, float* v, float* w, const LambH
   }
 }
 
+// The moments take the gradient over [0, n); with kApply the weights move by lr times the
+// direction too (trust ratio 1), else the squares of the weights and of the direction
+// are summed into `sums` (two doubles).
 template <bool kDecay, bool kApply>
 CLONES void LambMoments(const float* g, float* m, float* v, float* w, const LambHyper& h,
                         int64_t n, double* sums) {

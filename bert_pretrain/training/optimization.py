@@ -453,10 +453,9 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
   if allreduce_fn is not None:
     grads = allreduce_fn(grads)
 
-  def apply_update(grads, applied=None):
-    # `factor` as it is when this runs: clipping after the all-reduce sets it below.
+  def apply_update(grads, grad_scale, applied=None):
     apply_op = optimizer.apply_gradients(list(zip(grads, tvars)), global_step=global_step,
-                                         applied=applied, grad_scale=factor)
+                                         applied=applied, grad_scale=grad_scale)
     with tf.control_dependencies([apply_op]):
       step = 1 if applied is None else tf.cast(applied, tf.int64)
       return tf.identity(global_step.assign_add(step))
@@ -469,17 +468,17 @@ def create_train_ops(loss, optimizer, global_step, num_accumulation_steps=1,
       # A micro-batch that overflowed (here or on another rank) left NaN in the sum.
       all_finite = tf.is_finite(tf.global_norm(grads))
     if loss_scale is None:
-      new_step = apply_update(grads)
+      new_step = apply_update(grads, factor)
     else:
       optimizer.create_slots(tvars)
       if tf.distribute.has_strategy():
         # A tf.distribute strategy's assignments (merge_call) inside tf.cond leave the
         # cond's context on the graph (TensorFlow 1.15 and 2.15): select instead.
-        new_step = apply_update(grads, applied=all_finite)
+        new_step = apply_update(grads, factor, applied=all_finite)
       else:
         # A step that overflowed runs no update at all, so it costs no pass over the
         # weights.
-        new_step = tf.cond(all_finite, lambda: apply_update(grads),
+        new_step = tf.cond(all_finite, lambda: apply_update(grads, factor),
                            lambda: tf.identity(global_step))
   # After the update has read them: the loss scale and the accumulators move on, also
   # when the update was skipped.
