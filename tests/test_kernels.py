@@ -291,10 +291,43 @@ def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fu
                                dropout_seeds=dropout.DropoutSeeds(1, tf.constant(0)))
     tf.gradients(tf.reduce_sum(tf.cast(model.get_sequence_output(), tf.float32)),
                  tf.trainable_variables())
-    names = [op.name for op in tf.get_default_graph().get_operations()
+    ops = tf.get_default_graph().get_operations()
+    names = [op.name for op in ops
              if op.type in ("BertGelu", "BertAttentionProbs", "BertDropoutAddLayerNorm")]
+    bias_gradients = [op.name for op in ops if op.type == "BertBiasAddGrad"]
   for layer in range(3):
     assert len([n for n in names if "/layer_%d/" % layer in n]) == fused_ops, names
+    # Of the query/key/value, attention output, intermediate and output biases.
+    assert len([n for n in bias_gradients if "/layer_%d/" % layer in n]) == fused_ops
+
+
+def _bias_gradients(fused, dy, threads):
+  """BertBiasAddGrad of bfloat16 dy (given as float32 numpy) on `threads` threads, as
+  float32 numpy."""
+  with tf.Graph().as_default():
+    sums = fused.bert_bias_add_grad(tf.cast(tf.constant(dy), tf.bfloat16))
+    config = tf.ConfigProto(intra_op_parallelism_threads=threads)
+    with tf.Session(config=config) as session:
+      return session.run(tf.cast(sums, tf.float32))
+
+
+@pytest.mark.parametrize("rows, width", [(1, 3), (63, 130), (64, 129), (1000, 517)])
+def test_the_fused_bias_gradient_is_float64s_column_sums_rounded_once_on_any_threads(
+    fused, rows, width):
+  dy = _bfloat16(np.random.RandomState(rows).randn(rows, width).astype(np.float32))
+  ours = _bias_gradients(fused, dy, threads=2)
+  np.testing.assert_array_equal(_bias_gradients(fused, dy, threads=1), ours)
+  want = dy.astype(np.float64).sum(axis=0)
+  # A bfloat16 rounding of the float64 sum: the float32 sums' own error is far below.
+  ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 1e-30))) - 7)
+  assert np.all(np.abs(ours - want) <= 0.5 * ulp + 1e-3 * ulp)
+
+
+def test_the_fused_bias_gradient_of_no_rows_is_zeros_and_of_a_vector_an_error(fused):
+  assert _bias_gradients(fused, np.zeros([0, 5], np.float32), threads=2).tolist() == [0] * 5
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match="must be at least rank 2"):
+      fused.bert_bias_add_grad(tf.zeros([5], tf.bfloat16))
 
 
 def _sublayer_end_inputs(rows, width, seed):

@@ -475,7 +475,7 @@ def dense_layer(input_tensor, units, name, activation=None, initializer_range=0.
   with tf.variable_scope(name):
     kernel, bias = dense_variables(input_tensor.shape.as_list()[-1], units,
                                    input_tensor.dtype, initializer_range)
-    output = tf.nn.bias_add(precision.dense_matmul(input_tensor, kernel), bias)
+    output = precision.bias_add(precision.dense_matmul(input_tensor, kernel), bias)
     if activation is not None:
       output = activation(output)
     return output
@@ -790,7 +790,7 @@ def projected_rows(input_tensor, projections, units, initializer_range):
   with tf.name_scope("_".join(name for name, _, _ in projections)):
     if len(projections) > 1:
       kernel, bias = tf.concat(kernels, axis=1), tf.concat(biases, axis=0)
-    return tf.nn.bias_add(precision.dense_matmul(input_tensor, kernel), bias)
+    return precision.bias_add(precision.dense_matmul(input_tensor, kernel), bias)
 
 
 def split_heads(rows, batch_size, seq_length, projections, num_heads, size_per_head):
