@@ -168,6 +168,46 @@ def test_a_build_makes_a_library_that_loads_and_runs_in_a_new_process(tmp_path, 
   assert [round(v, 2) for v in eval(result.stdout.strip().splitlines()[-1])] == [-0.16, 0.0, 1.95]
 
 
+# Every kernel but the mask's and LAMB's (their own tests compare their loops) on rows of
+# odd lengths, all 65,536 bfloat16 values among the inputs; prints a digest of the outputs.
+_EVERY_LOOP = """
+import hashlib, numpy as np, tensorflow.compat.v1 as tf
+from bert_pretrain.model import kernels
+tf.disable_eager_execution()
+ops = kernels.load()
+rng = np.random.RandomState(0)
+every = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
+x = tf.cast(np.concatenate([every, rng.randn(5094).astype(np.float32)]).reshape(70, 1009),
+            tf.bfloat16)
+up = tf.cast(tf.constant(rng.randn(70, 1009)), tf.bfloat16)
+keep = tf.constant(rng.rand(70, 1009) > 0.1)
+f32 = tf.constant(rng.randn(70, 1009).astype(np.float32))
+gamma, beta = (tf.constant(rng.randn(1009).astype(np.float32)) for _ in range(2))
+probs, dropped = ops.bert_attention_probs(x, keep, scale=1.25)
+y, x_hat, inverse_std = ops.bert_dropout_add_layer_norm(x, f32, keep, gamma, beta, scale=1.25)
+outputs = [ops.bert_gelu(x), ops.bert_gelu_grad(x, up), probs, dropped,
+           ops.bert_attention_probs_grad(probs, keep, up, scale=1.25, T=tf.float32),
+           ops.bert_dropout(x, keep, scale=1.25), y, x_hat, inverse_std,
+           ops.bert_bias_add_grad(x)]
+outputs += ops.bert_dropout_add_layer_norm_grad(f32, x_hat, inverse_std, gamma, keep,
+                                                scale=1.25)
+values = tf.Session().run(outputs)
+print(hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in values)).hexdigest())
+"""
+
+
+def test_the_kernels_loops_give_the_same_bits_with_avx512_or_without(fused):
+  digests = []
+  for avx512 in ("1", "0"):
+    env = dict(os.environ, **{kernels.AVX512_VARIABLE: avx512})
+    result = subprocess.run([sys.executable, "-c", _EVERY_LOOP], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=300,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    digests.append(result.stdout.split()[-1])
+  assert digests[0] == digests[1]
+
+
 def test_a_new_build_deletes_the_one_its_tensorflow_made_from_an_older_source(
     tmp_path, monkeypatch):
   # A stand-in compiler that writes the library it is asked for.

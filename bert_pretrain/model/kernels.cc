@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -33,10 +34,23 @@
 #endif
 
 // One build for every x86 CPU: the loader picks the widest vector clone the CPU runs.
+// CPU_LOOP(type, name, (params), (args)) makes `name` of the always-inlined nameLoop
+// compiled twice: for AVX-512 with its 16-bit instructions (avx512bw, which target_clones
+// cannot name), where loops over bfloat16 values fill whole registers instead of half,
+// and as CLONES for every other CPU; `name` calls the one the CPU runs.
 #if defined(__x86_64__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define AVX512 __attribute__((target("avx512f,avx512bw")))
+#define INLINED __attribute__((always_inline)) inline
+#define CPU_LOOP(type, name, params, args)                                \
+  AVX512 type name##Avx512 params { return name##Loop args; }             \
+  CLONES type name##Clones params { return name##Loop args; }             \
+  type name params { return HasAvx512() ? name##Avx512 args : name##Clones args; }
 #else
 #define CLONES
+#define INLINED inline
+#define CPU_LOOP(type, name, params, args) \
+  type name params { return name##Loop args; }
 #endif
 
 namespace {
@@ -45,6 +59,17 @@ using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
+
+#if defined(__x86_64__)
+// Whether this CPU runs the AVX-512 loops; BERT_PRETRAIN_KERNELS_AVX512=0 in the environment
+// says no (the portable loops compared with them, and with a test).
+bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          std::strcmp(std::getenv("BERT_PRETRAIN_KERNELS_AVX512") ?: "1", "0");
+  return has;
+}
+#endif
 
 constexpr float kA = 1.5957691216057308f;   // 2 * sqrt(2 / pi)
 constexpr float kB = 0.07135481627159672f;  // kA * 0.044715
@@ -86,15 +111,16 @@ inline float Exp(float input) {
   return input < -87.0f ? 0.0f : p * scale;
 }
 
-CLONES void GeluForward(const uint16_t* x, uint16_t* y, int64_t n) {
+INLINED void GeluForwardLoop(const uint16_t* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float v = ToFloat(x[i]);
     float s = 1.0f / (1.0f + Exp(-v * (kA + kB * v * v)));
     y[i] = ToBfloat16(v * s);
   }
 }
+CPU_LOOP(void, GeluForward, (const uint16_t* x, uint16_t* y, int64_t n), (x, y, n))
 
-CLONES void GeluBackward(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n) {
+INLINED void GeluBackwardLoop(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float v = ToFloat(x[i]);
     float square = v * v;
@@ -104,6 +130,8 @@ CLONES void GeluBackward(const uint16_t* x, const uint16_t* dy, uint16_t* dx, in
     dx[i] = ToBfloat16(ToFloat(dy[i]) * ToFloat(ToBfloat16(slope)));
   }
 }
+CPU_LOOP(void, GeluBackward, (const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n),
+         (x, dy, dx, n))
 
 // `value` where keep, else 0 (+0.0 in bfloat16), without a branch.
 inline uint16_t Kept(uint8_t keep, uint16_t value) {
@@ -114,8 +142,8 @@ constexpr int kLanes = 16;  // partial sums and maxima the compiler keeps in one
 
 // probs = softmax(x) rounded to bfloat16; dropped = probs * scale where keep, else 0, as
 // precision.dropped_attention's float32 ops compute them. `e` holds a row's exponentials.
-CLONES void SoftmaxDropoutRow(const float* x, const uint8_t* keep, float scale, float* e,
-                              uint16_t* probs, uint16_t* dropped, int64_t n) {
+INLINED void SoftmaxDropoutRowLoop(const float* x, const uint8_t* keep, float scale, float* e,
+                                   uint16_t* probs, uint16_t* dropped, int64_t n) {
   float lanes[kLanes];
   for (int j = 0; j < kLanes; ++j) lanes[j] = -INFINITY;
   int64_t whole = n - n % kLanes;
@@ -137,12 +165,15 @@ CLONES void SoftmaxDropoutRow(const float* x, const uint8_t* keep, float scale, 
     dropped[i] = Kept(keep[i], ToBfloat16(ToFloat(p) * scale));
   }
 }
+CPU_LOOP(void, SoftmaxDropoutRow, (const float* x, const uint8_t* keep, float scale, float* e,
+         uint16_t* probs, uint16_t* dropped, int64_t n),
+         (x, keep, scale, e, probs, dropped, n))
 
 // The gradient of the scores: g = upstream * scale where keep, else 0, then
 // p * (g - sum(g * p)), with p the kept probabilities. `g` holds a row of g.
-CLONES void SoftmaxDropoutGradRow(const uint16_t* probs, const uint8_t* keep,
-                                  const uint16_t* upstream, float scale, float* g,
-                                  float* grad, int64_t n) {
+INLINED void SoftmaxDropoutGradRowLoop(const uint16_t* probs, const uint8_t* keep,
+                                       const uint16_t* upstream, float scale, float* g,
+                                       float* grad, int64_t n) {
   float lanes[kLanes] = {0.0f};
   int64_t whole = n - n % kLanes;
   for (int64_t i = 0; i < whole; i += kLanes)
@@ -158,11 +189,17 @@ CLONES void SoftmaxDropoutGradRow(const uint16_t* probs, const uint8_t* keep,
   for (int j = 0; j < kLanes; ++j) dot += lanes[j];
   for (int64_t i = 0; i < n; ++i) grad[i] = ToFloat(probs[i]) * (g[i] - dot);
 }
+CPU_LOOP(void, SoftmaxDropoutGradRow, (const uint16_t* probs, const uint8_t* keep,
+         const uint16_t* upstream, float scale, float* g, float* grad, int64_t n),
+         (probs, keep, upstream, scale, g, grad, n))
 
-CLONES void DropoutRow(const uint16_t* x, const uint8_t* keep, float scale, uint16_t* y,
-                       int64_t n) {
+INLINED void DropoutRowLoop(const uint16_t* x, const uint8_t* keep, float scale, uint16_t* y,
+                            int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Kept(keep[i], ToBfloat16(ToFloat(x[i]) * scale));
 }
+CPU_LOOP(void, DropoutRow, (const uint16_t* x, const uint8_t* keep, float scale, uint16_t* y,
+         int64_t n),
+         (x, keep, scale, y, n))
 
 // The sum of fn(i) over i < n, in kLanes partial sums the compiler keeps in a vector.
 template <typename Fn>
@@ -180,9 +217,9 @@ inline float RowSum(int64_t n, Fn fn) {
 // summed = dropout(x) + residual, then x_hat = (summed - mean) / sqrt(variance + 1e-12)
 // and y = x_hat * gamma + beta, as modeling.dropout_add_layer_norm's float32 ops compute
 // them (two passes for the variance, as tf.nn.moments). Returns the row's 1 / std.
-CLONES float DropoutAddNormalizeRow(const uint16_t* x, const float* residual,
-                                    const uint8_t* keep, float scale, const float* gamma,
-                                    const float* beta, float* x_hat, float* y, int64_t n) {
+INLINED float DropoutAddNormalizeRowLoop(const uint16_t* x, const float* residual,
+                                         const uint8_t* keep, float scale, const float* gamma,
+                                         const float* beta, float* x_hat, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     x_hat[i] = (keep[i] ? ToFloat(x[i]) * scale : 0.0f) + residual[i];
   float mean = RowSum(n, [&](int64_t i) { return x_hat[i]; }) / n;
@@ -197,15 +234,19 @@ CLONES float DropoutAddNormalizeRow(const uint16_t* x, const float* residual,
   }
   return inverse_std;
 }
+CPU_LOOP(float, DropoutAddNormalizeRow, (const uint16_t* x, const float* residual,
+         const uint8_t* keep, float scale, const float* gamma, const float* beta, float* x_hat,
+         float* y, int64_t n),
+         (x, residual, keep, scale, gamma, beta, x_hat, y, n))
 
 // The gradients of a row of DropoutAddNormalizeRow from dy: with g = dy * gamma,
 // d = inverse_std * (g - mean(g) - x_hat * mean(g * x_hat)) is the residual's, d * scale
 // where keep (else 0) in bfloat16 is x's; dy * x_hat and dy are added to gamma's and
 // beta's.
-CLONES void DropoutAddNormalizeGradRow(const float* dy, const float* x_hat, float inverse_std,
-                                       const float* gamma, const uint8_t* keep, float scale,
-                                       float* d_residual, uint16_t* dx, float* d_gamma,
-                                       float* d_beta, int64_t n) {
+INLINED void DropoutAddNormalizeGradRowLoop(const float* dy, const float* x_hat, float inverse_std,
+                                            const float* gamma, const uint8_t* keep, float scale,
+                                            float* d_residual, uint16_t* dx, float* d_gamma,
+                                            float* d_beta, int64_t n) {
   float mean_g = RowSum(n, [&](int64_t i) { return dy[i] * gamma[i]; }) / n;
   float mean_g_x_hat = RowSum(n, [&](int64_t i) { return dy[i] * gamma[i] * x_hat[i]; }) / n;
   for (int64_t i = 0; i < n; ++i) {
@@ -216,14 +257,20 @@ CLONES void DropoutAddNormalizeGradRow(const float* dy, const float* x_hat, floa
     d_beta[i] += dy[i];
   }
 }
+CPU_LOOP(void, DropoutAddNormalizeGradRow, (const float* dy, const float* x_hat, float inverse_std,
+         const float* gamma, const uint8_t* keep, float scale, float* d_residual, uint16_t* dx,
+         float* d_gamma, float* d_beta, int64_t n),
+         (dy, x_hat, inverse_std, gamma, keep, scale, d_residual, dx, d_gamma, d_beta, n))
 
-CLONES void ToFloats(const uint16_t* x, float* y, int64_t n) {
+INLINED void ToFloatsLoop(const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = ToFloat(x[i]);
 }
+CPU_LOOP(void, ToFloats, (const uint16_t* x, float* y, int64_t n), (x, y, n))
 
-CLONES void ToBfloat16s(const float* x, uint16_t* y, int64_t n) {
+INLINED void ToBfloat16sLoop(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = ToBfloat16(x[i]);
 }
+CPU_LOOP(void, ToBfloat16s, (const float* x, uint16_t* y, int64_t n), (x, y, n))
 
 template <typename Fn>
 void Shard(OpKernelContext* context, int64_t n, Fn fn) {
@@ -413,7 +460,7 @@ class BertDropoutOp : public ScaledOpKernel {
 // The rows of a [..., width] tensor whose gamma and beta are [width], or -1 (the op failed).
 // Adds rows [0, rows) of x, each `width` long, to sums[0, width), in row order; four rows
 // a pass over sums.
-CLONES void AddRows(const uint16_t* x, int64_t rows, int64_t width, float* sums) {
+INLINED void AddRowsLoop(const uint16_t* x, int64_t rows, int64_t width, float* sums) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     const uint16_t* x0 = x + r * width;
@@ -427,6 +474,8 @@ CLONES void AddRows(const uint16_t* x, int64_t rows, int64_t width, float* sums)
   for (; r < rows; ++r)
     for (int64_t c = 0; c < width; ++c) sums[c] += ToFloat(x[r * width + c]);
 }
+CPU_LOOP(void, AddRows, (const uint16_t* x, int64_t rows, int64_t width, float* sums),
+         (x, rows, width, sums))
 
 constexpr int64_t kBiasRows = 64;  // rows of a partial sum of BertBiasAddGrad
 
@@ -659,8 +708,6 @@ CLONES void KeepMaskRange(PhiloxStream stream, uint32_t threshold, int64_t begin
 }
 
 #if defined(__x86_64__)
-#define AVX512 __attribute__((target("avx512f,avx512bw")))
-
 // The low and high 32 bits of c * m in each of 16 lanes.
 AVX512 inline void MultiplyLanes(__m512i c, __m512i m, __m512i* lo, __m512i* hi) {
   __m512i even = _mm512_mul_epu32(c, m);
@@ -760,9 +807,7 @@ class BertKeepMaskOp : public OpKernel {
       return;
     }
 #if defined(__x86_64__)
-    static const bool avx512 =
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    if (avx512 && !portable_) {
+    if (HasAvx512() && !portable_) {
       Shard(context, keep->NumElements(), [&](int64_t begin, int64_t n) {
         KeepMaskRangeAvx512(stream, threshold, begin, begin + n, out);
       });

@@ -23,6 +23,9 @@ import tensorflow.compat.v1 as tf
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cc")
 # Set to 0 to run TensorFlow's ops where the kernels would apply (an A/B comparison).
 ENABLE_VARIABLE = "BERT_PRETRAIN_FUSED_KERNELS"
+# Set to 0 to run, on a CPU with AVX-512, the loops every other x86 CPU runs (kernels.cc's
+# CPU_LOOP): an A/B comparison, and the test that both give the same bits.
+AVX512_VARIABLE = "BERT_PRETRAIN_KERNELS_AVX512"
 
 _loaded = {}  # library path -> op module, or the reason it is not loaded
 
