@@ -8,7 +8,7 @@
 // BertAttentionProbs / BertAttentionProbsGrad / BertDropout: the attention's softmax and
 // its dropout (precision.dropped_attention), one pass over a row each way.
 // BertBiasAddGrad: bias_add's bias gradient in bfloat16, the column sums TensorFlow's
-// BiasAddGrad computes several times slower there.
+// BiasAddGrad computes several times slower, and less exactly, there.
 // BertDropoutAddLayerNorm / BertDropoutAddLayerNormGrad: the end of a Transformer sublayer
 // (precision.fused_dropout_add_normalize), dropout of the bfloat16 projection, the float32
 // residual added and layer norm, in one pass over a row each way.
@@ -479,8 +479,8 @@ CPU_LOOP(void, AddRows, (const uint16_t* x, int64_t rows, int64_t width, float* 
 
 constexpr int64_t kBiasRows = 64;  // rows of a partial sum of BertBiasAddGrad
 
-// BertBiasAddGrad(dy) -> the sums of dy's rows, bias_add's bias gradient, in bfloat16 as
-// TensorFlow's BiasAddGrad (float sums, rounded once). A float sum for each block of
+// BertBiasAddGrad(dy) -> the sums of dy's rows, bias_add's bias gradient, in bfloat16:
+// float sums, rounded once. A float sum for each block of
 // kBiasRows rows, the blocks then added in order: the same bits on any number of threads.
 class BertBiasAddGradOp : public OpKernel {
  public:

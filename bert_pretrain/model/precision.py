@@ -294,8 +294,9 @@ def fused_dropout_add_normalize(x, residual, keep, dropout_prob, gamma, beta, fu
 
 def bias_add(value, bias):
   """tf.nn.bias_add(value, bias). In bfloat16, where the fused kernels are built
-  (kernels.py), the bias's gradient is BertBiasAddGrad: the same float sums of the
-  gradient's rows as TensorFlow's BiasAddGrad, which is several times slower in bfloat16.
+  (kernels.py), the bias's gradient is BertBiasAddGrad: float32 sums of the gradient's
+  rows, rounded once; TensorFlow's bfloat16 BiasAddGrad is several times slower and, over
+  thousands of rows, far less exact (docs/performance.md).
 
   Args:
     value: float Tensor [..., units].
