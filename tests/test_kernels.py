@@ -184,12 +184,13 @@ keep = tf.constant(rng.rand(70, 1009) > 0.1)
 f32 = tf.constant(rng.randn(70, 1009).astype(np.float32))
 gamma, beta = (tf.constant(rng.randn(1009).astype(np.float32)) for _ in range(2))
 probs, dropped = ops.bert_attention_probs(x, keep, scale=1.25)
-y, x_hat, inverse_std = ops.bert_dropout_add_layer_norm(x, f32, keep, gamma, beta, scale=1.25)
+y, x_hat, inverse_std, y_half = ops.bert_dropout_add_layer_norm(x, f32, keep, gamma, beta,
+                                                                scale=1.25)
 outputs = [ops.bert_gelu(x), ops.bert_gelu_grad(x, up), probs, dropped,
            ops.bert_attention_probs_grad(probs, keep, up, scale=1.25, T=tf.float32),
-           ops.bert_dropout(x, keep, scale=1.25), y, x_hat, inverse_std,
+           ops.bert_dropout(x, keep, scale=1.25), y, x_hat, inverse_std, y_half,
            ops.bert_bias_add_grad(x)]
-outputs += ops.bert_dropout_add_layer_norm_grad(f32, x_hat, inverse_std, gamma, keep,
+outputs += ops.bert_dropout_add_layer_norm_grad(f32, x_hat, inverse_std, gamma, keep, up,
                                                 scale=1.25)
 values = tf.Session().run(outputs)
 print(hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in values)).hexdigest())
@@ -335,6 +336,11 @@ def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fu
     names = [op.name for op in ops
              if op.type in ("BertGelu", "BertAttentionProbs", "BertDropoutAddLayerNorm")]
     bias_gradients = [op.name for op in ops if op.type == "BertBiasAddGrad"]
+    # The residual stream [rows, 32] cast to bfloat16 for a matmul, or its gradient back.
+    stream_casts = [op.name for op in ops if op.type == "Cast" and
+                    op.outputs[0].shape.as_list()[-1:] == [32] and "/layer_" in op.name]
+  # After the first layer the sublayer kernel's bfloat16 output feeds the matmuls.
+  assert not [n for n in stream_casts if "layer_0" not in n], stream_casts
   for layer in range(3):
     assert len([n for n in names if "/layer_%d/" % layer in n]) == fused_ops, names
     # Of the query/key/value, attention output, intermediate and output biases.
@@ -371,34 +377,40 @@ def test_the_fused_bias_gradient_of_no_rows_is_zeros_and_of_a_vector_an_error(fu
 
 
 def _sublayer_end_inputs(rows, width, seed):
-  """x (bfloat16 values), residual, gamma, beta and upstream of a sublayer's end."""
+  """x (bfloat16 values), residual, gamma, beta, and the upstream gradients of the
+  output and of its bfloat16 copy (bfloat16 values) of a sublayer's end."""
   rng = np.random.RandomState(seed)
   return (_bfloat16(rng.randn(rows, width).astype(np.float32)),
           (rng.randn(rows, width) * 2 + 0.5).astype(np.float32),
           (1 + 0.3 * rng.randn(width)).astype(np.float32),
           (0.1 * rng.randn(width)).astype(np.float32),
-          rng.randn(rows, width).astype(np.float32))
+          rng.randn(rows, width).astype(np.float32),
+          _bfloat16(rng.randn(rows, width).astype(np.float32)))
 
 
-def _sublayer_end_values(x, residual, gamma, beta, upstream):
-  """dropout_add_layer_norm(x, residual) at 0.1 with gamma and beta, its gradients (x,
-  residual, gamma, beta) as float32 numpy, the keep mask its seed draws, and the graph's
-  op types."""
+def _sublayer_end_values(x, residual, gamma, beta, upstream, upstream_half):
+  """dropout_add_layer_norm(x, residual) at 0.1 with gamma and beta: its output, the
+  gradients (x, residual, gamma, beta) of both its outputs, as float32 numpy, and its
+  bfloat16 output's bits; the keep mask its seed draws, and the graph's op types."""
   with tf.Graph().as_default():
     xs = tf.cast(tf.constant(x), tf.bfloat16)
     res = tf.constant(residual)
-    y = modeling.dropout_add_layer_norm(xs, res, 0.1,
-                                        seeds=dropout.DropoutSeeds(3, tf.constant(5)))
+    y, y_half = modeling.dropout_add_layer_norm(
+        xs, res, 0.1, seeds=dropout.DropoutSeeds(3, tf.constant(5)))
     with tf.variable_scope("LayerNorm", reuse=True):
       variables = [tf.get_variable("gamma"), tf.get_variable("beta")]
     # The mask the layer drew: the same seed (site 1 of DropoutSeeds(3, 5)) again.
     keep = dropout.keep_mask(tf.shape(xs), 0.1, dropout.DropoutSeeds(3, tf.constant(5)))
-    grads = tf.gradients(y, [xs, res] + variables, tf.constant(upstream))
+    grads = tf.gradients([y, y_half], [xs, res] + variables,
+                         [tf.constant(upstream), tf.cast(upstream_half, tf.bfloat16)])
     op_types = {op.type for op in tf.get_default_graph().get_operations()}
     with tf.Session() as session:
       session.run([v.assign(value) for v, value in zip(variables, (gamma, beta))])
-      values = session.run([y] + [tf.cast(g, tf.float32) for g in grads] + [keep])
-  return values[:-1], values[-1], op_types
+      values = session.run([y] + [tf.cast(g, tf.float32) for g in grads] +
+                           [tf.bitcast(y_half, tf.uint16), tf.bitcast(tf.cast(y, tf.bfloat16),
+                                                                      tf.uint16), keep])
+  np.testing.assert_array_equal(values[-3], values[-2])  # y_half is y in bfloat16
+  return values[:-3], values[-1], op_types
 
 
 @pytest.mark.parametrize("rows, width", [(70, 37), (5, 130), (33, 1024)])
@@ -425,9 +437,10 @@ def test_the_fused_dropout_add_layer_norm_gives_tensorflows_numbers(
 
 
 def test_the_fused_dropout_add_layer_norm_is_float64s_layer_norm(fused):
-  x, residual, gamma, beta, upstream = _sublayer_end_inputs(9, 300, 7)
+  x, residual, gamma, beta, upstream, upstream_half = _sublayer_end_inputs(9, 300, 7)
   (y, dx, d_residual, d_gamma, d_beta), keep, _ = _sublayer_end_values(
-      x, residual, gamma, beta, upstream)
+      x, residual, gamma, beta, upstream, upstream_half)
+  upstream = upstream.astype(np.float64) + upstream_half  # the two outputs' gradients
   summed = np.where(keep, x.astype(np.float64) / 0.9, 0) + residual
   centered = summed - summed.mean(-1, keepdims=True)
   inverse_std = 1 / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-12)
@@ -443,13 +456,38 @@ def test_the_fused_dropout_add_layer_norm_is_float64s_layer_norm(fused):
   np.testing.assert_allclose(d_beta, upstream.sum(0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("read", [0, 1])
+def test_the_fused_dropout_add_layer_norms_gradient_of_one_output_is_the_others_at_zero(
+    fused, read):
+  # The last layer's bfloat16 copy is read by nothing in the pretraining graph:
+  # TensorFlow 1.15 gives its gradient as None.
+  x, residual, _, _, upstream, upstream_half = _sublayer_end_inputs(6, 40, 11)
+  with tf.Graph().as_default():
+    xs = tf.cast(tf.constant(x), tf.bfloat16)
+    res = tf.constant(residual)
+    outputs = modeling.dropout_add_layer_norm(
+        xs, res, 0.1, seeds=dropout.DropoutSeeds(3, tf.constant(5)))
+    upstreams = [tf.constant(upstream), tf.cast(upstream_half, tf.bfloat16)]
+    alone = tf.gradients(outputs[read], [xs, res], upstreams[read])
+    upstreams[1 - read] = tf.zeros_like(outputs[1 - read])
+    both = tf.gradients(list(outputs), [xs, res], upstreams)
+    with tf.Session() as session:
+      session.run(tf.global_variables_initializer())
+      alone, both = session.run([[tf.cast(g, tf.float32) for g in alone],
+                                 [tf.cast(g, tf.float32) for g in both]])
+  for got, want in zip(alone, both):
+    assert np.abs(want).max() > 0
+    np.testing.assert_array_equal(got, want)
+
+
 def test_the_fused_layer_norms_kernels_name_a_mismatched_width(fused):
   with tf.Graph().as_default(), tf.Session() as session:
     keep = tf.ones([2, 5], tf.bool)
     y = fused.bert_dropout_add_layer_norm(tf.zeros([2, 5], tf.bfloat16), tf.zeros([2, 5]),
                                           keep, tf.ones([4]), tf.zeros([4]), scale=1.0)
     grads = fused.bert_dropout_add_layer_norm_grad(
-        tf.zeros([2, 5]), tf.zeros([2, 5]), tf.ones([2]), tf.ones([4]), keep, scale=1.0)
+        tf.zeros([2, 5]), tf.zeros([2, 5]), tf.ones([2]), tf.ones([4]), keep,
+        tf.zeros([2, 5], tf.bfloat16), scale=1.0)
     for op, output in (("BertDropoutAddLayerNorm", y), ("BertDropoutAddLayerNormGrad", grads)):
       with pytest.raises(tf.errors.InvalidArgumentError, match=op + ": gamma and beta must "
                          "be \\[width\\] of the rows' last axis"):
@@ -458,12 +496,12 @@ def test_the_fused_layer_norms_kernels_name_a_mismatched_width(fused):
 
 def test_the_fused_layer_norm_of_no_rows_has_zero_gradients_for_gamma_and_beta(fused):
   with tf.Graph().as_default(), tf.Session() as session:
-    y, _, inverse_std = fused.bert_dropout_add_layer_norm(
+    y, _, inverse_std, _ = fused.bert_dropout_add_layer_norm(
         tf.zeros([0, 6], tf.bfloat16), tf.zeros([0, 6]), tf.ones([0, 6], tf.bool),
         tf.ones([6]), tf.zeros([6]), scale=1.0)
     grads = fused.bert_dropout_add_layer_norm_grad(
         tf.zeros([0, 6]), tf.zeros([0, 6]), tf.zeros([0]), tf.ones([6]),
-        tf.ones([0, 6], tf.bool), scale=1.0)
+        tf.ones([0, 6], tf.bool), tf.zeros([0, 6], tf.bfloat16), scale=1.0)
     y, inverse_std, (_, _, d_gamma, d_beta) = session.run([y, inverse_std, grads])
   assert y.shape == (0, 6) and inverse_std.shape == (0,)
   assert d_gamma.tolist() == [0.0] * 6 and d_beta.tolist() == [0.0] * 6

@@ -11,7 +11,8 @@
 // BiasAddGrad computes several times slower, and less exactly, there.
 // BertDropoutAddLayerNorm / BertDropoutAddLayerNormGrad: the end of a Transformer sublayer
 // (precision.fused_dropout_add_normalize), dropout of the bfloat16 projection, the float32
-// residual added and layer norm, in one pass over a row each way.
+// residual added and layer norm, in one pass over a row each way; the output also in
+// bfloat16 for the next matmul, whose gradient the backward pass adds in.
 // BertKeepMask: dropout's keep mask (dropout.random_keep_mask) straight from Philox, the
 // same bits as StatelessRandomUniformFullInt and the compare, without the uint32 tensor.
 // BertLambApply: one update of a variable by LAMB or Adam with decoupled weight decay
@@ -216,10 +217,12 @@ inline float RowSum(int64_t n, Fn fn) {
 
 // summed = dropout(x) + residual, then x_hat = (summed - mean) / sqrt(variance + 1e-12)
 // and y = x_hat * gamma + beta, as modeling.dropout_add_layer_norm's float32 ops compute
-// them (two passes for the variance, as tf.nn.moments). Returns the row's 1 / std.
+// them (two passes for the variance, as tf.nn.moments), and y_half = y in bfloat16 (the
+// next matmul's input). Returns the row's 1 / std.
 INLINED float DropoutAddNormalizeRowLoop(const uint16_t* x, const float* residual,
                                          const uint8_t* keep, float scale, const float* gamma,
-                                         const float* beta, float* x_hat, float* y, int64_t n) {
+                                         const float* beta, float* x_hat, float* y,
+                                         uint16_t* y_half, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     x_hat[i] = (keep[i] ? ToFloat(x[i]) * scale : 0.0f) + residual[i];
   float mean = RowSum(n, [&](int64_t i) { return x_hat[i]; }) / n;
@@ -231,22 +234,26 @@ INLINED float DropoutAddNormalizeRowLoop(const uint16_t* x, const float* residua
   for (int64_t i = 0; i < n; ++i) {
     x_hat[i] = (x_hat[i] - mean) * inverse_std;
     y[i] = x_hat[i] * gamma[i] + beta[i];
+    y_half[i] = ToBfloat16(y[i]);
   }
   return inverse_std;
 }
 CPU_LOOP(float, DropoutAddNormalizeRow, (const uint16_t* x, const float* residual,
          const uint8_t* keep, float scale, const float* gamma, const float* beta, float* x_hat,
-         float* y, int64_t n),
-         (x, residual, keep, scale, gamma, beta, x_hat, y, n))
+         float* y, uint16_t* y_half, int64_t n),
+         (x, residual, keep, scale, gamma, beta, x_hat, y, y_half, n))
 
-// The gradients of a row of DropoutAddNormalizeRow from dy: with g = dy * gamma,
-// d = inverse_std * (g - mean(g) - x_hat * mean(g * x_hat)) is the residual's, d * scale
-// where keep (else 0) in bfloat16 is x's; dy * x_hat and dy are added to gamma's and
-// beta's.
-INLINED void DropoutAddNormalizeGradRowLoop(const float* dy, const float* x_hat, float inverse_std,
+// The gradients of a row of DropoutAddNormalizeRow from its outputs' gradients: with
+// dy = dy_float + dy_half (y's and y_half's, added as TensorFlow's AddN adds the gradients
+// of a value and of its cast) and g = dy * gamma, d = inverse_std * (g - mean(g) - x_hat *
+// mean(g * x_hat)) is the residual's, d * scale where keep (else 0) in bfloat16 is x's;
+// dy * x_hat and dy are added to gamma's and beta's. `dy` holds the row's dy.
+INLINED void DropoutAddNormalizeGradRowLoop(const float* dy_float, const uint16_t* dy_half,
+                                            const float* x_hat, float inverse_std,
                                             const float* gamma, const uint8_t* keep, float scale,
-                                            float* d_residual, uint16_t* dx, float* d_gamma,
-                                            float* d_beta, int64_t n) {
+                                            float* dy, float* d_residual, uint16_t* dx,
+                                            float* d_gamma, float* d_beta, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dy[i] = dy_float[i] + ToFloat(dy_half[i]);
   float mean_g = RowSum(n, [&](int64_t i) { return dy[i] * gamma[i]; }) / n;
   float mean_g_x_hat = RowSum(n, [&](int64_t i) { return dy[i] * gamma[i] * x_hat[i]; }) / n;
   for (int64_t i = 0; i < n; ++i) {
@@ -257,10 +264,12 @@ INLINED void DropoutAddNormalizeGradRowLoop(const float* dy, const float* x_hat,
     d_beta[i] += dy[i];
   }
 }
-CPU_LOOP(void, DropoutAddNormalizeGradRow, (const float* dy, const float* x_hat, float inverse_std,
-         const float* gamma, const uint8_t* keep, float scale, float* d_residual, uint16_t* dx,
-         float* d_gamma, float* d_beta, int64_t n),
-         (dy, x_hat, inverse_std, gamma, keep, scale, d_residual, dx, d_gamma, d_beta, n))
+CPU_LOOP(void, DropoutAddNormalizeGradRow, (const float* dy_float, const uint16_t* dy_half,
+         const float* x_hat, float inverse_std, const float* gamma, const uint8_t* keep,
+         float scale, float* dy, float* d_residual, uint16_t* dx, float* d_gamma,
+         float* d_beta, int64_t n),
+         (dy_float, dy_half, x_hat, inverse_std, gamma, keep, scale, dy, d_residual, dx,
+          d_gamma, d_beta, n))
 
 INLINED void ToFloatsLoop(const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = ToFloat(x[i]);
@@ -548,10 +557,12 @@ class BertDropoutAddLayerNormOp : public ScaledOpKernel {
     Tensor* y = nullptr;
     Tensor* x_hat = nullptr;
     Tensor* inverse_std = nullptr;
+    Tensor* y_half = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
     OP_REQUIRES_OK(context, context->allocate_output(1, x.shape(), &x_hat));
     OP_REQUIRES_OK(context, context->allocate_output(
         2, tensorflow::TensorShape({rows}), &inverse_std));
+    OP_REQUIRES_OK(context, context->allocate_output(3, x.shape(), &y_half));
     int64_t width = gamma.NumElements();
     if (rows == 0 || width == 0) return;
     const uint16_t* in = Bits(x);
@@ -562,11 +573,12 @@ class BertDropoutAddLayerNormOp : public ScaledOpKernel {
     float* out = y->flat<float>().data();
     float* normalized = x_hat->flat<float>().data();
     float* inverse = inverse_std->flat<float>().data();
+    uint16_t* out_half = MutableBits(y_half);
     ShardRows(context, rows, width, [&](int64_t first, int64_t last) {
       for (int64_t row = first; row < last; ++row) {
         int64_t at = row * width;
         inverse[row] = DropoutAddNormalizeRow(in + at, res + at, kept + at, scale_, g, b,
-                                              normalized + at, out + at, width);
+                                              normalized + at, out + at, out_half + at, width);
       }
     });
   }
@@ -584,8 +596,10 @@ class BertDropoutAddLayerNormGradOp : public ScaledOpKernel {
     const Tensor& inverse_std = context->input(2);
     const Tensor& gamma = context->input(3);
     const Tensor& keep = context->input(4);
+    const Tensor& dy_half = context->input(5);
     if (!SameShapes(context, dy, x_hat, "BertDropoutAddLayerNormGrad") ||
-        !SameShapes(context, dy, keep, "BertDropoutAddLayerNormGrad")) return;
+        !SameShapes(context, dy, keep, "BertDropoutAddLayerNormGrad") ||
+        !SameShapes(context, dy, dy_half, "BertDropoutAddLayerNormGrad")) return;
     int64_t rows = RowsOf(context, dy, gamma, gamma, "BertDropoutAddLayerNormGrad");
     if (rows < 0) return;
     OP_REQUIRES(context, inverse_std.NumElements() == rows,
@@ -608,6 +622,7 @@ class BertDropoutAddLayerNormGradOp : public ScaledOpKernel {
     int64_t chunks = rows < kChunks ? rows : kChunks;
     std::vector<float> partial(2 * chunks * width, 0.0f);
     const float* upstream = dy.flat<float>().data();
+    const uint16_t* upstream_half = Bits(dy_half);
     const float* normalized = x_hat.flat<float>().data();
     const float* inverse = inverse_std.flat<float>().data();
     const float* g = gamma.flat<float>().data();
@@ -618,15 +633,17 @@ class BertDropoutAddLayerNormGradOp : public ScaledOpKernel {
     tensorflow::Shard(
         workers->num_threads, workers->workers, chunks, 60 * width * (rows / chunks),
         [&](int64_t first, int64_t last) {
+          std::vector<float> summed(width);
           for (int64_t chunk = first; chunk < last; ++chunk) {
             float* chunk_gamma = partial.data() + 2 * chunk * width;
             float* chunk_beta = chunk_gamma + width;
             for (int64_t row = chunk * rows / chunks; row < (chunk + 1) * rows / chunks;
                  ++row) {
               int64_t at = row * width;
-              DropoutAddNormalizeGradRow(upstream + at, normalized + at, inverse[row], g,
-                                         kept + at, scale_, out_residual + at, out_x + at,
-                                         chunk_gamma, chunk_beta, width);
+              DropoutAddNormalizeGradRow(upstream + at, upstream_half + at, normalized + at,
+                                         inverse[row], g, kept + at, scale_, summed.data(),
+                                         out_residual + at, out_x + at, chunk_gamma,
+                                         chunk_beta, width);
             }
           }
         });
@@ -1045,6 +1062,7 @@ REGISTER_OP("BertDropoutAddLayerNorm")
     .Output("y: float")
     .Output("x_hat: float")
     .Output("inverse_std: float")
+    .Output("y_half: bfloat16")
     .Attr("scale: float")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       tensorflow::shape_inference::ShapeHandle rows, unused;
@@ -1056,6 +1074,7 @@ REGISTER_OP("BertDropoutAddLayerNorm")
       c->set_output(0, rows);
       c->set_output(1, rows);
       c->set_output(2, c->Vector(tensorflow::shape_inference::InferenceContext::kUnknownDim));
+      c->set_output(3, rows);
       return tensorflow::Status();
     });
 
@@ -1065,6 +1084,7 @@ REGISTER_OP("BertDropoutAddLayerNormGrad")
     .Input("inverse_std: float")
     .Input("gamma: float")
     .Input("keep: bool")
+    .Input("dy_half: bfloat16")
     .Output("d_residual: float")
     .Output("dx: bfloat16")
     .Output("d_gamma: float")

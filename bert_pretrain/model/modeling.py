@@ -427,9 +427,10 @@ def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seed
     seeds: (optional) DropoutSeeds of the mask (see dropout).
 
   Returns:
-    float Tensor [rows, width] in the type of `residual`, computed in
-    elementwise_dtype of `input_tensor`'s type; for a bfloat16 input, a float32
-    residual and a dropout mask (training, with `seeds` on TensorFlow 1.15), by
+    (output, matmul_input): float Tensors [rows, width], the output in the type of
+    `residual`, computed in elementwise_dtype of `input_tensor`'s type, and the same in
+    `input_tensor`'s type (the next dense layer's input). For a bfloat16 input, a float32
+    residual and a dropout mask (training, with `seeds` on TensorFlow 1.15) both come from
     precision.fused_dropout_add_normalize where the kernels are built.
   """
   fused = precision.fused_kernels(input_tensor.dtype)
@@ -443,7 +444,8 @@ def dropout_add_layer_norm(input_tensor, residual, dropout_prob, name=None, seed
   compute_type = precision.elementwise_dtype(input_tensor.dtype)
   summed = (dropout_lib.dropout(tf.cast(input_tensor, compute_type), dropout_prob, seeds)
             + tf.cast(residual, compute_type))
-  return tf.cast(layer_norm(summed, name), residual.dtype)
+  output = tf.cast(layer_norm(summed, name), residual.dtype)
+  return output, tf.cast(output, input_tensor.dtype)
 
 
 def layer_norm_and_dropout(input_tensor, dropout_prob, name=None, seeds=None):
@@ -871,6 +873,7 @@ def transformer_model(input_tensor,
   (batch_size, seq_length, compute_type, prev_output) = encoder_input(
       input_tensor, hidden_size, num_attention_heads)
   all_layer_outputs = []
+  matmul_input = None  # prev_output in compute_type, once a layer has made it
   for layer_idx in range(num_hidden_layers):
     with tf.variable_scope("layer_%d" % layer_idx):
       # The queries and all after them: every row, or in the last layer [B*F, H] at
@@ -891,10 +894,11 @@ def transformer_model(input_tensor,
             from_seq_length=from_seq_length, to_seq_length=seq_length,
             dropout_seeds=dropout_seeds)
 
-      prev_output = transformer_layer(prev_output, query_input, self_attention, compute_type,
-                                      hidden_size, intermediate_size, intermediate_act_fn,
-                                      hidden_dropout_prob, initializer_range, dropout_seeds)
-      all_layer_outputs.append(tf.reshape(tf.cast(prev_output, compute_type),
+      prev_output, matmul_input = transformer_layer(
+          prev_output, query_input, self_attention, compute_type, hidden_size,
+          intermediate_size, intermediate_act_fn, hidden_dropout_prob, initializer_range,
+          dropout_seeds, matmul_input)
+      all_layer_outputs.append(tf.reshape(matmul_input,
                                           [batch_size, from_seq_length, hidden_size]))
   if do_return_all_layers:
     return all_layer_outputs
@@ -932,7 +936,7 @@ def encoder_input(input_tensor, hidden_size, num_attention_heads):
 
 def transformer_layer(layer_input, query_input, self_attention, compute_type, hidden_size,
                       intermediate_size, intermediate_act_fn, hidden_dropout_prob,
-                      initializer_range, dropout_seeds=None):
+                      initializer_range, dropout_seeds=None, matmul_input=None):
   """One Transformer block (variables attention/self, attention/output, intermediate,
   output of the current layer_N scope): self-attention, its output projection, dropout,
   the residual and layer norm; the feed-forward, dropout, the residual and layer norm.
@@ -947,11 +951,16 @@ def transformer_layer(layer_input, query_input, self_attention, compute_type, hi
     compute_type: the matmuls' type.
     hidden_size, intermediate_size, intermediate_act_fn, hidden_dropout_prob,
     initializer_range, dropout_seeds: as transformer_model's.
+    matmul_input: (optional) layer_input in compute_type, where the caller has it (the
+      last layer's second output); else a cast of it.
 
   Returns:
-    float Tensor [query rows, hidden_size] in the type of layer_input.
+    (output, matmul_input): float Tensors [query rows, hidden_size], the block's output
+    in the type of layer_input and the same in compute_type (the next block's
+    matmul_input).
   """
-  matmul_input = tf.cast(layer_input, compute_type)
+  if matmul_input is None:
+    matmul_input = tf.cast(layer_input, compute_type)
   query_matmul_input = (matmul_input if query_input is layer_input
                         else tf.cast(query_input, compute_type))
   with tf.variable_scope("attention"):
@@ -961,13 +970,12 @@ def transformer_layer(layer_input, query_input, self_attention, compute_type, hi
     with tf.variable_scope("output"):
       attention_output = dense_layer(attention_output, hidden_size, "dense",
                                      initializer_range=initializer_range)
-      attention_output = dropout_add_layer_norm(attention_output, query_input,
-                                                hidden_dropout_prob, seeds=dropout_seeds)
+      attention_output, attention_matmul_input = dropout_add_layer_norm(
+          attention_output, query_input, hidden_dropout_prob, seeds=dropout_seeds)
   # The activation is only applied to the "intermediate" hidden layer.
   with tf.variable_scope("intermediate"):
-    intermediate_output = dense_layer(tf.cast(attention_output, compute_type),
-                                      intermediate_size, "dense", intermediate_act_fn,
-                                      initializer_range)
+    intermediate_output = dense_layer(attention_matmul_input, intermediate_size, "dense",
+                                      intermediate_act_fn, initializer_range)
   # Down-project back to `hidden_size` then add the residual.
   with tf.variable_scope("output"):
     layer_output = dense_layer(intermediate_output, hidden_size, "dense",

@@ -260,7 +260,9 @@ def normalize(x, gamma, beta):
 
 def fused_dropout_add_normalize(x, residual, keep, dropout_prob, gamma, beta, fused):
   """normalize(dropout(x) + residual, gamma, beta) in one kernel each way (the kernels'
-  BertDropoutAddLayerNorm and its Grad), the same float32 math as TensorFlow's ops.
+  BertDropoutAddLayerNorm and its Grad), the same float32 math as TensorFlow's ops, and
+  the result in bfloat16 too for the next matmul: the kernel writes both, and the
+  backward pass adds that copy's gradient in its own pass (no cast either way).
 
   The backward pass keeps x_hat and 1 / std per row, as normalize's does, and the mask.
 
@@ -273,21 +275,26 @@ def fused_dropout_add_normalize(x, residual, keep, dropout_prob, gamma, beta, fu
     fused: fused_kernels(tf.bfloat16), not None.
 
   Returns:
-    float32 Tensor of x's shape.
+    (float32 Tensor of x's shape, the same rounded to bfloat16).
   """
   scale = 1.0 / (1.0 - dropout_prob)
 
   @tf.custom_gradient
   def dropout_add_normalize(x, residual, gamma, beta):
-    y, x_hat, inverse_std = fused.bert_dropout_add_layer_norm(x, residual, keep, gamma, beta,
-                                                              scale=scale)
+    y, x_hat, inverse_std, y_half = fused.bert_dropout_add_layer_norm(
+        x, residual, keep, gamma, beta, scale=scale)
 
-    def grad(upstream):
+    def grad(upstream, upstream_half):
+      # TensorFlow 1.15 passes None for the gradient of an output nothing reads.
+      if upstream is None:
+        upstream = tf.zeros_like(y)
+      if upstream_half is None:
+        upstream_half = tf.zeros_like(y_half)
       d_residual, dx, d_gamma, d_beta = fused.bert_dropout_add_layer_norm_grad(
-          upstream, x_hat, inverse_std, gamma, keep, scale=scale)
+          upstream, x_hat, inverse_std, gamma, keep, upstream_half, scale=scale)
       return dx, d_residual, d_gamma, d_beta
 
-    return y, grad
+    return (y, y_half), grad
 
   return dropout_add_normalize(x, residual, gamma, beta)
 

@@ -85,6 +85,7 @@ def transformer_model(input_tensor,
              if per_sequence else None)
 
   all_layer_outputs = []
+  matmul_input = None  # prev_output in compute_type, once a layer has made it
   for layer_idx in range(num_hidden_layers):
     with tf.variable_scope("layer_%d" % layer_idx):
       query_input, from_seq_length = prev_output, seq_length
@@ -116,10 +117,10 @@ def transformer_model(input_tensor,
           context = tf.gather(context, position_rows)  # back to the real tokens' rows
         return context
 
-      prev_output = modeling.transformer_layer(
+      prev_output, matmul_input = modeling.transformer_layer(
           prev_output, query_input, self_attention, compute_type, hidden_size,
           intermediate_size, intermediate_act_fn, hidden_dropout_prob, initializer_range,
-          dropout_seeds)
+          dropout_seeds, matmul_input)
       layer_output = prev_output if last_at_outputs else tf.gather(prev_output, rows)
       all_layer_outputs.append(tf.reshape(tf.cast(layer_output, compute_type),
                                           [batch_size, from_seq_length, hidden_size]))
