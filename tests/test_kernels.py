@@ -335,7 +335,9 @@ def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fu
     ops = tf.get_default_graph().get_operations()
     names = [op.name for op in ops
              if op.type in ("BertGelu", "BertAttentionProbs", "BertDropoutAddLayerNorm")]
+    bias_adds = [op.name for op in ops if op.type == ("BertBiasAdd" if fused_ops else "BiasAdd")]
     bias_gradients = [op.name for op in ops if op.type == "BertBiasAddGrad"]
+    weight_casts = [op.name for op in ops if op.type in ("BertToBfloat16", "BertToFloat")]
     # The residual stream [rows, 32] cast to bfloat16 for a matmul, or its gradient back.
     stream_casts = [op.name for op in ops if op.type == "Cast" and
                     op.outputs[0].shape.as_list()[-1:] == [32] and "/layer_" in op.name]
@@ -345,6 +347,89 @@ def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fu
     assert len([n for n in names if "/layer_%d/" % layer in n]) == fused_ops, names
     # Of the query/key/value, attention output, intermediate and output biases.
     assert len([n for n in bias_gradients if "/layer_%d/" % layer in n]) == fused_ops
+    assert len([n for n in bias_adds if "/layer_%d/" % layer in n]) == 4
+    # Its 6 kernels and 6 biases to bfloat16, and their gradients back.
+    assert len([n for n in weight_casts if "/layer_%d/" % layer in n]) == 6 * fused_ops
+
+
+def _bits(tensor):
+  return tf.bitcast(tensor, tf.uint16 if tensor.dtype == tf.bfloat16 else tf.uint32)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_fused_casts_give_tensorflows_bits_both_ways(fused, threads):
+  rng = np.random.RandomState(threads)
+  every_bfloat16 = np.arange(65536, dtype=np.uint16)
+  # Ties, one float32 unit either side of them, infinities, NaNs, denormals, and
+  # lengths that are not a multiple of the 16 lanes; one long enough to be sharded.
+  ties = (rng.randint(0, 65536, 999).astype(np.uint32) << 16) | 0x8000
+  special = np.array([0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0x7f7fffff,
+                      0x00000001, 0x807fffff, 0x80000000], np.uint32)
+  float_bits = np.concatenate([special, ties, ties - 1, ties + 1,
+                               rng.randint(0, 2 ** 32, 300_001, dtype=np.uint64)])
+  floats = float_bits.astype(np.uint32).view(np.float32)
+  with tf.Graph().as_default():
+    halves = tf.bitcast(tf.constant(every_bfloat16), tf.bfloat16)
+    wides = tf.constant(floats)
+    pairs = [(fused.bert_to_float(halves), tf.cast(halves, tf.float32)),
+             (fused.bert_to_bfloat16(wides), tf.cast(wides, tf.bfloat16)),
+             (fused.bert_to_bfloat16(wides[:19]), tf.cast(wides[:19], tf.bfloat16))]
+    config = tf.ConfigProto(intra_op_parallelism_threads=threads)
+    with tf.Session(config=config) as session:
+      results = session.run([(_bits(a), _bits(b), tf.is_nan(tf.cast(b, tf.float32)))
+                             for a, b in pairs])
+  # A NaN stays a NaN (TensorFlow 1.15 and 2.15 give NaNs different bits).
+  for ours, theirs, nan in results:
+    assert nan.sum() > 0
+    np.testing.assert_array_equal(ours[~nan], theirs[~nan])
+    exponent, mantissa = (0x7f80, 0x7f) if ours.dtype == np.uint16 else (0x7f800000, 0x7fffff)
+    assert np.all((ours[nan] & exponent == exponent) & (ours[nan] & mantissa != 0))
+
+
+def test_a_bfloat16_weights_gradient_comes_back_in_float32_dense_or_gathered(fused):
+  with tf.Graph().as_default():
+    with tf.variable_scope("", custom_getter=precision.get_custom_getter(tf.bfloat16)):
+      table = tf.get_variable("table", [7, 5], tf.bfloat16,
+                              initializer=tf.random_normal_initializer(seed=1))
+    assert table.op.type == "BertToBfloat16"
+    rows = tf.gather(table, [1, 1, 4])
+    upstream = tf.cast(tf.reshape(tf.range(15, dtype=tf.float32) / 7, [3, 5]), tf.bfloat16)
+    gathered = tf.gradients(rows, tf.trainable_variables(), upstream)[0]
+    dense = tf.gradients(table * 3, tf.trainable_variables())[0]
+    assert isinstance(gathered, tf.IndexedSlices) and gathered.values.dtype == tf.float32
+    assert gathered.values.op.type == "BertToFloat" and dense.op.type == "BertToFloat"
+    with tf.Session() as session:
+      values, indices, dense = session.run([gathered.values, gathered.indices, dense])
+  np.testing.assert_array_equal(indices, [1, 1, 4])
+  np.testing.assert_array_equal(values, _bfloat16(np.arange(15).reshape(3, 5) / 7))
+  np.testing.assert_array_equal(dense, np.full([7, 5], 3.0))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (70, 130), (3, 5, 37)])
+def test_the_fused_bias_add_gives_tensorflows_bits_and_leaves_a_read_input_alone(fused, shape):
+  rng = np.random.RandomState(len(shape))
+  with tf.Graph().as_default():
+    value = tf.cast(tf.constant(rng.randn(*shape).astype(np.float32)), tf.bfloat16)
+    bias = tf.cast(tf.constant(rng.randn(shape[-1]).astype(np.float32)), tf.bfloat16)
+    value = value * 3  # an intermediate tensor, which the kernel may overwrite if unread
+    ours, theirs = fused.bert_bias_add(value, bias), tf.nn.bias_add(value, bias)
+    with tf.Session() as session:
+      (ours, theirs, value), twice = session.run(
+          [_bits(t) for t in (ours, theirs, value)]), session.run(_bits(value))
+  np.testing.assert_array_equal(ours, theirs)
+  np.testing.assert_array_equal(value, twice)
+  assert np.mean(ours != value) > 0.9
+
+
+def test_the_fused_bias_add_names_a_bias_that_does_not_fit(fused):
+  with tf.Graph().as_default(), tf.Session() as session:
+    with pytest.raises(ValueError, match="Dimensions must be equal"):
+      fused.bert_bias_add(tf.zeros([2, 5], tf.bfloat16), tf.zeros([4], tf.bfloat16))
+    shape = tf.placeholder(tf.int32, [2])
+    y = fused.bert_bias_add(tf.zeros(shape, tf.bfloat16), tf.zeros([4], tf.bfloat16))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="BertBiasAdd: bias must be \\[width\\] of value's last axis"):
+      session.run(y, {shape: [2, 5]})
 
 
 def _bias_gradients(fused, dy, threads):

@@ -7,12 +7,15 @@
 // float32 copies of the forward's values.
 // BertAttentionProbs / BertAttentionProbsGrad / BertDropout: the attention's softmax and
 // its dropout (precision.dropped_attention), one pass over a row each way.
-// BertBiasAddGrad: bias_add's bias gradient in bfloat16, the column sums TensorFlow's
-// BiasAddGrad computes several times slower, and less exactly, there.
+// BertBiasAdd / BertBiasAddGrad: bias_add in bfloat16, TensorFlow's BiasAdd kept apart from
+// its matmul (oneDNN's fused product is slower at most of BERT's shapes), and the bias
+// gradient, the column sums BiasAddGrad computes several times slower, and less exactly.
 // BertDropoutAddLayerNorm / BertDropoutAddLayerNormGrad: the end of a Transformer sublayer
 // (precision.fused_dropout_add_normalize), dropout of the bfloat16 projection, the float32
 // residual added and layer norm, in one pass over a row each way; the output also in
 // bfloat16 for the next matmul, whose gradient the backward pass adds in.
+// BertToBfloat16 / BertToFloat: tf.cast between float32 and bfloat16 (the weights' copies
+// and their gradients, every micro-batch) at memory speed, the same bits as TensorFlow's.
 // BertKeepMask: dropout's keep mask (dropout.random_keep_mask) straight from Philox, the
 // same bits as StatelessRandomUniformFullInt and the compare, without the uint32 tensor.
 // BertLambApply: one update of a variable by LAMB or Adam with decoupled weight decay
@@ -301,6 +304,26 @@ uint16_t* MutableBits(Tensor* t) {
   return reinterpret_cast<uint16_t*>(const_cast<char*>(t->tensor_data().data()));
 }
 
+// A cast of every value between float32 (From) and bfloat16 (To) or back.
+template <typename From, typename To>
+class BertCastOp : public OpKernel {
+ public:
+  explicit BertCastOp(OpKernelConstruction* context) : OpKernel(context) {}
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    Tensor* y = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
+    const From* in = reinterpret_cast<const From*>(x.tensor_data().data());
+    To* out = reinterpret_cast<To*>(const_cast<char*>(y->tensor_data().data()));
+    Shard(context, x.NumElements(),
+          [&](int64_t begin, int64_t n) { Convert(in + begin, out + begin, n); });
+  }
+
+ private:
+  static void Convert(const float* x, uint16_t* y, int64_t n) { ToBfloat16s(x, y, n); }
+  static void Convert(const uint16_t* x, float* y, int64_t n) { ToFloats(x, y, n); }
+};
+
 class BertGeluOp : public OpKernel {
  public:
   explicit BertGeluOp(OpKernelConstruction* context) : OpKernel(context) {}
@@ -485,6 +508,39 @@ INLINED void AddRowsLoop(const uint16_t* x, int64_t rows, int64_t width, float* 
 }
 CPU_LOOP(void, AddRows, (const uint16_t* x, int64_t rows, int64_t width, float* sums),
          (x, rows, width, sums))
+
+INLINED void AddBiasLoop(const uint16_t* x, const uint16_t* bias, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ToBfloat16(ToFloat(x[i]) + ToFloat(bias[i]));
+}
+CPU_LOOP(void, AddBias, (const uint16_t* x, const uint16_t* bias, uint16_t* y, int64_t n),
+         (x, bias, y, n))
+
+// BertBiasAdd(value, bias) -> value + bias on every row, rounded once, as BiasAdd; in place
+// where nothing else reads value.
+class BertBiasAddOp : public OpKernel {
+ public:
+  explicit BertBiasAddOp(OpKernelConstruction* context) : OpKernel(context) {}
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const Tensor& bias = context->input(1);
+    int64_t width = x.dims() ? x.dim_size(x.dims() - 1) : -1;
+    OP_REQUIRES(context, x.dims() >= 2 && bias.dims() == 1 && bias.dim_size(0) == width,
+                tensorflow::errors::InvalidArgument(
+                    "BertBiasAdd: bias must be [width] of value's last axis, value of at "
+                    "least 2 dimensions: ", x.shape().DebugString(), " and ",
+                    bias.shape().DebugString()));
+    Tensor* y = nullptr;
+    OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0}, 0, x.shape(), &y));
+    int64_t rows = width == 0 ? 0 : x.NumElements() / width;
+    const uint16_t* in = Bits(x);
+    const uint16_t* b = Bits(bias);
+    uint16_t* out = MutableBits(y);
+    ShardRows(context, rows, width, [&](int64_t first, int64_t last) {
+      for (int64_t row = first; row < last; ++row)
+        AddBias(in + row * width, b, out + row * width, width);
+    });
+  }
+};
 
 constexpr int64_t kBiasRows = 64;  // rows of a partial sum of BertBiasAddGrad
 
@@ -1039,6 +1095,37 @@ REGISTER_KERNEL_BUILDER(Name("BertGeluGrad").Device(tensorflow::DEVICE_CPU), Ber
 REGISTER_ATTENTION_PROBS(float);
 REGISTER_ATTENTION_PROBS(tensorflow::bfloat16);
 REGISTER_KERNEL_BUILDER(Name("BertDropout").Device(tensorflow::DEVICE_CPU), BertDropoutOp);
+
+REGISTER_OP("BertToBfloat16")
+    .Input("x: float")
+    .Output("y: bfloat16")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+REGISTER_OP("BertToFloat")
+    .Input("x: bfloat16")
+    .Output("y: float")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+REGISTER_KERNEL_BUILDER(Name("BertToBfloat16").Device(tensorflow::DEVICE_CPU),
+                        BertCastOp<float, uint16_t>);
+REGISTER_KERNEL_BUILDER(Name("BertToFloat").Device(tensorflow::DEVICE_CPU),
+                        BertCastOp<uint16_t, float>);
+
+REGISTER_OP("BertBiasAdd")
+    .Input("value: bfloat16")
+    .Input("bias: bfloat16")
+    .Output("y: bfloat16")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle value, bias;
+      tensorflow::shape_inference::DimensionHandle width;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 2, &value));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &bias));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(value, -1), c->Dim(bias, 0), &width));
+      c->set_output(0, value);
+      return tensorflow::Status();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("BertBiasAdd").Device(tensorflow::DEVICE_CPU), BertBiasAddOp);
 
 REGISTER_OP("BertBiasAddGrad")
     .Input("dy: bfloat16")

@@ -9,9 +9,10 @@ exact in low precision without changing its numbers.
   layer norm, the dense layers' products and the masked-LM loss with gradients that take
   fewer passes over the activations, or keep fewer of them for the backward pass, than
   TensorFlow derives (the measurements: docs/performance.md).
-- fused_kernels, fused_dropout_add_normalize, bias_add: in bfloat16 on a CPU, the GELU,
-  the attention's softmax and dropout, each sublayer's dropout, residual and layer norm,
-  and the biases' gradients run kernels.py's fused kernels where they are built.
+- fused_kernels, fused_dropout_add_normalize, bias_add, cast: in bfloat16 on a CPU, the
+  GELU, the attention's softmax and dropout, each sublayer's dropout, residual and layer
+  norm, the biases' gradients and the weights' casts run kernels.py's fused kernels where
+  they are built.
 """
 
 import math
@@ -39,10 +40,41 @@ def get_custom_getter(compute_type):
       kwargs["dtype"] = tf.float32
     variable = getter(name, *args, **kwargs)
     if requested_dtype == compute_type and variable.dtype.base_dtype != compute_type:
-      return tf.cast(variable, compute_type)
+      with tf.name_scope(name + "/"):  # beside its variable, not at the graph's root
+        return cast(variable, compute_type)
     return variable
 
   return float32_variable_getter
+
+
+def cast(x, dtype):
+  """tf.cast(x, dtype). Between float32 and bfloat16, where the fused kernels are built,
+  the kernels' BertToBfloat16 / BertToFloat, both ways: TensorFlow's bits (rounded to
+  nearest even) at memory speed, where TensorFlow's Cast runs several times slower."""
+  x = tf.convert_to_tensor(x)
+  if ({x.dtype.base_dtype, tf.as_dtype(dtype)} != {tf.float32, tf.bfloat16}
+      or fused_kernels(tf.bfloat16) is None):
+    return tf.cast(x, dtype)
+  fused = fused_kernels(tf.bfloat16)
+  return fused.bert_to_bfloat16(x) if dtype == tf.bfloat16 else fused.bert_to_float(x)
+
+
+def _cast_gradient(grad, dtype):
+  if isinstance(grad, tf.IndexedSlices):  # through a tf.gather (the embeddings' tables)
+    return tf.IndexedSlices(cast(grad.values, dtype), grad.indices, grad.dense_shape)
+  return cast(grad, dtype)
+
+
+@tf.RegisterGradient("BertToBfloat16")
+def _bert_to_bfloat16_grad(op, grad):
+  del op
+  return _cast_gradient(grad, tf.float32)
+
+
+@tf.RegisterGradient("BertToFloat")
+def _bert_to_float_grad(op, grad):
+  del op
+  return _cast_gradient(grad, tf.bfloat16)
 
 
 def elementwise_dtype(compute_type):
@@ -301,9 +333,11 @@ def fused_dropout_add_normalize(x, residual, keep, dropout_prob, gamma, beta, fu
 
 def bias_add(value, bias):
   """tf.nn.bias_add(value, bias). In bfloat16, where the fused kernels are built
-  (kernels.py), the bias's gradient is BertBiasAddGrad: float32 sums of the gradient's
-  rows, rounded once; TensorFlow's bfloat16 BiasAddGrad is several times slower and, over
-  thousands of rows, far less exact (docs/performance.md).
+  (kernels.py), BertBiasAdd and, for the bias's gradient, BertBiasAddGrad. TensorFlow's
+  oneDNN build fuses a bfloat16 MatMul + BiasAdd into one product slower than its plain
+  matmul and a separate sum at most of BERT's shapes; its bfloat16 BiasAddGrad is several
+  times slower and, over thousands of rows, far less exact than float32 sums rounded once
+  (docs/performance.md).
 
   Args:
     value: float Tensor [..., units].
@@ -312,15 +346,15 @@ def bias_add(value, bias):
   Returns:
     Tensor of value's shape and type.
   """
-  if fused_kernels(value.dtype) is None:
+  fused = fused_kernels(value.dtype)
+  if fused is None:
     return tf.nn.bias_add(value, bias)
-  with tf.get_default_graph().gradient_override_map({"BiasAdd": "BertBiasAdd"}):
-    return tf.nn.bias_add(value, bias)
+  return fused.bert_bias_add(value, bias)
 
 
 @tf.RegisterGradient("BertBiasAdd")
 def _bert_bias_add_grad(op, grad):
-  del op  # BiasAdd's gradient reads neither input
+  del op  # the sum's gradient reads neither input
   grad = tf.convert_to_tensor(grad)  # TensorFlow 1.15 may pass IndexedSlices (a gather)
   return grad, kernels.load().bert_bias_add_grad(grad)
 
