@@ -338,7 +338,6 @@ def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fu
     bias_adds = [op.name for op in ops if op.type == ("BertBiasAdd" if fused_ops else "BiasAdd")]
     bias_gradients = [op.name for op in ops if op.type == "BertBiasAddGrad"]
     weight_casts = [op.name for op in ops if op.type in ("BertToBfloat16", "BertToFloat")]
-    transposed = [op.name for op in ops if op.type == "BertTranspose"]
     # The residual stream [rows, 32] cast to bfloat16 for a matmul, or its gradient back.
     stream_casts = [op.name for op in ops if op.type == "Cast" and
                     op.outputs[0].shape.as_list()[-1:] == [32] and "/layer_" in op.name]
@@ -349,8 +348,6 @@ def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fu
     # Of the query/key/value, attention output, intermediate and output biases.
     assert len([n for n in bias_gradients if "/layer_%d/" % layer in n]) == fused_ops
     assert len([n for n in bias_adds if "/layer_%d/" % layer in n]) == 4
-    # The 4 products' kernels, read from transposed copies.
-    assert len([n for n in transposed if "/layer_%d/" % layer in n]) == fused_ops
     # Its 6 kernels and 6 biases to bfloat16, and their gradients back.
     assert len([n for n in weight_casts if "/layer_%d/" % layer in n]) == 6 * fused_ops
 
@@ -422,22 +419,6 @@ def test_the_fused_bias_add_gives_tensorflows_bits_and_leaves_a_read_input_alone
   np.testing.assert_array_equal(ours, theirs)
   np.testing.assert_array_equal(value, twice)
   assert np.mean(ours != value) > 0.9
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_the_fused_transpose_is_numpys_at_any_shape(fused, threads):
-  shapes = [(1, 1), (1, 40), (33, 70), (1024, 37), (64, 96)]
-  matrices = [np.random.RandomState(i).randint(0, 65536, shape).astype(np.uint16)
-              for i, shape in enumerate(shapes)]
-  with tf.Graph().as_default():
-    transposed = [_bits(fused.bert_transpose(tf.bitcast(tf.constant(m), tf.bfloat16)))
-                  for m in matrices]
-    config = tf.ConfigProto(intra_op_parallelism_threads=threads)
-    with tf.Session(config=config) as session:
-      for matrix, ours in zip(matrices, session.run(transposed)):
-        np.testing.assert_array_equal(ours, matrix.T)
-    with pytest.raises(ValueError, match="must be rank 2"):
-      fused.bert_transpose(tf.zeros([2, 3, 4], tf.bfloat16))
 
 
 def test_the_fused_bias_add_names_a_bias_that_does_not_fit(fused):

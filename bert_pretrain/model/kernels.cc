@@ -304,39 +304,6 @@ uint16_t* MutableBits(Tensor* t) {
   return reinterpret_cast<uint16_t*>(const_cast<char*>(t->tensor_data().data()));
 }
 
-constexpr int64_t kTile = 16;  // BertTranspose's square tiles (32 and 64 measured slower)
-
-// BertTranspose(x) -> x^T of a bfloat16 matrix, a column tile of x (a row tile of x^T)
-// at a time, in square tiles read and written within the cache.
-class BertTransposeOp : public OpKernel {
- public:
-  explicit BertTransposeOp(OpKernelConstruction* context) : OpKernel(context) {}
-  void Compute(OpKernelContext* context) override {
-    const Tensor& x = context->input(0);
-    OP_REQUIRES(context, x.dims() == 2,
-                tensorflow::errors::InvalidArgument("BertTranspose: x must be a matrix, not ",
-                                                    x.shape().DebugString()));
-    int64_t rows = x.dim_size(0), cols = x.dim_size(1);
-    Tensor* y = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, {cols, rows}, &y));
-    const uint16_t* in = Bits(x);
-    uint16_t* out = MutableBits(y);
-    auto* workers = context->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(
-        workers->num_threads, workers->workers, (cols + kTile - 1) / kTile, 4 * kTile * rows,
-        [&](int64_t first, int64_t last) {
-          for (int64_t c0 = first * kTile; c0 < std::min(cols, last * kTile); c0 += kTile) {
-            int64_t c1 = std::min(cols, c0 + kTile);
-            for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
-              int64_t r1 = std::min(rows, r0 + kTile);
-              for (int64_t c = c0; c < c1; ++c)
-                for (int64_t r = r0; r < r1; ++r) out[c * rows + r] = in[r * cols + c];
-            }
-          }
-        });
-  }
-};
-
 // A cast of every value between float32 (From) and bfloat16 (To) or back.
 template <typename From, typename To>
 class BertCastOp : public OpKernel {
@@ -1128,18 +1095,6 @@ REGISTER_KERNEL_BUILDER(Name("BertGeluGrad").Device(tensorflow::DEVICE_CPU), Ber
 REGISTER_ATTENTION_PROBS(float);
 REGISTER_ATTENTION_PROBS(tensorflow::bfloat16);
 REGISTER_KERNEL_BUILDER(Name("BertDropout").Device(tensorflow::DEVICE_CPU), BertDropoutOp);
-
-REGISTER_OP("BertTranspose")
-    .Input("x: bfloat16")
-    .Output("y: bfloat16")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle x;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
-      c->set_output(0, c->Matrix(c->Dim(x, 1), c->Dim(x, 0)));
-      return tensorflow::Status();
-    });
-
-REGISTER_KERNEL_BUILDER(Name("BertTranspose").Device(tensorflow::DEVICE_CPU), BertTransposeOp);
 
 REGISTER_OP("BertToBfloat16")
     .Input("x: float")

@@ -361,46 +361,20 @@ def _bert_bias_add_grad(op, grad):
 
 def dense_matmul(input_tensor, kernel):
   """input_tensor [..., input_width] @ kernel [input_width, units], with the gradient
-  of _dense_layer_matmul_grad.
-
-  In bfloat16, where the fused kernels are built, a [rows, input_width] input is
-  multiplied by a transposed copy of the kernel (BertTranspose), [units, input_width]:
-  oneDNN's AMX matmul runs faster with the kernel in that order, by more than the copy
-  costs (docs/performance.md). The gradients are the same products.
-  """
-  fused = fused_kernels(kernel.dtype)
-  if fused is not None and input_tensor.shape.ndims == 2:
-    return _matmul_by_transposed_copy(input_tensor, kernel, fused)
+  of _dense_layer_matmul_grad."""
   with tf.get_default_graph().gradient_override_map({"MatMul": "DenseLayerMatMul"}):
     if input_tensor.shape.ndims == 2:
       return tf.matmul(input_tensor, kernel)
     return tf.tensordot(input_tensor, kernel, axes=1)
 
 
-def _matmul_by_transposed_copy(x, kernel, fused):
-
-  @tf.custom_gradient
-  def product(x, kernel):
-
-    def grad(upstream):
-      return _dense_matmul_gradients(x, kernel, upstream)
-
-    return tf.matmul(x, fused.bert_transpose(kernel), transpose_b=True), grad
-
-  return product(x, kernel)
-
-
 @tf.RegisterGradient("DenseLayerMatMul")
 def _dense_layer_matmul_grad(op, grad):
+  """The gradient of dense_layer's y = x @ kernel: (grad @ kernel^T, x^T @ grad), each
+  product made by gradient_matmul."""
   (x, kernel) = op.inputs
   if op.get_attr("transpose_a") or op.get_attr("transpose_b"):
     raise ValueError("dense_layer's gradient expects an untransposed MatMul")
-  return _dense_matmul_gradients(x, kernel, grad)
-
-
-def _dense_matmul_gradients(x, kernel, grad):
-  """The gradient of dense_layer's y = x @ kernel: (grad @ kernel^T, x^T @ grad), each
-  product made by gradient_matmul."""
   # Through a tf.gather of the output (unpadded_rows), TensorFlow 1.15 passes the
   # gradient on as IndexedSlices.
   grad = tf.convert_to_tensor(grad)
