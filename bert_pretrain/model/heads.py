@@ -54,9 +54,9 @@ def get_masked_lm_output(bert_config, input_tensor, output_weights, positions, l
     # for each token.
     output_bias = tf.get_variable("output_bias", shape=[bert_config.vocab_size],
                                   dtype=input_tensor.dtype, initializer=tf.zeros_initializer())
-    logits = tf.matmul(input_tensor, tf.cast(output_weights, input_tensor.dtype),
+    logits = tf.matmul(input_tensor, precision.cast(output_weights, input_tensor.dtype),
                        transpose_b=True)
-    logits = tf.cast(precision.bias_add(logits, output_bias), tf.float32)
+    logits = precision.cast(precision.bias_add(logits, output_bias), tf.float32)
     log_probs = tf.nn.log_softmax(logits, axis=-1)
 
     label_ids = tf.reshape(label_ids, [-1])
@@ -92,7 +92,7 @@ def get_next_sentence_output(bert_config, input_tensor, labels, weights=None):
                                   initializer=tf.zeros_initializer())
 
     logits = tf.matmul(input_tensor, output_weights, transpose_b=True)
-    logits = tf.cast(precision.bias_add(logits, output_bias), tf.float32)
+    logits = precision.cast(precision.bias_add(logits, output_bias), tf.float32)
     log_probs = tf.nn.log_softmax(logits, axis=-1)
     labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
     per_example_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
