@@ -239,14 +239,15 @@ def _start_two_ranks(data, tmp_path, transport):
   proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", transport] +
                           rank_command("--horovod", *flags), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True, env=env)
-  # Both ranks build their graphs while the suite's other workers run: under that load
-  # the broadcast before update 1 has taken over 180 s.
-  deadline = time.time() + 420
+  deadline = time.time() + 180
   output = []
   for line in proc.stdout:
     output.append(line)
     if "Step 10," in line or time.time() > deadline:
       break
+  # A heartbeat is written every 2 s at this timeout, and 10 updates of this model can
+  # take less: before it, rank 1's last one may still say what it did before update 1.
+  time.sleep(5)
   try:
     return proc, output, rank_pid(proc, 1)
   except AssertionError:
