@@ -773,6 +773,92 @@ def test_the_lamb_kernel_updates_a_variable_of_many_blocks_as_float64_does(
       want_change).max())
 
 
+@pytest.mark.parametrize("adapt", [True, False])
+def test_the_lamb_kernel_reads_a_bfloat16_gradient_as_its_float32_cast(fused, adapt):
+  """A gradient in bfloat16 (as the backward pass computed it) updates the variable and
+  its moments bit for bit as the same values in float32 do."""
+  rng = np.random.RandomState(6)
+  n = 10007
+  w0 = rng.randn(n).astype(np.float32)
+  # Values bfloat16 holds exactly: float32's with the low 16 bits cleared.
+  grad = ((rng.randn(n) * 0.01).astype(np.float32).view(np.uint32) & 0xffff0000).view(
+      np.float32)
+  results = []
+  for dtype in (tf.float32, tf.bfloat16):
+    with tf.Graph().as_default():
+      w = tf.Variable(w0)
+      (m, v) = (tf.Variable(np.full(n, 1e-3, np.float32)) for _ in range(2))
+      g = tf.cast(tf.constant(grad), dtype)
+      update = fused.bert_lamb_apply(w, m, v, g, [0.01, 0.5, 0.1, 0.001, 1.2, 1e-6],
+                                     adapt=adapt, weight_decay=0.1)
+      with tf.Session() as session:
+        session.run(tf.global_variables_initializer())
+        session.run(update)
+        results.append(session.run([w, m, v]))
+  assert np.abs(results[1][0] - w0).max() > 1e-4  # the weights moved
+  for from_float, from_bfloat16 in zip(*results):
+    np.testing.assert_array_equal(from_bfloat16, from_float)
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.37])
+def test_the_fused_accumulation_of_a_bfloat16_gradient_gives_tensorflows_bits(fused, factor):
+  """BertAccumulate(sum, grad, factor) adds grad * factor to the float32 sum in place, as
+  TensorFlow's ApplyGradientDescent(sum, -factor, grad in float32) does, bit for bit."""
+  rng = np.random.RandomState(8)
+  n = 100003
+  start = rng.randn(n).astype(np.float32)
+  values = rng.randn(n).astype(np.float32)
+  with tf.Graph().as_default() as graph:
+    grad = tf.cast(tf.constant(values), tf.bfloat16)
+    (ours, theirs) = (tf.Variable(start) for _ in range(2))
+    twice = tf.group(fused.bert_accumulate(ours, grad, factor),
+                     tf.raw_ops.ApplyGradientDescent(var=theirs, alpha=-factor,
+                                                     delta=tf.cast(grad, tf.float32)))
+    with tf.Session(graph=graph) as session:
+      session.run(tf.global_variables_initializer())
+      session.run(twice)
+      session.run(twice)
+      sums = session.run([ours, theirs])
+  assert np.abs(sums[0] - start).max() > 0.1
+  np.testing.assert_array_equal(sums[0], sums[1])
+
+
+def test_the_fused_accumulation_names_a_gradient_of_another_shape(fused):
+  with tf.Graph().as_default():
+    total = tf.Variable(np.zeros([4, 3], np.float32))
+    with pytest.raises(ValueError, match="Dimension 1 in both shapes must be equal"):
+      fused.bert_accumulate(total, tf.zeros([4, 2], tf.bfloat16), 1.0)
+    grad = tf.placeholder(tf.bfloat16, [None, 3])
+    add = fused.bert_accumulate(total, grad, 1.0)
+    with tf.Session() as session:
+      session.run(tf.global_variables_initializer())
+      with pytest.raises(tf.errors.InvalidArgumentError,
+                         match="BertAccumulate: sum and grad must have one shape"):
+        session.run(add, {grad: np.zeros([5, 3], np.float32)})
+
+
+@pytest.mark.parametrize("n", [0, 5, 100003])
+def test_the_fused_square_sum_of_bfloat16_values_is_float64s_on_any_threads(fused, n):
+  """BertSquareSum: the sum of the squares of bfloat16 values (blocks of 4,096 shared by
+  the threads, and a tail), float64's sum rounded to float32 or within a few of its ulps,
+  the same bits on 1 thread as on 2."""
+  values = np.random.RandomState(7).randn(n).astype(np.float32)
+  sums = []
+  with tf.Graph().as_default():
+    x = tf.cast(tf.constant(values), tf.bfloat16)
+    square_sum = fused.bert_square_sum(x)
+    assert square_sum.shape.as_list() == []
+    for threads in (2, 1):
+      config = tf.ConfigProto(intra_op_parallelism_threads=threads)
+      with tf.Session(config=config) as session:
+        (got, exact) = session.run([square_sum, tf.cast(x, tf.float64)])
+        sums.append(got)
+  assert sums[0] == sums[1] and sums[0].dtype == np.float32
+  want = np.sum(exact * exact)
+  np.testing.assert_allclose(sums[0], want, rtol=1e-6)
+  assert (n == 0) == (want == 0.0)
+
+
 def test_the_lamb_kernel_names_mismatched_shapes_and_hyperparameters(fused):
   with tf.Graph().as_default():
     (w, m, v) = (tf.Variable(np.zeros([4, 3], np.float32)) for _ in range(3))

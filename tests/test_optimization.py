@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain.model import kernels, modeling
+from bert_pretrain.model import kernels, modeling, precision
 from bert_pretrain.training import optimization
 from bert_pretrain.training import pretraining
 
@@ -220,20 +220,31 @@ def _batches(batch_size):
 
 
 def train_weights(batch_size, accumulation, updates=3, optimizer="lamb",
-                  clipping=optimization.CLIP_AFTER_ALLREDUCE):
+                  clipping=optimization.CLIP_AFTER_ALLREDUCE, compute_type=tf.float32,
+                  ran_ops=None):
+  """(global step, {variable name: value}) after `updates` updates; ran_ops: (optional) a
+  list that takes the names of the ops the last update ran."""
   with tf.Graph().as_default():
     tf.set_random_seed(7)
-    outputs = pretraining.build_model(CONFIG, _batches(batch_size), True, tf.float32)
+    outputs = pretraining.build_model(CONFIG, _batches(batch_size), True, compute_type)
     step = tf.train.get_or_create_global_step()
     opt = optimization.create_optimizer(optimizer, 1e-2)
     accumulate, update = optimization.create_train_ops(outputs["total_loss"], opt, step,
                                                        accumulation, clipping=clipping)
     with tf.Session() as sess:
       sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-      for _ in range(updates):
-        for _ in range(accumulation - 1):
-          sess.run(accumulate)
-        sess.run(update)
+      for update_index in range(updates):
+        for op in [accumulate] * (accumulation - 1) + [update]:
+          if ran_ops is None or update_index < updates - 1:
+            sess.run(op)
+            continue
+          (options, metadata) = (tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                                 tf.RunMetadata())
+          sess.run(op, options=options, run_metadata=metadata)
+          # TensorFlow 1.15 lists some as "name:type" too.
+          ran_ops.extend(node.node_name.split(":")[0]
+                         for device in metadata.step_stats.dev_stats
+                         for node in device.node_stats)
       return sess.run((step, {v.op.name: v for v in tf.trainable_variables()}))
 
 
@@ -276,6 +287,50 @@ def test_the_in_place_kernels_train_a_model_as_the_plain_ops_do(optimizer, updat
   for name in plain:
     np.testing.assert_array_equal(again[name], fused[name], err_msg=name)
     np.testing.assert_allclose(fused[name], plain[name], rtol=1e-6, atol=3e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_a_bfloat16_models_update_reads_the_weights_gradients_before_their_cast(
+    monkeypatch, accumulation):
+  """In bfloat16 the update's kernel (or the accumulators', and the update's last
+  addition) and the global norm read every gradient the backward pass computed in
+  bfloat16 as it is (precision.cast_source): those gradients' casts to float32 never
+  run, and the weights come out as through the casts. The LayerNorm's weights and the
+  embeddings' tables (read in float32, or twice) take float32 gradients."""
+  kernels.build()
+  assert kernels.load() is not None, kernels.why_unavailable()
+  graphs = []
+  create_train_ops = optimization.create_train_ops
+  monkeypatch.setattr(optimization, "create_train_ops", lambda *args, **kwargs: (
+      graphs.append(tf.get_default_graph()) or create_train_ops(*args, **kwargs)))
+  ran = []
+  per_micro_batch = optimization.CLIP_PER_MICRO_BATCH
+  (step, read_in_bfloat16) = train_weights(8, accumulation, clipping=per_micro_batch,
+                                           compute_type=tf.bfloat16, ran_ops=ran)
+  halves = [(op, op.inputs[3]) for op in graphs[0].get_operations()
+            if op.type == "BertLambApply" and op.inputs[3].dtype == tf.bfloat16]
+  halves += [(op, op.inputs[1]) for op in graphs[0].get_operations()
+             if op.type == "BertAccumulate"]
+  want = {name for name in read_in_bfloat16 if "LayerNorm" not in name
+          and not name.startswith("bert/embeddings/")}
+  assert len(want) == 19 and len(halves) == (19 if accumulation == 1 else 38)
+  if accumulation == 1:
+    assert {op.inputs[0].op.name for op, _ in halves} == want
+  skipped_casts = {consumer.name for _, half in halves for consumer in half.consumers()
+                   if consumer.type == "BertToFloat"}
+  assert len(skipped_casts) == 19 and not skipped_casts & set(ran)
+  assert {op.name for op, _ in halves} <= set(ran)
+  assert len({name for name in ran if name.startswith("clip_micro_batch/BertSquareSum")}) == 19
+
+  monkeypatch.setattr(precision, "cast_source", lambda x: None)
+  (step_cast, through_casts) = train_weights(8, accumulation, clipping=per_micro_batch,
+                                             compute_type=tf.bfloat16)
+  assert step == step_cast == 3
+  for name in through_casts:
+    np.testing.assert_allclose(read_in_bfloat16[name], through_casts[name], rtol=1e-6,
+                               atol=1e-7, err_msg=name)
+  (_, float32) = train_weights(8, accumulation, clipping=per_micro_batch)
+  assert max(np.abs(read_in_bfloat16[n] - float32[n]).max() for n in float32) > 1e-5
 
 
 # Micro-batch inputs of a model whose gradient is known: loss = sum((w * x)^2), so

@@ -16,11 +16,14 @@
 // bfloat16 for the next matmul, whose gradient the backward pass adds in.
 // BertToBfloat16 / BertToFloat: tf.cast between float32 and bfloat16 (the weights' copies
 // and their gradients, every micro-batch) at memory speed, the same bits as TensorFlow's.
+// BertSquareSum / BertAccumulate: a bfloat16 gradient's sum of squares for the global
+// norm, and its addition to a float32 accumulator, without a float32 copy of it.
 // BertKeepMask: dropout's keep mask (dropout.random_keep_mask) straight from Philox, the
 // same bits as StatelessRandomUniformFullInt and the compare, without the uint32 tensor.
 // BertLambApply: one update of a variable by LAMB or Adam with decoupled weight decay
-// (optimization.py), in place: moments, direction, norms and weights in two passes over
-// memory (one without the trust ratio) instead of TensorFlow's dozen.
+// (optimization.py), in place, from a float32 or bfloat16 gradient: moments, direction,
+// norms and weights in two passes over memory (one without the trust ratio) instead of
+// TensorFlow's dozen.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -542,6 +545,75 @@ class BertBiasAddOp : public OpKernel {
   }
 };
 
+INLINED double SquareSumLoop(const uint16_t* x, int64_t n) {
+  float lanes[kLanes] = {0.0f};
+  int64_t whole = n - n % kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] += ToFloat(x[i + j]) * ToFloat(x[i + j]);
+  for (int64_t i = whole; i < n; ++i) lanes[0] += ToFloat(x[i]) * ToFloat(x[i]);
+  double sum = 0.0;
+  for (int j = 0; j < kLanes; ++j) sum += lanes[j];
+  return sum;
+}
+CPU_LOOP(double, SquareSum, (const uint16_t* x, int64_t n), (x, n))
+
+// BertSquareSum(x) -> the sum of the squares of x's bfloat16 values, in float32: a
+// gradient's share of the global norm read without a float32 copy of it. A float sum
+// for each block of kBlock values, the blocks added in order in double: the same bits on
+// any number of threads.
+class BertSquareSumOp : public OpKernel {
+ public:
+  explicit BertSquareSumOp(OpKernelConstruction* context) : OpKernel(context) {}
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    Tensor* sum = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, {}, &sum));
+    int64_t n = x.NumElements();
+    std::vector<double> blocks((n + kBlock - 1) / kBlock, 0.0);
+    const uint16_t* in = Bits(x);
+    Shard(context, n, [&](int64_t begin, int64_t count) {
+      for (int64_t at = begin; at < begin + count; at += kBlock)
+        blocks[at / kBlock] = SquareSum(in + at, std::min(kBlock, begin + count - at));
+    });
+    double total = 0.0;
+    for (double block : blocks) total += block;
+    sum->scalar<float>()() = static_cast<float>(total);
+  }
+};
+
+INLINED void AccumulateLoop(const uint16_t* g, float factor, float* sum, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) sum[i] += ToFloat(g[i]) * factor;
+}
+CPU_LOOP(void, Accumulate, (const uint16_t* g, float factor, float* sum, int64_t n),
+         (g, factor, sum, n))
+
+// BertAccumulate(sum, grad, factor) -> sum: sum += grad * factor in place, grad in
+// bfloat16 as the backward pass computed it: the bits of TensorFlow's
+// ApplyGradientDescent(sum, -factor, grad cast to float32), without the cast.
+class BertAccumulateOp : public OpKernel {
+ public:
+  explicit BertAccumulateOp(OpKernelConstruction* context) : OpKernel(context) {}
+  void Compute(OpKernelContext* context) override {
+    context->forward_ref_input_to_ref_output(0, 0);
+    Tensor sum = context->mutable_input(0, false);
+    const Tensor& grad = context->input(1);
+    const Tensor& factor = context->input(2);
+    OP_REQUIRES(context, sum.IsInitialized(),
+                tensorflow::errors::FailedPrecondition(
+                    "BertAccumulate: the sum is not initialized"));
+    OP_REQUIRES(context, sum.shape() == grad.shape() && factor.dims() == 0,
+                tensorflow::errors::InvalidArgument(
+                    "BertAccumulate: sum and grad must have one shape and factor none: ",
+                    sum.shape().DebugString(), ", ", grad.shape().DebugString(), " and ",
+                    factor.shape().DebugString()));
+    float f = factor.scalar<float>()();
+    float* out = sum.flat<float>().data();
+    const uint16_t* in = Bits(grad);
+    Shard(context, sum.NumElements(),
+          [&](int64_t begin, int64_t n) { Accumulate(in + begin, f, out + begin, n); });
+  }
+};
+
 constexpr int64_t kBiasRows = 64;  // rows of a partial sum of BertBiasAddGrad
 
 // BertBiasAddGrad(dy) -> the sums of dy's rows, bias_add's bias gradient, in bfloat16:
@@ -912,11 +984,14 @@ inline float LambDirection(float m, float v, float w, const LambHyper& h) {
   return kDecay ? u + h.weight_decay * w : u;
 }
 
+inline float GradValue(float g) { return g; }
+inline float GradValue(uint16_t g) { return ToFloat(g); }  // a bfloat16 gradient's bits
+
 // One value of LambMoments: its moments, then its weight or the two squares.
-template <bool kDecay, bool kApply>
-inline void LambMoment(const float* g, float* m, float* v, float* w, const LambHyper& h,
+template <bool kDecay, bool kApply, typename G>
+inline void LambMoment(const G* g, float* m, float* v, float* w, const LambHyper& h,
                        float* w_square, float* u_square) {
-  float grad = *g * h.grad_scale;
+  float grad = GradValue(*g) * h.grad_scale;
   float next_m = *m + (grad - *m) * h.one_minus_beta_1;
   float next_v = *v + (grad * grad - *v) * h.one_minus_beta_2;
   float u = LambDirection<kDecay>(next_m, next_v, *w, h);
@@ -933,8 +1008,8 @@ inline void LambMoment(const float* g, float* m, float* v, float* w, const LambH
 // The moments take the gradient over [0, n); with kApply the weights move by lr times the
 // direction too (trust ratio 1), else the squares of the weights and of the direction
 // are summed into `sums` (two doubles).
-template <bool kDecay, bool kApply>
-CLONES void LambMoments(const float* g, float* m, float* v, float* w, const LambHyper& h,
+template <bool kDecay, bool kApply, typename G>
+CLONES void LambMoments(const G* g, float* m, float* v, float* w, const LambHyper& h,
                         int64_t n, double* sums) {
   float w_lanes[kLanes] = {0.0f}, u_lanes[kLanes] = {0.0f};
   int64_t whole = n - n % kLanes;
@@ -958,8 +1033,8 @@ CLONES void LambMove(const float* m, const float* v, float* w, const LambHyper& 
   for (int64_t i = 0; i < n; ++i) w[i] = w[i] - step * LambDirection<kDecay>(m[i], v[i], w[i], h);
 }
 
-// BertLambApply(var, m, v, grad, hyper) -> var: grad * grad_scale updates the moments m
-// and v, and var moves by lr times the direction, times ||var|| / ||direction|| where
+// BertLambApply(var, m, v, grad, hyper) -> var: grad (float32, or bfloat16 as the
+// backward pass computed it) * grad_scale updates the moments m and v, and var moves by lr times the direction, times ||var|| / ||direction|| where
 // `adapt` (1 where either norm is 0). hyper: lr, grad_scale, 1 - beta_1, 1 - beta_2,
 // direction_scale, direction_epsilon.
 class BertLambApplyOp : public OpKernel {
@@ -991,22 +1066,24 @@ class BertLambApplyOp : public OpKernel {
     auto values = hyper.flat<float>();
     LambHyper h = {values(0), values(1), values(2), values(3), values(4), values(5),
                    weight_decay_};
+    bool half = grad.dtype() == tensorflow::DT_BFLOAT16;
     if (weight_decay_ != 0.0f) {
-      Update<true>(context, var, m, v, grad, h);
+      half ? Update<true>(context, var, m, v, Bits(grad), h)
+           : Update<true>(context, var, m, v, grad.flat<float>().data(), h);
     } else {
-      Update<false>(context, var, m, v, grad, h);
+      half ? Update<false>(context, var, m, v, Bits(grad), h)
+           : Update<false>(context, var, m, v, grad.flat<float>().data(), h);
     }
   }
 
  private:
-  template <bool kDecay>
-  void Update(OpKernelContext* context, Tensor& var, Tensor& m, Tensor& v,
-              const Tensor& grad, const LambHyper& h) {
+  template <bool kDecay, typename G>
+  void Update(OpKernelContext* context, Tensor& var, Tensor& m, Tensor& v, const G* g_data,
+              const LambHyper& h) {
     int64_t n = var.NumElements();
     float* w_data = var.flat<float>().data();
     float* m_data = m.flat<float>().data();
     float* v_data = v.flat<float>().data();
-    const float* g_data = grad.flat<float>().data();
     if (!adapt_) {
       Shard(context, n, [&](int64_t begin, int64_t count) {
         LambMoments<kDecay, true>(g_data + begin, m_data + begin, v_data + begin,
@@ -1111,6 +1188,30 @@ REGISTER_KERNEL_BUILDER(Name("BertToBfloat16").Device(tensorflow::DEVICE_CPU),
 REGISTER_KERNEL_BUILDER(Name("BertToFloat").Device(tensorflow::DEVICE_CPU),
                         BertCastOp<uint16_t, float>);
 
+REGISTER_OP("BertSquareSum")
+    .Input("x: bfloat16")
+    .Output("sum: float")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_KERNEL_BUILDER(Name("BertSquareSum").Device(tensorflow::DEVICE_CPU),
+                        BertSquareSumOp);
+
+REGISTER_OP("BertAccumulate")
+    .Input("sum: Ref(float)")
+    .Input("grad: bfloat16")
+    .Input("factor: float")
+    .Output("out: Ref(float)")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle shape, factor;
+      TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1), &shape));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &factor));
+      c->set_output(0, shape);
+      return tensorflow::Status();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("BertAccumulate").Device(tensorflow::DEVICE_CPU),
+                        BertAccumulateOp);
+
 REGISTER_OP("BertBiasAdd")
     .Input("value: bfloat16")
     .Input("bias: bfloat16")
@@ -1211,9 +1312,10 @@ REGISTER_OP("BertLambApply")
     .Input("var: Ref(float)")
     .Input("m: Ref(float)")
     .Input("v: Ref(float)")
-    .Input("grad: float")
+    .Input("grad: T")
     .Input("hyper: float")
     .Output("out: Ref(float)")
+    .Attr("T: {float, bfloat16} = DT_FLOAT")
     .Attr("adapt: bool")
     .Attr("weight_decay: float = 0.0")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {

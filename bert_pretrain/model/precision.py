@@ -12,7 +12,7 @@ exact in low precision without changing its numbers.
 - fused_kernels, fused_dropout_add_normalize, bias_add, cast: in bfloat16 on a CPU, the
   GELU, the attention's softmax and dropout, each sublayer's dropout, residual and layer
   norm, the biases' gradients and the weights' casts run kernels.py's fused kernels where
-  they are built.
+  they are built; cast_source lets the optimizer read a gradient before its cast.
 """
 
 import math
@@ -52,11 +52,20 @@ def cast(x, dtype):
   the kernels' BertToBfloat16 / BertToFloat, both ways: TensorFlow's bits (rounded to
   nearest even) at memory speed, where TensorFlow's Cast runs several times slower."""
   x = tf.convert_to_tensor(x)
-  if ({x.dtype.base_dtype, tf.as_dtype(dtype)} != {tf.float32, tf.bfloat16}
-      or fused_kernels(tf.bfloat16) is None):
-    return tf.cast(x, dtype)
+  dtype = tf.as_dtype(dtype)
   fused = fused_kernels(tf.bfloat16)
+  if {x.dtype.base_dtype, dtype} != {tf.float32, tf.bfloat16} or fused is None:
+    return tf.cast(x, dtype)
   return fused.bert_to_bfloat16(x) if dtype == tf.bfloat16 else fused.bert_to_float(x)
+
+
+def cast_source(x):
+  """The bfloat16 Tensor that cast() made the float32 Tensor `x` from with a kernel, else
+  None: a consumer that reads bfloat16 (the optimizer's kernels read the weights'
+  gradients so) takes it instead, and the cast then never runs."""
+  if isinstance(x, tf.Tensor) and x.op.type == "BertToFloat":
+    return x.op.inputs[0]
+  return None
 
 
 def _cast_gradient(grad, dtype):

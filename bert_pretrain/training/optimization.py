@@ -30,6 +30,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
 from bert_pretrain.model import kernels
+from bert_pretrain.model import precision
 from bert_pretrain.training import checkpoints
 
 EXCLUDE_FROM_WEIGHT_DECAY = ["LayerNorm", "layer_norm", "bias"]
@@ -164,6 +165,8 @@ class _WeightDecayOptimizer(tf.train.Optimizer):
     for (grad, param), (m, v) in zip(pairs, slots):
       decay = self._do_use_weight_decay(checkpoints.variable_name(param))
       if kernel is not None:
+        half = precision.cast_source(grad)  # read in bfloat16, without the cast's pass
+        grad = grad if half is None else half
         updates.append(kernel(param, m, v, grad, hyper, adapt=self._adapts(param),
                               weight_decay=self.weight_decay_rate if decay else 0.0))
         continue
@@ -508,17 +511,25 @@ def _accumulation(tvars, grads, factor, num_accumulation_steps):
                                     synchronization=tf.VariableSynchronization.ON_READ,
                                     aggregation=tf.VariableAggregation.SUM)
                     for v in tvars]
-  if factor is None:
-    accumulate_op = tf.group(*[a.assign_add(g) for a, g in zip(accumulators, grads)])
-  else:
-    # a += factor * g in one pass over a and g.
-    alpha = -factor
-    accumulate_op = tf.group(*[_apply_gradient_descent(a, alpha, g)
-                               for a, g in zip(accumulators, grads)])
-  # The last micro-batch is added in the update itself, then the sum is averaged.
-  mean = [(a + g) / float(num_accumulation_steps)
-          for a, g in zip(accumulators, _scaled(grads, factor))]
-  return accumulate_op, accumulators, mean
+  (accumulate_ops, mean) = ([], [])
+  (scale, alpha) = (1.0, None) if factor is None else (factor, -factor)
+  for a, g in zip(accumulators, grads):
+    # The last micro-batch is added in the update itself, then the sum is averaged.
+    half = precision.cast_source(g)
+    if half is not None and not _is_resource(a) and not tf.distribute.has_strategy():
+      # A gradient the backward pass computed in bfloat16 is added as it is, in place:
+      # the same bits as the ops below take from its float32 cast.
+      fused = kernels.load()
+      (accumulate, last) = (fused.bert_accumulate(a, half, scale),
+                            fused.bert_accumulate(a, half, scale))
+    elif factor is None:
+      (accumulate, last) = (a.assign_add(g), a + g)
+    else:
+      # a += factor * g in one pass over a and g.
+      (accumulate, last) = (_apply_gradient_descent(a, alpha, g), a + g * factor)
+    accumulate_ops.append(accumulate)
+    mean.append(last / float(num_accumulation_steps))
+  return tf.group(*accumulate_ops), accumulators, mean
 
 
 def _clip_factor(grads, clip_norm, loss_scale=None):
@@ -533,7 +544,7 @@ def _clip_factor(grads, clip_norm, loss_scale=None):
     (float32 scalar Tensor, all_finite): all_finite is a bool scalar Tensor with a loss
     scale, None without one.
   """
-  scaled_norm = tf.global_norm(grads)
+  scaled_norm = _global_norm(grads)
   if loss_scale is None:
     factor = clip_norm * tf.minimum(1.0 / scaled_norm, tf.constant(1.0) / clip_norm)
     return factor + (scaled_norm - scaled_norm), None
@@ -541,6 +552,19 @@ def _clip_factor(grads, clip_norm, loss_scale=None):
   norm = scaled_norm / loss_scale.scale
   factor = clip_norm / tf.maximum(norm, clip_norm) / loss_scale.scale
   return tf.where(all_finite, factor, tf.constant(float("nan"))), all_finite
+
+
+def _global_norm(grads):
+  """tf.global_norm(grads), dense Tensors. A gradient cast from bfloat16 by a kernel
+  (precision.cast_source) is read before the cast, its squares summed by BertSquareSum:
+  half the bytes, and an update that reads it so too never runs the cast."""
+  half_squares = []
+  for grad in grads:
+    half = precision.cast_source(grad)
+    half_squares.append(tf.nn.l2_loss(grad) if half is None else
+                        0.5 * kernels.load().bert_square_sum(half))
+  # As tf.global_norm adds them.
+  return tf.sqrt(tf.reduce_sum(tf.stack(half_squares)) * 2.0)
 
 
 def _scaled(grads, factor):
