@@ -311,6 +311,52 @@ def test_the_fused_softmax_is_a_bfloat16_rounding_of_float64_and_zero_where_mask
   np.testing.assert_array_equal(dropped, np.where(keep, _bfloat16(probs / 0.75), 0))
 
 
+@pytest.mark.parametrize("adder_rows", [1, 11])
+def test_the_fused_mask_gives_the_bits_of_tensorflows_add_to_the_scores_in_float32(
+    fused, adder_rows):
+  """dropped_attention with the mask's adder ([B, 1, 1 or F, T]) added in the kernel's
+  pass over bfloat16 scores: the context and both gradients are the bits of the scores
+  cast to float32, masked by TensorFlow's add and then given to the kernels."""
+  rng = np.random.RandomState(4)
+  shape = [2, 3, 11, 37]
+  scores = (rng.randn(*shape) * 3).astype(np.float32)
+  mask = rng.rand(shape[0], 1, adder_rows, shape[3]) >= 0.3
+  adder = ((1.0 - mask) * -10000.0).astype(np.float32)
+  value = rng.randn(*(shape[:2] + [shape[3], 8])).astype(np.float32)
+  keep = rng.rand(*shape) >= 0.1
+  upstream = rng.randn(*(shape[:3] + [8])).astype(np.float32)
+  results = []
+  with tf.Graph().as_default():
+    s = tf.cast(tf.constant(scores), tf.bfloat16)
+    v = tf.cast(tf.constant(value), tf.bfloat16)
+    for masked in (precision.dropped_attention(s, v, tf.constant(keep), 0.1,
+                                               tf.constant(adder)),
+                   precision.dropped_attention(tf.cast(s, tf.float32) + adder, v,
+                                               tf.constant(keep), 0.1),
+                   precision.dropped_attention(s, v, tf.constant(keep), 0.1)):
+      grads = tf.gradients(masked, [s, v], tf.cast(tf.constant(upstream), tf.bfloat16))
+      results.append([_bits(t) for t in [masked] + grads])
+    op_types = {op.type for op in tf.get_default_graph().get_operations()}
+    with tf.Session() as session:
+      (ours, theirs, unmasked) = session.run(results)
+  assert "BertMaskedAttentionProbs" in op_types
+  assert ours[1].dtype == np.uint16  # the scores' gradient in bfloat16, not float32
+  for got, want in zip(ours, theirs):
+    np.testing.assert_array_equal(got, want)
+  assert np.mean(ours[0] != unmasked[0]) > 0.5
+
+
+def test_the_fused_mask_names_an_adder_of_another_shape(fused):
+  with tf.Graph().as_default(), tf.Session() as session:
+    scores = tf.zeros([2, 3, 5, 7], tf.bfloat16)
+    probs = fused.bert_masked_attention_probs(scores, tf.ones([2, 3, 5, 7], tf.bool),
+                                              tf.zeros([2, 1, 2, 7]), scale=2.0)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="BertMaskedAttentionProbs: the mask's adder must be \\[batch, "
+                       "1, 1 or from, to\\]"):
+      session.run(probs)
+
+
 def test_the_fused_attentions_kernels_name_mismatched_shapes(fused):
   with tf.Graph().as_default(), tf.Session() as session:
     probs = fused.bert_attention_probs(tf.zeros([2, 5]), tf.ones([2, 4], tf.bool), scale=2.0)
@@ -334,13 +380,17 @@ def test_every_layer_of_a_bfloat16_model_runs_the_fused_kernels(fused, dtype, fu
                  tf.trainable_variables())
     ops = tf.get_default_graph().get_operations()
     names = [op.name for op in ops
-             if op.type in ("BertGelu", "BertAttentionProbs", "BertDropoutAddLayerNorm")]
+             if op.type in ("BertGelu", "BertMaskedAttentionProbs", "BertDropoutAddLayerNorm")]
     bias_adds = [op.name for op in ops if op.type == ("BertBiasAdd" if fused_ops else "BiasAdd")]
     bias_gradients = [op.name for op in ops if op.type == "BertBiasAddGrad"]
     weight_casts = [op.name for op in ops if op.type in ("BertToBfloat16", "BertToFloat")]
     # The residual stream [rows, 32] cast to bfloat16 for a matmul, or its gradient back.
     stream_casts = [op.name for op in ops if op.type == "Cast" and
                     op.outputs[0].shape.as_list()[-1:] == [32] and "/layer_" in op.name]
+    # The attention scores [2, 2, 12, 12] to float32 for the mask, or their gradient back.
+    score_casts = [op.name for op in ops if op.type == "Cast" and
+                   op.outputs[0].shape.as_list() == [2, 2, 12, 12]]
+  assert not score_casts, score_casts
   # After the first layer the sublayer kernel's bfloat16 output feeds the matmuls.
   assert not [n for n in stream_casts if "layer_0" not in n], stream_casts
   for layer in range(3):

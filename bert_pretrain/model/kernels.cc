@@ -6,7 +6,8 @@
 // float32 as there. The backward pass recomputes the sigmoid from x instead of keeping
 // float32 copies of the forward's values.
 // BertAttentionProbs / BertAttentionProbsGrad / BertDropout: the attention's softmax and
-// its dropout (precision.dropped_attention), one pass over a row each way.
+// its dropout (precision.dropped_attention), one pass over a row each way;
+// BertMaskedAttentionProbs adds the mask in that pass.
 // BertBiasAdd / BertBiasAddGrad: bias_add in bfloat16, TensorFlow's BiasAdd kept apart from
 // its matmul (oneDNN's fused product is slower at most of BERT's shapes), and the bias
 // gradient, the column sums BiasAddGrad computes several times slower, and less exactly.
@@ -385,6 +386,23 @@ void StoreRow(const float* buffer, tensorflow::bfloat16* row, int64_t n) {
   ToBfloat16s(buffer, reinterpret_cast<uint16_t*>(row), n);
 }
 
+INLINED void AddMaskLoop(const uint16_t* x, const float* adder, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ToFloat(x[i]) + adder[i];
+}
+CPU_LOOP(void, AddMask, (const uint16_t* x, const float* adder, float* y, int64_t n),
+         (x, adder, y, n))
+
+// A row of T plus the mask's adder, as floats in `buffer`.
+const float* MaskedRow(const float* row, const float* adder, float* buffer, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) buffer[i] = row[i] + adder[i];
+  return buffer;
+}
+const float* MaskedRow(const tensorflow::bfloat16* row, const float* adder, float* buffer,
+                       int64_t n) {
+  AddMask(reinterpret_cast<const uint16_t*>(row), adder, buffer, n);
+  return buffer;
+}
+
 // A bool Tensor's bytes (0 or 1): the compiler vectorizes loads of bytes, not of bools.
 const uint8_t* KeepBytes(const Tensor& keep) {
   return reinterpret_cast<const uint8_t*>(keep.tensor_data().data());
@@ -410,7 +428,10 @@ class ScaledOpKernel : public OpKernel {
 };
 
 // BertAttentionProbs(scores, keep) -> (probs, dropped): the attention's softmax over the
-// last axis and its dropout, each in bfloat16.
+// last axis and its dropout, each in bfloat16. BertMaskedAttentionProbs(scores, keep,
+// adder): the same of scores + adder, the mask's float32 adder [batch, 1, 1 or from, to]
+// added to scores [batch, heads, from, to] in the row's pass, as TensorFlow's float32
+// add of the scores cast to float32 does.
 template <typename T>
 class BertAttentionProbsOp : public ScaledOpKernel {
  public:
@@ -418,7 +439,26 @@ class BertAttentionProbsOp : public ScaledOpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& scores = context->input(0);
     const Tensor& keep = context->input(1);
-    if (!SameShapes(context, scores, keep, "BertAttentionProbs")) return;
+    const char* op = context->num_inputs() == 3 ? "BertMaskedAttentionProbs"
+                                                 : "BertAttentionProbs";
+    if (!SameShapes(context, scores, keep, op)) return;
+    const float* adder = nullptr;
+    int64_t heads = 1, from = 1, adder_from = 1;
+    if (context->num_inputs() == 3) {
+      const Tensor& mask = context->input(2);
+      bool fits = scores.dims() == 4 && mask.dims() == 4 &&
+                  mask.dim_size(0) == scores.dim_size(0) && mask.dim_size(1) == 1 &&
+                  (mask.dim_size(2) == 1 || mask.dim_size(2) == scores.dim_size(2)) &&
+                  mask.dim_size(3) == scores.dim_size(3);
+      OP_REQUIRES(context, fits, tensorflow::errors::InvalidArgument(
+          op, ": the mask's adder must be [batch, 1, 1 or from, to] of the scores' [batch, "
+          "heads, from, to]: ", mask.shape().DebugString(), " and ",
+          scores.shape().DebugString()));
+      adder = mask.flat<float>().data();
+      heads = scores.dim_size(1);
+      from = scores.dim_size(2);
+      adder_from = mask.dim_size(2);
+    }
     Tensor* probs = nullptr;
     Tensor* dropped = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, scores.shape(), &probs));
@@ -433,7 +473,15 @@ class BertAttentionProbsOp : public ScaledOpKernel {
       std::vector<float> buffer(2 * width);
       for (int64_t row = first; row < last; ++row) {
         int64_t at = row * width;
-        const float* x = RowAsFloats(in + at, buffer.data() + width, width);
+        const float* x;
+        if (adder == nullptr) {
+          x = RowAsFloats(in + at, buffer.data() + width, width);
+        } else {  // row = (b * heads + head) * from + f: the adder's row b * adder_from (+ f)
+          int64_t b = row / (heads * from);
+          int64_t f = adder_from == 1 ? 0 : row % from;
+          x = MaskedRow(in + at, adder + (b * adder_from + f) * width, buffer.data() + width,
+                        width);
+        }
         SoftmaxDropoutRow(x, kept + at, scale_, buffer.data(), out_probs + at,
                           out_dropped + at, width);
       }
@@ -1144,6 +1192,20 @@ REGISTER_OP("BertAttentionProbs")
       return tensorflow::Status();
     });
 
+REGISTER_OP("BertMaskedAttentionProbs")
+    .Input("scores: T")
+    .Input("keep: bool")
+    .Input("adder: float")
+    .Output("probs: bfloat16")
+    .Output("dropped: bfloat16")
+    .Attr("scale: float")
+    .Attr("T: {float, bfloat16}")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      return tensorflow::Status();
+    });
+
 REGISTER_OP("BertAttentionProbsGrad")
     .Input("probs: bfloat16")
     .Input("keep: bool")
@@ -1166,6 +1228,10 @@ REGISTER_KERNEL_BUILDER(Name("BertGeluGrad").Device(tensorflow::DEVICE_CPU), Ber
   REGISTER_KERNEL_BUILDER(                                                           \
       Name("BertAttentionProbs").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       BertAttentionProbsOp<T>);                                                      \
+  REGISTER_KERNEL_BUILDER(Name("BertMaskedAttentionProbs")                           \
+                              .Device(tensorflow::DEVICE_CPU)                        \
+                              .TypeConstraint<T>("T"),                               \
+                          BertAttentionProbsOp<T>);                                  \
   REGISTER_KERNEL_BUILDER(                                                           \
       Name("BertAttentionProbsGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       BertAttentionProbsGradOp<T>)

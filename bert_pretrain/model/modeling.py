@@ -744,19 +744,21 @@ def attend(query_layer, key_layer, value_layer, attention_mask, dropout_prob, se
   attention_scores = tf.matmul(query_layer, key_layer, transpose_b=True)
 
   # The mask, softmax and dropout compute in float32 when the matmuls are bfloat16
-  # (dropped_attention casts unmasked scores itself: its fused kernel reads bfloat16).
+  # (dropped_attention adds the mask itself: its fused kernel reads bfloat16 scores).
   compute_type = attention_scores.dtype
+  adder = None
   if attention_mask is not None:
-    attention_scores = tf.cast(attention_scores, precision.elementwise_dtype(compute_type))
     # `attention_mask` = [B, 1, 1 or F, T]
     attention_mask = tf.expand_dims(attention_mask, axis=[1])
-    adder = (1.0 - tf.cast(attention_mask, attention_scores.dtype)) * -10000.0
-    attention_scores += adder
+    adder = (1.0 - tf.cast(attention_mask, precision.elementwise_dtype(compute_type))) * -10000.0
 
   keep = dropout_lib.keep_mask(tf.shape(attention_scores), dropout_prob, seeds)
   if keep is not None:
-    return precision.dropped_attention(attention_scores, value_layer, keep, dropout_prob)
+    return precision.dropped_attention(attention_scores, value_layer, keep, dropout_prob,
+                                       adder)
   attention_scores = tf.cast(attention_scores, precision.elementwise_dtype(compute_type))
+  if adder is not None:
+    attention_scores += adder
   attention_probs = precision.softmax(attention_scores, compute_type)
   attention_probs = dropout_lib.dropout(attention_probs, dropout_prob, seeds)
   attention_probs = tf.cast(attention_probs, compute_type)

@@ -198,24 +198,26 @@ def softmax(logits, kept_dtype):
   return softmax_keeping_a_copy(logits)
 
 
-def dropped_attention(scores, value, keep, dropout_prob):
-  """matmul(dropout(softmax(scores)), value), the attention's context, with its gradient
+def dropped_attention(scores, value, keep, dropout_prob, adder=None):
+  """matmul(dropout(softmax(scores + adder)), value), the attention's context, with its gradient
   written out: the backward pass keeps the probabilities in value's type and the keep
   mask, and makes the dropped probabilities again from them instead of keeping them too
   (one tensor of the probabilities' size less for each layer).
 
   The dropped probabilities come from the kept copy in both passes, so the forward
   pass's product and the backward pass's agree. In bfloat16, where the fused kernels
-  are built (kernels.py), the softmax and dropout are one kernel each way, reading the
-  scores in their own type; elsewhere TensorFlow's ops compute them in
+  are built (kernels.py), the mask, softmax and dropout are one kernel each way, reading
+  the scores in their own type; elsewhere TensorFlow's ops compute them in
   elementwise_dtype.
 
   Args:
-    scores: float Tensor [B, N, F, T], the masked attention scores, in value's type or
+    scores: float Tensor [B, N, F, T], the attention scores, in value's type or
       elementwise_dtype of it.
     value: float Tensor [B, N, T, H].
     keep: bool Tensor [B, N, F, T], False where dropout zeroes a probability.
     dropout_prob: Python float in (0, 1).
+    adder: (optional) Tensor [B, 1, 1 or F, T] in elementwise_dtype, the mask's: -10000
+      where a position is hidden, else 0.
 
   Returns:
     Tensor [B, N, F, H] in value's type.
@@ -223,8 +225,10 @@ def dropped_attention(scores, value, keep, dropout_prob):
   scale = 1.0 / (1.0 - dropout_prob)
   fused = fused_kernels(value.dtype)
   if fused is not None:
-    return _fused_dropped_attention(scores, value, keep, scale, fused)
+    return _fused_dropped_attention(scores, value, keep, scale, fused, adder)
   scores = tf.cast(scores, elementwise_dtype(value.dtype))
+  if adder is not None:
+    scores += adder
 
   def drop(kept):
     x = tf.cast(kept, scores.dtype) * scale
@@ -249,12 +253,16 @@ def dropped_attention(scores, value, keep, dropout_prob):
   return attention(scores, value)
 
 
-def _fused_dropped_attention(scores, value, keep, scale, fused):
+def _fused_dropped_attention(scores, value, keep, scale, fused, adder):
   """dropped_attention for bfloat16 `value` by the kernels' BertAttentionProbs (softmax
-  and dropout), BertDropout and BertAttentionProbsGrad."""
+  and dropout; BertMaskedAttentionProbs with the mask), BertDropout and
+  BertAttentionProbsGrad."""
   @tf.custom_gradient
   def attention(x, v):
-    kept, dropped = fused.bert_attention_probs(x, keep, scale=scale)
+    if adder is None:
+      kept, dropped = fused.bert_attention_probs(x, keep, scale=scale)
+    else:
+      kept, dropped = fused.bert_masked_attention_probs(x, keep, adder, scale=scale)
 
     def grad(upstream):
       with tf.control_dependencies([upstream]):
