@@ -17,3 +17,8 @@ def fail_or_sleep(task):
   if task == "fail":
     raise ValueError("the task failed")
   time.sleep(120)
+
+
+def blocked_signals(unused_task):
+  """The signals this worker holds."""
+  return sorted(int(signum) for signum in signal.pthread_sigmask(signal.SIG_BLOCK, []))

@@ -10,6 +10,7 @@ import errno
 import functools
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shlex
@@ -811,6 +812,25 @@ def test_a_worker_that_dies_ends_run_tasks_with_the_worker_line(context):
   results = []
   workdir.run_tasks(pool_tasks.square_unless_three, [0, 1, 2, 4], 2, results.append, context)
   assert sorted(results) == [0, 1, 4, 16]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_start_with_the_stop_signals_held_and_run_without(context, monkeypatch):
+  """A SIGTERM or Ctrl-C that arrives while the pool starts a worker waits until the
+  worker is the pool's (which then ends it), rather than leaving it half started; the
+  caller and the workers then take them again."""
+  process_class = type(multiprocessing.get_context(context).Process())
+  start = process_class.start
+  held = []
+  monkeypatch.setattr(process_class, "start", lambda self: (
+      held.append(signal.pthread_sigmask(signal.SIG_BLOCK, [])), start(self))[1])
+  results = []
+  workdir.run_tasks(pool_tasks.blocked_signals, [0, 1, 2, 3], 2, results.append, context)
+  assert len(held) == 2
+  assert all({signal.SIGTERM, signal.SIGINT} <= mask for mask in held), held
+  assert not {signal.SIGTERM, signal.SIGINT} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+  assert len(results) == 4
+  assert not any({signal.SIGTERM, signal.SIGINT} & set(result) for result in results)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

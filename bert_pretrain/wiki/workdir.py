@@ -325,6 +325,9 @@ class WorkerDied(PrepareError):
         "if memory ran out")
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class WorkerPool(object):
   """`processes` worker processes, as a context manager: submit(function, *args) gives
   a concurrent.futures future. Tasks and results should be small (paths, counts).
@@ -350,10 +353,17 @@ class WorkerPool(object):
     if context == "fork":
       # The first task forks every worker: now, before this process starts any thread
       # whose locks a fork would copy held.
-      self._executor.submit(int).result()
+      self.submit(int).result()
 
   def submit(self, function, *args):
-    return self._executor.submit(function, *args)
+    # The executor starts its workers here. A stop signal raised halfway through a start
+    # would leave a spawned worker outside the pool, reading a pipe its parent never
+    # finished (its EOFError after the tool's last line): the signal waits until after.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+      return self._executor.submit(function, *args)
+    finally:
+      signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
   def __enter__(self):
     return self
@@ -375,6 +385,7 @@ def _start_worker(parent):
   which ends the workers; end with the run's process."""
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # held while it started
   end_with_parent(parent, signal.SIGKILL)
   arm_stacks()  # a spawned worker has not the parent's
 
