@@ -1082,9 +1082,10 @@ CLONES void LambMove(const float* m, const float* v, float* w, const LambHyper& 
 }
 
 // BertLambApply(var, m, v, grad, hyper) -> var: grad (float32, or bfloat16 as the
-// backward pass computed it) * grad_scale updates the moments m and v, and var moves by lr times the direction, times ||var|| / ||direction|| where
-// `adapt` (1 where either norm is 0). hyper: lr, grad_scale, 1 - beta_1, 1 - beta_2,
-// direction_scale, direction_epsilon.
+// backward pass computed it) * grad_scale updates the moments m and v, and var moves by
+// lr times the direction, times ||var|| / ||direction|| where `adapt` (1 where either
+// norm is 0). hyper: lr, grad_scale, 1 - beta_1, 1 - beta_2, direction_scale,
+// direction_epsilon.
 class BertLambApplyOp : public OpKernel {
  public:
   explicit BertLambApplyOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -1179,6 +1180,13 @@ REGISTER_OP("BertGeluGrad")
     .Output("dx: bfloat16")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
 
+// The shape function of the attention's kernels: probs and dropped have the scores' shape.
+tensorflow::Status TwoOutputsOfTheScoresShape(tensorflow::shape_inference::InferenceContext* c) {
+  c->set_output(0, c->input(0));
+  c->set_output(1, c->input(0));
+  return tensorflow::Status();
+}
+
 REGISTER_OP("BertAttentionProbs")
     .Input("scores: T")
     .Input("keep: bool")
@@ -1186,11 +1194,7 @@ REGISTER_OP("BertAttentionProbs")
     .Output("dropped: bfloat16")
     .Attr("scale: float")
     .Attr("T: {float, bfloat16}")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      c->set_output(1, c->input(0));
-      return tensorflow::Status();
-    });
+    .SetShapeFn(TwoOutputsOfTheScoresShape);
 
 REGISTER_OP("BertMaskedAttentionProbs")
     .Input("scores: T")
@@ -1200,11 +1204,7 @@ REGISTER_OP("BertMaskedAttentionProbs")
     .Output("dropped: bfloat16")
     .Attr("scale: float")
     .Attr("T: {float, bfloat16}")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      c->set_output(1, c->input(0));
-      return tensorflow::Status();
-    });
+    .SetShapeFn(TwoOutputsOfTheScoresShape);
 
 REGISTER_OP("BertAttentionProbsGrad")
     .Input("probs: bfloat16")
