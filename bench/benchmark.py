@@ -276,6 +276,7 @@ class TrainStep(object):
           seed=SEED)
       self.fetches = [train.update_op, train.outputs["total_loss"]]
       self.accumulate = train.accumulate_op
+      self.micro_batch = train.micro_batch
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
       self.graph.finalize()
     self.session = tf.Session(graph=self.graph, config=session_config(row))
@@ -299,11 +300,17 @@ class TrainStep(object):
       self.loss = float(self.session.run(self.fetches, feed_dict=feed_dict)[1])
     return step
 
+  def runs(self):
+    """One update's (fetches, feed) for session.run, its micro-batches in order, as the
+    training loop runs them."""
+    return [(self.accumulate, {self.micro_batch: i}) for i in range(self.accumulation - 1)] + [
+        (self.fetches, {self.micro_batch: self.accumulation - 1})]
+
   def __call__(self):
     """One update: accumulation - 1 micro-batches accumulated, then the update's."""
-    for _ in range(self.accumulation - 1):
-      self.session.run(self.accumulate)
-    self.loss = float(self.session.run(self.fetches)[1])
+    for fetches, feed in self.runs():
+      result = self.session.run(fetches, feed)
+    self.loss = float(result[1])
 
 
 def ours_worker(row):

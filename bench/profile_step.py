@@ -121,11 +121,11 @@ def trace(step, tf, steps):
   by_part = collections.Counter()
   by_type = collections.Counter()
   wall = 0.0
-  runs = [step.accumulate] * (step.accumulation - 1) + [step.fetches]
-  for fetches in runs * steps:
+  runs = step.runs() * steps
+  for fetches, feed in runs:
     metadata = tf.RunMetadata()
     start = time.perf_counter()
-    step.session.run(fetches, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+    step.session.run(fetches, feed, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
                      run_metadata=metadata)
     wall += time.perf_counter() - start
     for device in metadata.step_stats.dev_stats:
@@ -140,7 +140,7 @@ def trace(step, tf, steps):
           direction = "update" if part == "optimizer + clipping" else "forward"
         by_part[(part, direction)] += micros
         by_type[op_type(node)] += micros
-  return by_part, by_type, wall / len(runs * steps), metadata
+  return by_part, by_type, wall / len(runs), metadata
 
 
 def print_profile(by_part, by_type, wall_s, micro_batches, updates):
