@@ -108,7 +108,7 @@ def test_a_resumed_run_evaluates_first_where_the_stopped_one_reached_a_point_une
   """A run stopped right after the update that reached an evaluation point saved without
   evaluating (here: 3 updates without evaluation). Resumed with evaluations every 24
   samples, it evaluates update 3 (24 samples) first; one whose target that evaluation
-  reaches stops there."""
+  reaches stops there, and has nothing to train when started again."""
   def resumed(name, **overrides):
     out = tmp_path / name
     first = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=3, seed=7,
@@ -131,7 +131,29 @@ def test_a_resumed_run_evaluates_first_where_the_stopped_one_reached_a_point_une
   (stdout, evaluated) = resumed("target", stop_threshold=evaluated[3])
   assert sorted(evaluated) == [3]
   assert "reached --stop_threshold=%g at step 3" % evaluated[3] in stdout
-  assert tf.train.latest_checkpoint(str(tmp_path / "target")).endswith("model.ckpt-3")
+  out = tmp_path / "target"
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-3")
+
+  # Started again, it trains nothing and writes no MLPerf log, which would hold a success
+  # without training; a higher target trains on, from the same checkpoint.
+  def again(threshold):
+    result = run_pretraining(*base_flags(
+        pretraining_data, out, num_train_steps=5, samples_start_eval=0, seed=7,
+        learning_rate=1e-2, samples_between_eval=24, stop_threshold=threshold))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+  mlperf_logs = sorted(p.name for p in out.glob("mlperf*.log"))
+  stdout = again(evaluated[3])
+  assert ("reached --stop_threshold=%g at step 3 (masked_lm_accuracy %.4f): nothing to train "
+          "and no MLPerf log" % (evaluated[3], evaluated[3])) in stdout
+  assert "MLPerf log: none, this run trains nothing" in stdout
+  assert sorted(p.name for p in out.glob("mlperf*.log")) == mlperf_logs
+  assert not re.search(r"^Step \d+,", stdout, re.M)
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-3")
+  stdout = again(1.0)
+  assert "Update 3 reached an evaluation point: evaluating it first" in stdout
+  assert len(list(out.glob("mlperf*.log"))) == len(mlperf_logs) + 1
+  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-5")
 
 
 def test_a_run_at_sequence_512_attends_per_sequence_trains_and_evaluates(
@@ -825,11 +847,15 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   update is paused out of it (the first window, the average with overhead) as those
   between updates are. The run goes through loop.run on a stand-in job."""
   class StandInJob(object):
-    step, evaluator, sess = 0, "an evaluator", "a session"
+    step, evaluator, sess, finished = 0, "an evaluator", "a session", None
     meter = meters.Throughput(8, warmup_steps=0)
     logger = logs.RunLogger(is_chief=False)
 
     class evals(object):  # pylint: disable=invalid-name
+      @staticmethod
+      def reached_by(step):
+        return step > 0
+
       @staticmethod
       def evaluate(unused_sess, unused_step):
         start = time.time()
@@ -848,7 +874,8 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
 
   measured = {}
   cfg = types.SimpleNamespace(evaluation=types.SimpleNamespace(eval_at_start=True),
-                              run=types.SimpleNamespace(do_train=True))
+                              run=types.SimpleNamespace(do_train=True),
+                              optimizer=types.SimpleNamespace(num_train_steps=1))
   monkeypatch.setattr(loop, "start", lambda *unused_args: StandInJob())
   monkeypatch.setattr(loop, "train", train)
   monkeypatch.setattr(loop, "finish", finish)

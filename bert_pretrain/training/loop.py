@@ -55,10 +55,14 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
     results = results_at_start = {}
     at_start = cfg.evaluation.eval_at_start or not cfg.run.do_train
     # A run stopped by a signal right after an update that reached an evaluation point saved
-    # without evaluating: the resumed run evaluates there first (again, if one had).
-    missed = (not at_start and job.step < cfg.optimizer.num_train_steps and
-              job.evals.reached_by(job.step))
-    if missed:
+    # without evaluating: the resumed run evaluates there first (again, if one had), and
+    # stops there if that evaluation reaches the target.
+    at_point = (cfg.run.do_train and job.step < cfg.optimizer.num_train_steps and
+                job.evals.reached_by(job.step))
+    missed = not at_start and at_point
+    if job.finished:
+      job.logger.print(job.finished)
+    elif missed:
       job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
                        "stopped right after it saves without evaluating)" % job.step)
     if job.evaluator is not None and (at_start or missed):
@@ -69,7 +73,8 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
         runlog.check_initial_accuracy(cfg, job.logger, results["masked_lm_accuracy"],
                                       inputs.init_checkpoint)
     stop.arm()
-    if missed and reached_target(cfg, results):
+    # Every rank decides by the evaluation (which sums over them), not by the chief's files.
+    if at_point and reached_target(cfg, results):
       job.logger.print(target_line(cfg, results, job.step))
       (step, finite, stopped_by) = (job.step, True, 0)
     else:
@@ -180,6 +185,12 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
              if cfg.evaluation.stop_threshold > 0 else ""))
   status = ("success" if results and scheduled and reached_target(cfg, results)
             else "aborted")
+  if status == "success" and job.trains and job.ranks.is_chief:
+    # Started again, the run then knows its target is reached (resume.reached_target_before).
+    marker = checkpoints.read_run_marker(cfg.run.output_dir)
+    if marker is not None:
+      checkpoints.write_run_marker(cfg.run.output_dir, dict(marker, reached_target={
+          "step": step, "masked_lm_accuracy": float(results["masked_lm_accuracy"])}))
   job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES,
                     meters.samples(step, job.meter.batch_size, job.evals.skipped))
   job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
@@ -250,8 +261,9 @@ def attends_per_sequence(cfg, device):
 class Job(object):
   """What the loop works with, set up by start(): the session and graph (sess, train: a
   pretraining.TrainGraph or None, evaluator: a pretraining.Evaluator or None), the logs
-  (logger), the meters (meter, evals, monitor, tokens, split), and the step the run
-  starts at."""
+  (logger), the meters (meter, evals, monitor, tokens, split), the step the run starts
+  at, whether it trains (trains: else it writes no MLPerf log) and the line saying that
+  an earlier run reached the target there (finished, None if none)."""
 
   def __init__(self, cfg, ranks, **parts):
     self.cfg = cfg
@@ -385,7 +397,9 @@ def start(cfg, inputs, ranks, device, notes):
     mlperf.clear_cache()
   # A run that trains nothing (an evaluation, or a finished run started again) is no
   # MLPerf run: a log of it would hold a run_stop, even a success, without training.
-  trains = cfg.run.do_train and (inputs.resume_step or 0) < cfg.optimizer.num_train_steps
+  finished = resume_lib.reached_target_before(cfg, inputs)
+  trains = (cfg.run.do_train and (inputs.resume_step or 0) < cfg.optimizer.num_train_steps
+            and not finished)
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
                              seed, inputs.skipped_records, eval_interval,
                              attends_per_sequence(cfg, device), notes, inputs.packing,
@@ -406,7 +420,7 @@ def start(cfg, inputs, ranks, device, notes):
       cfg, inputs, ranks, device, config, learning_rate, seed, plan.position, logger)
   for line in plan.lines:
     logger.print(line)
-  if ranks.is_chief and cfg.run.do_train and plan.record_now:
+  if ranks.is_chief and cfg.run.do_train and plan.record_now and not finished:
     checkpoints.write_run_marker(cfg.run.output_dir, record)
   logger.mlperf(logs.mllog.constants.INIT_STOP, kind="end")
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
@@ -415,7 +429,7 @@ def start(cfg, inputs, ranks, device, notes):
     inputs_lib.read_records_through(cfg, inputs)
     return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
                all_finite=all_finite, logger=logger, rcp=rcp, record=record,
-               record_pending=not plan.record_now,
+               record_pending=not plan.record_now, trains=trains, finished=finished,
                eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
                packing=inputs.packing, skipped=skipped_updates(inputs.resume_checkpoint))
 

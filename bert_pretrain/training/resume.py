@@ -209,6 +209,24 @@ def resume_plan(cfg, inputs, record):
                 not schedule and not rule and compute_was == record["compute"])
 
 
+def reached_target_before(cfg, inputs):
+  """The line saying the run in --output_dir reached --stop_threshold at the checkpoint
+  it resumes from (the run that reached it recorded where, as "reached_target" in
+  RUN_MARKER: loop.finish), or None: its weights are the result, there is nothing to
+  train. A higher --stop_threshold than the accuracy recorded trains on."""
+  reached = (inputs.earlier_run or {}).get("reached_target")
+  threshold = cfg.evaluation.stop_threshold
+  if (not inputs.resume_checkpoint or not cfg.run.do_train or threshold <= 0 or
+      not isinstance(reached, dict) or reached.get("step") != inputs.resume_step or
+      not reached.get("masked_lm_accuracy", -1) >= threshold):
+    return None
+  return ("The run in --output_dir=%s reached --stop_threshold=%g at step %d "
+          "(masked_lm_accuracy %.4f): nothing to train and no MLPerf log; its checkpoint is "
+          "evaluated again (a higher --stop_threshold trains on)"
+          % (cfg.run.output_dir, threshold, inputs.resume_step,
+             reached["masked_lm_accuracy"]))
+
+
 def _layout_line(was, now, where, step, checkpoint):
   """The line saying on which layout the run continues at `where` from `checkpoint` (a
   name; was: the earlier run's layout, None when its record has none)."""
