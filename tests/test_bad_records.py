@@ -292,6 +292,10 @@ def test_a_stalled_rank_is_named_and_the_job_ends(pretraining_data, tmp_path):
     assert "stalled, its last heartbeat" in stopped_report
     assert re.search(UPDATE_DOING, stopped_report), stopped_report
     assert "no answer to SIGUSR2" in stopped_report
+    # Rank 0's MLPerf log ends as a failed run's does, not cut short.
+    mllog = [json.loads(line.split(":::MLLOG ", 1)[1])
+             for line in open(str(out / "mlperf.log"))]
+    assert mllog[-1]["key"] == "run_stop" and mllog[-1]["metadata"]["status"] == "aborted"
     own_report = (out / "stall-rank-0.txt").read_text()
     print(own_report)
     assert "running" in own_report.splitlines()[0] and "doing: " in own_report

@@ -563,11 +563,13 @@ def test_a_resumed_run_says_how_its_learning_rate_and_data_order_changed():
 
 STOP_SCRIPT = """
 import sys, time
-from bert_pretrain.training import signals
+from bert_pretrain.training import logs, signals
 stop = signals.StopRequest()
 stop.install()
 if sys.argv[1] == "armed":
   stop.arm()
+logger = logs.RunLogger(mllog_path=sys.argv[2])
+logger.mlperf("run_start", kind="start")
 print("ready", flush=True)
 while True:
   time.sleep(0.05)
@@ -579,15 +581,23 @@ while True:
 """
 
 
-def _stop_script(mode):
-  proc = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, mode], stdout=subprocess.PIPE,
+def _stop_script(mode, mllog_path):
+  proc = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, mode, str(mllog_path)],
+                          stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, env=_env())
   assert proc.stdout.readline() == "ready\n"
   return proc
 
 
-def test_a_second_signal_exits_at_once_and_a_quick_repeat_is_the_same_request():
-  proc = _stop_script("armed")
+def _mlperf_keys(path):
+  """The keys of an MLPerf log's lines, with run_stop's status: ["run_start", ...]."""
+  records = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(str(path))]
+  return [r["key"] + (":" + r["metadata"]["status"] if r["key"] == "run_stop" else "")
+          for r in records]
+
+
+def test_a_second_signal_exits_at_once_and_a_quick_repeat_is_the_same_request(tmp_path):
+  proc = _stop_script("armed", tmp_path / "mlperf.log")
   try:
     # Two signals within a second (in either order of arrival): one request.
     proc.send_signal(signal.SIGINT)
@@ -601,17 +611,20 @@ def test_a_second_signal_exits_at_once_and_a_quick_repeat_is_the_same_request():
     assert re.search(r"SIG(INT|TERM) received: finishing the current update", stderr)
     assert "second SIGINT: exiting at once" in stderr
     assert "Traceback" not in stderr
+    # The MLPerf log ends as a failed run's does, not cut short.
+    assert _mlperf_keys(tmp_path / "mlperf.log") == ["run_start", "run_stop:aborted"]
   finally:
     if proc.poll() is None:
       proc.kill()
 
 
-def test_a_signal_before_training_starts_exits_at_once():
-  proc = _stop_script("not-armed")
+def test_a_signal_before_training_starts_exits_at_once(tmp_path):
+  proc = _stop_script("not-armed", tmp_path / "mlperf.log")
   try:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 143
     assert "SIGTERM before training started: exiting (nothing to save)" in proc.stderr.read()
+    assert _mlperf_keys(tmp_path / "mlperf.log") == ["run_start", "run_stop:aborted"]
   finally:
     if proc.poll() is None:
       proc.kill()

@@ -29,6 +29,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import errors
 from bert_pretrain.distributed import stacks
 from bert_pretrain.training import checkpoints
+from bert_pretrain.training import logs
 
 DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 
@@ -544,6 +545,7 @@ class Ranks(object):
                self.stall_timeout_s, checkpoints.rerun_advice(os.path.dirname(self._folder)),
                self.stall_reports(stalled)))
         sys.stderr.flush()
+        logs.end_open_runs()
         os._exit(3)  # pylint: disable=protected-access
 
   def stall_reports(self, stalled):

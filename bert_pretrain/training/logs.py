@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 
 import tensorflow.compat.v1 as tf
@@ -24,6 +25,9 @@ from mlperf_logging import mllog
 _MLLOG_EVENT_TYPES = {"event": mllog.constants.POINT_IN_TIME,
                       "start": mllog.constants.INTERVAL_START,
                       "end": mllog.constants.INTERVAL_END}
+
+# The RunLoggers of this process that write an MLPerf log (end_open_runs ends their runs).
+_MLPERF_LOGGERS = []
 
 
 class RunLogger(object):
@@ -42,6 +46,7 @@ class RunLogger(object):
     self._summary_writer = None
     self._mllog = None
     self._run_open = False  # MLPerf's run_start logged, its run_stop not yet
+    self._mllog_lock = threading.Lock()  # a line at a time: end_open_runs is another thread
     if not is_chief:
       return
     if dllog_path:
@@ -58,6 +63,7 @@ class RunLogger(object):
     if mllog_path:
       _makedirs_for(mllog_path)
       self._mllog = open(mllog_path, "a")
+      _MLPERF_LOGGERS.append(self)
 
   def print(self, message):
     """A console line (chief only), flushed at once so pipes and tee show progress."""
@@ -65,11 +71,12 @@ class RunLogger(object):
       print(message)
       sys.stdout.flush()
 
-  def mlperf(self, key, value=None, metadata=None, kind="event"):
+  def mlperf(self, key, value=None, metadata=None, kind="event", wait_s=-1):
     """An MLPerf :::MLLOG line as mlperf_logging's mllog writes it (its fields in its
     order, the caller's file and line in the metadata); kind is "event", "start" or
     "end". Written here: mllog finds the caller with inspect, which scans every loaded
-    module on its first call, 0.3 to 1 s of each run's start with TensorFlow loaded."""
+    module on its first call, 0.3 to 1 s of each run's start with TensorFlow loaded.
+    wait_s: how long to wait for another thread's line (-1: as long as it takes)."""
     if self._mllog is None:
       return
     caller = sys._getframe(1)  # pylint: disable=protected-access
@@ -79,10 +86,18 @@ class RunLogger(object):
               "event_type": _MLLOG_EVENT_TYPES[kind], "key": key, "value": value,
               "metadata": fields}
     # numpy numbers and arrays as mllog's encoder writes them.
-    self._mllog.write(":::MLLOG %s\n" % json.dumps(record, default=lambda v: v.tolist()))
-    self._mllog.flush()
-    if key in (mllog.constants.RUN_START, mllog.constants.RUN_STOP):
-      self._run_open = key == mllog.constants.RUN_START
+    line = ":::MLLOG %s\n" % json.dumps(record, default=lambda v: v.tolist())
+    if not self._mllog_lock.acquire(timeout=wait_s):
+      return
+    try:
+      if key == mllog.constants.RUN_STOP and not self._run_open:
+        return  # ended already (end_open_runs, another thread)
+      self._mllog.write(line)
+      self._mllog.flush()
+      if key in (mllog.constants.RUN_START, mllog.constants.RUN_STOP):
+        self._run_open = key == mllog.constants.RUN_START
+    finally:
+      self._mllog_lock.release()
 
   @property
   def writes_mlperf(self):
@@ -151,8 +166,23 @@ class RunLogger(object):
       self._dllog.close()
     if self._summary_writer is not None:
       self._summary_writer.close()
-    if self._mllog is not None:
-      self._mllog.close()
+    if self in _MLPERF_LOGGERS:
+      _MLPERF_LOGGERS.remove(self)
+      with self._mllog_lock:
+        self._mllog.close()
+
+
+def end_open_runs():
+  """Logs MLPerf's run_stop with status aborted in every MLPerf log of this process whose
+  run is open. For a process about to end at once (os._exit from another thread: a second
+  signal, the stall watchdog): its MLPerf log then ends as a failed run's does, not cut
+  short. A logger busy for 2 s (a hung disk) is left as it is."""
+  for logger in list(_MLPERF_LOGGERS):
+    try:
+      logger.mlperf(mllog.constants.RUN_STOP, kind="end", metadata={"status": "aborted"},
+                    wait_s=2.0)
+    except (OSError, ValueError):  # a full disk, or closed meanwhile: the exit goes on
+      pass
 
 
 def new_log_path(folder, stem, suffix):

@@ -9,7 +9,8 @@ A second signal, one second or more after the first, exits at once with the same
 (a signal that follows within the second is taken as the same request: launchers and
 schedulers often deliver one stop twice, e.g. to the job's processes and through
 horovodrun). Before training starts (or in an evaluation-only run) there is nothing to
-save, and a signal exits at once.
+save, and a signal exits at once. Exiting at once, rank 0 still ends its MLPerf log with
+run_stop, status aborted (logs.end_open_runs).
 
 With several ranks they may get the signal at different moments, or only some of them.
 They agree through the update itself: every update's session run feeds this rank's
@@ -32,6 +33,8 @@ import threading
 import time
 
 import tensorflow.compat.v1 as tf
+
+from bert_pretrain.training import logs
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A repeat within this many seconds of the first signal is the same stop request.
@@ -146,4 +149,5 @@ def _write_stderr(message):
 
 def _exit_now(message, signum):
   _write_stderr(message)
+  logs.end_open_runs()
   os._exit(exit_status(signum))  # pylint: disable=protected-access
