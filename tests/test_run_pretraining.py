@@ -136,20 +136,21 @@ def test_a_resumed_run_evaluates_first_where_the_stopped_one_reached_a_point_une
 
   # Started again, it trains nothing and writes no MLPerf log, which would hold a success
   # without training; a higher target trains on, from the same checkpoint.
-  def again(threshold):
+  def again(threshold, **overrides):
     result = run_pretraining(*base_flags(
         pretraining_data, out, num_train_steps=5, samples_start_eval=0, seed=7,
-        learning_rate=1e-2, samples_between_eval=24, stop_threshold=threshold))
+        learning_rate=1e-2, samples_between_eval=24, stop_threshold=threshold, **overrides))
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
   mlperf_logs = sorted(p.name for p in out.glob("mlperf*.log"))
-  stdout = again(evaluated[3])
-  assert ("reached --stop_threshold=%g at step 3 (masked_lm_accuracy %.4f): nothing to train "
-          "and no MLPerf log" % (evaluated[3], evaluated[3])) in stdout
-  assert "MLPerf log: none, this run trains nothing" in stdout
-  assert sorted(p.name for p in out.glob("mlperf*.log")) == mlperf_logs
-  assert not re.search(r"^Step \d+,", stdout, re.M)
-  assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-3")
+  for overrides in ({}, {"eval_at_start": True}):
+    stdout = again(evaluated[3], **overrides)
+    assert ("reached --stop_threshold=%g at step 3 (masked_lm_accuracy %.4f): nothing to "
+            "train and no MLPerf log" % (evaluated[3], evaluated[3])) in stdout
+    assert "MLPerf log: none, this run trains nothing" in stdout
+    assert sorted(p.name for p in out.glob("mlperf*.log")) == mlperf_logs
+    assert not re.search(r"^Step \d+,", stdout, re.M), overrides
+    assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-3")
   stdout = again(1.0)
   assert "Update 3 reached an evaluation point: evaluating it first" in stdout
   assert len(list(out.glob("mlperf*.log"))) == len(mlperf_logs) + 1
@@ -881,8 +882,9 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   monkeypatch.setattr(loop, "finish", finish)
   inputs = types.SimpleNamespace(init_checkpoint=None, resume_checkpoint=None)
   assert loop.run(cfg, inputs, None, None, stop=types.SimpleNamespace(arm=lambda: None)) == 0
-  # 8 sentences in well under the evaluation's 0.5 s: counted with it, 16 sentences/s.
-  assert measured["window"] > 4 * 8 / 0.5 and measured["with_overhead"] > 4 * 8 / 0.5, measured
+  # 8 sentences in well under the evaluation's 0.5 s: counted with it, 16 sentences/s at
+  # most (twice that leaves room for a loaded machine's pauses).
+  assert measured["window"] > 2 * 8 / 0.5 and measured["with_overhead"] > 2 * 8 / 0.5, measured
 
 
 def test_a_rank_whose_peers_ended_before_the_last_barrier_of_a_stop_says_so_and_goes_on(
