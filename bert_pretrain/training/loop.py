@@ -397,7 +397,11 @@ def start(cfg, inputs, ranks, device, notes):
     mlperf.clear_cache()
   # A run that trains nothing (an evaluation, or a finished run started again) is no
   # MLPerf run: a log of it would hold a run_stop, even a success, without training.
-  finished = resume_lib.reached_target_before(cfg, inputs)
+  skipped = skipped_updates(inputs.resume_checkpoint)
+  finished = resume_lib.reached_target_before(cfg, inputs, meters.reached_point(
+      inputs.resume_step or 0, inputs_lib.sentences_per_update(cfg, ranks.replicas,
+                                                               inputs.packing),
+      skipped, cfg.evaluation.samples_start_eval, eval_interval))
   trains = (cfg.run.do_train and (inputs.resume_step or 0) < cfg.optimizer.num_train_steps
             and not finished)
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
@@ -431,7 +435,7 @@ def start(cfg, inputs, ranks, device, notes):
                all_finite=all_finite, logger=logger, rcp=rcp, record=record,
                record_pending=not plan.record_now, trains=trains, finished=finished,
                eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
-               packing=inputs.packing, skipped=skipped_updates(inputs.resume_checkpoint))
+               packing=inputs.packing, skipped=skipped)
 
 
 def skipped_updates(checkpoint):

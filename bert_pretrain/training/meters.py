@@ -19,6 +19,18 @@ def samples(step, batch_size, skipped=0):
   return int(round((step + skipped) * batch_size))
 
 
+def reached_point(step, batch_size, skipped, start_samples, samples_between_eval):
+  """Whether update `step` (counted from 1) read past a point of the evaluation schedule
+  (start_samples, then every samples_between_eval), the updates before it not."""
+  if step < 1:
+    return False
+  done = samples(step, batch_size, skipped) - start_samples
+  if done < 0:
+    return False
+  point = start_samples + done // samples_between_eval * samples_between_eval
+  return samples(step - 1, batch_size, skipped) < point
+
+
 class Throughput(object):
   """Sentences per second of the training loop.
 
@@ -156,13 +168,8 @@ class EvalSchedule(object):
   def reached_by(self, step):
     """Whether update `step` (counted from 1) reached a point of the schedule: a run
     stopped right after it did not evaluate there."""
-    if self.evaluator is None or step < 1:
-      return False
-    done = self.read(step) - self.start_samples
-    if done < 0:
-      return False
-    point = self.start_samples + done // self.samples_between_eval * self.samples_between_eval
-    return self.read(step - 1) < point
+    return self.evaluator is not None and reached_point(
+        step, self.batch_size, self.skipped, self.start_samples, self.samples_between_eval)
 
   def evaluate(self, sess, step, scheduled=True):
     """Evaluates the weights of `step` and logs the results; one between the schedule's

@@ -209,14 +209,17 @@ def resume_plan(cfg, inputs, record):
                 not schedule and not rule and compute_was == record["compute"])
 
 
-def reached_target_before(cfg, inputs):
+def reached_target_before(cfg, inputs, at_point):
   """The line saying the run in --output_dir reached --stop_threshold at the checkpoint
   it resumes from (the run that reached it recorded where, as "reached_target" in
   RUN_MARKER: loop.finish), or None: its weights are the result, there is nothing to
-  train. A higher --stop_threshold than the accuracy recorded trains on."""
+  train. A higher --stop_threshold than the accuracy recorded trains on, as does a
+  schedule without an evaluation at that step (at_point: meters.reached_point; without
+  one, or with --nodo_eval, no evaluation there checks the target)."""
   reached = (inputs.earlier_run or {}).get("reached_target")
   threshold = cfg.evaluation.stop_threshold
-  if (not inputs.resume_checkpoint or not cfg.run.do_train or threshold <= 0 or
+  if (not inputs.resume_checkpoint or not cfg.run.do_train or not cfg.evaluation.do_eval or
+      not at_point or threshold <= 0 or
       not isinstance(reached, dict) or reached.get("step") != inputs.resume_step or
       not reached.get("masked_lm_accuracy", -1) >= threshold):
     return None
