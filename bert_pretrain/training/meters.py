@@ -20,8 +20,8 @@ def samples(step, batch_size, skipped=0):
 
 
 def reached_point(step, batch_size, skipped, start_samples, samples_between_eval):
-  """Whether update `step` (counted from 1) read past a point of the evaluation schedule
-  (start_samples, then every samples_between_eval), the updates before it not."""
+  """Whether update `step` (counted from 1) read up to or past a point of the evaluation
+  schedule (start_samples, then every samples_between_eval), the updates before it not."""
   if step < 1:
     return False
   done = samples(step, batch_size, skipped) - start_samples
