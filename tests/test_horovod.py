@@ -283,7 +283,9 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
 
 # A rank that stops as run_pretraining does: its first SIGTERM takes SAVE_S to "save", a
 # later one a second or more after it ends it at once; with SAVE_S "never" it never ends by
-# itself and ignores later ones.
+# itself and ignores later ones. As run_pretraining's last barrier, the other ranks wait
+# (30 s at most) for rank 0's save before they exit: the launcher ends the job at a
+# rank's exit, and under load rank 0 can take the signal a moment later than they do.
 _FAKE_RANK = """
 import os, signal, sys, time
 out, save_s = sys.argv[1], sys.argv[2]
@@ -305,6 +307,9 @@ def stop(unused_signum, unused_frame):
   if rank == "0":
     print("report: not drawn after SIGTERM; python3 -m bert_pretrain.training.report o "
           "draws it", flush=True)
+  waited = time.time()
+  while not os.path.exists(os.path.join(out, "saved-0")) and time.time() - waited < 30:
+    time.sleep(0.05)
   sys.exit(143)
 
 first = []
