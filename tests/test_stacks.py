@@ -3,6 +3,7 @@ and from one that is stopped."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -68,7 +69,7 @@ def test_each_rank_of_the_host_reports_its_stack_and_a_stopped_one_its_last_hear
 def test_a_heartbeat_says_pid_host_and_what_the_rank_does():
   text = stacks.heartbeat_text(42, 3, "evaluation after update 8")
   pid, host, doing = stacks.parse_heartbeat(text)
-  assert (pid, doing) == (42, "evaluation after update 8") and host
+  assert (pid, host, doing) == (42, socket.gethostname(), "evaluation after update 8")
   assert stacks.parse_heartbeat("done\n") is None
 
 
