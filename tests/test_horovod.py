@@ -248,7 +248,11 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
   mpirun that leaves its ranks running at a second signal. The launcher signals the ranks
   itself; its end is a SIGTERM to mpirun, which passes it on to them."""
   out = tmp_path / "out"
-  flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=5,
+  # A line every 200 updates: a killed launcher's mpirun sleeps through its
+  # odls_base_sigkill_timeout before passing SIGTERM on and reads no output meanwhile, and
+  # a rank that fills its terminal's buffer in that time blocks (the tiny model on a fast
+  # CPU, a line every 5 updates, did within 10 s).
+  flags = base_flags(pretraining_data, out, num_train_steps=10 ** 6, display_loss_steps=200,
                      save_checkpoints_steps=10 ** 6, nodo_eval=None)
   run_args = "--mpi --mpi-args=--oversubscribe"  # the launcher's odls_base_sigkill_timeout
   proc = subprocess.Popen(
@@ -267,7 +271,7 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
     seen = []
     for line in proc.stdout:
       seen.append(line)
-      if "Step 5," in line:
+      if "Step 200," in line:
         break
     assert len(ranks()) == 2, "".join(seen[-30:])
     stop(proc.pid)
