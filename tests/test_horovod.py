@@ -662,6 +662,26 @@ def test_a_job_on_this_host_alone_asks_for_no_more_cards_than_it_has(per_host, g
     assert str(error.value) == message
 
 
+def test_a_card_list_on_a_host_without_gpus_asks_for_no_more_cpu_ranks_than_cores():
+  """The count from CUDA_VISIBLE_DEVICES's entries (--device=cpu would run them on the CPU)
+  meets the limit IX_NUM_CUDA_VISIBLE_DEVICES's does; the error names the list."""
+  none = launch_plan.Cards(0, None)
+  launch_plan.check_this_host(2, none, 2, visible="0,1")
+  with pytest.raises(launch_plan.LaunchError) as error:
+    launch_plan.check_this_host(3, none, 2, visible="0,1,2")
+  assert str(error.value) == (
+      "3 CPU ranks asked for (CUDA_VISIBLE_DEVICES=0,1,2) on a host of 2 cores and no GPU: "
+      "each would get less than a core; unset CUDA_VISIBLE_DEVICES and export "
+      "IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, or name the host to oversubscribe anyway: "
+      "HOROVOD_RUN_ARGS=\"--gloo -H localhost:3\"")
+  with pytest.raises(launch_plan.LaunchError) as error:
+    launch_plan.check_this_host(3, launch_plan.Cards(2, "nvidia-smi"), 64,
+                                visible="GPU-a,GPU-b,GPU-c")
+  assert str(error.value) == (
+      "3 cards asked for (CUDA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c) but nvidia-smi lists 2 on "
+      "this host; export a CUDA_VISIBLE_DEVICES of 2 cards or fewer")
+
+
 @pytest.mark.parametrize("gpus,message", [
     (4, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores: "
      "CUDA_VISIBLE_DEVICES is empty, which hides the 4 cards ixsmi lists; unset "
@@ -697,6 +717,13 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
       "host of %d cores and no GPU: each would get less than a core; export "
       "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to oversubscribe anyway: "
       "HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\"" % (cores + 1, cores, cores, cores + 1))
+  listed = ",".join(str(card) for card in range(cores + 1))
+  too_many_listed = _run_script(tmp_path, "--input_files_dir=/data", "--device=cpu",
+                                DRY_RUN="1", CUDA_VISIBLE_DEVICES=listed, PATH=installed)
+  assert too_many_listed.returncode == 2 and too_many_listed.stdout == ""
+  assert too_many_listed.stderr.strip().startswith(
+      "run_multi_card_FPS: error: %d CPU ranks asked for (CUDA_VISIBLE_DEVICES=%s) on a host "
+      "of %d cores and no GPU" % (cores + 1, listed, cores))
   named = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
                       IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=installed,
                       HOROVOD_RUN_ARGS="--gloo -H localhost:%d" % (cores + 1))

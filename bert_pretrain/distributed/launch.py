@@ -226,16 +226,19 @@ def names_hosts(run_args):
   return bool({"hosts", "hostfile"} & set(_split_options(run_args)[0]))
 
 
-def check_this_host(per_host, cards, cores, hidden=False):
+def check_this_host(per_host, cards, cores, hidden=False, visible=None):
   """Raises LaunchError when a job on this host alone asks for more cards than it has:
   more than the cards listed, or with none listed or all hidden, more CPU ranks than cores.
 
   Args:
-    per_host: int, the ranks (cards) IX_NUM_CUDA_VISIBLE_DEVICES asks for.
+    per_host: int, the ranks (cards) asked for.
     cards: Cards, those listed here (listed_cards; count 0: none).
     cores: int, this host's cores.
     hidden: an empty CUDA_VISIBLE_DEVICES hides the cards: the ranks run on the CPU.
+    visible: CUDA_VISIBLE_DEVICES when its entries give the count (None: the count is
+      IX_NUM_CUDA_VISIBLE_DEVICES's).
   """
+  asked = "CUDA_VISIBLE_DEVICES=%s" % visible if visible else "IX_NUM_CUDA_VISIBLE_DEVICES"
   if hidden and cards.count and per_host > cores:
     raise LaunchError("%d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of %d "
                       "cores: CUDA_VISIBLE_DEVICES is empty, which hides the %d cards %s "
@@ -243,15 +246,18 @@ def check_this_host(per_host, cards, cores, hidden=False):
                       "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
                       % (per_host, cores, cards.count, cards.lister, cores))
   if cards.count and per_host > cards.count and not hidden:
-    raise LaunchError("%d cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but %s lists %d on "
-                      "this host; export IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
-                      % (per_host, cards.lister, cards.count, cards.count))
+    raise LaunchError("%d cards asked for (%s) but %s lists %d on this host; export %s"
+                      % (per_host, asked, cards.lister, cards.count,
+                         "a CUDA_VISIBLE_DEVICES of %d cards or fewer" % cards.count
+                         if visible else
+                         "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer" % cards.count))
   if not cards.count and per_host > cores:
-    raise LaunchError("%d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of %d "
-                      "cores and no GPU: each would get less than a core; export "
-                      "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to "
-                      "oversubscribe anyway: HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\""
-                      % (per_host, cores, cores, per_host))
+    raise LaunchError("%d CPU ranks asked for (%s) on a host of %d cores and no GPU: each "
+                      "would get less than a core; %sexport IX_NUM_CUDA_VISIBLE_DEVICES=%d or "
+                      "fewer, or name the host to oversubscribe anyway: "
+                      "HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\""
+                      % (per_host, asked, cores,
+                         "unset CUDA_VISIBLE_DEVICES and " if visible else "", cores, per_host))
 
 
 def check_card_list(visible, cards):
@@ -903,12 +909,12 @@ def main(argv):
     # On this host alone: the cards listed must be here; a count given must fit (the
     # script's own default is within the host). An empty list hides every card: CPU ranks.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not names_hosts(run_args):
+    if not names_hosts(run_args) and (visible or os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES")):
+      cards = listed_cards()
       if visible:
-        check_card_list(visible, listed_cards())
-      elif os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES"):
-        check_this_host(job.per_host, listed_cards(), os.cpu_count() or 1,
-                        hidden=visible == "")
+        check_card_list(visible, cards)
+      check_this_host(job.per_host, cards, os.cpu_count() or 1, hidden=visible == "",
+                      visible=visible or None)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
