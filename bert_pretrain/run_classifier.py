@@ -34,6 +34,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
 from bert_pretrain.training import checkpoints
+from bert_pretrain.training import logs
 from bert_pretrain.finetune import classifier
 from bert_pretrain.finetune import classifier_data
 from bert_pretrain.distributed import device as device_lib
@@ -343,6 +344,7 @@ def run_in_order(sess, graph, fetches):
 
 
 def main(argv):
+  logs.whole_lines()
   if len(argv) > 1:
     errors.unexpected_arguments("run_classifier", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)

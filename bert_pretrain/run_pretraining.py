@@ -27,6 +27,7 @@ from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import inputs as inputs_lib
+from bert_pretrain.training import logs
 from bert_pretrain.training import loop
 from bert_pretrain.training import mlperf
 from bert_pretrain.training import signals
@@ -37,6 +38,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  logs.whole_lines()
   if len(argv) > 1:
     errors.unexpected_arguments("run_pretraining", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)

@@ -1,6 +1,7 @@
 """Several ranks with Horovod (Gloo and MPI) on the CPU: same weights as one card with
 the same global batch, distributed evaluation, a killed rank, and the launcher script."""
 
+import io
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from bert_pretrain.distributed import launch as launch_plan
+from bert_pretrain.training import logs
 from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, ordered_flags,
                       passing_ranks_path, rank_command, rank_pid, run_pretraining)
 
@@ -43,8 +45,11 @@ def test_two_ranks_match_one_card_with_twice_the_batch(equal_weight_data, tmp_pa
                                                        accumulation):
   one = run_pretraining(*ordered_flags(equal_weight_data, tmp_path / "one", 8, accumulation))
   assert one.returncode == 0, one.stderr
-  two = launch(launcher, ordered_flags(equal_weight_data, tmp_path / "two", 4, accumulation))
+  two = launch(launcher, ordered_flags(equal_weight_data, tmp_path / "two", 4, accumulation),
+               PYTHONUNBUFFERED="1")
   assert two.returncode == 0, two.stdout[-3000:]
+  # mpirun tags each piece it reads: a line written in two pieces ends with a tag.
+  assert not re.search(r"<std(out|err)>:$", two.stdout, re.M), two.stdout[-3000:]
   assert "2 rank(s), batch 4 x %d accumulation x 2 ranks = %d sentences" % (
       accumulation, 8 * accumulation) in two.stdout
   assert_same_weights(tmp_path / "one", tmp_path / "two", equal_weight_data["init"])
@@ -58,6 +63,37 @@ def test_two_ranks_match_one_card_with_twice_the_batch(equal_weight_data, tmp_pa
   assert split and float(split.group(3)) + float(split.group(4)) > 0, two.stdout[-3000:]
   assert sum(float(part) for part in split.groups()[:3]) == pytest.approx(100, abs=0.2)
   assert not re.search(r"all-reduce|overlapped", re.search(r"Update time .*", one.stdout).group(0))
+
+
+class _Writes(io.RawIOBase):
+  """A raw stream that keeps each write it is given."""
+
+  def __init__(self):
+    super(_Writes, self).__init__()
+    self.pieces = []
+
+  def writable(self):
+    return True
+
+  def write(self, data):
+    self.pieces.append(bytes(data))
+    return len(data)
+
+
+def test_each_console_line_is_written_in_one_piece_even_unbuffered(monkeypatch):
+  """As under PYTHONUNBUFFERED=1: a text stream writing through to the file."""
+  streams = {name: io.TextIOWrapper(_Writes(), write_through=True)
+             for name in ("stdout", "stderr")}
+  for name, stream in streams.items():
+    monkeypatch.setattr(sys, name, stream)
+  print("Step 50, total_loss: 7.1")
+  assert streams["stdout"].buffer.pieces == [b"Step 50, total_loss: 7.1", b"\n"]
+  logs.whole_lines()
+  print("| 2 cards | acc 0.055584 | fps 947.94 | status no target |")
+  print("error: one line", file=sys.stderr)
+  assert streams["stdout"].buffer.pieces[2:] == [
+      b"| 2 cards | acc 0.055584 | fps 947.94 | status no target |\n"]
+  assert streams["stderr"].buffer.pieces == [b"error: one line\n"]
 
 
 def test_two_ranks_sum_their_gradients_by_default_as_the_reference(equal_weight_data,
