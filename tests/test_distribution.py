@@ -116,6 +116,10 @@ def test_mirrored_over_two_cpu_devices_trains_the_weights_of_one_card(
   assert ("2 rank(s), batch 4 x 2 accumulation x 2 ranks = 16 sentences per update"
           in two.stdout)
   assert "2 logical devices (mirrored)" in two.stdout
+  # The replicas' sum, ordinary ops in one process, counts as the all-reduce.
+  split = re.search(r"Update time \(update 3 traced, [\d.]+ s\): .*, all-reduce ([\d.]+)% "
+                    r"\(another ([\d.]+)% overlapped", two.stdout)
+  assert split and float(split.group(1)) + float(split.group(2)) > 0, two.stdout[-3000:]
   largest = assert_same_weights(one_card[0], out, equal_weight_data["init"])
   print("mirrored: largest weight difference to one card %.3g" % largest)
   # The evaluation of the trained weights equals one card's.

@@ -231,6 +231,13 @@ def test_a_traced_update_splits_into_input_all_reduce_and_compute():
   parts = timing.split_update([hidden], lambda name: None)
   assert (parts["allreduce"], parts["allreduce_overlapped"]) == (0, pytest.approx(0.0008))
   assert parts["compute"] == pytest.approx(0.001)
+  # Replicas of one process (mirrored) reduce with ordinary ops, in ranks.all_reduce's
+  # name scope; a sum outside it (the backward pass's) is compute.
+  mirrored = _step_stats(("MatMul_4", 0, 1000), ("gradients/AddN", 900, 1000),
+                         ("%s_1/AddN" % timing.ALLREDUCE_SCOPE, 1000, 1300))
+  parts = timing.split_update([mirrored], lambda name: name.rpartition("/")[2] or "MatMul")
+  assert parts["allreduce"] == pytest.approx(0.0003)
+  assert parts["compute"] == pytest.approx(0.001)
   # The graph's op type wins over the label; a GPU stream's "node:op" is the node.
   names = []
   parts = timing.split_update([second], lambda name: names.append(name) or "MatMul")

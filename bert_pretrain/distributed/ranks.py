@@ -30,6 +30,7 @@ from bert_pretrain import errors
 from bert_pretrain.distributed import stacks
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import logs
+from bert_pretrain.training import timing
 
 DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 
@@ -316,7 +317,8 @@ class Ranks(object):
     reduce_op = tf.distribute.ReduceOp.MEAN if average else tf.distribute.ReduceOp.SUM
 
     def merge_fn(strategy, *values):
-      return strategy.extended.batch_reduce_to(reduce_op, [(v, v) for v in values])
+      with tf.name_scope(timing.ALLREDUCE_SCOPE):  # its ops count as the all-reduce
+        return strategy.extended.batch_reduce_to(reduce_op, [(v, v) for v in values])
 
     # ReplicaContext.all_reduce would do it, but its gradient wrapper fails on mirrored
     # variables in graph mode (it looks up "w/replica_1" by name).

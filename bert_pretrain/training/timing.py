@@ -12,12 +12,18 @@ or else the last; its time stays out of the FPS. bench/ counts FLOPs with the sa
 function, so a run's MFU and the benchmark's agree.
 """
 
+import re
 import time
 
 # Op types whose time is the step waiting for its input, or inside the all-reduce
 # (Horovod's ops, TensorFlow's collectives, NCCL), including the wait for other ranks.
 INPUT_OPS = ("IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard")
 ALLREDUCE_WORDS = ("Horovod", "Collective", "Nccl")
+# A tf.distribute reduction between the replicas of one process (mirrored on a CPU: the
+# copies to one device and their sum) runs as ordinary ops: ranks.all_reduce builds it in
+# this name scope (uniquified by TensorFlow as ALLREDUCE_SCOPE_1, ...).
+ALLREDUCE_SCOPE = "cross_replica_reduce"
+_IN_ALLREDUCE_SCOPE = re.compile(r"(^|/)%s(_\d+)?/" % ALLREDUCE_SCOPE)
 # The parts of an update that the log and the summary give as shares of it.
 SHARES = ("input", "compute", "allreduce", "allreduce_overlapped")
 # A part above this share of the update gets a hint.
@@ -72,7 +78,8 @@ def split_update(step_stats_list, op_types):
               node.timeline_label.partition(" = ")[2].split("(")[0])
         if op in INPUT_OPS:
           inputs.append((start, end))
-        elif any(word in op for word in ALLREDUCE_WORDS):
+        elif (any(word in op for word in ALLREDUCE_WORDS) or
+              _IN_ALLREDUCE_SCOPE.search(node.node_name)):
           reduces.append((start, end))
         else:
           others.append((start, end))
