@@ -176,31 +176,6 @@ def test_the_flops_of_a_sequence_are_those_of_the_training_graphs_matmuls():
   assert flops["total"] == 3 * counted / batch
 
 
-def test_the_flops_at_real_tokens_count_each_sequences_own_rows_and_attention():
-  """Two sequences of 10 and 30 real tokens in rows of 128, counted layer by layer: K and
-  V at every real token, the queries and all after them at the real tokens but in the
-  last layer (the [CLS] and the predictions only), attention among the sequence's own
-  tokens; the padding counts nothing."""
-  layers, hidden, intermediate, vocab, predictions = 3, 16, 64, 100, 4
-  lengths = [10, 30]
-  counts = []
-  for tokens in lengths:
-    forward = 0
-    for layer in range(layers):
-      rows = 1 + predictions if layer == layers - 1 else tokens
-      forward += 2 * 2 * tokens * hidden * hidden            # K, V
-      forward += 2 * 2 * rows * hidden * hidden              # Q, attention output
-      forward += 2 * 2 * rows * hidden * intermediate        # feed-forward in and out
-      forward += 2 * 2 * rows * tokens * hidden              # scores, context
-    forward += predictions * 2 * (hidden * hidden + hidden * vocab)  # masked-LM head
-    forward += 2 * (hidden * hidden + hidden * 2)            # pooler, next sentence
-    counts.append(3 * forward)
-  flops = timing.training_flops_per_sequence(
-      layers, hidden, intermediate, vocab, 128, predictions, tokens=np.mean(lengths),
-      tokens_squared=np.mean(np.square(lengths)))
-  assert flops["total"] == pytest.approx(np.mean(counts))
-
-
 def _step_stats(*nodes):
   """A session run's StepStats of (node name, start, end) on one device; each node's
   label names its op type as the name's first word."""
