@@ -940,6 +940,9 @@ def check_new_outputs(output_files):
   """Raises ValueError if an output path is taken: the command never replaces records
   an earlier run wrote (the library function does, for the pipelines that own them)."""
   for path in output_paths(output_files):
+    if path.endswith("/"):
+      raise ValueError("--output_file=%s ends in '/', a folder's name; pass a file path in "
+                       "it, e.g. %spart-0" % (path, path))
     if tf.io.gfile.isdir(path):
       raise ValueError("--output_file=%s is a folder; pass a file path in it, e.g. %s"
                        % (path, os.path.join(path, "part-0")))
