@@ -97,6 +97,9 @@ WORD_ORDER_SEED = 12345
 # A fine-tune from the pretrained checkpoint less than this above the most frequent
 # label's accuracy stayed near chance (some pretraining seeds).
 CHANCE_MARGIN = 0.1
+# A masked-LM accuracy less than this above the most frequent token's learned nothing yet
+# (too few updates), whatever the seed.
+MASKED_LM_MARGIN = 0.01
 # Fine-tuned with these run_classifier flags, once from the pretrained checkpoint and once
 # from random weights.
 FINETUNE_FLAGS = {
@@ -324,7 +327,8 @@ def most_frequent_token(eval_files_dir):
 
 def log_masked_lm_baseline(pretrained_dir, eval_files_dir, vocab_file, log):
   """Logs the run's last masked-LM accuracy (its eval_results.txt) beside what the most
-  frequent token of the eval set scores, in one line."""
+  frequent token of the eval set scores, in one line. Returns (the run's accuracy, the
+  most frequent token's, the run's step), or None when the run has no evaluation."""
   token, share, sequences = most_frequent_token(eval_files_dir)
   vocab = {i: t for t, i in tokenization.load_vocab(vocab_file).items()}
   baseline = "predicting the most frequent token (%s) at every masked position: %.4f" % (
@@ -336,7 +340,7 @@ def log_masked_lm_baseline(pretrained_dir, eval_files_dir, vocab_file, log):
       results = dict(line.strip().split(" = ") for line in f if " = " in line)
   if "masked_lm_accuracy" not in results:
     log("demo: %s has no evaluation; on the demo's eval set %s" % (pretrained_dir, baseline))
-    return
+    return None
   other = ""
   if int(float(results.get("eval_samples", sequences))) != sequences:
     other = " (the run evaluated %s of the %d sequences)" % (results["eval_samples"],
@@ -344,6 +348,7 @@ def log_masked_lm_baseline(pretrained_dir, eval_files_dir, vocab_file, log):
   log("demo: masked-LM accuracy on held-out documents: %.4f after %s updates; %s%s"
       % (float(results["masked_lm_accuracy"]), results.get("global_step", "?"), baseline,
          other))
+  return float(results["masked_lm_accuracy"]), share, results.get("global_step", "?")
 
 
 def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
@@ -399,7 +404,8 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
   paths = prepare(cache_dir, log=log)
   paths.update(model_files or {})
   checkpoint = checkpoints.resolve_checkpoint(pretrained_dir, "--finetune_from")
-  log_masked_lm_baseline(pretrained_dir, paths["eval_files_dir"], paths["vocab_file"], log)
+  masked_lm = log_masked_lm_baseline(pretrained_dir, paths["eval_files_dir"],
+                                     paths["vocab_file"], log)
   task_dir = os.path.join(cache_dir, "word_order")
   num_train, num_dev, majority = write_word_order_task(task_dir)
   log("demo: downstream task: is a sentence as written or are its words shuffled; %d "
@@ -438,11 +444,28 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
   log("demo: word-order accuracy on held-out documents: %.3f fine-tuned from the pretrained "
       "checkpoint, %.3f from random weights (the most frequent label alone: %.3f)"
       % (accuracy["pretrained"], accuracy["random"], majority))
-  if accuracy["pretrained"] < majority + CHANCE_MARGIN:
-    log("demo: this time the fine-tune from the pretrained checkpoint stayed near chance, "
-        "as it does for some seeds of this small model (docs/running.md, The demo); the "
-        "masked-LM accuracy above is the pretraining's result; a new demo draws another seed")
+  line = near_chance_line(accuracy["pretrained"], majority, masked_lm)
+  if line:
+    log(line)
   return accuracy
+
+
+def near_chance_line(finetuned, majority, masked_lm):
+  """The line saying why the fine-tune from the pretrained checkpoint (accuracy
+  `finetuned`) stayed near the most frequent label's (`majority`), or None when it did
+  not. masked_lm: log_masked_lm_baseline's (accuracy, most frequent token's, step), or
+  None."""
+  if finetuned >= majority + CHANCE_MARGIN:
+    return None
+  if masked_lm and masked_lm[0] < masked_lm[1] + MASKED_LM_MARGIN:
+    return ("demo: the fine-tune from the pretrained checkpoint stayed near chance, as the "
+            "pretraining did: its masked-LM accuracy %.4f after %s updates is no better than "
+            "the most frequent token's %.4f; train longer (the demo trains %d updates)"
+            % (masked_lm[0], masked_lm[2], masked_lm[1],
+               config.PRESETS["demo"]["num_train_steps"]))
+  return ("demo: this time the fine-tune from the pretrained checkpoint stayed near chance, "
+          "as it does for some seeds of this small model (docs/running.md, The demo); the "
+          "masked-LM accuracy above is the pretraining's result; a new demo draws another seed")
 
 
 def _end_with_parent(parent):

@@ -164,17 +164,30 @@ def test_the_downstream_step_prints_the_baseline_and_both_word_order_accuracies(
       "demo: word-order accuracy on held-out documents: %.3f fine-tuned from the pretrained "
       "checkpoint, %.3f from random weights (the most frequent label alone: %.3f)"
       % (accuracy["pretrained"], accuracy["random"], majority))
-  # After 2 updates of pretraining the fine-tune may well stay near chance: said if so.
-  near_chance = accuracy["pretrained"] < majority + 0.1
-  assert demo_lines[5:] == (["demo: this time the fine-tune from the pretrained checkpoint "
-                             "stayed near chance, as it does for some seeds of this small "
-                             "model (docs/running.md, The demo); the masked-LM accuracy above "
-                             "is the pretraining's result; a new demo draws another seed"]
-                            if near_chance else []), demo_lines
+  # After 2 updates of pretraining the fine-tune may well stay near chance: said if so,
+  # and why.
+  masked_lm = (float(results["masked_lm_accuracy"]), share, "2")
+  assert demo_lines[5:] == [line for line in [demo.near_chance_line(
+      accuracy["pretrained"], majority, masked_lm)] if line], demo_lines
   assert re.search(r"^  accuracy = [\d.]+$", "\n".join(lines), re.M)
   for name in ("finetune-model.ckpt-2", "finetune-random"):
     assert os.path.isfile(os.path.join(short_demo_run["output_dir"], name,
                                        "eval_results.txt"))
+
+
+def test_a_fine_tune_near_chance_blames_a_pretraining_that_learned_nothing_else_the_seed():
+  short = (0.0556, 0.0556, "100")  # the most frequent token's accuracy, after 100 updates
+  assert demo.near_chance_line(0.52, 0.515, short) == (
+      "demo: the fine-tune from the pretrained checkpoint stayed near chance, as the "
+      "pretraining did: its masked-LM accuracy 0.0556 after 100 updates is no better than "
+      "the most frequent token's 0.0556; train longer (the demo trains 500 updates)")
+  trained = (0.0928, 0.0556, "500")
+  assert demo.near_chance_line(0.506, 0.515, trained).startswith(
+      "demo: this time the fine-tune from the pretrained checkpoint stayed near chance, as "
+      "it does for some seeds of this small model")
+  assert demo.near_chance_line(0.506, 0.515, None).startswith("demo: this time")
+  for masked_lm in (short, trained, None):
+    assert demo.near_chance_line(0.812, 0.515, masked_lm) is None
 
 
 def test_fine_tuning_a_run_again_takes_the_cache_its_first_fine_tune_read(tmp_path):
