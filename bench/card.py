@@ -61,12 +61,16 @@ def cpu_fields(cpuinfo="/proc/cpuinfo"):
 
 
 def cpu_description(cpuinfo="/proc/cpuinfo"):
-  """The CPU's model name and which of MATMUL_FLAGS it has, e.g. "AMD EPYC (avx512f,
-  avx512_bf16)"; platform.machine() where `cpuinfo` cannot be read."""
+  """The CPU's model name, x86's family and model numbers (a virtual machine's name, "AMD
+  EPYC", covers generations of twice the matmul speed) and which of MATMUL_FLAGS it has,
+  e.g. "AMD EPYC, family 26 model 2 (avx512f, avx512_bf16)"; platform.machine() where
+  `cpuinfo` cannot be read."""
   fields = cpu_fields(cpuinfo)
   if fields is None:
     return platform.machine()
   model = fields.get("model name") or platform.machine()
+  if fields.get("cpu family") and fields.get("model"):
+    model += ", family %s model %s" % (fields["cpu family"], fields["model"])
   present = set(fields.get("flags", "").split())
   return "%s (%s)" % (model, ", ".join(f for f in MATMUL_FLAGS if f in present) or
                       "no AVX-512")

@@ -77,7 +77,7 @@ def test_encoder_flops_count_every_dense_kernel_of_the_model(bench_module):
 
 CPUINFO = """processor\t: 0
 vendor_id\t: SomeVendor
-model name\t: {model}
+{numbers}model name\t: {model}
 flags\t\t: fpu sse2 avx2 {flags}
 
 processor\t: 1
@@ -86,16 +86,18 @@ flags\t\t: fpu sse2 avx2 {flags}
 """
 
 
-@pytest.mark.parametrize("model, flags, expected", [
-    ("AMD EPYC", "avx512f avx512_bf16 avx512_vnni", "AMD EPYC (avx512f, avx512_bf16)"),
-    ("Intel(R) Xeon(R) Platinum 8480+", "avx512f avx512_bf16 amx_bf16 amx_tile",
-     "Intel(R) Xeon(R) Platinum 8480+ (avx512f, avx512_bf16, amx_bf16)"),
-    ("Intel(R) Core(TM) i7", "fma", "Intel(R) Core(TM) i7 (no AVX-512)"),
+@pytest.mark.parametrize("model, numbers, flags, expected", [
+    ("AMD EPYC", (26, 2), "avx512f avx512_bf16 avx512_vnni",
+     "AMD EPYC, family 26 model 2 (avx512f, avx512_bf16)"),
+    ("Intel(R) Xeon(R) Platinum 8480+", (6, 143), "avx512f avx512_bf16 amx_bf16 amx_tile",
+     "Intel(R) Xeon(R) Platinum 8480+, family 6 model 143 (avx512f, avx512_bf16, amx_bf16)"),
+    ("Intel(R) Core(TM) i7", None, "fma", "Intel(R) Core(TM) i7 (no AVX-512)"),
 ])
-def test_the_machine_line_names_the_cpu_and_its_matmul_extensions(tmp_path, model, flags,
-                                                                  expected):
+def test_the_machine_line_names_the_cpu_and_its_matmul_extensions(tmp_path, model, numbers,
+                                                                  flags, expected):
   cpuinfo = tmp_path / "cpuinfo"
-  cpuinfo.write_text(CPUINFO.format(model=model, flags=flags))
+  cpuinfo.write_text(CPUINFO.format(model=model, flags=flags, numbers="cpu family\t: %d\n"
+                                    "model\t\t: %d\n" % numbers if numbers else ""))
   assert card.cpu_description(str(cpuinfo)) == expected
   assert card.cpu_description(str(tmp_path / "missing")) == platform.machine()
   info = card.cpu_info(str(cpuinfo))
