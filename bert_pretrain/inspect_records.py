@@ -318,8 +318,9 @@ def format_report(report):
                   "sequences" if report["packed"] else "records"))
   for example in report["examples"]:
     if report["packed"]:
-      lines.append("example: %s record %d, a pack of %d sequences" % (
-          example["path"], example["index"], len(example["texts"])))
+      lines.append("example: %s record %d, a pack of %d sequence%s" % (
+          example["path"], example["index"], len(example["texts"]),
+          "s" * (len(example["texts"]) != 1)))
       for slot, text in enumerate(example["texts"]):
         lines.append("  [%d] %s" % (slot + 1, text))
     else:
