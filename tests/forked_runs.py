@@ -29,6 +29,7 @@ import atexit
 import ctypes
 import importlib
 import importlib.util
+import io
 import json
 import os
 import random
@@ -124,10 +125,18 @@ def rank_child(module, request, fds):
   for target, fd in enumerate(fds):
     os.dup2(fd, target)
     os.close(fd)
-  # Flushed as often as a new interpreter's or more: by line where the environment asks
-  # for unbuffered output (horovodrun --gloo does).
-  sys.stdout.reconfigure(line_buffering="PYTHONUNBUFFERED" in os.environ)
-  sys.stderr.reconfigure(line_buffering=True)
+  # Flushed as a new interpreter's: where the environment asks for unbuffered output
+  # (horovodrun --gloo does, and many containers), text written through to the file as
+  # `python3 -u` writes it, each write a piece of its own.
+  if "PYTHONUNBUFFERED" in os.environ:
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+      stream = getattr(sys, name)
+      setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False),
+                                          encoding=stream.encoding, errors=stream.errors,
+                                          write_through=True))
+  else:
+    sys.stdout.reconfigure(line_buffering=False)
+    sys.stderr.reconfigure(line_buffering=True)
   run_as_main(module, request["argv"])
 
 
