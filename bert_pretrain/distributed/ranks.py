@@ -464,6 +464,15 @@ class Ranks(object):
         differ.append("%s (%s)" % (name, ", ".join(
             "%s: %s" % (self.name(r), shown(r)) for r in [0] + others)))
     if differ:
+      if self._workers:
+        # TensorFlow's collectives pull each worker's part: one exiting right after the
+        # gather can leave a slower peer without it (a "Socket closed" abort instead of
+        # this line). Every worker passing a second collective has the gather's answer;
+        # this one's own end, a peer's exit, changes nothing.
+        try:
+          self._gather([0.0], config)
+        except tf.errors.OpError:
+          pass
       raise ValueError("the job's processes disagree on %s; start every process with the "
                        "same settings (nothing was trained)" % "; ".join(differ))
     return {name: type(settings[name])(rows[0][names.index(name)]) for name in shared}
