@@ -460,7 +460,8 @@ def near_chance_line(finetuned, majority, masked_lm):
   if masked_lm and masked_lm[0] < masked_lm[1] + MASKED_LM_MARGIN:
     return ("demo: the fine-tune from the pretrained checkpoint stayed near chance, as the "
             "pretraining did: its masked-LM accuracy %.4f after %s updates is no better than "
-            "the most frequent token's %.4f; train longer (the demo trains %d updates)"
+            "the most frequent token's %.4f; train longer (--num_train_steps; the demo's "
+            "preset trains %d updates)"
             % (masked_lm[0], masked_lm[2], masked_lm[1],
                config.PRESETS["demo"]["num_train_steps"]))
   return ("demo: this time the fine-tune from the pretrained checkpoint stayed near chance, "

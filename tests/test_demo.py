@@ -180,7 +180,8 @@ def test_a_fine_tune_near_chance_blames_a_pretraining_that_learned_nothing_else_
   assert demo.near_chance_line(0.52, 0.515, short) == (
       "demo: the fine-tune from the pretrained checkpoint stayed near chance, as the "
       "pretraining did: its masked-LM accuracy 0.0556 after 100 updates is no better than "
-      "the most frequent token's 0.0556; train longer (the demo trains 500 updates)")
+      "the most frequent token's 0.0556; train longer (--num_train_steps; the demo's preset "
+      "trains 500 updates)")
   trained = (0.0928, 0.0556, "500")
   assert demo.near_chance_line(0.506, 0.515, trained).startswith(
       "demo: this time the fine-tune from the pretrained checkpoint stayed near chance, as "

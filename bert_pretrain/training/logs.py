@@ -26,11 +26,13 @@ _MLLOG_EVENT_TYPES = {"event": mllog.constants.POINT_IN_TIME,
                       "start": mllog.constants.INTERVAL_START,
                       "end": mllog.constants.INTERVAL_END}
 
+
 def whole_lines():
   """Makes stdout and stderr write each line in one piece. Unbuffered (PYTHONUNBUFFERED=1,
   common in containers), print writes a line's text and its newline apart, and mpirun
   --tag-output, reading them as two pieces, tags the newline too: a stray
-  "[1,0]<stdout>:" at the end of a line that log parsers then miss."""
+  "[1,0]<stdout>:" at the end of a line that log parsers then miss. (A line longer than
+  the text layer's 8 KB chunk still goes in pieces.)"""
   for stream in (sys.stdout, sys.stderr):
     if hasattr(stream, "reconfigure"):  # a stream replaced by another object may lack it
       stream.reconfigure(write_through=False, line_buffering=True)
