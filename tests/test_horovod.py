@@ -682,10 +682,10 @@ def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
     (2, 0, 2, None),
     (9, 8, 64, "9 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but ixsmi lists 8 on "
      "this host; export IX_NUM_CUDA_VISIBLE_DEVICES=8 or fewer"),
-    (3, 0, 2, "3 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores and "
-     "no GPU: each would get less than a core; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or "
-     "fewer, or name the host to oversubscribe anyway: HOROVOD_RUN_ARGS=\"--gloo -H "
-     "localhost:3\""),
+    (3, 0, 2, "3 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores where "
+     "neither nvidia-smi nor ixsmi lists a GPU: each would get less than a core; export "
+     "IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, or name the host to oversubscribe anyway: "
+     "HOROVOD_RUN_ARGS=\"--gloo -H localhost:3\""),
 ])
 def test_a_job_on_this_host_alone_asks_for_no_more_cards_than_it_has(per_host, gpus, cores,
                                                                     message):
@@ -706,9 +706,10 @@ def test_a_card_list_on_a_host_without_gpus_asks_for_no_more_cpu_ranks_than_core
   with pytest.raises(launch_plan.LaunchError) as error:
     launch_plan.check_this_host(3, none, 2, visible="0,1,2")
   assert str(error.value) == (
-      "3 CPU ranks asked for (CUDA_VISIBLE_DEVICES=0,1,2) on a host of 2 cores and no GPU: "
-      "each would get less than a core; unset CUDA_VISIBLE_DEVICES and export "
-      "IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, or name the host to oversubscribe anyway: "
+      "3 CPU ranks asked for (CUDA_VISIBLE_DEVICES=0,1,2) on a host of 2 cores where neither "
+      "nvidia-smi nor ixsmi lists a GPU: each would get less than a core; unset "
+      "CUDA_VISIBLE_DEVICES and export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, or name the "
+      "host to oversubscribe anyway: "
       "HOROVOD_RUN_ARGS=\"--gloo -H localhost:3\"")
   with pytest.raises(launch_plan.LaunchError) as error:
     launch_plan.check_this_host(3, launch_plan.Cards(2, "nvidia-smi"), 64,
@@ -722,9 +723,10 @@ def test_a_card_list_on_a_host_without_gpus_asks_for_no_more_cpu_ranks_than_core
     (4, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores: "
      "CUDA_VISIBLE_DEVICES is empty, which hides the 4 cards ixsmi lists; unset "
      "CUDA_VISIBLE_DEVICES to train on them, or export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer"),
-    (0, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores and no "
-     "GPU: each would get less than a core; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, "
-     "or name the host to oversubscribe anyway: HOROVOD_RUN_ARGS=\"--gloo -H localhost:4\""),
+    (0, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores where "
+     "neither nvidia-smi nor ixsmi lists a GPU: each would get less than a core; export "
+     "IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, or name the host to oversubscribe anyway: "
+     "HOROVOD_RUN_ARGS=\"--gloo -H localhost:4\""),
 ])
 def test_cards_an_empty_cuda_visible_devices_hides_are_named_when_too_many_cpu_ranks_are_asked_for(
     gpus, message):
@@ -750,8 +752,9 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   assert too_many.returncode == 2 and too_many.stdout == ""
   assert too_many.stderr.strip() == (
       "run_multi_card_FPS: error: %d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a "
-      "host of %d cores and no GPU: each would get less than a core; export "
-      "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to oversubscribe anyway: "
+      "host of %d cores where neither nvidia-smi nor ixsmi lists a GPU: each would get less "
+      "than a core; export IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to "
+      "oversubscribe anyway: "
       "HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\"" % (cores + 1, cores, cores, cores + 1))
   listed = ",".join(str(card) for card in range(cores + 1))
   too_many_listed = _run_script(tmp_path, "--input_files_dir=/data", "--device=cpu",
@@ -759,7 +762,7 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   assert too_many_listed.returncode == 2 and too_many_listed.stdout == ""
   assert too_many_listed.stderr.strip().startswith(
       "run_multi_card_FPS: error: %d CPU ranks asked for (CUDA_VISIBLE_DEVICES=%s) on a host "
-      "of %d cores and no GPU" % (cores + 1, listed, cores))
+      "of %d cores where neither nvidia-smi nor ixsmi lists a GPU" % (cores + 1, listed, cores))
   named = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
                       IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=installed,
                       HOROVOD_RUN_ARGS="--gloo -H localhost:%d" % (cores + 1))
