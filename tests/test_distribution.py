@@ -435,7 +435,9 @@ def test_the_script_runs_mirrored_as_one_process_without_horovodrun(tmp_path):
   assert result.stdout.splitlines() == [
       "Launching 1 process driving 2 cards (mirrored): python3 -m "
       "bert_pretrain.run_pretraining --preset=multi_card --distribution=mirrored "
-      "--cpu_devices=2 --input_files_dir=/data/train"]
+      "--cpu_devices=2 --input_files_dir=/data/train",
+      "DRY_RUN=1: the flags and run_pretraining --check_only on this host pass; nothing was "
+      "started"]
   bad = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")],
                        cwd=str(tmp_path / "run"), stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, universal_newlines=True,

@@ -948,12 +948,12 @@ def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
                        DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="8",
                        HOROVOD_RUN_ARGS="--gloo --hostfile hosts --network-interface eth0")
   assert result.returncode == 0, result.stderr
-  lines = result.stdout.splitlines()
-  assert len(lines) == 1
-  assert lines[0] == (
+  assert result.stdout.splitlines() == [
       "Launching 16 ranks on 2 hosts (8 per host): horovodrun -np 16 -H host1:8,host2:8 --gloo "
       "--network-interface eth0 python3 -m bert_pretrain.run_pretraining --preset=multi_card "
-      "--input_files_dir=/data/train --output_dir=/ckpt\\ dir")
+      "--input_files_dir=/data/train --output_dir=/ckpt\\ dir",
+      "DRY_RUN=1: the flags check out (each host checks its files as the job starts); nothing "
+      "was started"]
   assert sorted(os.listdir(str(tmp_path))) == ["hosts"]
 
 
@@ -964,6 +964,9 @@ def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting
   good = _run_script(tmp_path, *flags, DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="2")
   assert good.returncode == 0, good.stderr
   assert good.stdout.startswith("Launching 2 ranks on 1 host") and not out.exists()
+  assert good.stdout.splitlines()[-1] == (
+      "DRY_RUN=1: the flags and run_pretraining --check_only on this host pass; nothing was "
+      "started")
   for wrong, message in (
       ("--input_files_dir=%s" % (tmp_path / "nope"), "--input_files_dir=%s does not exist"
        % (tmp_path / "nope")),

@@ -42,8 +42,9 @@ def script_args(tmp_path, script, *flags_given, **env):
   assert result.returncode == 0, result.stderr
   if script == "run_1card_FPS.sh":
     return result.stdout.splitlines()
-  line, = result.stdout.splitlines()
+  line, checked = result.stdout.splitlines()
   assert " python3 -m bert_pretrain.run_pretraining " in line, line
+  assert checked.startswith("DRY_RUN=1: the flags "), checked
   return line.split(" python3 -m bert_pretrain.run_pretraining ", 1)[1].split(" ")
 
 
@@ -317,7 +318,9 @@ def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path)
                             cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             universal_newlines=True, env=dict(env, PATH=path), timeout=60)
     assert result.returncode == 0, result.stderr
-    lines[host] = result.stdout.strip()
+    lines[host], checked = result.stdout.splitlines()
+    assert checked == ("DRY_RUN=1: the flags and run_pretraining --check_only on this host "
+                       "pass; nothing was started")
   command = ("python3 -m bert_pretrain.run_pretraining --preset=multi_card "
              "--distribution=mirrored --cpu_devices=2 " + " ".join(DATA))
   assert lines["gpu"] == ("Launching 1 process driving 2 cards (mirrored): env "

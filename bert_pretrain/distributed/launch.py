@@ -747,10 +747,10 @@ def check_training_flags(words):
 def check_inputs_here(words):
   """Runs a rank's own checks of its settings, files and --output_dir (run_pretraining
   --check_only) once in this process's environment with the command's `env NAME=VALUE`
-  words, when the command's processes all run on this host. Returns its exit status (0
+  words, when the command's processes all run on this host. Returns its exit status (None
   when there is nothing to check here)."""
   if "bert_pretrain.run_pretraining" not in words:
-    return 0
+    return None
   start = words.index("bert_pretrain.run_pretraining")
   env, hosts, after = dict(os.environ), [], None
   for word in words[:start]:
@@ -762,7 +762,7 @@ def check_inputs_here(words):
       continue
     after = word
   if any(host not in ("localhost", "127.0.0.1", socket.gethostname()) for host in hosts):
-    return 0
+    return None
   # The ranks' own interpreter (python3 -m ...); its errors are one line on stderr.
   python = (words[start - 2:start] if start >= 2 and words[start - 1] == "-m" else
             [sys.executable, "-m"])
@@ -849,8 +849,13 @@ def run(words, dry_run=False):
     return 2
   if dry_run or "horovodrun" in words:  # a single process checks its own inputs
     status = check_inputs_here(words)
-    if dry_run or status:
+    if status:
       return status
+    if dry_run:
+      print("DRY_RUN=1: %s; nothing was started" % (
+          "the flags check out (each host checks its files as the job starts)"
+          if status is None else "the flags and run_pretraining --check_only on this host pass"))
+      return 0
   os.environ[LAUNCH_ID_VARIABLE] = "%s-%d" % (time.strftime("%Y%m%d-%H%M%S"), os.getpid())
   env, program = {}, list(words)
   while program and program[0] == "env":
