@@ -345,10 +345,10 @@ def log_masked_lm_baseline(pretrained_dir, eval_files_dir, vocab_file, log):
   if int(float(results.get("eval_samples", sequences))) != sequences:
     other = " (the run evaluated %s of the %d sequences)" % (results["eval_samples"],
                                                             sequences)
+  accuracy, step = float(results["masked_lm_accuracy"]), results.get("global_step", "?")
   log("demo: masked-LM accuracy on held-out documents: %.4f after %s updates; %s%s"
-      % (float(results["masked_lm_accuracy"]), results.get("global_step", "?"), baseline,
-         other))
-  return float(results["masked_lm_accuracy"]), share, results.get("global_step", "?")
+      % (accuracy, step, baseline, other))
+  return accuracy, share, step
 
 
 def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,

@@ -254,9 +254,8 @@ def check_this_host(per_host, cards, cores, hidden=False, visible=None):
   if not cards.count and per_host > cores:
     raise LaunchError("%d CPU ranks asked for (%s) on a host of %d cores where neither "
                       "nvidia-smi nor ixsmi lists a GPU: each would get less than a core; "
-                      "%sexport IX_NUM_CUDA_VISIBLE_DEVICES=%d or "
-                      "fewer, or name the host to oversubscribe anyway: "
-                      "HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\""
+                      "%sexport IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host "
+                      "to oversubscribe anyway: HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\""
                       % (per_host, asked, cores,
                          "unset CUDA_VISIBLE_DEVICES and " if visible else "", cores, per_host))
 
