@@ -406,10 +406,38 @@ def signal_when(process, ready, signum, log, timeout=120):
       assert process.poll() is None and time.time() < deadline, log.read_text()
       time.sleep(0.05)
     process.send_signal(signum)
-    return process.wait(timeout=timeout)
+    try:
+      return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      raise AssertionError("still running %d s after signal %d: %s\n%s" % (
+          timeout, signum, stuck_process_state(process.pid), log.read_text()[-4000:]))
   finally:
     if process.poll() is None:
       process.kill()
+
+
+def stuck_process_state(pid):
+  """What a process that did not end is doing: its /proc state and signal masks (a
+  signal blocked or ignored, inherited from this worker, never arrives), its kernel wait
+  and its children's; a Python process armed with stacks.STACK_SIGNAL writes its stacks
+  to its log first."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.distributed import stacks  # pylint: disable=g-import-not-at-top
+  if stacks._catches_stack_signal(pid):  # pylint: disable=protected-access
+    os.kill(pid, stacks.STACK_SIGNAL)
+    time.sleep(2)
+  lines = []
+  try:
+    for process in [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True):
+      with open("/proc/%d/status" % process.pid) as f:
+        status = [" ".join(line.split()) for line in f if line.split(":")[0] in (
+            "State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")]
+      with open("/proc/%d/wchan" % process.pid) as f:
+        lines.append("pid %d %s: %s, waits in %s" % (process.pid, process.name(),
+                                                    " ".join(status), f.read()))
+  except (OSError, psutil.Error) as e:
+    lines.append(str(e))
+  return "; ".join(lines)
 
 
 def passing_ranks_path(tmp_path, path=None, print_args=False):

@@ -22,6 +22,7 @@ import pytest
 from bench import card
 from bench import google_peer
 from bert_pretrain.distributed import device
+from bert_pretrain.distributed import stacks
 from bert_pretrain.model import kernels as fused_kernels
 from conftest import gone
 from conftest import signal_when
@@ -334,14 +335,16 @@ def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp
         [sys.executable, "-m", "bench.benchmark", "--configs=tiny", "--seq_lengths=128",
          "--precisions=fp32", "--skip_peer", "--skip_large", "--rounds=1", "--windows=100",
          "--out_dir=%s" % out_dir], stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
-  workers = []
+  workers, armed = [], []
 
   def measuring():
     workers[:] = psutil.Process(process.pid).children()
+    armed[:] = [stacks._catches_stack_signal(process.pid)]  # pylint: disable=protected-access
     return bool(workers)
 
   try:
     assert signal_when(process, measuring, signum, log) == status
+    assert armed == [True]  # kill -USR2 would have shown its stacks
     output = log.read_text()
     assert "Traceback" not in output, output
     assert output.splitlines()[-1] == ("benchmark: %s; the rows it had not finished are not "
