@@ -337,8 +337,14 @@ def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp
          "--out_dir=%s" % out_dir], stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
   workers, armed = [], []
 
-  def measuring():
-    workers[:] = psutil.Process(process.pid).children()
+  def measuring():  # the worker, not the uname or lscpu that importing TensorFlow runs
+    workers[:] = []
+    for child in psutil.Process(process.pid).children():
+      try:
+        if any(arg.startswith("--worker=") for arg in child.cmdline()):
+          workers.append(child)
+      except psutil.Error:  # it has just ended
+        pass
     armed[:] = [stacks._catches_stack_signal(process.pid)]  # pylint: disable=protected-access
     return bool(workers)
 
