@@ -882,9 +882,9 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   monkeypatch.setattr(loop, "finish", finish)
   inputs = types.SimpleNamespace(init_checkpoint=None, resume_checkpoint=None)
   assert loop.run(cfg, inputs, None, None, stop=types.SimpleNamespace(arm=lambda: None)) == 0
-  # 8 sentences in well under the evaluation's 0.5 s: counted with it, 16 sentences/s at
-  # most (twice that leaves room for a loaded machine's pauses).
-  assert measured["window"] > 2 * 8 / 0.5 and measured["with_overhead"] > 2 * 8 / 0.5, measured
+  # 8 sentences: counted with the evaluation's 0.5 s, 16 sentences/s at most; without it,
+  # more whenever this process was not held up for the evaluation's length (a loaded machine).
+  assert measured["window"] > 8 / 0.5 and measured["with_overhead"] > 8 / 0.5, measured
 
 
 def test_a_rank_whose_peers_ended_before_the_last_barrier_of_a_stop_says_so_and_goes_on(
