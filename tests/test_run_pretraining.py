@@ -846,7 +846,11 @@ def test_a_run_of_skipped_updates_is_traced_once_not_each():
 def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   """The throughput's clock starts as the job is set up; the evaluation before the first
   update is paused out of it (the first window, the average with overhead) as those
-  between updates are. The run goes through loop.run on a stand-in job."""
+  between updates are. The run goes through loop.run on a stand-in job, the meter on a
+  clock of the test's: a 0.5 s evaluation, then an update of 8 sentences in 0.1 s."""
+  clock = [1000.0]
+  monkeypatch.setattr(meters, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
   class StandInJob(object):
     step, evaluator, sess, finished = 0, "an evaluator", "a session", None
     meter = meters.Throughput(8, warmup_steps=0)
@@ -859,12 +863,12 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
 
       @staticmethod
       def evaluate(unused_sess, unused_step):
-        start = time.time()
-        time.sleep(0.5)
-        return {"masked_lm_accuracy": 0.3, "eval_time_s": time.time() - start}
+        clock[0] += 0.5
+        return {"masked_lm_accuracy": 0.3, "eval_time_s": 0.5}
 
   def train(unused_cfg, job, unused_stop, results):
-    job.meter.update(0.001)
+    clock[0] += 0.1
+    job.meter.update(0.1)
     measured["window"] = job.meter.window_fps()
     return 1, True, 0, results
 
@@ -882,9 +886,8 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   monkeypatch.setattr(loop, "finish", finish)
   inputs = types.SimpleNamespace(init_checkpoint=None, resume_checkpoint=None)
   assert loop.run(cfg, inputs, None, None, stop=types.SimpleNamespace(arm=lambda: None)) == 0
-  # 8 sentences: counted with the evaluation's 0.5 s, 16 sentences/s at most; without it,
-  # more whenever this process was not held up for the evaluation's length (a loaded machine).
-  assert measured["window"] > 8 / 0.5 and measured["with_overhead"] > 8 / 0.5, measured
+  # 8 sentences in 0.1 s; with the evaluation counted, 8 in 0.6 s.
+  assert measured == {"window": pytest.approx(80.0), "with_overhead": pytest.approx(80.0)}
 
 
 def test_a_rank_whose_peers_ended_before_the_last_barrier_of_a_stop_says_so_and_goes_on(
