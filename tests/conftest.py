@@ -399,7 +399,8 @@ def start_command(module, *flags, stdout, stderr, timeout=300):
 
 def signal_when(process, ready, signum, log, timeout=120):
   """Sends `signum` to `process` (start_command's) once ready() holds, the process still
-  running, and waits for it; returns its exit status. A process left running is killed."""
+  running, and waits for it; returns its exit status. A process left running is killed,
+  the test failing with what it was doing (stuck_process_state)."""
   try:
     deadline = time.time() + timeout
     while not ready():
@@ -410,33 +411,44 @@ def signal_when(process, ready, signum, log, timeout=120):
       return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
       raise AssertionError("still running %d s after signal %d: %s\n%s" % (
-          timeout, signum, stuck_process_state(process.pid), log.read_text()[-4000:]))
+          timeout, signum, stuck_process_state(process), log.read_text()[-4000:])) from None
   finally:
     if process.poll() is None:
       process.kill()
 
 
-def stuck_process_state(pid):
-  """What a process that did not end is doing: its /proc state and signal masks (a
-  signal blocked or ignored, inherited from this worker, never arrives), its kernel wait
-  and its children's; a Python process armed with stacks.STACK_SIGNAL writes its stacks
-  to its log first."""
+def stuck_process_state(process):
+  """What a process (a Popen or ForkedRun) that did not end and its descendants are doing:
+  each one's /proc state and signal masks (a signal blocked or ignored since the test
+  started it never arrives) and kernel wait. Those armed with stacks.STACK_SIGNAL write
+  their Python stacks first: the process to its log, a benchmark's worker to its own."""
   import psutil  # pylint: disable=g-import-not-at-top
   from bert_pretrain.distributed import stacks  # pylint: disable=g-import-not-at-top
-  if stacks._catches_stack_signal(pid):  # pylint: disable=protected-access
-    os.kill(pid, stacks.STACK_SIGNAL)
-    time.sleep(2)
-  lines = []
   try:
-    for process in [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True):
-      with open("/proc/%d/status" % process.pid) as f:
+    tree = [psutil.Process(process.pid)] + psutil.Process(process.pid).children(recursive=True)
+  except psutil.Error as e:
+    return str(e)
+  for member in tree:
+    if stacks._catches_stack_signal(member.pid):  # pylint: disable=protected-access
+      try:
+        if member.pid == process.pid:
+          process.send_signal(stacks.STACK_SIGNAL)  # not once it has ended
+        else:
+          member.send_signal(stacks.STACK_SIGNAL)
+      except (OSError, psutil.Error):
+        pass
+  time.sleep(2)
+  lines = []
+  for member in tree:
+    try:
+      with open("/proc/%d/status" % member.pid) as f:
         status = [" ".join(line.split()) for line in f if line.split(":")[0] in (
             "State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")]
-      with open("/proc/%d/wchan" % process.pid) as f:
-        lines.append("pid %d %s: %s, waits in %s" % (process.pid, process.name(),
+      with open("/proc/%d/wchan" % member.pid) as f:
+        lines.append("pid %d %s: %s, waits in %s" % (member.pid, member.name(),
                                                     " ".join(status), f.read()))
-  except (OSError, psutil.Error) as e:
-    lines.append(str(e))
+    except (OSError, psutil.Error) as e:
+      lines.append("pid %d: %s" % (member.pid, e))
   return "; ".join(lines)
 
 
