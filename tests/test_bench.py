@@ -337,11 +337,15 @@ def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp
          "--out_dir=%s" % out_dir], stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
   workers, armed = [], []
 
-  def measuring():  # the worker, not the uname or lscpu that importing TensorFlow runs
+  def measuring():
+    # The worker (not the uname or lscpu that importing TensorFlow runs) once it has armed
+    # its stacks: well past the fork, where Python drops a KeyboardInterrupt raised in its
+    # at-fork callbacks and the benchmark would measure on.
     workers[:] = []
     for child in psutil.Process(process.pid).children():
       try:
-        if any(arg.startswith("--worker=") for arg in child.cmdline()):
+        if any(arg.startswith("--worker=") for arg in child.cmdline()) and \
+            stacks._catches_stack_signal(child.pid):  # pylint: disable=protected-access
           workers.append(child)
       except psutil.Error:  # it has just ended
         pass
