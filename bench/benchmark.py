@@ -470,18 +470,19 @@ def peer_worker(row):
 # The parent: data, rows, table
 
 def prepare_data(data_dir, seq_lengths):
-  """WordPiece vocab (up to 30522 tokens) and TFRecords of the demo corpus, once."""
-  from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
-  from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
+  """WordPiece vocab (up to 30522 tokens) and TFRecords of the demo corpus, once. What
+  makes them (TensorFlow among it) is imported only then, as _import_tf says why."""
   if not os.path.isdir(data_dir):
     os.makedirs(data_dir)
   vocab_file = os.path.join(data_dir, "vocab.txt")
   if not os.path.exists(vocab_file):
+    from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
     tokenization.build_wordpiece_vocab([CORPUS], VOCAB_SIZE, vocab_file)
   for seq in seq_lengths:
     files = record_files(data_dir, seq)
     if all(os.path.exists(f) for f in files):
       continue
+    from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
     if not os.path.isdir(os.path.dirname(files[0])):
       os.makedirs(os.path.dirname(files[0]))
     log("making TFRecords of seq %d in %s" % (seq, os.path.dirname(files[0])))
@@ -505,17 +506,23 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
   start = time.time()
   with open(log_path, "w") as log_file:
-    try:
-      # A signal to this process while Popen waits for the exec would leave the worker
-      # running (subprocess.run kills only a worker it got back): it ends with this one.
-      process = subprocess.run(command, stdout=subprocess.PIPE, stderr=log_file, env=env,
-                               universal_newlines=True, timeout=FLAGS.row_timeout,
+    # A signal to this process while Popen waits for the exec would leave the worker
+    # running (it kills only a worker it got back): it ends with this one.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, env=env,
+                               universal_newlines=True,
                                preexec_fn=functools.partial(workdir.end_with_parent,
                                                             os.getpid(), signal.SIGKILL))
+    try:
+      stdout = workdir.communicate(process, FLAGS.row_timeout)[0]
     except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()
       return {"error": "timed out after %d s" % FLAGS.row_timeout}
-    log_file.write(process.stdout)
-  for line in reversed(process.stdout.splitlines()):
+    except BaseException:  # Ctrl-C or SIGTERM (errors.Terminated): the worker ends too
+      process.kill()
+      raise
+    log_file.write(stdout)
+  for line in reversed(stdout.splitlines()):
     if line.startswith(RESULT_PREFIX):
       result = json.loads(line[len(RESULT_PREFIX):])
       result["wall_s"] = time.time() - start
@@ -855,7 +862,7 @@ def check_flags(tool):
 def stoppable(tool, body, fix="the rows it had not finished are not in its table; run the "
               "same command again"):
   """body(), with SIGTERM raised as Ctrl-C is: either ends the tool with one line (`fix`
-  after the signal's name) and its exit status (subprocess.run kills the worker it waits
+  after the signal's name) and its exit status (run_worker kills the worker it waits
   on), not a traceback."""
   errors.stop_on_sigterm()
   try:

@@ -66,6 +66,7 @@ from absl import flags
 from bench import card
 from bert_pretrain import errors
 from bert_pretrain.distributed import launch
+from bert_pretrain.wiki import workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -158,7 +159,8 @@ def start_child(command, **kwargs):
 
 
 def wait_child(process):
-  status = process.wait()
+  workdir.communicate(process)  # not process.wait(): workdir.communicate says why
+  status = process.returncode
   _CHILDREN.remove(process)
   return status
 

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -400,6 +401,20 @@ def end_with_parent(parent, signum=signal.SIGTERM):
   if os.getppid() != parent:  # it ended between the fork and prctl
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)  # pylint: disable=protected-access  (blocked, ignored or handled)
+
+
+def communicate(process, timeout=None):
+  """process.communicate() (a subprocess.Popen), waited on a second at a time: Python acts
+  on a signal only as its main thread runs, and one the kernel gave another thread
+  (numpy's, TensorFlow's) ends no wait in C. Raises TimeoutExpired after `timeout` s."""
+  deadline = None if timeout is None else time.time() + timeout
+  while True:
+    left = 1.0 if deadline is None else max(min(1.0, deadline - time.time()), 0.0)
+    try:
+      return process.communicate(timeout=left)
+    except subprocess.TimeoutExpired:
+      if deadline is not None and time.time() >= deadline:
+        raise
 
 
 def arm_stacks():
