@@ -506,8 +506,8 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
   start = time.time()
   with open(log_path, "w") as log_file:
-    # A signal to this process while Popen waits for the exec would leave the worker
-    # running (it kills only a worker it got back): it ends with this one.
+    # A signal to this process while Popen waits for the exec leaves no Popen to kill:
+    # the worker ends with this process.
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, env=env,
                                universal_newlines=True,
                                preexec_fn=functools.partial(workdir.end_with_parent,
