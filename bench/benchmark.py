@@ -470,8 +470,9 @@ def peer_worker(row):
 # The parent: data, rows, table
 
 def prepare_data(data_dir, seq_lengths):
-  """WordPiece vocab (up to 30522 tokens) and TFRecords of the demo corpus, once. What
-  makes them (TensorFlow among it) is imported only then, as _import_tf says why."""
+  """WordPiece vocab (up to 30522 tokens) and TFRecords of the demo corpus, once. Their
+  makers are imported only when one is missing: they import TensorFlow, which this
+  process goes without (_import_tf)."""
   if not os.path.isdir(data_dir):
     os.makedirs(data_dir)
   vocab_file = os.path.join(data_dir, "vocab.txt")
@@ -508,19 +509,18 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   with open(log_path, "w") as log_file:
     # A signal to this process while Popen waits for the exec leaves no Popen to kill:
     # the worker ends with this process.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, env=env,
-                               universal_newlines=True,
-                               preexec_fn=functools.partial(workdir.end_with_parent,
-                                                            os.getpid(), signal.SIGKILL))
-    try:
-      stdout = workdir.communicate(process, FLAGS.row_timeout)[0]
-    except subprocess.TimeoutExpired:
-      process.kill()
-      process.wait()
-      return {"error": "timed out after %d s" % FLAGS.row_timeout}
-    except BaseException:  # Ctrl-C or SIGTERM (errors.Terminated): the worker ends too
-      process.kill()
-      raise
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, env=env,
+                          universal_newlines=True,
+                          preexec_fn=functools.partial(workdir.end_with_parent,
+                                                       os.getpid(), signal.SIGKILL)) as process:
+      try:
+        stdout = workdir.communicate(process, FLAGS.row_timeout)[0]
+      except BaseException as e:  # also Ctrl-C or SIGTERM (errors.Terminated)
+        process.kill()
+        process.wait()
+        if not isinstance(e, subprocess.TimeoutExpired):
+          raise
+        return {"error": "timed out after %d s" % FLAGS.row_timeout}
     log_file.write(stdout)
   for line in reversed(stdout.splitlines()):
     if line.startswith(RESULT_PREFIX):

@@ -338,9 +338,9 @@ def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp
   workers, armed = [], []
 
   def measuring():
-    # The worker (not the uname or lscpu that importing TensorFlow runs) once it has armed
-    # its stacks: well past the fork, where Python drops a KeyboardInterrupt raised in its
-    # at-fork callbacks and the benchmark would measure on.
+    # The worker once it has armed its stacks: well past the fork, where Python drops a
+    # KeyboardInterrupt raised in its at-fork callbacks and the benchmark would measure
+    # on. Its arguments first: before the exec a child has the benchmark's, and its handler.
     workers[:] = []
     for child in psutil.Process(process.pid).children():
       try:

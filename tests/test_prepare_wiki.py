@@ -849,8 +849,9 @@ def test_a_signal_another_thread_took_ends_a_wait_on_a_child_before_the_child_en
 def test_a_wait_on_a_child_past_its_timeout_raises_as_communicate_does():
   child = subprocess.Popen(["sleep", "60"])
   try:
-    with pytest.raises(subprocess.TimeoutExpired):
+    with pytest.raises(subprocess.TimeoutExpired) as raised:
       workdir.communicate(child, timeout=1.5)
+    assert raised.value.timeout == 1.5
   finally:
     child.kill()
     child.wait()

@@ -407,14 +407,14 @@ def communicate(process, timeout=None):
   """process.communicate() (a subprocess.Popen), waited on a second at a time: Python acts
   on a signal only as its main thread runs, and one the kernel gave another thread
   (numpy's, TensorFlow's) ends no wait in C. Raises TimeoutExpired after `timeout` s."""
-  deadline = None if timeout is None else time.time() + timeout
+  deadline = None if timeout is None else time.monotonic() + timeout
   while True:
-    left = 1.0 if deadline is None else max(min(1.0, deadline - time.time()), 0.0)
+    left = 1.0 if deadline is None else max(min(1.0, deadline - time.monotonic()), 0.0)
     try:
       return process.communicate(timeout=left)
-    except subprocess.TimeoutExpired:
-      if deadline is not None and time.time() >= deadline:
-        raise
+    except subprocess.TimeoutExpired as e:
+      if deadline is not None and time.monotonic() >= deadline:
+        raise subprocess.TimeoutExpired(process.args, timeout, e.output, e.stderr) from None
 
 
 def arm_stacks():
