@@ -107,7 +107,7 @@ FINETUNE_FLAGS = {
     "max_seq_length": 64,
     "train_batch_size": 32,
     "eval_batch_size": 64,
-    "learning_rate": 2e-4,  # 1e-4 left about 1 pretraining seed in 6 near chance
+    "learning_rate": 2e-4,  # why not 1e-4: docs/performance.md, The demo
     "num_train_epochs": config.default(config.Demo, "demo_finetune_epochs"),
     "display_loss_steps": 25,
     "seed": 12345,
