@@ -7,10 +7,12 @@ be, a full disk) instead of a traceback. No TensorFlow import here: the pipeline
 process runs without it.
 """
 
+import contextlib
 import errno
 import os
 import signal
 import sys
+import threading
 
 # What to do about an OS error, by errno.
 _FIXES = {
@@ -180,3 +182,43 @@ def stop_on_sigterm():
     raise Terminated()
 
   signal.signal(signal.SIGTERM, handler)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def stops_held():
+  """Holds Ctrl-C and SIGTERM while the block runs (a fork), then acts on one that came.
+
+  Python drops an exception raised in an at-fork callback, such as logging's, which runs
+  in every os.fork (multiprocessing's too) and every Popen with a preexec_fn: a stop whose
+  handler ran there would be lost. Blocked in this thread, a stop waits; one the kernel
+  gives another thread is recorded instead. A child forked in the block starts with the
+  stops blocked and recorded: a Popen's preexec_fn calls stops_to_default().
+  """
+  mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+  came = []
+  handlers = {}
+  if threading.current_thread() is threading.main_thread():
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    handlers = {signum: handler for signum, handler in handlers.items() if callable(handler)}
+  for signum in handlers:
+    signal.signal(signum, lambda signum, frame: came.append((signum, frame)))
+  try:
+    yield
+  finally:
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for signum, frame in came[:1]:
+      handlers[signum](signum, frame)
+
+
+def stops_to_default():
+  """In a child forked in stops_held() (a Popen's preexec_fn): Ctrl-C and SIGTERM end it
+  as by default until its exec (one ignored stays ignored), and are no longer held."""
+  for signum in STOP_SIGNALS:
+    if callable(signal.getsignal(signum)):
+      signal.signal(signum, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -814,49 +814,6 @@ def test_a_worker_that_dies_ends_run_tasks_with_the_worker_line(context):
   assert sorted(results) == [0, 1, 4, 16]
 
 
-# The kernel gives a process's signal to any of its threads not blocking it, and Python
-# acts on it only as the main thread runs: here the main thread blocks SIGINT, so that a
-# thread of the script's own takes it, as one of numpy's or TensorFlow's can.
-INTERRUPTED_WAIT = """
-import os, signal, subprocess, threading, time
-from bert_pretrain.wiki import workdir
-waiting = threading.Event()
-def interrupt():
-  waiting.wait()
-  time.sleep(0.5)
-  os.kill(os.getpid(), signal.SIGINT)
-threading.Thread(target=interrupt, daemon=True).start()
-signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
-child = subprocess.Popen(["sleep", "60"], stdout=subprocess.PIPE)
-start = time.time()
-try:
-  waiting.set()
-  workdir.communicate(child)
-except KeyboardInterrupt:
-  child.kill()
-  print("interrupted after %d s" % (time.time() - start))
-"""
-
-
-def test_a_signal_another_thread_took_ends_a_wait_on_a_child_before_the_child_ends():
-  result = subprocess.run([sys.executable, "-c", INTERRUPTED_WAIT], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
-  seconds = re.fullmatch(r"interrupted after (\d+) s\n", result.stdout)
-  assert seconds and int(seconds.group(1)) < 30, result.stdout  # not after the child's 60 s
-
-
-def test_a_wait_on_a_child_past_its_timeout_raises_as_communicate_does():
-  child = subprocess.Popen(["sleep", "60"])
-  try:
-    with pytest.raises(subprocess.TimeoutExpired) as raised:
-      workdir.communicate(child, timeout=1.5)
-    assert raised.value.timeout == 1.5
-  finally:
-    child.kill()
-    child.wait()
-
-
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_workers_start_with_the_stop_signals_held_and_run_without(context, monkeypatch):
   """A SIGTERM or Ctrl-C that arrives while the pool starts a worker waits until the

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+from bert_pretrain import errors
 from bert_pretrain.distributed import stacks
 
 # Bumped when a step's output for the same input changes, so old folders are refused.
@@ -326,9 +327,6 @@ class WorkerDied(PrepareError):
         "if memory ran out")
 
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
 class WorkerPool(object):
   """`processes` worker processes, as a context manager: submit(function, *args) gives
   a concurrent.futures future. Tasks and results should be small (paths, counts).
@@ -360,11 +358,8 @@ class WorkerPool(object):
     # The executor starts its workers here. A stop signal raised halfway through a start
     # would leave a spawned worker outside the pool, reading a pipe its parent never
     # finished (its EOFError after the tool's last line): the signal waits until after.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
+    with errors.stops_held():
       return self._executor.submit(function, *args)
-    finally:
-      signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
   def __enter__(self):
     return self
@@ -386,7 +381,7 @@ def _start_worker(parent):
   which ends the workers; end with the run's process."""
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # held while it started
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, errors.STOP_SIGNALS)  # held while it started
   end_with_parent(parent, signal.SIGKILL)
   arm_stacks()  # a spawned worker has not the parent's
 
@@ -415,6 +410,25 @@ def communicate(process, timeout=None):
     except subprocess.TimeoutExpired as e:
       if deadline is not None and time.monotonic() >= deadline:
         raise subprocess.TimeoutExpired(process.args, timeout, e.output, e.stderr) from None
+
+
+def run(command, timeout=None, **kwargs):
+  """subprocess.run(command, timeout=timeout, **kwargs) for a tool's main thread: a Ctrl-C
+  or SIGTERM that comes as the child is forked is not lost (errors.stops_held; pass
+  preexec_fn=errors.stops_to_default or one that calls it), nor one another thread takes
+  (communicate). On any exception the child is killed and reaped."""
+  process = None
+  try:
+    with errors.stops_held():
+      process = subprocess.Popen(command, **kwargs)
+    stdout, stderr = communicate(process, timeout)
+  except BaseException:
+    if process is not None:
+      process.kill()
+      with process:  # closes its pipes and reaps it
+        pass
+    raise
+  return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def arm_stacks():
