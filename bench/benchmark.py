@@ -507,29 +507,27 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
   start = time.time()
   with open(log_path, "w") as log_file:
-    # A signal to this process while Popen waits for the exec leaves no Popen to kill:
-    # the worker ends with this process.
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, env=env,
-                          universal_newlines=True,
-                          preexec_fn=functools.partial(workdir.end_with_parent,
-                                                       os.getpid(), signal.SIGKILL)) as process:
-      try:
-        stdout = workdir.communicate(process, FLAGS.row_timeout)[0]
-      except BaseException as e:  # also Ctrl-C or SIGTERM (errors.Terminated)
-        process.kill()
-        process.wait()
-        if not isinstance(e, subprocess.TimeoutExpired):
-          raise
-        return {"error": "timed out after %d s" % FLAGS.row_timeout}
-    log_file.write(stdout)
-  for line in reversed(stdout.splitlines()):
+    try:
+      finished = workdir.run(command, FLAGS.row_timeout, stdout=subprocess.PIPE,
+                             stderr=log_file, env=env, universal_newlines=True,
+                             preexec_fn=functools.partial(_start_worker, os.getpid()))
+    except subprocess.TimeoutExpired:
+      return {"error": "timed out after %d s" % FLAGS.row_timeout}
+    log_file.write(finished.stdout)
+  for line in reversed(finished.stdout.splitlines()):
     if line.startswith(RESULT_PREFIX):
       result = json.loads(line[len(RESULT_PREFIX):])
       result["wall_s"] = time.time() - start
       return result
-  reason = "killed (out of memory?)" if process.returncode in (-9, 137) else \
-      "exit status %d" % process.returncode
+  reason = "killed (out of memory?)" if finished.returncode in (-9, 137) else \
+      "exit status %d" % finished.returncode
   return {"error": "%s, see %s" % (reason, log_path)}
+
+
+def _start_worker(parent):
+  """A worker's preexec_fn: it ends with this process, even one killed."""
+  errors.stops_to_default()
+  workdir.end_with_parent(parent, signal.SIGKILL)
 
 
 def base_row(config, seq, precision):

@@ -338,9 +338,9 @@ def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp
   workers, armed = [], []
 
   def measuring():
-    # The worker once it has armed its stacks: well past the fork, where Python drops a
-    # KeyboardInterrupt raised in its at-fork callbacks and the benchmark would measure
-    # on. Its arguments first: before the exec a child has the benchmark's, and its handler.
+    # The worker once it has armed its stacks, measuring (a stop in the fork itself is the
+    # next test's). Its arguments first: before the exec a child has the benchmark's, and
+    # its handler.
     workers[:] = []
     for child in psutil.Process(process.pid).children():
       try:
@@ -365,6 +365,45 @@ def test_a_signal_ends_the_benchmark_and_its_worker_with_one_line(bench_out, tmp
     for worker in workers:
       if worker.is_running():
         worker.kill()
+
+
+# The benchmark, its stop sent from the first at-fork callback of its process (its first
+# worker's fork), where Python would drop the exception the stop's handler raises.
+STOP_IN_FORK = """
+import os, runpy, signal, sys, time, traceback
+stop = int(sys.argv[1])
+landed = []
+def land():
+  if not landed:
+    landed.append(1)
+    print("stop sent in a fork under " + " ".join(f.name for f in traceback.extract_stack()),
+          flush=True)
+    os.kill(os.getpid(), stop)
+    time.sleep(0.5)
+os.register_at_fork(after_in_parent=land)
+sys.argv[1:2] = []
+runpy.run_module("bench.benchmark", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("signum,status,said", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                (signal.SIGINT, 130, "interrupted")])
+def test_a_stop_that_comes_as_the_benchmark_forks_a_worker_ends_it_with_one_line(
+    bench_out, tmp_path, signum, status, said):
+  os.symlink(os.path.join(bench_out, "data"), str(tmp_path / "data"))
+  result = subprocess.run(
+      [sys.executable, "-c", STOP_IN_FORK, str(int(signum)), "--configs=tiny",
+       "--seq_lengths=128", "--precisions=fp32", "--skip_peer", "--skip_google",
+       "--skip_large", "--rounds=1", "--windows=1", "--out_dir=" + str(tmp_path)],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, cwd=ROOT,
+      timeout=600)
+  assert re.search(r"^stop sent in a fork under .* run_worker ", result.stdout, re.M), \
+      result.stdout
+  assert "Exception ignored" not in result.stdout, result.stdout
+  assert result.returncode == status, result.stdout[-3000:]
+  assert result.stdout.splitlines()[-1] == (
+      "benchmark: %s; the rows it had not finished are not in its table; run the same "
+      "command again" % said)
 
 
 def test_a_run_whose_measurements_failed_writes_its_table_and_exits_1(bench_out, tmp_path):
