@@ -142,19 +142,11 @@ _FOLDERS = []
 STOP_SECONDS = 30
 
 
-_STOPS = {signal.SIGINT, signal.SIGTERM}
-
-
 def start_child(command, **kwargs):
   """subprocess.Popen, the child recorded before a Ctrl-C or SIGTERM can end this
   process (end_children ends it then); the child itself takes them at once."""
-  signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
-  try:
-    _CHILDREN.append(subprocess.Popen(
-        command, preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS),
-        **kwargs))
-  finally:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+  with errors.stops_held():
+    _CHILDREN.append(subprocess.Popen(command, preexec_fn=errors.stops_to_default, **kwargs))
   return _CHILDREN[-1]
 
 

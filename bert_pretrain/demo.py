@@ -38,7 +38,6 @@ import os
 import random
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -426,9 +425,9 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
     log("demo: fine-tuning from %s: %s" % (init or "random weights", " ".join(
         ["python3"] + [shlex.quote(word) for word in command[1:]])))
     earlier = os.path.isdir(output_dir)
-    finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True,
-                              preexec_fn=functools.partial(_end_with_parent, os.getpid()))
+    finished = workdir.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True,
+                           preexec_fn=functools.partial(_end_with_parent, os.getpid()))
     for line in finished.stdout.splitlines():
       if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
         log("  " + line.strip())
@@ -472,9 +471,9 @@ def near_chance_line(finetuned, majority, masked_lm):
 def _end_with_parent(parent):
   """In a fine-tuning child: SIGTERM when the demo's process (pid `parent`) ends
   (Linux's PR_SET_PDEATHSIG), so a demo stopped by a signal leaves no trainer running."""
-  # The fork keeps the demo's Python handler (run_pretraining's acts from a thread the
-  # child has not); until exec this child must die of SIGTERM.
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  # The fork keeps the demo's Python handlers (run_pretraining's acts from a thread the
+  # child has not); until exec this child must die of a stop.
+  errors.stops_to_default()
   workdir.end_with_parent(parent)
 
 
