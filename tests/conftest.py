@@ -428,16 +428,18 @@ def stuck_process_state(process):
     tree = [psutil.Process(process.pid)] + psutil.Process(process.pid).children(recursive=True)
   except psutil.Error as e:
     return str(e)
-  for member in tree:
-    if stacks._catches_stack_signal(member.pid):  # pylint: disable=protected-access
-      try:
-        if member.pid == process.pid:
-          process.send_signal(stacks.STACK_SIGNAL)  # not once it has ended
-        else:
-          member.send_signal(stacks.STACK_SIGNAL)
-      except (OSError, psutil.Error):
-        pass
-  time.sleep(2)
+  armed = [member for member in tree
+           if stacks._catches_stack_signal(member.pid)]  # pylint: disable=protected-access
+  for member in armed:
+    try:
+      if member.pid == process.pid:
+        process.send_signal(stacks.STACK_SIGNAL)  # not once it has ended
+      else:
+        member.send_signal(stacks.STACK_SIGNAL)
+    except (OSError, psutil.Error):
+      pass
+  if armed:
+    time.sleep(2)  # for their stacks to be written
   lines = []
   for member in tree:
     try:
