@@ -510,7 +510,8 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
     try:
       finished = workdir.run(command, FLAGS.row_timeout, stdout=subprocess.PIPE,
                              stderr=log_file, env=env, universal_newlines=True,
-                             preexec_fn=functools.partial(_start_worker, os.getpid()))
+                             preexec_fn=functools.partial(workdir.end_with_parent,
+                                                          os.getpid(), signal.SIGKILL))
     except subprocess.TimeoutExpired:
       return {"error": "timed out after %d s" % FLAGS.row_timeout}
     log_file.write(finished.stdout)
@@ -522,12 +523,6 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   reason = "killed (out of memory?)" if finished.returncode in (-9, 137) else \
       "exit status %d" % finished.returncode
   return {"error": "%s, see %s" % (reason, log_path)}
-
-
-def _start_worker(parent):
-  """A worker's preexec_fn: it ends with this process, even one killed."""
-  errors.stops_to_default()
-  workdir.end_with_parent(parent, signal.SIGKILL)
 
 
 def base_row(config, seq, precision):

@@ -425,9 +425,10 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
     log("demo: fine-tuning from %s: %s" % (init or "random weights", " ".join(
         ["python3"] + [shlex.quote(word) for word in command[1:]])))
     earlier = os.path.isdir(output_dir)
+    # The trainer ends with the demo's process (a demo stopped by a signal leaves none).
     finished = workdir.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            universal_newlines=True,
-                           preexec_fn=functools.partial(_end_with_parent, os.getpid()))
+                           preexec_fn=functools.partial(workdir.end_with_parent, os.getpid()))
     for line in finished.stdout.splitlines():
       if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
         log("  " + line.strip())
@@ -466,15 +467,6 @@ def near_chance_line(finetuned, majority, masked_lm):
   return ("demo: this time the fine-tune from the pretrained checkpoint stayed near chance, "
           "as it does for some seeds of this small model (docs/running.md, The demo); the "
           "masked-LM accuracy above is the pretraining's result; a new demo draws another seed")
-
-
-def _end_with_parent(parent):
-  """In a fine-tuning child: SIGTERM when the demo's process (pid `parent`) ends
-  (Linux's PR_SET_PDEATHSIG), so a demo stopped by a signal leaves no trainer running."""
-  # The fork keeps the demo's Python handlers (run_pretraining's acts from a thread the
-  # child has not); until exec this child must die of a stop.
-  errors.stops_to_default()
-  workdir.end_with_parent(parent)
 
 
 def set_up_run(flag_values, log=say):

@@ -189,7 +189,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @contextlib.contextmanager
 def stops_held():
-  """Holds Ctrl-C and SIGTERM while the block runs (a fork), then acts on one that came.
+  """Holds Ctrl-C and SIGTERM while the block runs (a fork), then acts on the first that
+  came (the tool is stopping; a second would cut its cleanup short).
 
   Python drops an exception raised in an at-fork callback, such as logging's, which runs
   in every os.fork (multiprocessing's too) and every Popen with a preexec_fn: a stop whose
@@ -197,20 +198,31 @@ def stops_held():
   gives another thread is recorded instead. A child forked in the block starts with the
   stops blocked and recorded: a Popen's preexec_fn calls stops_to_default().
   """
-  mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-  came = []
-  handlers = {}
-  if threading.current_thread() is threading.main_thread():
-    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    handlers = {signum: handler for signum, handler in handlers.items() if callable(handler)}
-  for signum in handlers:
-    signal.signal(signum, lambda signum, frame: came.append((signum, frame)))
+  came, handlers, released, mask = [], {}, [], None
+
+  def hold(signum, frame):
+    if released:  # left in place by a stop that came as the handlers were put back
+      handlers[signum](signum, frame)
+    else:
+      came.append((signum, frame))
+
+  # Handlers swapped before the mask, and the mask restored before them, so that a stop
+  # at any point between is recorded or acted on, never left blocked.
   try:
+    if threading.current_thread() is threading.main_thread():
+      for signum in STOP_SIGNALS:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+          handlers[signum] = handler
+          signal.signal(signum, hold)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     yield
   finally:
+    if mask is not None:
+      signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    released.append(True)
     for signum, handler in handlers.items():
       signal.signal(signum, handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for signum, frame in came[:1]:
       handlers[signum](signum, frame)
 

@@ -3,11 +3,9 @@ most-frequent-token baseline of the masked-LM accuracy, and the lines it prints 
 real (short) pretraining run of the demo."""
 
 import collections
-import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -278,23 +276,3 @@ def test_fine_tuning_from_a_folder_that_is_not_a_pretraining_run_is_an_error_wri
     assert result.returncode == 2, result.stdout[-3000:]
     assert result.stderr == "demo: error: --finetune_from=%s %s%s\n" % (folder, problem, fix)
     assert _listing(folder) == before
-
-
-def test_a_fine_tuning_child_whose_demo_ended_before_it_asked_for_the_signal_ends_itself():
-  # The child asks Linux for SIGTERM when its parent ends; a parent gone before that
-  # request (another pid than the one given) would leave the trainer running.
-  child = [sys.executable, "-c", "print('trained')"]
-  ours = subprocess.run(child, stdout=subprocess.PIPE, universal_newlines=True,
-                        preexec_fn=functools.partial(demo._end_with_parent, os.getpid()))
-  assert (ours.returncode, ours.stdout) == (0, "trained\n")
-  # Also when the demo's process has a SIGTERM handler (run_pretraining's, which the
-  # fork keeps).
-  for handler in (signal.SIG_DFL, lambda *_: None):
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-      orphan = subprocess.run(child, stdout=subprocess.PIPE, universal_newlines=True,
-                              preexec_fn=functools.partial(demo._end_with_parent,
-                                                           os.getpid() + 1))
-    finally:
-      signal.signal(signal.SIGTERM, previous)
-    assert (orphan.returncode, orphan.stdout) == (-signal.SIGTERM, "")

@@ -14,6 +14,7 @@ import ctypes
 import errno
 import faulthandler
 import fcntl
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -352,7 +353,11 @@ class WorkerPool(object):
     if context == "fork":
       # The first task forks every worker: now, before this process starts any thread
       # whose locks a fork would copy held.
-      self.submit(int).result()
+      try:
+        self.submit(int).result()
+      except BaseException:  # a stop: no block ends the workers yet
+        self.__exit__(*sys.exc_info())
+        raise
 
   def submit(self, function, *args):
     # The executor starts its workers here. A stop signal raised halfway through a start
@@ -412,15 +417,17 @@ def communicate(process, timeout=None):
         raise subprocess.TimeoutExpired(process.args, timeout, e.output, e.stderr) from None
 
 
-def run(command, timeout=None, **kwargs):
-  """subprocess.run(command, timeout=timeout, **kwargs) for a tool's main thread: a Ctrl-C
-  or SIGTERM that comes as the child is forked is not lost (errors.stops_held; pass
-  preexec_fn=errors.stops_to_default or one that calls it), nor one another thread takes
-  (communicate). On any exception the child is killed and reaped."""
+def run(command, timeout=None, preexec_fn=None, **kwargs):
+  """Runs command to its end as subprocess.run does (kwargs are Popen's: stdout=PIPE
+  captures) from a tool's main thread: a Ctrl-C or SIGTERM that comes as the child is
+  forked is not lost (errors.stops_held), nor one another thread takes (communicate). The
+  child takes them as by default, then runs preexec_fn. On any exception (a stop, the
+  timeout) the child is killed and reaped."""
   process = None
   try:
     with errors.stops_held():
-      process = subprocess.Popen(command, **kwargs)
+      process = subprocess.Popen(command, preexec_fn=functools.partial(
+          _start_held_child, preexec_fn), **kwargs)
     stdout, stderr = communicate(process, timeout)
   except BaseException:
     if process is not None:
@@ -429,6 +436,12 @@ def run(command, timeout=None, **kwargs):
         pass
     raise
   return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _start_held_child(preexec_fn):
+  errors.stops_to_default()
+  if preexec_fn is not None:
+    preexec_fn()
 
 
 def arm_stacks():
