@@ -198,16 +198,20 @@ def stops_held():
   gives another thread is recorded instead. A child forked in the block starts with the
   stops blocked and recorded: a Popen's preexec_fn calls stops_to_default().
   """
-  came, handlers, released, mask = [], {}, [], None
+  came, handlers, released = [], {}, []
 
   def hold(signum, frame):
-    if released:  # left in place by a stop that came as the handlers were put back
-      handlers[signum](signum, frame)
-    else:
+    if not released:
       came.append((signum, frame))
+      return
+    if signal.getsignal(signum) is hold:  # left by a stop that came as they were put back
+      signal.signal(signum, handlers[signum])
+    handlers[signum](signum, frame)
 
   # Handlers swapped before the mask, and the mask restored before them, so that a stop
-  # at any point between is recorded or acted on, never left blocked.
+  # at any point between is recorded or acted on, never left blocked. Another handler
+  # (any signal's) may raise as the mask changes: the rest is done all the same.
+  mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
   try:
     if threading.current_thread() is threading.main_thread():
       for signum in STOP_SIGNALS:
@@ -215,16 +219,19 @@ def stops_held():
         if callable(handler):
           handlers[signum] = handler
           signal.signal(signum, hold)
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     yield
   finally:
-    if mask is not None:
+    try:
       signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    released.append(True)
-    for signum, handler in handlers.items():
-      signal.signal(signum, handler)
-    for signum, frame in came[:1]:
-      handlers[signum](signum, frame)
+    finally:
+      released.append(True)
+      for signum, handler in handlers.items():
+        # Not over what a stop's handler set meanwhile (stop_on_sigterm's SIG_IGN).
+        if signal.getsignal(signum) is hold:
+          signal.signal(signum, handler)
+      for signum, frame in came[:1]:
+        handlers[signum](signum, frame)
 
 
 def stops_to_default():

@@ -129,6 +129,60 @@ def test_stops_that_keep_coming_are_never_left_blocked_or_recorded_after_the_blo
   assert result.stdout == "True []\n"
 
 
+# A SIGTERM that comes as stops_held swaps its handler: the handler it had runs first (set
+# to SIG_IGN by it, as stop_on_sigterm's does, it must stay so).
+STOP_IN_THE_SWAP = """
+import os, signal, types
+from bert_pretrain import errors
+errors.stop_on_sigterm()
+def signal_as_a_stop_comes(signum, handler):
+  if signum == signal.SIGTERM and getattr(handler, "__name__", "") == "hold":
+    os.kill(os.getpid(), signal.SIGTERM)
+  return signal.signal(signum, handler)
+errors.signal = types.SimpleNamespace(**dict(vars(signal), signal=signal_as_a_stop_comes))
+try:
+  with errors.stops_held():
+    print("the block ran")
+except errors.Terminated:
+  print("terminated; SIGTERM then ignored: %s" % (signal.getsignal(signal.SIGTERM) ==
+                                                 signal.SIG_IGN))
+"""
+
+# Another signal's handler raising as stops_held puts the block's mask back.
+OTHER_RAISES_AT_THE_END = """
+import os, signal, time
+from bert_pretrain import errors
+class Alarm(Exception):
+  pass
+def alarm(signum, frame):
+  raise Alarm()
+signal.signal(signal.SIGALRM, alarm)
+try:
+  with errors.stops_held():
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+    os.kill(os.getpid(), signal.SIGALRM)
+except Alarm:
+  pass
+blocked = sorted(set(errors.STOP_SIGNALS) & set(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+try:
+  os.kill(os.getpid(), signal.SIGINT)
+  time.sleep(1)
+  print("Ctrl-C lost; blocked: %s" % blocked)
+except KeyboardInterrupt:
+  print("Ctrl-C taken; blocked: %s" % blocked)
+"""
+
+
+@pytest.mark.parametrize("script,said", [
+    (STOP_IN_THE_SWAP, "terminated; SIGTERM then ignored: True"),
+    (OTHER_RAISES_AT_THE_END, "Ctrl-C taken; blocked: []")])
+def test_a_handler_that_runs_as_the_stops_are_held_or_let_go_leaves_them_working(script, said):
+  result = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+  assert result.stdout == said + "\n"
+
+
 CHILD_STOPS = ("import signal; print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), "
                "signal.getsignal(signal.SIGINT) == signal.SIG_IGN)")
 
