@@ -3,8 +3,10 @@ init_tf.sh uses, checked against TensorFlow's ops and float64, and the fallback 
 them."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -252,6 +254,50 @@ def test_a_failed_compilation_names_its_first_error_and_leaves_no_library(tmp_pa
     kernels.build(str(tmp_path / "out.so"))
   assert "\n" not in str(error.value) and "error" in str(error.value)
   assert sorted(os.listdir(str(tmp_path))) == ["kernels.cc"]
+
+
+# A build stopped by SIGTERM while its compiler (a stand-in that makes its output file and
+# waits) runs.
+STOPPED_BUILD = """
+import sys
+from bert_pretrain import errors
+from bert_pretrain.model import kernels
+errors.stop_on_sigterm()
+try:
+  kernels.build(sys.argv[1])
+except errors.Terminated:
+  print("terminated")
+"""
+
+
+def test_a_build_stopped_by_sigterm_kills_its_compiler_and_leaves_no_part_of_a_library(tmp_path):
+  pid_file, compiler, folder = tmp_path / "compiler.pid", tmp_path / "g++", tmp_path / "lib"
+  compiler.write_text('#!/bin/sh\nwhile [ "$#" -gt 0 ]; do [ "$1" = -o ] && : > "$2"; shift; done\n'
+                      'echo "$$" > "%s.new" && mv "%s.new" "%s"\nexec sleep 60\n'
+                      % (pid_file, pid_file, pid_file))
+  compiler.chmod(0o755)
+  folder.mkdir()
+  process = subprocess.Popen(
+      [sys.executable, "-c", STOPPED_BUILD, str(folder / "kernels.so")],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+      env=dict(os.environ, CXX=str(compiler),
+               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  try:
+    deadline = time.time() + 120
+    while not pid_file.exists():
+      assert process.poll() is None and time.time() < deadline, process.communicate()[0]
+      time.sleep(0.05)
+    assert os.listdir(str(folder)) != []  # the part it was writing
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=60)[0]
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+  assert output.splitlines()[-1] == "terminated", output
+  assert os.listdir(str(folder)) == []
+  with pytest.raises(ProcessLookupError):  # killed and reaped, not left compiling
+    os.kill(int(pid_file.read_text()), 0)
 
 
 def _attention_values(attention, scores, value, keep, upstream, scores_dtype):

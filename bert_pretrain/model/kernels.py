@@ -20,6 +20,8 @@ import time
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain.wiki import workdir
+
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cc")
 # Set to 0 to run TensorFlow's ops where the kernels would apply (an A/B comparison).
 ENABLE_VARIABLE = "BERT_PRETRAIN_FUSED_KERNELS"
@@ -96,11 +98,15 @@ def build(output=None):
   command = compile_command(partial)
   start = time.time()
   try:
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True)
+    result = workdir.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True)
   except OSError as e:
     raise BuildError("no C++ compiler %r (%s); install g++ (apt-get install -y g++) or "
                      "set CXX" % (command[0], e.strerror))
+  except BaseException:  # Ctrl-C or SIGTERM: the compiler is killed; its part goes too
+    if os.path.exists(partial):
+      os.remove(partial)
+    raise
   if result.returncode != 0:
     if os.path.exists(partial):
       os.remove(partial)
