@@ -104,12 +104,10 @@ def build(output=None):
     raise BuildError("no C++ compiler %r (%s); install g++ (apt-get install -y g++) or "
                      "set CXX" % (command[0], e.strerror))
   except BaseException:  # Ctrl-C or SIGTERM: the compiler is killed; its part goes too
-    if os.path.exists(partial):
-      os.remove(partial)
+    workdir.remove_quietly(partial)
     raise
   if result.returncode != 0:
-    if os.path.exists(partial):
-      os.remove(partial)
+    workdir.remove_quietly(partial)
     errors = [line for line in result.stdout.splitlines() if "error" in line]
     raise BuildError("%s failed on %s: %s" % (command[0], SOURCE, (
         errors or result.stdout.splitlines() or ["exit %d" % result.returncode])[0].strip()))
