@@ -64,7 +64,7 @@ except ImportError:
   import google_peer
 from bert_pretrain import errors
 from bert_pretrain.training import timing  # the FLOP count the runs' MFU uses too
-from bert_pretrain.wiki import workdir
+from bert_pretrain import processes
 
 CORPUS = os.path.join(ROOT, "bert_pretrain", "demo_data", "corpus.txt")
 
@@ -508,9 +508,9 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   start = time.time()
   with open(log_path, "w") as log_file:
     try:
-      finished = workdir.run(command, FLAGS.row_timeout, stdout=subprocess.PIPE,
+      finished = processes.run(command, FLAGS.row_timeout, stdout=subprocess.PIPE,
                              stderr=log_file, env=env, universal_newlines=True,
-                             preexec_fn=functools.partial(workdir.end_with_parent,
+                             preexec_fn=functools.partial(processes.end_with_parent,
                                                           os.getpid(), signal.SIGKILL))
     except subprocess.TimeoutExpired:
       return {"error": "timed out after %d s" % FLAGS.row_timeout}
@@ -976,7 +976,7 @@ def write_card(results, path):
 def main(argv):
   if len(argv) > 1:
     errors.unexpected_arguments("benchmark", argv[1:])
-  workdir.arm_stacks()  # kill -USR2 <pid> shows where a stuck benchmark or worker waits
+  processes.arm_stacks()  # kill -USR2 <pid> shows where a stuck benchmark or worker waits
   if FLAGS.worker:
     row = json.loads(FLAGS.row)
     {"ours": ours_worker, "google": google_worker, "peer": peer_worker,

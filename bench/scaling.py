@@ -66,7 +66,7 @@ from absl import flags
 from bench import card
 from bert_pretrain import errors
 from bert_pretrain.distributed import launch
-from bert_pretrain.wiki import workdir
+from bert_pretrain import processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -151,7 +151,7 @@ def start_child(command, **kwargs):
 
 
 def wait_child(process):
-  workdir.communicate(process)  # not process.wait(): workdir.communicate says why
+  processes.communicate(process)  # not process.wait(): processes.communicate says why
   status = process.returncode
   _CHILDREN.remove(process)
   return status
@@ -265,24 +265,24 @@ def training_commands(engine, ranks, cache_dir, config_file, init_checkpoint, ou
 
 def start_training(model, ranks, cache_dir, config_file, init_checkpoint, settings, tag,
                    engine="horovod"):
-  """Starts one training run; returns (processes, log path of the first, output dir)."""
+  """Starts one training run; returns (children, log path of the first, output dir)."""
   output_dir = temporary_folder("scaling-%s-%s-" % (model, tag))
   log_path = os.path.join(FLAGS.out_dir, "logs", "scaling-%s-%s.log" % (model, tag))
-  processes = []
+  children = []
   for i, (command, env) in enumerate(training_commands(
       engine, ranks, cache_dir, config_file, init_checkpoint, output_dir, settings)):
     log("%s, %s: %s%s" % (model, tag, "".join("%s=%s " % kv for kv in env.items()),
                           " ".join(command)))
     with open(log_path if i == 0 else "%s.%d" % (log_path, i), "w") as log_file:
-      processes.append(start_child(command, cwd=ROOT, env=dict(run_env(), **env),
+      children.append(start_child(command, cwd=ROOT, env=dict(run_env(), **env),
                                    stdout=log_file, stderr=subprocess.STDOUT))
-  return processes, log_path, output_dir
+  return children, log_path, output_dir
 
 
-def finish_training(processes, log_path, output_dir):
+def finish_training(children, log_path, output_dir):
   """Waits for a run; returns its FPS (all ranks) and the time of its evaluation, or an
   error."""
-  status = max([wait_child(process) for process in processes])
+  status = max([wait_child(process) for process in children])
   remove_folder(output_dir)
   with open(log_path) as f:
     text = f.read()

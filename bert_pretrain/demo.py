@@ -56,6 +56,7 @@ from bert_pretrain.distributed import launch
 from bert_pretrain.distributed import ranks
 from bert_pretrain.model import modeling
 from bert_pretrain import pack_records
+from bert_pretrain import processes
 from bert_pretrain.training import pretraining
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
@@ -426,9 +427,9 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
         ["python3"] + [shlex.quote(word) for word in command[1:]])))
     earlier = os.path.isdir(output_dir)
     # The trainer ends with the demo's process (a demo stopped by a signal leaves none).
-    finished = workdir.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    finished = processes.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            universal_newlines=True,
-                           preexec_fn=functools.partial(workdir.end_with_parent, os.getpid()))
+                           preexec_fn=functools.partial(processes.end_with_parent, os.getpid()))
     for line in finished.stdout.splitlines():
       if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
         log("  " + line.strip())
@@ -482,16 +483,16 @@ def set_up_run(flag_values, log=say):
   if flag_values.demo_finetune_epochs < 0:
     raise ValueError("--demo_finetune_epochs=%g must not be negative; pass 0 for no "
                      "fine-tuning step" % flag_values.demo_finetune_epochs)
-  processes = ranks.launcher_size()
+  size = ranks.launcher_size()
   if ranks.launcher_rank() not in (None, 0):
     log = lambda line: None  # rank 0 tells; the others wait for the cache it builds
   output_dir = None
   if not flag_values["output_dir"].present:
     launch_id = os.environ.get(launch.LAUNCH_ID_VARIABLE)
-    if processes > 1 and not launch_id:
+    if size > 1 and not launch_id:
       raise ValueError("a demo of several processes needs one folder for all; pass "
                        "--output_dir=results/demo-mine, or start it with run_multi_card_FPS.sh")
-    output_dir = os.path.join("results", "demo-" + launch_id) if processes > 1 else None
+    output_dir = os.path.join("results", "demo-" + launch_id) if size > 1 else None
   cache_dir = flag_values.demo_cache_dir
   log("No --input_files_dir: running the embedded demo (artefacts in %s)" % cache_dir)
   paths = prepare(cache_dir, log=log, packed=flag_values.enable_packed_data_mode)

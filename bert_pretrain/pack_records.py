@@ -67,11 +67,12 @@ import numpy as np
 
 from bert_pretrain import errors
 from bert_pretrain.data import packing
+from bert_pretrain.processes import WorkerDied, run_tasks
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
                                         atomic_records, file_digest, locked,
                                         marker_is_valid, read_json, remove_quietly,
-                                        remove_stale_temporaries, run_tasks, say,
-                                        step_settings, WorkerDied, write_json)
+                                        remove_stale_temporaries, say, step_settings,
+                                        write_json)
 
 TOOL = "pack_records"
 MAX_SEQUENCES_PER_PACK = 3
@@ -828,7 +829,7 @@ def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, 
   err = err or sys.stderr
   try:
     summary = pack(inputs, output_dir, max_sequences_per_pack, seed, num_output_files, jobs)
-  except PrepareError as e:
+  except (PrepareError, WorkerDied) as e:
     err.write("%s: error: %s\n" % (TOOL, e))
     return 1 if isinstance(e, WorkerDied) else 2
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated

@@ -588,6 +588,25 @@ def kill_tree(pid):
       pass
 
 
+def workers_of(parent, count=2):
+  """The pids of the first `count` worker processes (not multiprocessing's resource
+  tracker) that process `parent` has, once there are that many."""
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
+  deadline = time.time() + 120
+  while time.time() < deadline:
+    workers = []
+    for child in psutil.Process(parent).children():
+      try:
+        if "_tracker import main" not in " ".join(child.cmdline()):
+          workers.append(child.pid)
+      except psutil.Error:
+        pass
+    if len(workers) >= count:
+      return workers[:count]
+    time.sleep(0.05)
+  raise AssertionError("process %d has not %d workers after 120 s" % (parent, count))
+
+
 def gone(pid, seconds=30):
   """Whether process pid has ended (or is a zombie) within `seconds`: a killed process
   ends when the kernel next runs it, which on a loaded machine can be after its killer's

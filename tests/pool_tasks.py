@@ -1,4 +1,4 @@
-"""Tasks for the worker-pool tests of test_prepare_wiki.py, in a module of their own: a
+"""Tasks for the worker-pool tests of test_processes.py, in a module of their own: a
 spawned worker imports the module of its task, and this one imports nothing heavy."""
 
 import os

@@ -23,6 +23,7 @@ from bert_pretrain.data import input_pipeline
 from bert_pretrain.data import packing
 from bert_pretrain import inspect_records
 from bert_pretrain import pack_records
+from bert_pretrain import processes
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
 from bert_pretrain.wiki import pipeline
@@ -313,11 +314,11 @@ def test_an_interrupted_run_resumes_where_it_stopped(demo_data, tmp_path, monkey
 
 def test_a_worker_that_died_is_exit_status_1_not_bad_input(tmp_path, monkeypatch):
   def pack(*unused_args):
-    raise workdir.WorkerDied()
+    raise processes.WorkerDied()
   monkeypatch.setattr(pack_records, "pack", pack)
   status, out, err = run(str(tmp_path / "in"), str(tmp_path / "out"), jobs=2)
   assert (status, out) == (1, "")
-  assert err == "pack_records: error: %s\n" % workdir.WorkerDied()
+  assert err == "pack_records: error: %s\n" % processes.WorkerDied()
 
 
 def test_a_lost_output_file_is_made_again_the_same(demo_data, tmp_path):

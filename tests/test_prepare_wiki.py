@@ -7,22 +7,20 @@ redirects, disambiguation pages, other namespaces and a stub) at small settings.
 
 import bz2
 import errno
-import functools
 import hashlib
 import json
-import multiprocessing
 import os
 import re
 import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import processes
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.data import records
 from bert_pretrain.data import tokenization
@@ -34,8 +32,7 @@ from bert_pretrain.wiki import sentences
 from bert_pretrain.wiki import shard
 from bert_pretrain.wiki import tfrecords
 from bert_pretrain.wiki import workdir
-from conftest import gone
-import pool_tasks
+from conftest import gone, workers_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -690,28 +687,6 @@ def test_sigterm_says_how_to_go_on_and_exits_143(vocab, tmp_path):
   assert "Traceback" not in stderr
 
 
-# A process that leaves a spawned pool's semaphore behind, as a run stopped while its
-# workers start may: the semaphore tracker removes it and, unless told not to, warns.
-LEAK = """
-import multiprocessing, os, sys
-from bert_pretrain.wiki import workdir
-if sys.argv[1] == "pool":
-  workdir.WorkerPool(1, "spawn")
-lock = multiprocessing.get_context("spawn").Lock()
-sys.stderr.write("last line\\n")
-sys.stderr.flush()
-os._exit(0)
-"""
-
-
-def test_a_spawned_pools_left_semaphores_add_no_warning_after_the_last_line():
-  def stderr_of(mode):
-    return subprocess.run([sys.executable, "-c", LEAK, mode], stderr=subprocess.PIPE,
-                          universal_newlines=True, cwd=ROOT, timeout=120).stderr
-  assert "leaked semaphore" in stderr_of("bare")  # what the pool keeps from the output
-  assert stderr_of("pool").splitlines()[-1] == "last line"
-
-
 def test_tensorflow_write_errors_read_as_os_errors():
   full = tf.errors.ResourceExhaustedError(None, None, "/x/part-1; No space left on device")
   error = records.os_error_from_tf(full, "/x/part-1")
@@ -802,64 +777,6 @@ def test_sigusr2_prints_the_python_stacks_of_a_run_which_then_goes_on(vocab, tmp
   assert "prepare_wiki: done. Train with" in out
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_a_worker_that_dies_ends_run_tasks_with_the_worker_line(context):
-  results = []
-  with pytest.raises(workdir.PrepareError) as raised:
-    workdir.run_tasks(pool_tasks.square_unless_three, list(range(8)), 2, results.append, context)
-  assert str(raised.value) == str(workdir.WorkerDied())
-  assert set(results) <= {0, 1, 4, 16, 25, 36, 49}
-  results = []
-  workdir.run_tasks(pool_tasks.square_unless_three, [0, 1, 2, 4], 2, results.append, context)
-  assert sorted(results) == [0, 1, 4, 16]
-
-
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_workers_start_with_the_stop_signals_held_and_run_without(context, monkeypatch):
-  """A SIGTERM or Ctrl-C that arrives while the pool starts a worker waits until the
-  worker is the pool's (which then ends it), rather than leaving it half started; the
-  caller and the workers then take them again."""
-  process_class = type(multiprocessing.get_context(context).Process())
-  start = process_class.start
-  held = []
-  monkeypatch.setattr(process_class, "start", lambda self: (
-      held.append(signal.pthread_sigmask(signal.SIG_BLOCK, [])), start(self))[1])
-  results = []
-  workdir.run_tasks(pool_tasks.blocked_signals, [0, 1, 2, 3], 2, results.append, context)
-  assert len(held) == 2
-  assert all({signal.SIGTERM, signal.SIGINT} <= mask for mask in held), held
-  assert not {signal.SIGTERM, signal.SIGINT} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
-  assert len(results) == 4
-  assert not any({signal.SIGTERM, signal.SIGINT} & set(result) for result in results)
-
-
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_a_failed_task_ends_run_tasks_without_waiting_for_the_others(context):
-  started = time.time()
-  with pytest.raises(ValueError, match="the task failed"):
-    workdir.run_tasks(pool_tasks.fail_or_sleep, ["sleep", "fail", "sleep"], 2, print, context)
-  assert time.time() - started < 60  # the sleeping task was killed, not waited for
-
-
-def _workers(parent, count=2):
-  """The pids of the first `count` worker processes (not multiprocessing's resource
-  tracker) that process `parent` has, once there are that many."""
-  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's launcher needs it)
-  deadline = time.time() + 120
-  while time.time() < deadline:
-    workers = []
-    for child in psutil.Process(parent).children():
-      try:
-        if "_tracker import main" not in " ".join(child.cmdline()):
-          workers.append(child.pid)
-      except psutil.Error:
-        pass
-    if len(workers) >= count:
-      return workers[:count]
-    time.sleep(0.05)
-  raise AssertionError("process %d has not %d workers after 120 s" % (parent, count))
-
-
 def _read_until_tfrecords(process):
   """The stderr of a start_cli run up to the start of step tfrecords (its workers then
   start, and load TensorFlow)."""
@@ -877,14 +794,14 @@ def test_a_worker_killed_mid_run_ends_it_with_one_line_and_the_same_command_fini
   process = start_cli(output_dir, vocab, jobs=2)
   try:
     seen = _read_until_tfrecords(process)
-    workers = _workers(process.pid)
+    workers = workers_of(process.pid)
     os.kill(workers[0], signal.SIGKILL)
     out, err = process.communicate(timeout=300)
   finally:
     if process.poll() is None:
       os.killpg(process.pid, signal.SIGKILL)
   result = subprocess.CompletedProcess(process.args, process.returncode, out, seen + err)
-  assert error_line(result) == "prepare_wiki: error: %s" % workdir.WorkerDied()
+  assert error_line(result) == "prepare_wiki: error: %s" % processes.WorkerDied()
   assert result.returncode == 1 and "Traceback" not in result.stderr
   assert gone(workers[1])  # the other worker did not go on alone
   assert os.path.exists(os.path.join(output_dir, "work", "done", "shard.json"))
@@ -892,35 +809,3 @@ def test_a_worker_killed_mid_run_ends_it_with_one_line_and_the_same_command_fini
   assert result.returncode == 0, result.stderr
   assert "shard: done before" in result.stderr
   assert files_under(output_dir) == files_under(run_a)
-
-
-def test_a_child_whose_parent_ended_before_it_asked_ends_at_once_even_with_the_signal_blocked():
-  def orphan(block):
-    signal.pthread_sigmask(signal.SIG_BLOCK if block else signal.SIG_UNBLOCK,
-                           [signal.SIGTERM])
-    workdir.end_with_parent(os.getpid() + 1)  # as if the parent had ended
-
-  child = [sys.executable, "-c", "print('ran')"]
-  for block, status in ((False, -signal.SIGTERM), (True, 128 + signal.SIGTERM)):
-    ended = subprocess.run(child, stdout=subprocess.PIPE, universal_newlines=True,
-                           preexec_fn=functools.partial(orphan, block))
-    assert (ended.returncode, ended.stdout) == (status, "")
-
-
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_workers_end_with_their_run_when_it_is_killed(context):
-  # Forked workers hold the pipes' write ends open, so only the kernel can end them.
-  program = ("import time\nfrom bert_pretrain.wiki import workdir\n"
-             "workdir.run_tasks(time.sleep, [600] * 4, 2, print, %r)" % context)
-  process = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT,
-                             start_new_session=True)
-  try:
-    workers = _workers(process.pid)
-    process.kill()
-    process.wait(timeout=60)
-    assert [pid for pid in workers if not gone(pid)] == []
-  finally:
-    try:
-      os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:  # the group has ended
-      pass

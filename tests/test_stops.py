@@ -1,10 +1,8 @@
 """Ctrl-C and SIGTERM reach the tools: a stop that comes as a tool forks a child, or that
-the kernel gives another thread, ends the tool (errors.stops_held, workdir.run and
-workdir.communicate)."""
+the kernel gives another thread, ends the tool (errors.stops_held, processes.run and a
+worker pool; the children's side is test_processes.py)."""
 
-import functools
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -12,7 +10,7 @@ import sys
 import pytest
 
 from bert_pretrain import errors
-from bert_pretrain.wiki import workdir
+from bert_pretrain import processes
 from conftest import ROOT
 
 # A script whose stop comes as it forks: sent from an at-fork callback (logging's runs in
@@ -21,7 +19,7 @@ from conftest import ROOT
 FORK_STOP = """
 import multiprocessing, os, signal, subprocess, sys, threading, time
 from bert_pretrain import errors
-from bert_pretrain.wiki import workdir
+from bert_pretrain import processes
 stop, taker, fork = sys.argv[1:]
 errors.stop_on_sigterm()
 if taker == "another thread":
@@ -44,10 +42,10 @@ os.register_at_fork(after_in_parent=land)
 try:
   if fork == "Popen":
     subprocess.run(["true"], preexec_fn=lambda: None)
-  elif fork == "workdir.run":
-    workdir.run(["true"])
+  elif fork == "processes.run":
+    processes.run(["true"])
   else:
-    workdir.run_tasks(abs, [-1, -2], 2, print)
+    processes.run_tasks(abs, [-1, -2], 2, print)
   print("went on after " + ", ".join(landed))
 except KeyboardInterrupt as e:
   print("stopped by %s, %d children left" % (type(e).__name__,
@@ -69,7 +67,7 @@ def test_python_drops_a_stop_whose_handler_runs_in_a_fork_callback():
     assert "Exception ignored in" in result.stderr
 
 
-@pytest.mark.parametrize("fork", ["workdir.run", "a fork pool"])
+@pytest.mark.parametrize("fork", ["processes.run", "a fork pool"])
 @pytest.mark.parametrize("taker", ["this thread", "another thread"])
 @pytest.mark.parametrize("stop,raised", [("SIGINT", "KeyboardInterrupt"),
                                          ("SIGTERM", "Terminated")])
@@ -181,137 +179,3 @@ def test_a_handler_that_runs_as_the_stops_are_held_or_let_go_leaves_them_working
                           stderr=subprocess.STDOUT, universal_newlines=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=ROOT))
   assert result.stdout == said + "\n"
-
-
-CHILD_STOPS = ("import signal; print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), "
-               "signal.getsignal(signal.SIGINT) == signal.SIG_IGN)")
-
-
-def test_a_child_forked_holding_the_stops_takes_them_and_keeps_an_ignored_one_ignored():
-  mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-  handlers = [signal.getsignal(signum) for signum in errors.STOP_SIGNALS]
-  for ignored in (False, True):
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else
-                             signal.default_int_handler)
-    try:
-      child = workdir.run([sys.executable, "-c", CHILD_STOPS], stdout=subprocess.PIPE,
-                          universal_newlines=True)
-    finally:
-      signal.signal(signal.SIGINT, previous)
-    blocked = sorted(set(mask) - set(errors.STOP_SIGNALS))
-    assert (child.returncode, child.stdout) == (0, "%s %s\n" % (blocked, ignored))
-  # This process has its own back.
-  assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
-  assert [signal.getsignal(signum) for signum in errors.STOP_SIGNALS] == handlers
-
-
-def test_a_child_whose_parent_ended_before_it_asked_to_end_with_it_ends_itself():
-  # A child asks Linux for SIGTERM when its parent ends (workdir.end_with_parent); one whose
-  # parent was gone before (another pid than the one given) would run on, also where this
-  # process has a Python SIGTERM handler (run_pretraining's), which a fork keeps.
-  child = [sys.executable, "-c", "print('ran')"]
-  ours = workdir.run(child, stdout=subprocess.PIPE, universal_newlines=True,
-                     preexec_fn=functools.partial(workdir.end_with_parent, os.getpid()))
-  assert (ours.returncode, ours.stdout) == (0, "ran\n")
-  for handler in (signal.SIG_DFL, lambda *_: None):
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-      orphan = workdir.run(child, stdout=subprocess.PIPE, universal_newlines=True,
-                           preexec_fn=functools.partial(workdir.end_with_parent,
-                                                        os.getpid() + 1))
-    finally:
-      signal.signal(signal.SIGTERM, previous)
-    assert (orphan.returncode, orphan.stdout) == (-signal.SIGTERM, "")
-
-
-class _Recorded(subprocess.Popen):
-  """subprocess.Popen, each one kept in STARTED: what workdir.run did with its child."""
-  STARTED = []
-
-  def __init__(self, *args, **kwargs):
-    super(_Recorded, self).__init__(*args, **kwargs)
-    self.STARTED.append(self)
-
-
-def test_a_child_run_past_its_timeout_is_killed_and_reaped(monkeypatch):
-  monkeypatch.setattr(subprocess, "Popen", _Recorded)
-  monkeypatch.setattr(_Recorded, "STARTED", [])
-  with pytest.raises(subprocess.TimeoutExpired) as raised:
-    workdir.run(["sleep", "60"], timeout=2)
-  assert raised.value.timeout == 2
-  assert [child.returncode for child in _Recorded.STARTED] == [-signal.SIGKILL]
-
-
-# A script stopped by SIGTERM while workdir.run waits on its child: what became of it.
-STOPPED_RUN = """
-import os, signal, subprocess, threading, time
-from bert_pretrain import errors
-from bert_pretrain.wiki import workdir
-errors.stop_on_sigterm()
-started = []
-class Recorded(subprocess.Popen):
-  def __init__(self, *args, **kwargs):
-    super(Recorded, self).__init__(*args, **kwargs)
-    started.append(self)
-subprocess.Popen = Recorded
-def stop_once_started():
-  while not started:
-    time.sleep(0.01)
-  os.kill(os.getpid(), signal.SIGTERM)
-threading.Thread(target=stop_once_started, daemon=True).start()
-try:
-  workdir.run(["sleep", "60"])
-except errors.Terminated:
-  print("stopped; its child's status: %s" % started[0].returncode)
-"""
-
-
-def test_a_stop_while_a_child_runs_kills_and_reaps_the_child():
-  result = subprocess.run([sys.executable, "-c", STOPPED_RUN],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
-  assert result.stdout == "stopped; its child's status: %d\n" % -signal.SIGKILL
-
-
-# The kernel gives a process's signal to any of its threads not blocking it, and Python
-# acts on it only as the main thread runs: here the main thread blocks SIGINT, so that a
-# thread of the script's own takes it, as one of numpy's or TensorFlow's can.
-INTERRUPTED_WAIT = """
-import os, signal, subprocess, threading, time
-from bert_pretrain.wiki import workdir
-waiting = threading.Event()
-def interrupt():
-  waiting.wait()
-  time.sleep(0.5)
-  os.kill(os.getpid(), signal.SIGINT)
-threading.Thread(target=interrupt, daemon=True).start()
-signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
-child = subprocess.Popen(["sleep", "60"], stdout=subprocess.PIPE)
-start = time.time()
-try:
-  waiting.set()
-  workdir.communicate(child)
-except KeyboardInterrupt:
-  child.kill()
-  print("interrupted after %d s" % (time.time() - start))
-"""
-
-
-def test_a_signal_another_thread_took_ends_a_wait_on_a_child_before_the_child_ends():
-  result = subprocess.run([sys.executable, "-c", INTERRUPTED_WAIT], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
-  seconds = re.fullmatch(r"interrupted after (\d+) s\n", result.stdout)
-  assert seconds and int(seconds.group(1)) < 30, result.stdout  # not after the child's 60 s
-
-
-def test_a_wait_on_a_child_past_its_timeout_raises_as_communicate_does():
-  child = subprocess.Popen(["sleep", "60"])
-  try:
-    with pytest.raises(subprocess.TimeoutExpired) as raised:
-      workdir.communicate(child, timeout=1.5)
-    assert raised.value.timeout == 1.5
-  finally:
-    child.kill()
-    child.wait()

@@ -44,7 +44,7 @@ import threading
 import time
 
 from bert_pretrain import errors
-from bert_pretrain.wiki import workdir
+from bert_pretrain import processes
 
 Plan = collections.namedtuple("Plan", ["ranks", "hosts", "per_host", "args"])
 # The engines the script launches (run_pretraining's --distribution, but "none").
@@ -215,10 +215,10 @@ def plan(run_args, per_host, distribution="horovod"):
     raise LaunchError("DISTRIBUTION=mirrored drives the cards of one host but %s names %d; "
                       "use DISTRIBUTION=multi_worker_mirrored or horovod for several hosts"
                       % (where, len(names)))
-  processes = per_host if distribution == "horovod" else 1
-  host_list = ",".join("%s:%d" % (host, processes) for host in names)
+  slots = per_host if distribution == "horovod" else 1
+  host_list = ",".join("%s:%d" % (host, slots) for host in names)
   return Plan(ranks, names, per_host,
-              ["-np", str(processes * len(names)), "-H", host_list] + rest)
+              ["-np", str(slots * len(names)), "-H", host_list] + rest)
 
 
 def names_hosts(run_args):
@@ -649,7 +649,7 @@ def run_mpirun_in_child(body):
       for signum in caught:
         signal.signal(signum, signal.SIG_DFL)
       os.setpgid(0, 0)
-      workdir.end_with_parent(parent)  # the job ends with a killed launcher
+      processes.end_with_parent(parent)  # the job ends with a killed launcher
       signal.pthread_sigmask(signal.SIG_SETMASK, mask)
       os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
       status = body()

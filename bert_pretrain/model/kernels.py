@@ -20,6 +20,7 @@ import time
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import processes
 from bert_pretrain.wiki import workdir
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cc")
@@ -98,7 +99,7 @@ def build(output=None):
   command = compile_command(partial)
   start = time.time()
   try:
-    result = workdir.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    result = processes.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          universal_newlines=True)
   except OSError as e:
     raise BuildError("no C++ compiler %r (%s); install g++ (apt-get install -y g++) or "

@@ -50,9 +50,9 @@ from absl import flags
 from absl import logging
 
 from bert_pretrain import errors
+from bert_pretrain import processes
 from bert_pretrain.wiki.pipeline import (DEFAULTS, STEPS, describe_os_error, parse_steps,
                                          run_pipeline)
-from bert_pretrain.wiki import workdir
 from bert_pretrain.wiki.workdir import Layout, PrepareError
 
 
@@ -107,7 +107,7 @@ def main(argv):
   if len(argv) > 1:
     errors.unexpected_arguments("prepare_wiki", argv[1:])
   errors.stop_on_sigterm()
-  workdir.arm_stacks()
+  processes.arm_stacks()
   flag_values = flags.FLAGS
   if not flag_values["verbosity"].present:
     # create_pretraining_data logs two INFO lines per shard; the progress line suffices.
@@ -117,7 +117,7 @@ def main(argv):
                  steps=flag_values.steps, jobs=flag_values.jobs, verify=flag_values.verify,
                  pack=flag_values.pack, redo_changed_steps=flag_values.redo_changed_steps,
                  **{key: flag_values[key].value for key in DEFAULTS})
-  except PrepareError as e:
+  except (PrepareError, processes.WorkerDied) as e:
     sys.exit("prepare_wiki: error: %s" % e)
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
     sys.exit(errors.stopped_by_signal(

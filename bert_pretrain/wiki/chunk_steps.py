@@ -12,12 +12,13 @@ import json
 import os
 import time
 
+from bert_pretrain.processes import run_tasks
 from bert_pretrain.wiki.clean import clean_text
 from bert_pretrain.wiki.sentences import split_sentences
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
                                         file_digest, marker_is_valid, read_json,
-                                        remove_stale_temporaries, run_tasks, say,
-                                        step_settings, write_json)
+                                        remove_stale_temporaries, say, step_settings,
+                                        write_json)
 
 
 def clean_chunk(task):

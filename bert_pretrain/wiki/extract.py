@@ -16,9 +16,10 @@ import re
 import time
 import xml.etree.ElementTree as ElementTree
 
+from bert_pretrain.processes import WorkerPool
 from bert_pretrain.wiki.markup import wikitext_to_text
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
-                                        file_digest, WorkerPool, marker_is_valid, read_json,
+                                        file_digest, marker_is_valid, read_json,
                                         remove_stale_temporaries, say, step_settings,
                                         write_json)
 

@@ -9,12 +9,13 @@ import os
 import time
 
 from bert_pretrain.data import tokenization
+from bert_pretrain.processes import run_tasks
 from bert_pretrain.wiki.evalset import check_eval_samples
 from bert_pretrain.wiki.shard import valid_shard_marker
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, file_digest,
                                         marker_is_valid, read_json,
-                                        remove_stale_temporaries, run_tasks, say,
-                                        step_settings, write_json)
+                                        remove_stale_temporaries, say, step_settings,
+                                        write_json)
 
 
 def tfrecord_task(task):

@@ -1,0 +1,181 @@
+"""The child processes a tool starts: a command run to its end (run), a pool of worker
+processes (WorkerPool, run_tasks), and how each child begins.
+
+A Ctrl-C or SIGTERM that comes as a tool forks is not lost (errors.stops_held); a child
+takes the stops as by default and ends with the process that started it
+(end_with_parent); a wait on a child ends at a stop another thread took (communicate).
+"""
+
+import concurrent.futures
+import ctypes
+import faulthandler
+import functools
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from bert_pretrain import errors
+from bert_pretrain.distributed import stacks
+
+_PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
+
+
+class WorkerDied(Exception):
+  """A worker process ended without finishing its task (the OOM killer, kill -9)."""
+
+  def __init__(self):
+    super(WorkerDied, self).__init__(
+        "a worker process ended abruptly (killed, or out of memory: see dmesg); the "
+        "finished work is kept: run the same command again to go on, with fewer --jobs "
+        "if memory ran out")
+
+
+class WorkerPool(object):
+  """`processes` worker processes, as a context manager: submit(function, *args) gives
+  a concurrent.futures future. Tasks and results should be small (paths, counts).
+
+  A worker that dies (the OOM killer, kill -9) ends the block with WorkerDied at once,
+  where multiprocessing.Pool would wait for its task forever. Leaving the block by an
+  exception (a failed task, Ctrl-C, SIGTERM) kills the workers rather than waiting for
+  their tasks, and a worker dies with this process (PR_SET_PDEATHSIG), so none outlives
+  a killed run.
+  """
+
+  def __init__(self, processes, context="fork"):
+    if context != "fork":
+      # The tracker process that a spawned pool's semaphores start, and that removes
+      # those a stopped run leaves, would warn of them after the tool's last line.
+      for tracker in ("semaphore_tracker", "resource_tracker"):  # Python 3.7, 3.8 on
+        option = "ignore::UserWarning:multiprocessing." + tracker
+        if option not in sys.warnoptions:
+          sys.warnoptions.append(option)
+    self._executor = concurrent.futures.ProcessPoolExecutor(
+        processes, mp_context=multiprocessing.get_context(context),
+        initializer=_start_worker, initargs=(os.getpid(),))
+    if context == "fork":
+      # The first task forks every worker: now, before this process starts any thread
+      # whose locks a fork would copy held.
+      try:
+        self.submit(int).result()
+      except BaseException:  # a stop: no block ends the workers yet
+        self.__exit__(*sys.exc_info())
+        raise
+
+  def submit(self, function, *args):
+    # The executor starts its workers here. A stop signal raised halfway through a start
+    # would leave a spawned worker outside the pool, reading a pipe its parent never
+    # finished (its EOFError after the tool's last line): the signal waits until after.
+    with errors.stops_held():
+      return self._executor.submit(function, *args)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, value, unused_traceback):
+    if kind is not None:
+      # The executor has no public way to stop running tasks.
+      for process in list((getattr(self._executor, "_processes", None) or {}).values()):
+        process.kill()
+    self._executor.shutdown(wait=True)
+    # A worker's traceback as the cause: a task or result that does not pickle, a bug.
+    if isinstance(value, concurrent.futures.BrokenExecutor) and value.__cause__ is None:
+      raise WorkerDied() from None
+
+
+def _start_worker(parent):
+  """In each worker: die of SIGTERM as by default, whatever handler the run's process
+  has (a Python handler would not run in a worker stuck in C); leave Ctrl-C to the run,
+  which ends the workers; end with the run's process."""
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, errors.STOP_SIGNALS)  # held while it started
+  end_with_parent(parent, signal.SIGKILL)
+  arm_stacks()  # a spawned worker has not the parent's
+
+
+def end_with_parent(parent, signum=signal.SIGTERM):
+  """In a child process of `parent`: signal `signum` when the thread that started it
+  ends (Linux's PR_SET_PDEATHSIG), and end at once if `parent` has ended already."""
+  try:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signum)
+  except (OSError, AttributeError):  # not Linux: the child outlives a killed parent
+    return
+  if os.getppid() != parent:  # it ended between the fork and prctl
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # pylint: disable=protected-access  (blocked, ignored or handled)
+
+
+def communicate(process, timeout=None):
+  """process.communicate() (a subprocess.Popen), waited on a second at a time: Python acts
+  on a signal only as its main thread runs, and one the kernel gave another thread
+  (numpy's, TensorFlow's) ends no wait in C. Raises TimeoutExpired after `timeout` s."""
+  deadline = None if timeout is None else time.monotonic() + timeout
+  while True:
+    left = 1.0 if deadline is None else max(min(1.0, deadline - time.monotonic()), 0.0)
+    try:
+      return process.communicate(timeout=left)
+    except subprocess.TimeoutExpired as e:
+      if deadline is not None and time.monotonic() >= deadline:
+        raise subprocess.TimeoutExpired(process.args, timeout, e.output, e.stderr) from None
+
+
+def run(command, timeout=None, preexec_fn=None, **kwargs):
+  """Runs command to its end as subprocess.run does (kwargs are Popen's: stdout=PIPE
+  captures) from a tool's main thread: a Ctrl-C or SIGTERM that comes as the child is
+  forked is not lost (errors.stops_held), nor one another thread takes (communicate). The
+  child takes them as by default, then runs preexec_fn. On any exception (a stop, the
+  timeout) the child is killed and reaped."""
+  process = None
+  try:
+    with errors.stops_held():
+      process = subprocess.Popen(command, preexec_fn=functools.partial(
+          _start_held_child, preexec_fn), **kwargs)
+    stdout, stderr = communicate(process, timeout)
+  except BaseException:
+    if process is not None:
+      process.kill()
+      with process:  # closes its pipes and reaps it
+        pass
+    raise
+  return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _start_held_child(preexec_fn):
+  errors.stops_to_default()
+  if preexec_fn is not None:
+    preexec_fn()
+
+
+def arm_stacks():
+  """SIGUSR2 (stacks.STACK_SIGNAL) writes this process's Python stacks to stderr: what
+  a run that seems stuck is doing. Forked workers keep it."""
+  faulthandler.register(stacks.STACK_SIGNAL, all_threads=True)
+
+
+def run_tasks(function, tasks, jobs, on_result, context="fork"):
+  """Runs function(task) for every task, `jobs` at once; on_result(result) in the caller.
+
+  With one job the tasks run in this process (no pickling, plain tracebacks). A failing
+  task stops the others; the tasks already finished have left their markers.
+
+  Args:
+    function: a module-level function of one argument.
+    tasks: list of arguments.
+    jobs: processes to use.
+    on_result: called in this process with each result, in completion order.
+    context: multiprocessing start method for the workers.
+
+  Raises:
+    WorkerDied: a worker process ended without finishing its task.
+  """
+  if jobs <= 1 or len(tasks) <= 1:
+    for task in tasks:
+      on_result(function(task))
+    return
+  with WorkerPool(min(jobs, len(tasks)), context) as pool:
+    futures = [pool.submit(function, task) for task in tasks]
+    for future in concurrent.futures.as_completed(futures):
+      on_result(future.result())
