@@ -20,6 +20,8 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # quiet TensorFlow imp
 # Installing into the system Python as root is what this script is for on a fresh machine:
 # pip's warning against it would read as a failure.
 export PIP_ROOT_USER_ACTION="${PIP_ROOT_USER_ACTION:-ignore}"
+# Likewise setuptools' boxed warning on every editable install (step 6 checks the import).
+export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation"
 
 ROOT="$(cd "$(dirname "$0")" && pwd)"
 TF_VERSION="${TF_VERSION:-2.15.1}"
