@@ -354,6 +354,25 @@ def assemble_batch(instances, max_seq_length, cls_id, sep_id):
   return tokens, lengths, lengths_a, is_random_next
 
 
+def batch_features(tokens, lengths, lengths_a, positions, labels, counts, is_random_next):
+  """A masked batch's features (records.FEATURE_NAMES), for records.serialize_examples.
+
+  Args:
+    tokens, lengths, lengths_a, is_random_next: as assemble_batch returns them.
+    positions, labels, counts: as MaskedLmMasker.mask_batch returns them.
+
+  Returns:
+    dict from each feature name to its [batch, length] array.
+  """
+  columns = np.arange(tokens.shape[1])
+  in_sequence = columns < lengths[:, None]
+  return {"input_ids": tokens, "input_mask": in_sequence,
+          "segment_ids": in_sequence & (columns >= (lengths_a + 2)[:, None]),
+          "masked_lm_positions": positions, "masked_lm_ids": labels,
+          "masked_lm_weights": np.arange(positions.shape[1]) < counts[:, None],
+          "next_sentence_labels": is_random_next[:, None]}
+
+
 class MaskedLmMasker(object):
   """Picks and applies the masked LM predictions of a batch of instances, vectorized."""
 
@@ -508,183 +527,6 @@ class MaskedLmMasker(object):
           selected[word] = True
           total += size
     return candidates[selected[word_of_candidate]]
-
-
-def _varint(value):
-  """Protobuf varint encoding of a non-negative int."""
-  out = bytearray()
-  while value > 0x7F:
-    out.append((value & 0x7F) | 0x80)
-    value >>= 7
-  out.append(value)
-  return bytes(out)
-
-
-class VarintTable(object):
-  """Protobuf varint bytes of every int in [0, size), for vectorized encoding."""
-
-  def __init__(self, size):
-    """Builds the table.
-
-    Args:
-      size: int, one more than the largest value to encode; at most 2**21 (three
-        varint bytes), far above any BERT vocab.
-
-    Raises:
-      ValueError: if size is above 2**21.
-    """
-    if size > 1 << 21:
-      raise ValueError("ids up to %d need more than 3 varint bytes; the vocab is too "
-                       "large (at most %d tokens)" % (size - 1, 1 << 21))
-    values = np.arange(size, dtype=np.int64)
-    self.num_bytes = 1 + (values >= 1 << 7) + (values >= 1 << 14)
-    self.max_bytes = int(self.num_bytes.max())
-    # Byte i holds bits 7i..7i+6, with the high bit set when more bytes follow.
-    code = np.zeros((size, 4), dtype=np.uint8)
-    for i in range(3):
-      code[:, i] = ((values >> (7 * i)) & 0x7F) | ((self.num_bytes > i + 1) << 7)
-    # One 4-byte word per value: a single gather fetches all of a value's bytes.
-    self.code = code.view("<u4").reshape(-1)
-
-  def encode_rows(self, values):
-    """Varint-encodes each row of a non-negative int array.
-
-    Args:
-      values: int array [rows, columns], every value below the table size.
-
-    Returns:
-      (data, row_offsets): bytes of all rows' varints concatenated, and a list of
-      rows + 1 offsets into it.
-    """
-    flat = values.reshape(-1)
-    num_bytes = np.take(self.num_bytes, flat)
-    ends = np.cumsum(num_bytes)
-    starts = ends - num_bytes
-    code = np.take(self.code, flat).view(np.uint8).reshape(-1, 4)
-    data = np.empty(int(ends[-1]) + self.max_bytes, dtype=np.uint8)
-    # Write every value's byte i at start + i, highest i first. A value shorter than i
-    # + 1 bytes spills onto a later value's byte j < i, which a later pass overwrites,
-    # so no selection of the values that have byte i is needed.
-    for i in range(self.max_bytes - 1, -1, -1):
-      data[starts + i] = code[:, i]
-    row_ends = ends.reshape(values.shape)[:, -1]
-    return data[:len(data) - self.max_bytes].tobytes(), [0] + row_ends.tolist()
-
-
-class ExampleEncoder(object):
-  """Encodes batches as serialized tf.train.Example protos, straight to wire bytes.
-
-  The bytes equal records.serialize_example of the same features (protobuf's
-  deterministic serialization); building the protos field by field in Python costs
-  several times more than all the rest of the work.
-  """
-
-  def __init__(self, max_seq_length, max_predictions_per_seq, vocab_size):
-    """Creates the encoder.
-
-    Args:
-      max_seq_length: int, the length token features are padded to.
-      max_predictions_per_seq: int, the length masked LM features are padded to.
-      vocab_size: int, one more than the largest token id.
-    """
-    self.max_seq_length = max_seq_length
-    self.max_predictions_per_seq = max_predictions_per_seq
-    self._varints = VarintTable(max(vocab_size, max_seq_length))
-    self._prefixes = {}
-    self._prefix_lists = {}
-    # Example header (tag, varint length) for every record length below 2**14.
-    self._headers = [b"\x0a" + _varint(length) for length in range(1 << 14)]
-
-  def _prefix_list(self, name, max_payload_length):
-    """_prefix(name, n) for every n up to max_payload_length, as a list (cached)."""
-    prefixes = self._prefix_lists.get(name)
-    if prefixes is None:
-      prefixes = [self._prefix(name, n) for n in range(max_payload_length + 1)]
-      self._prefix_lists[name] = prefixes
-    return prefixes
-
-  def _prefix(self, name, payload_length):
-    """The bytes of one Features map entry up to its packed values (cached)."""
-    key = (name, payload_length)
-    prefix = self._prefixes.get(key)
-    if prefix is None:
-      # Feature.float_list is field 2, Feature.int64_list field 3; the list's values are
-      # field 1, packed. A map entry is a message of key (field 1) and value (field 2).
-      list_tag = b"\x12" if name in records.FLOAT_FEATURES else b"\x1a"
-      value_list = b"\x0a" + _varint(payload_length)
-      feature = list_tag + _varint(len(value_list) + payload_length) + value_list
-      name_bytes = name.encode("ascii")
-      entry = (b"\x0a" + _varint(len(name_bytes)) + name_bytes +
-               b"\x12" + _varint(len(feature) + payload_length) + feature)
-      prefix = b"\x0a" + _varint(len(entry) + payload_length) + entry
-      self._prefixes[key] = prefix
-    return prefix
-
-  def encode(self, tokens, lengths, lengths_a, positions, labels, counts,
-             is_random_next):
-    """Serializes a batch to tf.train.Example bytes.
-
-    Args:
-      tokens: int64 [batch, max_seq_length] input ids, zero padded.
-      lengths: int64 [batch] sequence lengths.
-      lengths_a: int64 [batch] A lengths.
-      positions: int64 [batch, max_predictions_per_seq] masked positions, zero padded.
-      labels: int64 [batch, max_predictions_per_seq] original ids there, zero padded.
-      counts: int64 [batch] number of predictions.
-      is_random_next: bool [batch].
-
-    Returns:
-      list of bytes, one serialized tf.train.Example per row.
-    """
-    seq_length = self.max_seq_length
-    weights_length = 4 * self.max_predictions_per_seq
-    columns = np.arange(seq_length)
-    in_sequence = columns < lengths[:, None]
-    # 0/1 values are one varint byte each, so these bytes are the packed payloads.
-    input_mask = in_sequence.astype(np.uint8).tobytes()
-    segment_ids = (in_sequence & (columns >= (lengths_a + 2)[:, None])).astype(
-        np.uint8).tobytes()
-    weights = (np.arange(self.max_predictions_per_seq) < counts[:, None]).astype(
-        "<f4").tobytes()
-    ids_data, ids_offsets = self._varints.encode_rows(tokens)
-    labels_data, labels_offsets = self._varints.encode_rows(labels)
-    positions_data, positions_offsets = self._varints.encode_rows(positions)
-    next_labels = [b"\x01" if flag else b"\x00" for flag in is_random_next.tolist()]
-
-    prefix = self._prefix
-    # Per-row lookups are list indexing: a method call per field cost more than the join.
-    ids_prefixes = self._prefix_list("input_ids", self._varints.max_bytes * seq_length)
-    labels_prefixes = self._prefix_list("masked_lm_ids",
-                                        self._varints.max_bytes * self.max_predictions_per_seq)
-    positions_prefixes = self._prefix_list(
-        "masked_lm_positions", self._varints.max_bytes * self.max_predictions_per_seq)
-    headers = self._headers
-    mask_prefix = prefix("input_mask", seq_length)
-    segment_prefix = prefix("segment_ids", seq_length)
-    weights_prefix = prefix("masked_lm_weights", weights_length)
-    label_prefix = prefix("next_sentence_labels", 1)
-    records = []
-    for row in range(len(next_labels)):
-      ids_payload = ids_data[ids_offsets[row]:ids_offsets[row + 1]]
-      labels_payload = labels_data[labels_offsets[row]:labels_offsets[row + 1]]
-      positions_payload = positions_data[positions_offsets[row]:positions_offsets[row + 1]]
-      seq_begin = row * seq_length
-      weights_begin = row * weights_length
-      # Map entries in sorted key order (sorted(records.FEATURE_NAMES)), as
-      # deterministic serialization writes them.
-      features = b"".join((
-          ids_prefixes[len(ids_payload)], ids_payload,
-          mask_prefix, input_mask[seq_begin:seq_begin + seq_length],
-          labels_prefixes[len(labels_payload)], labels_payload,
-          positions_prefixes[len(positions_payload)], positions_payload,
-          weights_prefix, weights[weights_begin:weights_begin + weights_length],
-          label_prefix, next_labels[row],
-          segment_prefix, segment_ids[seq_begin:seq_begin + seq_length]))
-      # Example.features is field 1.
-      length = len(features)
-      records.append((headers[length] if length < len(headers) else
-                      b"\x0a" + _varint(length)) + features)
-    return records
 
 
 def _check_arguments(output_files, max_seq_length, max_predictions_per_seq,
@@ -849,8 +691,6 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
   Returns:
     dict with num_instance_tokens (tokens before padding) and num_masked_tokens.
   """
-  encoder = ExampleEncoder(max_seq_length, max_predictions_per_seq,
-                           len(masker.is_continuation))
   temporary_files = ["%s.tmp-%d" % (path, os.getpid()) for path in output_files]
   for path in output_files:
     directory = os.path.dirname(path)
@@ -871,8 +711,8 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
       positions, labels, counts = masker.mask_batch(tokens, lengths, lengths_a)
       num_instance_tokens += int(lengths.sum())
       num_masked_tokens += int(counts.sum())
-      for record in encoder.encode(tokens, lengths, lengths_a, positions, labels, counts,
-                                   is_random_next):
+      for record in records.serialize_examples(batch_features(
+          tokens, lengths, lengths_a, positions, labels, counts, is_random_next)):
         current = writer_index
         writers[writer_index].write(record)
         writer_index = (writer_index + 1) % len(writers)

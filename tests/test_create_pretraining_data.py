@@ -366,7 +366,7 @@ def test_no_temporary_files_left(tmp_path, vocab_file, monkeypatch):
     raise RuntimeError("disk full")
 
   failed = tmp_path / "failed"
-  monkeypatch.setattr(cpd.ExampleEncoder, "encode", fail)
+  monkeypatch.setattr(cpd.records, "serialize_examples", fail)
   with pytest.raises(RuntimeError, match="disk full"):
     make_data(failed, vocab_file, num_files=2, dupe_factor=1)
   # Nothing half-written is left, under the final name or the temporary one.

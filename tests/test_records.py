@@ -74,7 +74,8 @@ def test_a_written_example_parses_and_serializes_back_to_the_same_bytes(data):
       assert values["masked_lm_weights"].dtype == np.float32
       assert records.wrong_length(values, SEQ, PRED) is None
       assert records.example_problem(values, SEQ, PRED, data["vocab_size"]) is None
-      # The writer's fast encoder and serialize_example give the same bytes.
+      # What create_pretraining_data wrote is protobuf's own serialization of the values.
+      assert reference_bytes(values, records.FEATURE_NAMES, records.FLOAT_FEATURES) == record
       assert records.serialize_example(values) == record
       expected = sess.run(parsed_by_tf, {serialized: record})
       for name in records.FEATURE_NAMES:
@@ -391,6 +392,21 @@ def test_the_batch_check_gives_each_records_own_problem(data):
                       for row in rows]
   assert problems[0] is None and all(problems[1:])
   assert problems[3] == "next_sentence_labels is 7, not 0 or 1"
+
+
+@pytest.mark.parametrize("top", [1, 127, 128, 2 ** 14 - 1, 2 ** 14, 2 ** 21 - 1, 2 ** 21,
+                                 2 ** 28, 2 ** 35, 2 ** 63 - 1])
+def test_the_batch_encoder_writes_tensorflows_bytes_for_ids_up_to_any_size(data, top):
+  # The largest id sets how many bytes a value may take, and so how they are made.
+  values = records.parse_example(data["serialized"][0])
+  rng = np.random.default_rng(top % 1000)
+  batch = {name: np.stack([values[name]] * 4) for name in records.FEATURE_NAMES}
+  batch["input_ids"] = rng.integers(0, top, batch["input_ids"].shape, endpoint=True)
+  batch["input_ids"][0, 0] = top
+  batch["input_ids"][1, :8] = np.minimum([0, 1, 127, 128, 16383, 16384, top // 2, top], top)
+  rows = [{name: batch[name][row] for name in records.FEATURE_NAMES} for row in range(4)]
+  assert records.serialize_examples(batch) == [
+      reference_bytes(row, records.FEATURE_NAMES, records.FLOAT_FEATURES) for row in rows]
 
 
 def test_the_batch_encoder_writes_tensorflows_bytes_for_any_int64(data):

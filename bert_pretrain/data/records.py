@@ -57,11 +57,13 @@ same sequences unpacked. A record is packed when it has any of PACKED_ONLY
 
 The module reads top to bottom: the feature spec, the framing, parsing one record into
 numpy arrays, validating it, the packed format (its spec, packing and unpacking
-sequences, validating a pack), and serializing one record for a writer.
+sequences, validating a pack), and serializing records for a writer (serialize_examples:
+create_pretraining_data's and pack_records' one way to make their bytes).
 """
 
 import collections
 import errno
+import functools
 import logging
 import os
 import shutil
@@ -832,8 +834,11 @@ def _varint_rows(matrix):
     (data, ends): bytes of all values' varints in row-major order, and the int64 array
     of where each row's bytes end in data.
   """
-  matrix = np.asarray(matrix, np.int64)
+  matrix = np.asarray(matrix)
   rows, columns = matrix.shape
+  if matrix.dtype == bool:  # a mask: one byte a value, as it is
+    return matrix.tobytes(), np.arange(1, rows + 1) * columns
+  matrix = matrix.astype(np.int64, copy=False)
   if matrix.size == 0:
     return b"", np.zeros(rows, np.int64)
   if matrix.min() < 0:
@@ -847,18 +852,41 @@ def _varint_rows(matrix):
       width += 1
   if width == 1:
     return unsigned.astype(np.uint8).tobytes(), np.arange(1, rows + 1) * columns
-  size = np.ones(matrix.shape, np.uint8)
-  for index in range(1, width):
-    size += unsigned >= unsigned.dtype.type(1 << (7 * index))
-  groups = np.empty(matrix.shape + (width,), np.uint8)
-  for index in range(width):
-    group = ((unsigned >> unsigned.dtype.type(7 * index)) & unsigned.dtype.type(0x7F)).astype(
-        np.uint8)
-    if index < width - 1:
-      group |= (size > index + 1).view(np.uint8) << np.uint8(7)
-    groups[..., index] = group
-  data = groups[np.arange(width) < size[..., None]].tobytes()
-  return data, np.cumsum(size.sum(axis=1, dtype=np.int64))
+  flat = unsigned.reshape(-1)
+  if width <= 3:  # token ids: each value's size and bytes looked up, one word a value
+    sizes, words = _varint_table(top.bit_length())
+    size = np.take(sizes, flat)
+    code = np.take(words, flat).view(np.uint8).reshape(-1, 4)
+  else:
+    size = np.ones(flat.shape, np.uint8)
+    for index in range(1, width):
+      size += flat >= flat.dtype.type(1 << (7 * index))
+    code = np.empty(flat.shape + (width,), np.uint8)
+    for index in range(width):
+      code[:, index] = ((flat >> flat.dtype.type(7 * index)) & flat.dtype.type(0x7F)) | (
+          (size > index + 1).astype(np.uint8) << np.uint8(7))
+  ends = np.cumsum(size, dtype=np.int64)
+  starts = ends - size
+  data = np.empty(int(ends[-1]) + width, np.uint8)
+  # Every value's byte i goes to start + i, highest i first: a value shorter than i + 1
+  # bytes spills onto the next value's first bytes, which a later pass overwrites.
+  for index in range(width - 1, -1, -1):
+    data[starts + index] = code[:, index]
+  return data[:int(ends[-1])].tobytes(), ends.reshape(rows, columns)[:, -1]
+
+
+@functools.lru_cache(maxsize=None)
+def _varint_table(bits):
+  """(sizes, words): the varint size of every value below 2 ** bits (at most 21), and
+  its bytes in a little-endian 32-bit word."""
+  values = np.arange(1 << bits, dtype=np.uint32)
+  sizes = np.ones(values.shape, np.uint8)
+  for index in range(1, 3):
+    sizes += values >= 1 << (7 * index)
+  codes = np.zeros(values.shape + (4,), np.uint8)
+  for index in range(3):
+    codes[:, index] = ((values >> (7 * index)) & 0x7F) | ((sizes > index + 1) << 7)
+  return sizes, codes.view("<u4").reshape(-1)
 
 
 def serialize_examples(values):
@@ -877,7 +905,7 @@ def serialize_examples(values):
   names = sorted(PACKED_FEATURE_NAMES if packed else FEATURE_NAMES)
   float_names = PACKED_FLOAT_FEATURES if packed else FLOAT_FEATURES
   rows = len(values[names[0]])
-  payloads = []
+  parts = []  # per feature: each row's map entry up to its values, then its values
   for name in names:
     if name in float_names:
       data = np.ascontiguousarray(values[name], dtype="<f4").tobytes()
@@ -885,31 +913,31 @@ def serialize_examples(values):
       ends = np.arange(1, rows + 1, dtype=np.int64) * width
     else:
       data, ends = _varint_rows(values[name])
-    payloads.append((name.encode("utf-8"), 0x12 if name in float_names else 0x1A,
-                     data, np.concatenate([[0], ends]).tolist()))
-  prefixes = {}
+    ends = [0] + ends.tolist()
+    lengths = [end - start for start, end in zip(ends[:-1], ends[1:])]
+    kind = 0x12 if name in float_names else 0x1A
+    prefixes = {length: _entry_prefix(name.encode("utf-8"), kind, length)
+                for length in set(lengths)}
+    parts.append(list(map(prefixes.__getitem__, lengths)))
+    parts.append([data[start:end] for start, end in zip(ends[:-1], ends[1:])])
+  return [_example_header(len(features)) + features
+          for features in map(b"".join, zip(*parts))]
 
-  def prefix(name, kind, payload_length):
-    """The bytes before a feature's values: map entry, Feature, value list."""
-    key = (name, payload_length)
-    if key not in prefixes:
-      value_list = (b"\x0a" + _varint(payload_length)) if payload_length else b""
-      feature = bytes([kind]) + _varint(len(value_list) + payload_length) + value_list
-      entry = (b"\x0a" + _varint(len(name)) + name + b"\x12" +
-               _varint(len(feature) + payload_length) + feature)
-      prefixes[key] = b"\x0a" + _varint(len(entry) + payload_length) + entry
-    return prefixes[key]
 
-  examples = []
-  for row in range(rows):
-    parts = []
-    for name, kind, data, ends in payloads:
-      start, end = ends[row], ends[row + 1]
-      parts.append(prefix(name, kind, end - start))
-      parts.append(data[start:end])
-    features = b"".join(parts)
-    examples.append(b"\x0a" + _varint(len(features)) + features)
-  return examples
+@functools.lru_cache(maxsize=None)
+def _example_header(length):
+  return b"\x0a" + _varint(length)  # Example.features, field 1
+
+
+@functools.lru_cache(maxsize=None)
+def _entry_prefix(name, kind, payload_length):
+  """The bytes of a Features map entry before its values: the entry, the Feature
+  (kind 0x12: float_list, 0x1A: int64_list) and the packed value list."""
+  value_list = (b"\x0a" + _varint(payload_length)) if payload_length else b""
+  feature = bytes([kind]) + _varint(len(value_list) + payload_length) + value_list
+  entry = (b"\x0a" + _varint(len(name)) + name + b"\x12" +
+           _varint(len(feature) + payload_length) + feature)
+  return b"\x0a" + _varint(len(entry) + payload_length) + entry
 
 
 def os_error_from_tf(error, path):
