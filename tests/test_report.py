@@ -139,6 +139,27 @@ def test_a_run_stopped_between_two_log_lines_is_counted_to_the_step_it_saved(tmp
       summary)
 
 
+def test_a_part_killed_before_its_summary_is_named_last_or_earlier():
+  started = {"type": "device", "device": "CPU, 2 cores, compute float32"}
+  finished = {"type": "summary", "step": 30, "throughput": 104.0, "steady_sentences": 2080.0,
+              "steady_time_s": 20.0}
+  trained = {"type": "train", "step": 40, "total_loss": 7.0, "throughput_train": 100.0}
+  killed = [started, trained]  # kill -9 before the summary
+  for parts, last_open, earlier in (([started, finished], False, 0),
+                                    ([started, finished] + killed, True, 0),
+                                    (killed + [started, finished], False, 1),
+                                    (killed + killed + [started, trained], True, 2)):
+    summary = report.summarize(parts)
+    assert (summary["last_part_open"], summary["killed_parts"]) == (last_open, earlier)
+    text = "\n".join(report.format_summary(summary))
+    assert ("the last part has no summary: it is still running, or it was killed" in
+            text) == last_open
+    assert ("%d earlier part%s ended without a summary (killed)"
+            % (earlier, "" if earlier == 1 else "s") in text) == bool(earlier)
+  # A log of a recipe version that wrote no device record names no part.
+  assert report.summarize([trained])["last_part_open"] is False
+
+
 def test_a_part_too_short_for_a_steady_figure_leaves_the_throughput_to_the_others():
   parts = [{"type": "summary", "step": 30, "throughput": 104.0, "steady_sentences": 2080.0,
             "steady_time_s": 20.0},
@@ -215,6 +236,7 @@ def test_every_run_ends_with_its_report(pretraining_data, tmp_path):
   result = run_pretraining(*[f for f in flags if f != "--nodraw_report"])
   assert result.returncode == 0, result.stderr
   assert "report: updates: 6, training samples: 48, runs logged: 1" in result.stdout
+  assert "no summary" not in result.stdout  # the report is drawn after the summary
   assert "report: %s" % (out / "report.png") in result.stdout
   assert _png_size(str(out / "report.png")) == (960, 640)
   records = report.read_records(str(out / "dllog.json"))
@@ -243,6 +265,7 @@ def test_a_resumed_runs_report_gives_the_steady_throughput_of_all_its_parts(pret
     saved.append(float(re.search(r"checkpoint time: ([\d.]+) s", result.stdout).group(1)))
   assert "no update is left once the 2 warm-up steps" in result.stdout
   assert "report: updates: 10, training samples: 80, runs logged: 2" in result.stdout
+  assert "no summary" not in result.stdout and "without a summary" not in result.stdout
   reported = float(re.search(r"steady-state average ([\d.]+)", result.stdout).group(1))
   assert reported == pytest.approx(steady[0], abs=0.01) and reported != steady[1], steady
   # Each part saved once, at its end (every 100 updates otherwise): that time is counted.

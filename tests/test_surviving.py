@@ -18,6 +18,7 @@ import types
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain.training import report
 from bert_pretrain.training import resume as resume_lib
 from bert_pretrain.training import signals
 from conftest import (ROOT, TINY_CONFIG, base_flags, rank_command, rank_pid,
@@ -253,8 +254,13 @@ def test_sigkilled_run_with_accumulation_resumes_the_loss_curve_bit_identically(
   command = MODULE + _flags(dropout_free, out, num_accumulation_steps=2)
   status, _, _, last_step = _run_and_signal(command, out, at_step=10, sig=signal.SIGKILL)
   assert status == -signal.SIGKILL
+  killed = report.format_summary(report.summarize(report.read_records(
+      str(out / "dllog.json"))))
+  assert any(line.startswith("the last part has no summary") for line in killed), killed
   rerun = run_pretraining(*command[3:])
   assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert ("report: 1 earlier part ended without a summary (killed): not in the "
+          "steady-state average" in rerun.stdout)
   resumed = _resumed_step(rerun.stdout)
   assert resumed % SAVE_STEPS == 0 and last_step - resumed <= SAVE_STEPS
   print("SIGKILL after step %d was logged, rerun resumed at step %d" % (last_step, resumed))

@@ -98,6 +98,18 @@ def _samples(record):
   return record.get("samples", record["step"])
 
 
+def parts_finished(records):
+  """For each part of the run (each start writes a device record, a resume too), whether
+  it wrote its summary: one killed (kill -9, the OOM killer) or still running has not."""
+  finished = []
+  for record in records:
+    if record.get("type") == "device":
+      finished.append(False)
+    elif record.get("type") == "summary" and finished:
+      finished[-1] = True
+  return finished
+
+
 def summarize(records):
   """Returns a dict of the run's headline numbers (None where the log has none)."""
   train = _series(records, "train")
@@ -107,6 +119,7 @@ def summarize(records):
   warnings = [r for r in records if r.get("type") == "warning"]
   accuracies = [r["masked_lm_accuracy"] for r in evals if "masked_lm_accuracy" in r]
   fps = [r["throughput_train"] for r in train if "throughput_train" in r]
+  finished = parts_finished(records)
   return {
       # A run stopped between log lines has its last step in its summary alone.
       "last_step": max([r["step"] for r in train + evals + summaries] or [0]),
@@ -124,6 +137,8 @@ def summarize(records):
       "throughput": steady_throughput(trained),
       "where": where_time_went(trained[-1]) if trained else None,
       "runs": len(summaries),
+      "killed_parts": finished[:-1].count(False),
+      "last_part_open": bool(finished) and not finished[-1],
       "warnings": [r.get("message", "") for r in warnings],
   }
 
@@ -174,6 +189,13 @@ def format_summary(summary):
       % (number(summary["median_fps"], "%.2f"), number(summary["min_fps"], "%.2f"),
          number(summary["max_fps"], "%.2f"), number(summary["throughput"], "%.2f")),
   ]
+  if summary.get("last_part_open"):
+    lines.append("the last part has no summary: it is still running, or it was killed "
+                 "(kill -9, the OOM killer: see dmesg); the figures above are from its lines so far")
+  if summary.get("killed_parts"):
+    lines.append("%d earlier part%s ended without a summary (killed): not in the "
+                 "steady-state average" % (summary["killed_parts"],
+                                           "" if summary["killed_parts"] == 1 else "s"))
   if summary.get("where"):
     lines.append("where the time went: " + summary["where"])
   lines.append("warnings: %d" % len(summary["warnings"]))
