@@ -17,6 +17,16 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/scripts/common.sh"
+for word in "$@"; do  # the help is run_pretraining's, printed here rather than by each rank
+  case "$word" in
+    --help* | -help* | "-?") exec python3 -m bert_pretrain.run_pretraining --preset=multi_card "$word" ;;
+  esac
+done
+dry_run="${DRY_RUN:-0}"
+if [ "$dry_run" != 0 ] && [ "$dry_run" != 1 ]; then
+  echo "run_multi_card_FPS: error: DRY_RUN=$dry_run; set DRY_RUN=1 to check and print the plan only, or DRY_RUN=0 (or nothing) to run" >&2
+  exit 2
+fi
 
 per_host="$(count_ranks)"
 distribution="${DISTRIBUTION:-horovod}"
@@ -45,7 +55,7 @@ fi
 command=("${cards[@]}" "${launcher[@]:1}" python3 -m bert_pretrain.run_pretraining
   --preset=multi_card "${engine[@]}" "$@")
 echo "${launcher[0]}: $(shell_words "${command[@]}")"
-if [ -n "${DRY_RUN:-}" ]; then
+if [ "$dry_run" = 1 ]; then
   exec python3 -m bert_pretrain.distributed.launch check "${command[@]}"
 fi
 # launch.py runs horovodrun so that a failed job ends with the rank's error, not

@@ -62,6 +62,32 @@ def test_the_multi_card_script_passes_its_preset_the_engine_and_the_users_flags(
                          "--cpu_devices=2"] + DATA
 
 
+def test_dry_run_0_runs_the_job_another_value_is_refused_and_the_help_is_printed_once(
+    tmp_path):
+  env = dict(os.environ, PATH=passing_ranks_path(tmp_path, print_args=True),
+             IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+
+  def script(*words, **values):
+    return subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + list(words),
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=dict(env, **values), timeout=120)
+
+  ran = script(*DATA, DRY_RUN="0")
+  assert ran.returncode == 0, ran.stderr
+  assert "nothing was started" not in ran.stdout
+  # Each of the two ranks printed its arguments.
+  assert ran.stdout.count("--preset=multi_card") == 1 + 2, ran.stdout
+  refused = script(*DATA, DRY_RUN="yes")
+  assert (refused.returncode, refused.stdout) == (2, "")
+  assert refused.stderr == ("run_multi_card_FPS: error: DRY_RUN=yes; set DRY_RUN=1 to check "
+                            "and print the plan only, or DRY_RUN=0 (or nothing) to run\n")
+  for word in ("--help", "--helpfull"):
+    helped = script(word, *DATA, PATH=os.environ["PATH"])
+    assert "Launching" not in helped.stdout
+    assert "--train_batch_size" in helped.stdout, helped.stdout + helped.stderr
+
+
 def parsed(*argv):
   """Flags parsed as run_pretraining's command line parses them, presets applied."""
   values = flags.FlagValues()
