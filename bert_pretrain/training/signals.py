@@ -115,7 +115,8 @@ class StopRequest(object):
       self.signum = signum
       # The stop's next line says how to resume (the demo's command makes a new folder).
       _write_stderr("run_pretraining: %s received: finishing the current update, then saving "
-                    "a checkpoint (send %s again to exit at once)" % (signame, signame))
+                    "a checkpoint (send %s again, %g s or more later, to exit at once)"
+                    % (signame, signame, REPEAT_WINDOW_S))
     elif time.time() - self._first_time >= REPEAT_WINDOW_S:
       _exit_now("run_pretraining: second %s: exiting at once; the run resumes from its last "
                 "checkpoint" % signame, signum)
