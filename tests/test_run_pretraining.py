@@ -1053,6 +1053,27 @@ def test_amp_on_a_cpu_where_bfloat16_is_slower_computes_float32_and_says_why(mon
       "--amp: this TensorFlow computes bfloat16 without oneDNN")
 
 
+def test_float16_asked_for_on_a_cpu_without_float16_arithmetic_says_it_is_slow():
+  x86 = "flags\t\t: fpu sse sse2 avx2 f16c avx512f avx512_bf16\n"
+  slow = device_lib.float16_slowness(device_lib.cpu_flags(x86))
+  assert slow == "this CPU has no float16 arithmetic (avx512_fp16 or amx_fp16)"
+  fp16 = x86.replace("f16c", "avx512_fp16")
+  assert device_lib.float16_slowness(device_lib.cpu_flags(fp16)) == ""
+  assert device_lib.float16_slowness(device_lib.cpu_flags("Features\t: fp asimd fphp\n")) == ""
+  assert device_lib.float16_slowness(None) == ""  # cannot tell
+  cpu = device_lib.choose_device("cpu", [], None, False, True, "float16", "", slow)
+  assert (cpu.kind, cpu.dtype) == ("CPU", tf.float16)
+  assert device_lib.device_line(cpu, FakeRanks(), cores=2) == (
+      "CPU, 2 cores, compute float16 (--amp_dtype=float16: this CPU has no float16 arithmetic "
+      "(avx512_fp16 or amx_fp16), so it computes tens of times slower than in bfloat16 or "
+      "float32; pass --amp_dtype=bfloat16 or --noamp)")
+  # Not on a GPU, and not when the CPU has the instructions.
+  gpu = device_lib.choose_device("auto", [FakeGpu(0)], None, True, True, "float16", "", slow)
+  assert (gpu.dtype, gpu.why) == (tf.float16, "")
+  assert device_lib.choose_device("cpu", [], None, False, True, "float16", "", "").why == ""
+  assert device_lib.choose_device("cpu", [], None, False, True, "bfloat16", "", slow).why == ""
+
+
 def test_bfloat16_is_slower_without_onednn_or_without_the_cpus_instructions(tmp_path):
   assert device_lib.bfloat16_slowness(True, True) == ""
   assert device_lib.bfloat16_slowness(None, True) == ""  # cannot tell: as asked

@@ -20,9 +20,10 @@ from bert_pretrain.model import kernels
 
 class Device(object):
   """Where this process computes: kind "GPU" or "CPU", the GPUs TensorFlow lists
-  (tf.config PhysicalDevice objects; empty for "CPU"), the compute type and why, when
-  it is not the one asked for ("" otherwise), e.g. "--amp: this CPU has no bfloat16
-  instructions, float32 is faster"."""
+  (tf.config PhysicalDevice objects; empty for "CPU"), the compute type, and why it is
+  not the one asked for or why it is slow here, with the fix ("" otherwise), e.g. "--amp:
+  this CPU has no bfloat16 instructions, float32 is faster; --amp_dtype=bfloat16 forces
+  bfloat16"."""
 
   def __init__(self, kind, gpus, dtype, why=""):
     self.kind = kind
@@ -33,6 +34,8 @@ class Device(object):
 
 # /proc/cpuinfo's names of bfloat16 instructions: x86's AVX-512 and AMX ones, Arm's.
 BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+# x86's float16 arithmetic (not the F16C conversions every x86 CPU of a decade has).
+FLOAT16_FLAGS = ("avx512_fp16", "amx_fp16")
 
 
 def cpu_flags(cpuinfo=None, path="/proc/cpuinfo"):
@@ -60,6 +63,19 @@ def cpu_has_bfloat16(cpuinfo=None, path="/proc/cpuinfo"):
   if words is None:
     return None
   return any(flag in words for flag in BFLOAT16_FLAGS)
+
+
+def float16_slowness(words):
+  """Why float16 computes far slower than float32 and bfloat16 on this CPU ("" where it
+  does not or where that cannot be told): an x86 CPU without float16 arithmetic, where
+  TensorFlow converts every value.
+
+  Args:
+    words: cpu_flags().
+  """
+  if words is None or "sse2" not in words or any(flag in words for flag in FLOAT16_FLAGS):
+    return ""
+  return "this CPU has no float16 arithmetic (%s)" % " or ".join(FLOAT16_FLAGS)
 
 
 def tensorflow_uses_onednn():
@@ -96,7 +112,7 @@ def cards_listed(cuda_visible_devices):
 
 
 def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp, amp_dtype,
-                  bfloat16_slow):
+                  bfloat16_slow, float16_slow=""):
   """Decides the device and the compute type, before any graph is built.
 
   Args:
@@ -109,6 +125,8 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
     bfloat16_slow: why bfloat16 computes slower than float32 on this CPU
       (bfloat16_slowness), "" if it does not; then --amp with --amp_dtype=auto
       computes float32 on the CPU.
+    float16_slow: why float16 computes far slower on this CPU (float16_slowness), ""
+      if it does not; then --amp_dtype=float16 on the CPU says so.
 
   Returns:
     Device.
@@ -144,13 +162,16 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
     dtype = tf.float32
   elif amp_dtype != "auto":
     dtype = tf.as_dtype(amp_dtype)
+    if kind == "CPU" and dtype == tf.float16 and float16_slow:
+      why = ("--amp_dtype=float16: %s, so it computes tens of times slower than in bfloat16 "
+             "or float32; pass --amp_dtype=bfloat16 or --noamp" % float16_slow)
   elif kind == "GPU":
     dtype = tf.float16
   elif not bfloat16_slow:
     dtype = tf.bfloat16
   else:
     dtype = tf.float32
-    why = "--amp: %s, float32 is faster" % bfloat16_slow
+    why = "--amp: %s, float32 is faster; --amp_dtype=bfloat16 forces bfloat16" % bfloat16_slow
   return Device(kind, gpus if kind == "GPU" else [], dtype, why)
 
 
@@ -162,7 +183,8 @@ def detect_device(device_flag, amp, amp_dtype):
   return choose_device(device_flag, tf.config.experimental.list_physical_devices("GPU"),
                        os.environ.get("CUDA_VISIBLE_DEVICES"), tf.test.is_built_with_cuda(),
                        amp, amp_dtype,
-                       bfloat16_slowness(cpu_has_bfloat16(), tensorflow_uses_onednn()))
+                       bfloat16_slowness(cpu_has_bfloat16(), tensorflow_uses_onednn()),
+                       float16_slowness(cpu_flags()))
 
 
 def gpu_index(ranks, num_gpus, cuda_visible_devices=None):
@@ -268,8 +290,8 @@ def compute_text(device):
   "compute bfloat16 (fused kernels not built ...; the fix)" where a CPU runs without
   our fused kernels (model/kernels.py: in every precision, the optimizer's update)."""
   text = "compute %s" % device.dtype.name
-  if device.why:  # run_pretraining's --amp_dtype chooses
-    text += " (%s; --amp_dtype=bfloat16 forces bfloat16)" % device.why
+  if device.why:
+    text += " (%s)" % device.why
   elif device.kind == "CPU":
     why_not_fused = kernels.why_unavailable()
     if why_not_fused:
