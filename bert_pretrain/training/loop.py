@@ -62,6 +62,11 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
     missed = not at_start and at_point
     if job.finished:
       job.logger.print(job.finished)
+    elif cfg.run.do_train and job.step >= cfg.optimizer.num_train_steps:
+      job.logger.print("global_step %d already reached --num_train_steps=%d; nothing to train%s"
+                       % (job.step, cfg.optimizer.num_train_steps,
+                          ", only the evaluation at the start" if job.evaluator is not None
+                          and at_start else ""))
     elif missed:
       job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
                        "stopped right after it saves without evaluating)" % job.step)
@@ -90,9 +95,6 @@ def train(cfg, job, stop, results):
   step = job.step
   last_scale = job.loss_scale()
   skipped_trace = False  # the last try to trace was skipped by loss scaling
-  if cfg.run.do_train and step >= cfg.optimizer.num_train_steps:
-    job.logger.print("global_step %d already reached --num_train_steps=%d; nothing to train"
-                     % (step, cfg.optimizer.num_train_steps))
   while cfg.run.do_train and step < cfg.optimizer.num_train_steps:
     job.evals.start_block(step)
     step_start = time.time()
