@@ -998,6 +998,17 @@ def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting
      "run_multi_card_FPS: error: cannot read the hostfile nowhere"),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "HOROVOD_RUN_ARGS": "--gloo -H 'h1"},
      "run_multi_card_FPS: error: HOROVOD_RUN_ARGS cannot be split into arguments"),
+    # horovodrun's own complaints, in one line rather than after its usage text.
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--glooo"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says unrecognized arguments: "
+     "--glooo; horovodrun --help lists its options"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo --mpi"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says argument --mpi: not "
+     "allowed with argument --gloo"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "DISTRIBUTION": "multi_worker_mirrored",
+      "HOROVOD_RUN_ARGS": "--gloo -H h1:2,h2:2 --start-timeout soon"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says argument --start-timeout: "
+     "invalid int value: 'soon'"),
 ])
 def test_the_launcher_stops_on_a_contradiction_before_starting_anything(values, message,
                                                                        tmp_path):

@@ -88,6 +88,19 @@ def test_dry_run_0_runs_the_job_another_value_is_refused_and_the_help_is_printed
     assert "--train_batch_size" in helped.stdout, helped.stdout + helped.stderr
 
 
+def test_a_dry_run_refuses_a_tf_config_the_run_would_refuse(tmp_path):
+  env = dict(os.environ, DRY_RUN="1", DISTRIBUTION="multi_worker_mirrored", TF_CONFIG="notjson",
+             IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")],
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=env, timeout=120)
+  assert result.returncode == 2, result.stdout + result.stderr
+  assert result.stderr.startswith("run_pretraining: error: TF_CONFIG is not a cluster of "
+                                  "workers (JSONDecodeError: ")
+  assert len(result.stderr.splitlines()) == 1 and "nothing was started" not in result.stdout
+
+
 def parsed(*argv):
   """Flags parsed as run_pretraining's command line parses them, presets applied."""
   values = flags.FlagValues()

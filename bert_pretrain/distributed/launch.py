@@ -809,6 +809,28 @@ def _unknown_flag_text(name, args, absl_message):
       spelled, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
 
 
+def check_horovodrun_args(args):
+  """Raises LaunchError with horovodrun's own complaint about its arguments (`args`, as
+  launcher() gives them: an option it does not know, --gloo with --mpi) in one line,
+  before any rank starts, where its usage text would fill the screen; nothing where
+  Horovod does not import here (its horovodrun then says it as the job starts)."""
+  try:
+    from horovod.runner import launch as horovod_launch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  said, argv = io.StringIO(), sys.argv
+  sys.argv = ["horovodrun"] + list(args) + ["python3"]
+  try:
+    with contextlib.redirect_stderr(said):
+      horovod_launch.parse_args()
+  except SystemExit:
+    complaint = (said.getvalue().strip().splitlines() or ["refused"])[-1]
+    raise LaunchError("HOROVOD_RUN_ARGS: horovodrun says %s; horovodrun --help lists its "
+                      "options" % complaint.replace("horovodrun: error: ", ""))
+  finally:
+    sys.argv = argv
+
+
 def horovodrun_options():
   """{option: whether it takes a value} of horovodrun's options (--network-interface NICS,
   --verbose, -p SSH_PORT, ...), read from its own --help, but its help; {} where Horovod
@@ -911,6 +933,8 @@ def main(argv):
       # horovodrun alone picks MPI where its build has it: the default stays Gloo.
       run_args = ["--gloo"] + run_args
     job = plan(run_args, int(argv[1]), distribution)
+    if launcher(job, distribution):
+      check_horovodrun_args(job.args)
     # On this host alone: the cards listed must be here; a count given must fit (the
     # script's own default is within the host). An empty list hides every card: CPU ranks.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

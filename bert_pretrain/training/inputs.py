@@ -14,6 +14,7 @@ from bert_pretrain import config
 from bert_pretrain import pack_records
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain.model import modeling
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import mlperf
@@ -91,6 +92,8 @@ def check_settings(cfg):
   if cfg.run.do_train and cfg.optimizer.num_train_steps < 1:
     raise ValueError("--num_train_steps=%d must be at least 1 (or pass --nodo_train)"
                      % cfg.optimizer.num_train_steps)
+  if cfg.runtime.engine() == "multi_worker_mirrored":
+    ranks_lib.multi_worker_config()  # TF_CONFIG, also in a dry run's --check_only
 
 
 def check_optimizer(opt):
