@@ -96,6 +96,10 @@ def _read_vocab(vocab_file):
     raise InspectError("vocab file %s does not exist; pass the vocab.txt the records "
                        "were made with, or leave --vocab out" % vocab_file)
   vocab = tokenization.load_vocab(vocab_file)
+  missing = tokenization.missing_special_tokens(vocab)
+  if missing:  # not the records' fault: every id would read as outside the vocab
+    raise InspectError("vocab file %s lacks %s; pass the vocab.txt the records were made "
+                       "with, or leave --vocab out" % (vocab_file, " ".join(missing)))
   return ({v: k for k, v in vocab.items()}, vocab.get("[MASK]"),
           max(vocab.values()) + 1)
 

@@ -179,6 +179,13 @@ def test_an_empty_input_or_a_vocab_folder_is_one_line_naming_what_to_pass(data, 
   assert (status, out) == (2, "")
   assert err == ("inspect_tfrecords: error: --vocab=%s is a folder; pass the vocab file (the "
                  "vocab.txt the records were made with), or leave --vocab out\n" % data["root"])
+  # A text file given as the vocab: the records are not blamed, record by record.
+  text = tmp_path / "notes.txt"
+  text.write_text("some words\nof a text\n")
+  status, out, err = inspect(data["train_dir"], vocab=str(text))
+  assert (status, out) == (2, "")
+  assert err == ("inspect_tfrecords: error: vocab file %s lacks [UNK] [CLS] [SEP] [MASK]; "
+                 "pass the vocab.txt the records were made with, or leave --vocab out\n" % text)
 
 
 def test_packed_records_are_recognised_and_a_broken_pack_breaks_the_spec(data, tmp_path):
