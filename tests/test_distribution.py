@@ -411,6 +411,11 @@ def test_the_plan_starts_one_multi_worker_process_per_host_named_by_tf_config():
       "Launching 2 processes on 2 hosts, each driving 8 cards (multi_worker_mirrored)")
   one_host = launch_plan.plan(["--gloo"], per_host=4, distribution="multi_worker_mirrored")
   assert launch_plan.launcher(one_host, "multi_worker_mirrored") == []
+  # On a host without cards the process's replica is its CPU, whatever the count per host.
+  assert launch_plan.summary(one_host, "multi_worker_mirrored", cpu=True) == (
+      "Launching 1 process, one replica on this host's CPU (multi_worker_mirrored)")
+  assert launch_plan.summary(one_host, "multi_worker_mirrored") == (
+      "Launching 1 process driving 4 cards (multi_worker_mirrored)")
 
 
 def test_mirrored_refuses_several_hosts():
@@ -433,7 +438,7 @@ def test_the_script_runs_mirrored_as_one_process_without_horovodrun(tmp_path):
                           universal_newlines=True, env=env, timeout=60)
   assert result.returncode == 0, result.stderr
   assert result.stdout.splitlines() == [
-      "Launching 1 process driving 2 cards (mirrored): python3 -m "
+      "Launching 1 process driving 2 logical CPU devices (mirrored): python3 -m "
       "bert_pretrain.run_pretraining --preset=multi_card --distribution=mirrored "
       "--cpu_devices=2 --input_files_dir=/data/train",
       "DRY_RUN=1: the flags and run_pretraining --check_only on this host pass; nothing was "

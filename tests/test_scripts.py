@@ -364,7 +364,8 @@ def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path)
              "--distribution=mirrored --cpu_devices=2 " + " ".join(DATA))
   assert lines["gpu"] == ("Launching 1 process driving 2 cards (mirrored): env "
                           "CUDA_VISIBLE_DEVICES=0,1 " + command)
-  assert lines["cpu"] == "Launching 1 process driving 2 cards (mirrored): " + command
+  assert lines["cpu"] == ("Launching 1 process driving 2 logical CPU devices (mirrored): " +
+                          command)
 
 
 def _demo(cache, cwd, *flags_given):

@@ -356,13 +356,18 @@ def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):
   return ports
 
 
-def summary(job, distribution="horovod"):
+def summary(job, distribution="horovod", cpu=False):
   """'Launching 16 ranks on 2 hosts (8 per host)', or for TensorFlow's engines 'Launching
-  2 processes on 2 hosts, each driving 8 cards (multi_worker_mirrored)'."""
+  2 processes on 2 hosts, each driving 8 cards (multi_worker_mirrored)' (cpu: a job on
+  this host alone, which has no card to drive)."""
   hosts = "%d host%s" % (len(job.hosts), "" if len(job.hosts) == 1 else "s")
   if distribution == "horovod":
     return "Launching %d rank%s on %s (%d per host)" % (
         job.ranks, "" if job.ranks == 1 else "s", hosts, job.per_host)
+  if cpu and distribution == "mirrored":  # the script passes --cpu_devices
+    return "Launching 1 process driving %d logical CPU devices (mirrored)" % job.per_host
+  if cpu:
+    return "Launching 1 process, one replica on this host's CPU (%s)" % distribution
   cards = "%d card%s (%s)" % (job.per_host, "" if job.per_host == 1 else "s", distribution)
   if len(job.hosts) == 1:
     return "Launching 1 process driving %s" % cards
@@ -947,7 +952,9 @@ def main(argv):
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
-  print("\n".join([summary(job, distribution)] + launcher(job, distribution, int(port))))
+  cpu = distribution != "horovod" and not names_hosts(run_args) and (
+      visible == "" or (not visible and listed_cards()[0] == 0))
+  print("\n".join([summary(job, distribution, cpu)] + launcher(job, distribution, int(port))))
   return 0
 
 
