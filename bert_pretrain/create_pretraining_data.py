@@ -789,6 +789,12 @@ def check_new_outputs(output_files):
     if tf.io.gfile.exists(path):
       raise ValueError("--output_file=%s already exists and would be replaced; delete it "
                        "to make it again, or pass another path" % path)
+    above = os.path.dirname(os.path.abspath(path))
+    while "://" not in path and not os.path.exists(above):
+      above = os.path.dirname(above)
+    if "://" not in path and not (os.path.isdir(above) and os.access(above, os.W_OK | os.X_OK)):
+      raise ValueError("--output_file=%s cannot be written (%s is not a folder you can write "
+                       "to); pass a path in a folder you can write to" % (path, above))
 
 
 def print_summary(stats, vocab_file, do_lower_case):
