@@ -119,7 +119,9 @@ else
 fi
 
 # 4. Python packages of the recipe, its tools and tests (pip skips what is there).
-pip_install "$numpy_pin" "$tokenizers" absl-py mlperf-logging pytest pytest-xdist vermin psutil matplotlib
+packages=("$numpy_pin" "$tokenizers" absl-py mlperf-logging pytest pytest-xdist vermin psutil matplotlib)
+say "Python packages: ${packages[*]} (pip keeps those already there)"
+pip_install "${packages[@]}"
 
 # 5. Horovod against this TensorFlow, with Gloo and MPI, and with NCCL on a GPU when CUDA
 #    and NCCL are found. Built from source; --no-build-isolation lets the build see the

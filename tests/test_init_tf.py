@@ -263,6 +263,7 @@ def test_tensorflow_1_15_gets_a_python_37_environment_with_its_pins(tmp_path):
   install = [c for c in commands if "tensorflow-cpu==1.15.0" in c]
   assert len(install) == 1 and "numpy\\<1.20" in install[0] and "protobuf\\<3.21" in install[0]
   assert any("tokenizers\\<0.14" in c and "matplotlib" in c for c in commands), commands
+  assert _decision(decisions, "Python packages").startswith("numpy<1.20 tokenizers<0.14 ")
 
 
 def test_missing_openmpi_is_installed_from_debian_waiting_for_a_held_dpkg_lock(tmp_path):
