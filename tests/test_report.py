@@ -139,22 +139,22 @@ def test_a_run_stopped_between_two_log_lines_is_counted_to_the_step_it_saved(tmp
       summary)
 
 
-def test_a_part_killed_before_its_summary_is_named_last_or_earlier():
+def test_a_part_that_ended_before_its_summary_is_named_last_or_earlier():
   started = {"type": "device", "device": "CPU, 2 cores, compute float32"}
   finished = {"type": "summary", "step": 30, "throughput": 104.0, "steady_sentences": 2080.0,
               "steady_time_s": 20.0}
   trained = {"type": "train", "step": 40, "total_loss": 7.0, "throughput_train": 100.0}
-  killed = [started, trained]  # kill -9 before the summary
+  killed = [started, trained]  # kill -9 (or an error) before the summary
   for parts, last_open, earlier in (([started, finished], False, 0),
                                     ([started, finished] + killed, True, 0),
                                     (killed + [started, finished], False, 1),
                                     (killed + killed + [started, trained], True, 2)):
     summary = report.summarize(parts)
-    assert (summary["last_part_open"], summary["killed_parts"]) == (last_open, earlier)
+    assert (summary["last_part_open"], summary["parts_ended_early"]) == (last_open, earlier)
     text = "\n".join(report.format_summary(summary))
-    assert ("the last part has no summary: it is still running, or it was killed" in
+    assert ("the last part has no summary: it is still running, or it ended early" in
             text) == last_open
-    assert ("%d earlier part%s ended without a summary (killed)"
+    assert ("%d earlier part%s ended early, without a summary"
             % (earlier, "" if earlier == 1 else "s") in text) == bool(earlier)
   # A log of a recipe version that wrote no device record names no part.
   assert report.summarize([trained])["last_part_open"] is False

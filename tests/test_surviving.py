@@ -259,8 +259,8 @@ def test_sigkilled_run_with_accumulation_resumes_the_loss_curve_bit_identically(
   assert any(line.startswith("the last part has no summary") for line in killed), killed
   rerun = run_pretraining(*command[3:])
   assert rerun.returncode == 0, rerun.stderr[-3000:]
-  assert ("report: 1 earlier part ended without a summary (killed): not in the "
-          "steady-state average" in rerun.stdout)
+  assert ("report: 1 earlier part ended early, without a summary: not in the steady-state "
+          "average" in rerun.stdout)
   resumed = _resumed_step(rerun.stdout)
   assert resumed % SAVE_STEPS == 0 and last_step - resumed <= SAVE_STEPS
   print("SIGKILL after step %d was logged, rerun resumed at step %d" % (last_step, resumed))

@@ -100,7 +100,8 @@ def _samples(record):
 
 def parts_finished(records):
   """For each part of the run (each start writes a device record, a resume too), whether
-  it wrote its summary: one killed (kill -9, the OOM killer) or still running has not."""
+  it wrote its summary: one still running has not, nor one that ended early (an error
+  after its start, kill -9, the OOM killer, a second Ctrl-C, a stalled rank)."""
   finished = []
   for record in records:
     if record.get("type") == "device":
@@ -137,7 +138,7 @@ def summarize(records):
       "throughput": steady_throughput(trained),
       "where": where_time_went(trained[-1]) if trained else None,
       "runs": len(summaries),
-      "killed_parts": finished[:-1].count(False),
+      "parts_ended_early": finished[:-1].count(False),
       "last_part_open": bool(finished) and not finished[-1],
       "warnings": [r.get("message", "") for r in warnings],
   }
@@ -190,12 +191,13 @@ def format_summary(summary):
          number(summary["max_fps"], "%.2f"), number(summary["throughput"], "%.2f")),
   ]
   if summary.get("last_part_open"):
-    lines.append("the last part has no summary: it is still running, or it was killed "
-                 "(kill -9, the OOM killer: see dmesg); the figures above are from its lines so far")
-  if summary.get("killed_parts"):
-    lines.append("%d earlier part%s ended without a summary (killed): not in the "
-                 "steady-state average" % (summary["killed_parts"],
-                                           "" if summary["killed_parts"] == 1 else "s"))
+    lines.append("the last part has no summary: it is still running, or it ended early (an "
+                 "error, kill -9 or the OOM killer: its console output or dmesg says which); "
+                 "the figures above are from its lines so far")
+  if summary.get("parts_ended_early"):
+    lines.append("%d earlier part%s ended early, without a summary: not in the steady-state "
+                 "average" % (summary["parts_ended_early"],
+                              "" if summary["parts_ended_early"] == 1 else "s"))
   if summary.get("where"):
     lines.append("where the time went: " + summary["where"])
   lines.append("warnings: %d" % len(summary["warnings"]))
