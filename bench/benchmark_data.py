@@ -49,6 +49,7 @@ import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top,wrong-i
 
 from bert_pretrain import create_pretraining_data  # pylint: disable=g-import-not-at-top
 from bert_pretrain import errors  # pylint: disable=g-import-not-at-top
+from bert_pretrain import processes  # pylint: disable=g-import-not-at-top
 from bert_pretrain.data import tokenization  # pylint: disable=g-import-not-at-top
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -426,7 +427,7 @@ def main(argv):
     sys.exit(errors.stopped_by_signal(TOOL, e, "%s; run the same command again" % (
         "its temporary folder is removed" if not FLAGS.work_dir else
         "--work_dir=%s holds what was done" % FLAGS.work_dir)))
-  except workdir.PrepareError as e:
+  except (workdir.PrepareError, processes.WorkerDied) as e:
     sys.exit("%s: error: %s" % (TOOL, e))
   finally:
     if not FLAGS.work_dir:

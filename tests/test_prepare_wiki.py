@@ -546,6 +546,19 @@ def test_refused_dump_leaves_nothing_that_blocks_the_corrected_command(run_a, vo
   assert files_under(output_dir) == files_under(run_a)
 
 
+def test_a_first_step_whose_worker_died_binds_the_folder_to_no_settings(vocab, tmp_path,
+                                                                         monkeypatch):
+  # The rerun may come with other settings (fewer pages a chunk, after the OOM killer).
+  def died(*unused_args):
+    raise processes.WorkerDied()
+
+  monkeypatch.setattr(pipeline, "run_extract", died)
+  output_dir = str(tmp_path / "out")
+  with pytest.raises(processes.WorkerDied):
+    pipeline.run_pipeline(output_dir, dump=SAMPLE, vocab=vocab, jobs=2, **SMALL)
+  assert not os.path.exists(os.path.join(output_dir, "settings.json"))
+
+
 def test_bz2_dump_and_steps_run_alone(run_a, vocab, tmp_path):
   dump = tmp_path / "wiki_sample.xml.bz2"
   dump.write_bytes(bz2.compress(open(SAMPLE, "rb").read()))

@@ -7,7 +7,7 @@ modules, in the order the data goes through them:
   pipeline.py     run_pipeline: checks the inputs and the settings against the output
                   folder, then runs the steps in order.
   workdir.py      the output folder: paths (Layout), atomic writes, done-markers, the
-                  progress line, the worker processes, the lock.
+                  progress line, the lock (the worker processes: ../processes.py).
   extract.py      step extract: the dump's pages -> plain text, with markup.py
                   (wikitext_to_text).
   chunk_steps.py  steps clean and segment, with clean.py (clean_text) and sentences.py

@@ -15,6 +15,7 @@ import shutil
 from bert_pretrain import config
 from bert_pretrain import errors
 from bert_pretrain import pack_records
+from bert_pretrain.processes import WorkerDied
 from bert_pretrain.data import tokenization
 from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
 from bert_pretrain.wiki.evalset import check_eval_samples, run_eval
@@ -310,9 +311,10 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
         elif step == "manifest":
           manifest = run_manifest(layout, settings, verify)
         finished.append(step)
-    except PrepareError:
-      # A refused input (an HTML page, a cut dump) must not bind the folder to it:
-      # settings.json goes back to what it was, so the corrected command is accepted.
+    except (PrepareError, WorkerDied):
+      # A refused input (an HTML page, a cut dump) must not bind the folder to it, nor a
+      # first step whose worker died (run again maybe with other settings): settings.json
+      # goes back to what it was, so the corrected command is accepted.
       # The unfinished step's markers hold their own settings and are redone.
       if not finished:
         _restore_file(layout.settings, settings_before)
