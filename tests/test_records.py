@@ -409,6 +409,15 @@ def test_the_batch_encoder_writes_tensorflows_bytes_for_ids_up_to_any_size(data,
       reference_bytes(row, records.FEATURE_NAMES, records.FLOAT_FEATURES) for row in rows]
 
 
+def test_features_with_different_numbers_of_records_are_refused_not_cut(data):
+  values = records.parse_example(data["serialized"][0])
+  batch = {name: np.stack([values[name]] * 3) for name in records.FEATURE_NAMES}
+  batch["next_sentence_labels"] = batch["next_sentence_labels"][:2]
+  with pytest.raises(ValueError, match="different numbers of records: .*input_ids 3, .*"
+                     "next_sentence_labels 2"):
+    records.serialize_examples(batch)
+
+
 def test_the_batch_encoder_writes_tensorflows_bytes_for_any_int64(data):
   values = records.parse_example(data["serialized"][0])
   values["input_ids"][:4] = [-5, 2 ** 40, 2 ** 63 - 1, -2 ** 63]

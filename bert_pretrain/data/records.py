@@ -828,7 +828,7 @@ def _varint(value):
 
 
 def _varint_rows(matrix):
-  """Protobuf varints of every value of a 2-D int array, row by row.
+  """Protobuf varints of every value of a 2-D int (or bool) array, row by row.
 
   Returns:
     (data, ends): bytes of all values' varints in row-major order, and the int64 array
@@ -894,17 +894,23 @@ def serialize_examples(values):
 
   Args:
     values: dict from every name of FEATURE_NAMES (of PACKED_FEATURE_NAMES for packed
-      records) to a 2-D array [records, its length], ints for the int64 features and
-      floats for the float ones.
+      records) to a 2-D array [records, its length], ints (or bools) for the int64
+      features and floats (or bools) for the float ones.
 
   Returns:
     list of bytes, one per record: what tf.train.Example(...).SerializeToString(
     deterministic=True) gives (the map entries sorted by name, packed value lists).
+
+  Raises:
+    ValueError: the features have different numbers of records.
   """
   packed = is_packed(values)
   names = sorted(PACKED_FEATURE_NAMES if packed else FEATURE_NAMES)
   float_names = PACKED_FLOAT_FEATURES if packed else FLOAT_FEATURES
   rows = len(values[names[0]])
+  if any(len(values[name]) != rows for name in names):
+    raise ValueError("the features have different numbers of records: %s" % ", ".join(
+        "%s %d" % (name, len(values[name])) for name in names))
   parts = []  # per feature: each row's map entry up to its values, then its values
   for name in names:
     if name in float_names:
