@@ -509,9 +509,9 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   with open(log_path, "w") as log_file:
     try:
       finished = processes.run(command, FLAGS.row_timeout, stdout=subprocess.PIPE,
-                             stderr=log_file, env=env, universal_newlines=True,
-                             preexec_fn=functools.partial(processes.end_with_parent,
-                                                          os.getpid(), signal.SIGKILL))
+                               stderr=log_file, env=env, universal_newlines=True,
+                               preexec_fn=functools.partial(processes.end_with_parent,
+                                                            os.getpid(), signal.SIGKILL))
     except subprocess.TimeoutExpired:
       return {"error": "timed out after %d s" % FLAGS.row_timeout}
     log_file.write(finished.stdout)

@@ -275,7 +275,7 @@ def start_training(model, ranks, cache_dir, config_file, init_checkpoint, settin
                           " ".join(command)))
     with open(log_path if i == 0 else "%s.%d" % (log_path, i), "w") as log_file:
       children.append(start_child(command, cwd=ROOT, env=dict(run_env(), **env),
-                                   stdout=log_file, stderr=subprocess.STDOUT))
+                                  stdout=log_file, stderr=subprocess.STDOUT))
   return children, log_path, output_dir
 
 

@@ -428,8 +428,9 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
     earlier = os.path.isdir(output_dir)
     # The trainer ends with the demo's process (a demo stopped by a signal leaves none).
     finished = processes.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           universal_newlines=True,
-                           preexec_fn=functools.partial(processes.end_with_parent, os.getpid()))
+                             universal_newlines=True,
+                             preexec_fn=functools.partial(processes.end_with_parent,
+                                                          os.getpid()))
     for line in finished.stdout.splitlines():
       if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
         log("  " + line.strip())

@@ -31,7 +31,7 @@ def test_a_child_forked_holding_the_stops_takes_them_and_keeps_an_ignored_one_ig
                              signal.default_int_handler)
     try:
       child = processes.run([sys.executable, "-c", CHILD_STOPS], stdout=subprocess.PIPE,
-                          universal_newlines=True)
+                            universal_newlines=True)
     finally:
       signal.signal(signal.SIGINT, previous)
     blocked = sorted(set(mask) - set(errors.STOP_SIGNALS))
@@ -42,19 +42,19 @@ def test_a_child_forked_holding_the_stops_takes_them_and_keeps_an_ignored_one_ig
 
 
 def test_a_child_whose_parent_ended_before_it_asked_to_end_with_it_ends_itself():
-  # A child asks Linux for SIGTERM when its parent ends (processes.end_with_parent); one whose
-  # parent was gone before (another pid than the one given) would run on, also where this
+  # A child asks Linux for SIGTERM when its parent ends (processes.end_with_parent); one
+  # whose parent was gone before (another pid than the one given) would run on, also where this
   # process has a Python SIGTERM handler (run_pretraining's), which a fork keeps.
   child = [sys.executable, "-c", "print('ran')"]
   ours = processes.run(child, stdout=subprocess.PIPE, universal_newlines=True,
-                     preexec_fn=functools.partial(processes.end_with_parent, os.getpid()))
+                       preexec_fn=functools.partial(processes.end_with_parent, os.getpid()))
   assert (ours.returncode, ours.stdout) == (0, "ran\n")
   for handler in (signal.SIG_DFL, lambda *_: None):
     previous = signal.signal(signal.SIGTERM, handler)
     try:
       orphan = processes.run(child, stdout=subprocess.PIPE, universal_newlines=True,
-                           preexec_fn=functools.partial(processes.end_with_parent,
-                                                        os.getpid() + 1))
+                             preexec_fn=functools.partial(processes.end_with_parent,
+                                                          os.getpid() + 1))
     finally:
       signal.signal(signal.SIGTERM, previous)
     assert (orphan.returncode, orphan.stdout) == (-signal.SIGTERM, "")

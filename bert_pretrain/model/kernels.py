@@ -100,7 +100,7 @@ def build(output=None):
   start = time.time()
   try:
     result = processes.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         universal_newlines=True)
+                           universal_newlines=True)
   except OSError as e:
     raise BuildError("no C++ compiler %r (%s); install g++ (apt-get install -y g++) or "
                      "set CXX" % (command[0], e.strerror))
