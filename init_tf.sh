@@ -20,7 +20,7 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # quiet TensorFlow imp
 # Installing into the system Python as root is what this script is for on a fresh machine:
 # pip's warning against it would read as a failure.
 export PIP_ROOT_USER_ACTION="${PIP_ROOT_USER_ACTION:-ignore}"
-# Likewise setuptools' boxed warning on every editable install (step 6 checks the import).
+# Likewise setuptools' boxed warning on every editable install (the last step imports it).
 export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation"
 
 ROOT="$(cd "$(dirname "$0")" && pwd)"
@@ -120,7 +120,7 @@ fi
 
 # 4. Python packages of the recipe, its tools and tests (pip skips what is there).
 packages=("$numpy_pin" "$tokenizers" absl-py mlperf-logging pytest pytest-xdist vermin psutil matplotlib)
-say "Python packages: ${packages[*]} (pip keeps those already there)"
+say "Python packages: ${packages[*]} (pip installs those missing or not matching)"
 pip_install "${packages[@]}"
 
 # 5. Horovod against this TensorFlow, with Gloo and MPI, and with NCCL on a GPU when CUDA

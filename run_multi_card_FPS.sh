@@ -19,7 +19,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/scripts/common.sh"
 for word in "$@"; do  # the help is run_pretraining's, printed here rather than by each rank
   case "$word" in
-    --help* | -help* | "-?") exec python3 -m bert_pretrain.run_pretraining --preset=multi_card "$word" ;;
+    --help | --helpshort | --helpfull | --helpxml | -help | -helpshort | -helpfull | -helpxml | "-?")
+      exec python3 -m bert_pretrain.run_pretraining --preset=multi_card "$word" ;;
   esac
 done
 dry_run="${DRY_RUN:-0}"

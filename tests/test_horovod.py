@@ -1009,6 +1009,12 @@ def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting
       "HOROVOD_RUN_ARGS": "--gloo -H h1:2,h2:2 --start-timeout soon"},
      "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says argument --start-timeout: "
      "invalid int value: 'soon'"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo --config-file /no.yaml"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says [Errno 2] No such file or "
+     "directory: '/no.yaml'"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--version"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS asks horovodrun for its help, version or "
+     "build rather than a job; drop that option"),
 ])
 def test_the_launcher_stops_on_a_contradiction_before_starting_anything(values, message,
                                                                        tmp_path):

@@ -1056,7 +1056,7 @@ def test_amp_on_a_cpu_where_bfloat16_is_slower_computes_float32_and_says_why(mon
       "--amp: this TensorFlow computes bfloat16 without oneDNN")
 
 
-def test_float16_asked_for_on_a_cpu_without_float16_arithmetic_says_it_is_slow():
+def test_float16_asked_for_on_a_cpu_without_float16_arithmetic_says_it_is_slow(monkeypatch):
   x86 = "flags\t\t: fpu sse sse2 avx2 f16c avx512f avx512_bf16\n"
   slow = device_lib.float16_slowness(device_lib.cpu_flags(x86))
   assert slow == "this CPU has no float16 arithmetic (avx512_fp16 or amx_fp16)"
@@ -1066,10 +1066,16 @@ def test_float16_asked_for_on_a_cpu_without_float16_arithmetic_says_it_is_slow()
   assert device_lib.float16_slowness(None) == ""  # cannot tell
   cpu = device_lib.choose_device("cpu", [], None, False, True, "float16", "", slow)
   assert (cpu.kind, cpu.dtype) == ("CPU", tf.float16)
+  monkeypatch.setattr(device_lib.kernels, "why_unavailable", lambda: "")
+  note = ("--amp_dtype=float16: this CPU has no float16 arithmetic (avx512_fp16 or amx_fp16), "
+          "so it computes tens of times slower than in bfloat16 or float32; pass "
+          "--amp_dtype=bfloat16 instead, or --noamp without --amp_dtype")
   assert device_lib.device_line(cpu, FakeRanks(), cores=2) == (
-      "CPU, 2 cores, compute float16 (--amp_dtype=float16: this CPU has no float16 arithmetic "
-      "(avx512_fp16 or amx_fp16), so it computes tens of times slower than in bfloat16 or "
-      "float32; pass --amp_dtype=bfloat16 or --noamp)")
+      "CPU, 2 cores, compute float16 (%s)" % note)
+  # Without the fused kernels both notes are said.
+  monkeypatch.setattr(device_lib.kernels, "why_unavailable", lambda: "not built; run init_tf.sh")
+  assert device_lib.device_line(cpu, FakeRanks(), cores=2) == (
+      "CPU, 2 cores, compute float16 (%s; fused kernels not built; run init_tf.sh)" % note)
   # Not on a GPU, and not when the CPU has the instructions.
   gpu = device_lib.choose_device("auto", [FakeGpu(0)], None, True, True, "float16", "", slow)
   assert (gpu.dtype, gpu.why) == (tf.float16, "")

@@ -85,6 +85,9 @@ def test_dry_run_0_runs_the_job_another_value_is_refused_and_the_help_is_printed
   for word in ("--help", "--helpfull"):
     helped = script(word, *DATA, PATH=os.environ["PATH"])
     assert "Launching" not in helped.stdout
+    # absl's help exits 1; printed once, not once a rank.
+    assert helped.returncode == 1 and helped.stdout.count(
+        "BERT pretraining (masked LM + next sentence): the command.") == 1, helped.stdout
     assert "--train_batch_size" in helped.stdout, helped.stdout + helped.stderr
 
 

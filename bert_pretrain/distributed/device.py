@@ -164,7 +164,8 @@ def choose_device(device_flag, gpus, cuda_visible_devices, built_with_cuda, amp,
     dtype = tf.as_dtype(amp_dtype)
     if kind == "CPU" and dtype == tf.float16 and float16_slow:
       why = ("--amp_dtype=float16: %s, so it computes tens of times slower than in bfloat16 "
-             "or float32; pass --amp_dtype=bfloat16 or --noamp" % float16_slow)
+             "or float32; pass --amp_dtype=bfloat16 instead, or --noamp without --amp_dtype"
+             % float16_slow)
   elif kind == "GPU":
     dtype = tf.float16
   elif not bfloat16_slow:
@@ -266,8 +267,8 @@ def gpu_name(gpu, config):
 
 def device_line(device, ranks, name="", cores=None):
   """The run's device, e.g. "GPU 0 of 8, NVIDIA A100-SXM4-40GB, compute float16" (this
-  rank's card among the job's) or "CPU, 2 cores, compute bfloat16", and why the compute
-  type is not the one asked for, if it is not."""
+  rank's card among the job's) or "CPU, 2 cores, compute bfloat16", with compute_text's
+  notes."""
   if device.kind == "GPU" and ranks.strategy is not None:
     where = "%d GPUs of %d (%s)" % (ranks.local_replicas, ranks.replicas, ranks.distribution)
     if name:
@@ -286,15 +287,14 @@ def device_line(device, ranks, name="", cores=None):
 
 
 def compute_text(device):
-  """The end of device_line: "compute bfloat16", or "compute float32 (why; the fix)", or
-  "compute bfloat16 (fused kernels not built ...; the fix)" where a CPU runs without
-  our fused kernels (model/kernels.py: in every precision, the optimizer's update)."""
-  text = "compute %s" % device.dtype.name
-  if device.why:
-    text += " (%s)" % device.why
-  elif device.kind == "CPU":
+  """The end of device_line: "compute bfloat16", with in brackets Device.why ("compute
+  float32 (why; the fix)") and, where a CPU runs without our fused kernels
+  (model/kernels.py: in every precision, the optimizer's update), "fused kernels not
+  built ...; the fix"."""
+  notes = [device.why] if device.why else []
+  if device.kind == "CPU":
     why_not_fused = kernels.why_unavailable()
     if why_not_fused:
-      text += " (fused kernels %s)" % why_not_fused
-  return text
+      notes.append("fused kernels %s" % why_not_fused)
+  return "compute %s" % device.dtype.name + (" (%s)" % "; ".join(notes) if notes else "")
 

@@ -365,7 +365,8 @@ def summary(job, distribution="horovod", cpu=False):
     return "Launching %d rank%s on %s (%d per host)" % (
         job.ranks, "" if job.ranks == 1 else "s", hosts, job.per_host)
   if cpu and distribution == "mirrored":  # the script passes --cpu_devices
-    return "Launching 1 process driving %d logical CPU devices (mirrored)" % job.per_host
+    return "Launching 1 process driving %d logical CPU device%s (mirrored)" % (
+        job.per_host, "" if job.per_host == 1 else "s")
   if cpu:
     return "Launching 1 process, one replica on this host's CPU (%s)" % distribution
   cards = "%d card%s (%s)" % (job.per_host, "" if job.per_host == 1 else "s", distribution)
@@ -826,12 +827,18 @@ def check_horovodrun_args(args):
   said, argv = io.StringIO(), sys.argv
   sys.argv = ["horovodrun"] + list(args) + ["python3"]
   try:
-    with contextlib.redirect_stderr(said):
+    with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
       horovod_launch.parse_args()
-  except SystemExit:
+  except SystemExit as e:
+    if not e.code:  # --help, --version, --check-build: it printed and would start no job
+      raise LaunchError("HOROVOD_RUN_ARGS asks horovodrun for its help, version or build "
+                        "rather than a job; drop that option")
     complaint = (said.getvalue().strip().splitlines() or ["refused"])[-1]
     raise LaunchError("HOROVOD_RUN_ARGS: horovodrun says %s; horovodrun --help lists its "
                       "options" % complaint.replace("horovodrun: error: ", ""))
+  except Exception as e:  # pylint: disable=broad-except  (its --config-file's, say)
+    raise LaunchError("HOROVOD_RUN_ARGS: horovodrun says %s; horovodrun --help lists its "
+                      "options" % (str(e).splitlines() or [type(e).__name__])[0])
   finally:
     sys.argv = argv
 
