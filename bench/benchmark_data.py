@@ -421,13 +421,17 @@ def main(argv):
   check_flags()
   errors.stop_on_sigterm()
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="benchmark_data-")
+  kept = ("its temporary folder is removed" if not FLAGS.work_dir else
+          "--work_dir=%s holds what was done" % FLAGS.work_dir)
   try:
     measure(work)
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
-    sys.exit(errors.stopped_by_signal(TOOL, e, "%s; run the same command again" % (
-        "its temporary folder is removed" if not FLAGS.work_dir else
-        "--work_dir=%s holds what was done" % FLAGS.work_dir)))
-  except (workdir.PrepareError, processes.WorkerDied) as e:
+    sys.exit(errors.stopped_by_signal(TOOL, e, "%s; run the same command again" % kept))
+  except processes.WorkerDied:
+    sys.exit("%s: error: a worker process ended abruptly (killed, or out of memory: see "
+             "dmesg); %s; run the same command again, with fewer --jobs if memory ran out"
+             % (TOOL, kept))
+  except workdir.PrepareError as e:
     sys.exit("%s: error: %s" % (TOOL, e))
   finally:
     if not FLAGS.work_dir:

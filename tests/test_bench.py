@@ -627,6 +627,36 @@ def test_the_data_benchmark_times_every_step_and_the_baseline_and_leaves_no_temp
   assert not os.listdir(str(temporary))
 
 
+# The data benchmark, its pipeline ended by a worker that died (the OOM killer).
+WORKER_DIED = """
+import runpy, sys
+from bert_pretrain import processes
+from bert_pretrain.wiki import pipeline
+def died(*unused_args, **unused_kwargs):
+  raise processes.WorkerDied()
+pipeline.run_pipeline = died
+sys.argv = ["benchmark_data", "--synthesize_mb=0.3", "--jobs=2", "--vocab=" + sys.argv[1]]
+runpy.run_module("bench.benchmark_data", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_worker_that_died_in_the_data_benchmark_is_one_line_saying_what_is_kept(tmp_path):
+  from bert_pretrain.data import tokenization
+  vocab = str(tmp_path / "vocab.txt")
+  tokenization.build_wordpiece_vocab([os.path.join(ROOT, "tests", "data", "wiki_sample.xml")],
+                                     2000, vocab)
+  temporary = tmp_path / "tmp"
+  temporary.mkdir()
+  result = subprocess.run([sys.executable, "-c", WORKER_DIED, vocab], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True, cwd=ROOT,
+                          timeout=300, env=dict(os.environ, TMPDIR=str(temporary)))
+  assert (result.returncode, result.stdout.splitlines()[-1:]) == (1, [
+      "benchmark_data: error: a worker process ended abruptly (killed, or out of memory: see "
+      "dmesg); its temporary folder is removed; run the same command again, with fewer "
+      "--jobs if memory ran out"]), result.stdout[-3000:]
+  assert not os.listdir(str(temporary))
+
+
 def test_the_data_benchmark_without_a_dump_says_how_to_give_one():
   result = run_tool("bench.benchmark_data", "--jobs=1")
   assert (result.returncode, result.stdout.splitlines()[-1:]) == (2, [
