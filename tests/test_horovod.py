@@ -1010,11 +1010,14 @@ def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting
      "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says argument --start-timeout: "
      "invalid int value: 'soon'"),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo --config-file /no.yaml"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says [Errno 2] No such file or "
-     "directory: '/no.yaml'"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--version"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS asks horovodrun for its help, version or "
-     "build rather than a job; drop that option"),
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun cannot start with them: [Errno "
+     "2] No such file or directory: '/no.yaml'"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo -v"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has -v, which makes horovodrun print its "
+     "version and start no job; drop it (--verbose is its verbose option)"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo --check-build"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has --check-build, which makes horovodrun "
+     "print its build check and start no job; drop it"),
 ])
 def test_the_launcher_stops_on_a_contradiction_before_starting_anything(values, message,
                                                                        tmp_path):

@@ -815,11 +815,21 @@ def _unknown_flag_text(name, args, absl_message):
       spelled, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
 
 
+# horovodrun's options that print something and start no job.
+_NO_JOB = {"-h": "its help", "--help": "its help", "-v": "its version",
+           "--version": "its version", "-cb": "its build check", "--check-build": "its build check"}
+
+
 def check_horovodrun_args(args):
   """Raises LaunchError with horovodrun's own complaint about its arguments (`args`, as
   launcher() gives them: an option it does not know, --gloo with --mpi) in one line,
   before any rank starts, where its usage text would fill the screen; nothing where
   Horovod does not import here (its horovodrun then says it as the job starts)."""
+  for option in args:  # before its parser, which runs --check-build's probes (seconds)
+    if option in _NO_JOB:
+      raise LaunchError("HOROVOD_RUN_ARGS has %s, which makes horovodrun print %s and start "
+                        "no job; drop it%s" % (option, _NO_JOB[option], " (--verbose is its "
+                                               "verbose option)" if option == "-v" else ""))
   try:
     from horovod.runner import launch as horovod_launch  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -829,16 +839,13 @@ def check_horovodrun_args(args):
   try:
     with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
       horovod_launch.parse_args()
-  except SystemExit as e:
-    if not e.code:  # --help, --version, --check-build: it printed and would start no job
-      raise LaunchError("HOROVOD_RUN_ARGS asks horovodrun for its help, version or build "
-                        "rather than a job; drop that option")
+  except SystemExit:
     complaint = (said.getvalue().strip().splitlines() or ["refused"])[-1]
     raise LaunchError("HOROVOD_RUN_ARGS: horovodrun says %s; horovodrun --help lists its "
                       "options" % complaint.replace("horovodrun: error: ", ""))
   except Exception as e:  # pylint: disable=broad-except  (its --config-file's, say)
-    raise LaunchError("HOROVOD_RUN_ARGS: horovodrun says %s; horovodrun --help lists its "
-                      "options" % (str(e).splitlines() or [type(e).__name__])[0])
+    raise LaunchError("HOROVOD_RUN_ARGS: horovodrun cannot start with them: %s"
+                      % (str(e).splitlines() or [type(e).__name__])[0])
   finally:
     sys.argv = argv
 
