@@ -18,8 +18,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/scripts/common.sh"
 for word in "$@"; do  # the help is run_pretraining's, printed here rather than by each rank
-  case "$word" in
-    --help | --helpshort | --helpfull | --helpxml | -help | -helpshort | -helpfull | -helpxml | "-?")
+  case "$word" in  # absl's help flags, bare or =true/t/1 (=false asks for no help)
+    --help | --helpshort | --helpfull | --helpxml | -help | -helpshort | -helpfull | -helpxml | "-?" | \
+    --help*=[Tt] | --help*=[Tt][Rr][Uu][Ee] | --help*=1 | -help*=[Tt] | -help*=[Tt][Rr][Uu][Ee] | -help*=1)
       exec python3 -m bert_pretrain.run_pretraining --preset=multi_card "$word" ;;
   esac
 done

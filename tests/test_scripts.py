@@ -82,13 +82,17 @@ def test_dry_run_0_runs_the_job_another_value_is_refused_and_the_help_is_printed
   assert (refused.returncode, refused.stdout) == (2, "")
   assert refused.stderr == ("run_multi_card_FPS: error: DRY_RUN=yes; set DRY_RUN=1 to check "
                             "and print the plan only, or DRY_RUN=0 (or nothing) to run\n")
-  for word in ("--help", "--helpfull"):
+  for word in ("--help", "--helpfull", "--help=true", "-helpshort=1"):
     helped = script(word, *DATA, PATH=os.environ["PATH"])
     assert "Launching" not in helped.stdout
     # absl's help exits 1; printed once, not once a rank.
     assert helped.returncode == 1 and helped.stdout.count(
         "BERT pretraining (masked LM + next sentence): the command.") == 1, helped.stdout
     assert "--train_batch_size" in helped.stdout, helped.stdout + helped.stderr
+  # --help=false asks for no help: the job runs (its two ranks print their arguments).
+  unhelped = script(*DATA + ["--help=false"])
+  assert unhelped.returncode == 0, unhelped.stderr
+  assert unhelped.stdout.count("--help=false") == 1 + 2, unhelped.stdout
 
 
 def test_a_dry_run_refuses_a_tf_config_the_run_would_refuse(tmp_path):
