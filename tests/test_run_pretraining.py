@@ -1037,6 +1037,7 @@ def test_device_and_compute_type_decisions(device_flag, gpus, visible, cuda, amp
 
 
 def test_amp_on_a_cpu_where_bfloat16_is_slower_computes_float32_and_says_why(monkeypatch):
+  monkeypatch.setattr(device_lib.kernels, "why_unavailable", lambda: "")  # its own note
   slow = "this CPU has no bfloat16 instructions"
   cpu = device_lib.choose_device("auto", [], None, False, True, "auto", slow)
   assert (cpu.kind, cpu.dtype) == ("CPU", tf.float32)
@@ -1075,7 +1076,7 @@ def test_float16_asked_for_on_a_cpu_without_float16_arithmetic_says_it_is_slow(m
   # Without the fused kernels both notes are said.
   monkeypatch.setattr(device_lib.kernels, "why_unavailable", lambda: "not built; run init_tf.sh")
   assert device_lib.device_line(cpu, FakeRanks(), cores=2) == (
-      "CPU, 2 cores, compute float16 (%s; fused kernels not built; run init_tf.sh)" % note)
+      "CPU, 2 cores, compute float16 (%s) (fused kernels not built; run init_tf.sh)" % note)
   # Not on a GPU, and not when the CPU has the instructions.
   gpu = device_lib.choose_device("auto", [FakeGpu(0)], None, True, True, "float16", "", slow)
   assert (gpu.dtype, gpu.why) == (tf.float16, "")

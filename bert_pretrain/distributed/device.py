@@ -287,14 +287,14 @@ def device_line(device, ranks, name="", cores=None):
 
 
 def compute_text(device):
-  """The end of device_line: "compute bfloat16", with in brackets Device.why ("compute
-  float32 (why; the fix)") and, where a CPU runs without our fused kernels
-  (model/kernels.py: in every precision, the optimizer's update), "fused kernels not
-  built ...; the fix"."""
+  """The end of device_line: "compute bfloat16", then in brackets Device.why ("compute
+  float32 (why; the fix)") and, in brackets of its own, "fused kernels not built ...;
+  the fix" where a CPU runs without our fused kernels (model/kernels.py: in every
+  precision, the optimizer's update)."""
   notes = [device.why] if device.why else []
   if device.kind == "CPU":
     why_not_fused = kernels.why_unavailable()
     if why_not_fused:
       notes.append("fused kernels %s" % why_not_fused)
-  return "compute %s" % device.dtype.name + (" (%s)" % "; ".join(notes) if notes else "")
+  return "compute %s" % device.dtype.name + "".join(" (%s)" % note for note in notes)
 

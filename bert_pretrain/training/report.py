@@ -192,7 +192,7 @@ def format_summary(summary):
   ]
   if summary.get("last_part_open"):
     lines.append("the last part has no summary: it is still running, or it ended early (an "
-                 "error, kill -9 or the OOM killer: its console output or dmesg says which); "
+                 "error: see its console output; the OOM killer: see dmesg; or kill -9); "
                  "the figures above are from its lines so far")
   if summary.get("parts_ended_early"):
     lines.append("%d earlier part%s ended early, without a summary: not in the steady-state "

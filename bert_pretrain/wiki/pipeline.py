@@ -15,8 +15,8 @@ import shutil
 from bert_pretrain import config
 from bert_pretrain import errors
 from bert_pretrain import pack_records
-from bert_pretrain.processes import WorkerDied
 from bert_pretrain.data import tokenization
+from bert_pretrain.processes import WorkerDied
 from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
 from bert_pretrain.wiki.evalset import check_eval_samples, run_eval
 from bert_pretrain.wiki.extract import run_extract
