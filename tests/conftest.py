@@ -84,6 +84,9 @@ except kernels.BuildError:
 # What --amp computes on this machine's CPU, as its device line says it: bfloat16, or
 # float32 and why where TensorFlow computes bfloat16 slower (device.detect_device).
 AMP_ON_THIS_CPU = device.compute_text(device.detect_device("cpu", True, "auto"))
+# And float16's (the GPU's type, run on the CPU): with a note where the CPU lacks float16
+# arithmetic.
+FLOAT16_ON_THIS_CPU = device.compute_text(device.detect_device("cpu", True, "float16"))
 
 # One layer: most of a test's time is its runs' start-up, which grows with the graph; the
 # tests of how layers stack and are named use TWO_LAYER_CONFIG.
