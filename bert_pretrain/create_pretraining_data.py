@@ -42,6 +42,7 @@ Usage:
 """
 
 import bisect
+import errno
 import os
 import random
 import sys
@@ -789,12 +790,18 @@ def check_new_outputs(output_files):
     if tf.io.gfile.exists(path):
       raise ValueError("--output_file=%s already exists and would be replaced; delete it "
                        "to make it again, or pass another path" % path)
-    above = os.path.dirname(os.path.abspath(path))
-    while "://" not in path and not os.path.exists(above):
+    if "://" in path:
+      continue
+    above = os.path.dirname(os.path.abspath(path))  # the nearest folder there, before the work
+    while not os.path.exists(above):
       above = os.path.dirname(above)
-    if "://" not in path and not (os.path.isdir(above) and os.access(above, os.W_OK | os.X_OK)):
-      raise ValueError("--output_file=%s cannot be written (%s is not a folder you can write "
-                       "to); pass a path in a folder you can write to" % (path, above))
+    if not os.path.isdir(above):
+      raise ValueError("--output_file=%s cannot be written: %s is a file, not a folder; pass "
+                       "a path in a folder" % (path, above))
+    if not os.access(above, os.W_OK | os.X_OK):
+      number = errno.EROFS if os.statvfs(above).f_flag & os.ST_RDONLY else errno.EACCES
+      raise ValueError("--output_file=%s cannot be written: %s" % (path, errors.os_error_message(
+          OSError(number, os.strerror(number), above))))
 
 
 def print_summary(stats, vocab_file, do_lower_case):
