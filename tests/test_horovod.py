@@ -363,17 +363,20 @@ while True:
 HOROVODRUN_MPI_OVERSUBSCRIBED = HOROVODRUN_MPI + ["--mpi-args=--oversubscribe"]
 
 
-def _signal_job(tmp_path, save_s, stop, grace_s=launch_plan.STOP_GRACE_S, horovodrun=GLOO):
+def _signal_job(tmp_path, save_s, stop, grace_s=launch_plan.STOP_GRACE_S, horovodrun=GLOO,
+                sigint="SIG_DFL"):
   """Runs 2 _FAKE_RANKs under the script's launcher (launch.py run horovodrun ...),
   stop(pid)s it once both are ready; returns (exit status, seconds from the signal to the
-  end, the ranks that saved, the output)."""
+  end, the ranks that saved, the output). sigint="SIG_IGN" starts the launcher as a
+  script's background job (`&`) starts it."""
   (tmp_path / "rank.py").write_text(_FAKE_RANK)
   # SIGHUP as from a terminal: a suite run under nohup would hand it on ignored.
   launcher = ("import signal, sys\n"
               "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+              "signal.signal(signal.SIGINT, signal.%s)\n"
               "from bert_pretrain.distributed import launch\n"
               "launch.STOP_GRACE_S = %r\n"
-              "sys.exit(launch.run(sys.argv[1:]))\n" % grace_s)
+              "sys.exit(launch.run(sys.argv[1:]))\n" % (sigint, grace_s))
   proc = subprocess.Popen(
       [sys.executable, "-c", launcher] + horovodrun + [
           sys.executable, str(tmp_path / "rank.py"), str(tmp_path), str(save_s)],
@@ -437,6 +440,20 @@ def test_a_signal_to_the_launcher_or_to_every_process_leaves_the_ranks_time_to_s
     assert output.strip().splitlines()[-1].endswith(
         "after the job's SIGTERM; run the same command again to resume from its last "
         "checkpoint"), output[-3000:]
+
+
+def _stop_as_kill_int(pid):
+  os.kill(pid, signal.SIGINT)
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_kill_int_stops_a_job_started_in_the_background_of_a_script(tmp_path, controller):
+  """A script's `&` starts its job with SIGINT ignored; a single run takes it all the same
+  (signals.py), and so does the launcher: kill -INT is meant."""
+  status, _, saved, output = _signal_job(tmp_path, 3, _stop_as_kill_int, sigint="SIG_IGN",
+                                         horovodrun=_CONTROLLERS[controller])
+  assert (status, saved) == (130, [0, 1]), output[-3000:]
+  assert output.count("rank: SIGTERM received") == 2, output[-3000:]
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])

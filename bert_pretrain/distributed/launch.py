@@ -59,6 +59,15 @@ LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
 MPI_SIGKILL_TIMEOUT_S = 10
 # The signals that stop a job (StopRanksFirst).
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _stops_taken():
+  """The stop signals the launcher takes: SIGTERM and SIGINT always, as a single run does
+  (a script's `&` starts its job with SIGINT ignored, and a kill -INT to it is meant);
+  SIGHUP unless ignored (nohup's way to outlive the terminal)."""
+  return [signum for signum in _STOP_SIGNALS
+          if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN]
+
 # horovodrun --gloo kills its host's ranks 5 s after it passes a signal on (Horovod's fixed
 # grace), mpirun after its odls_base_sigkill_timeout, and a second signal within 5 s makes
 # mpirun exit at once: the launcher signals those ranks itself and hands the signal to
@@ -557,29 +566,28 @@ class StopRanksFirst(object):
 def ranks_stop_before_horovodrun_ends_them():
   """Within: horovodrun --gloo (run in this process) takes SIGTERM, SIGINT and SIGHUP
   through StopRanksFirst, whose end_now is horovodrun's own end of the job (SIGTERM to the
-  ranks, and SIGKILL 5 s later). A Horovod without the hook
-  (gloo_run.register_shutdown_event) keeps its own handling."""
+  ranks, and SIGKILL 5 s later); the block gets the list of them (one per horovodrun run).
+  A Horovod without the hook (gloo_run.register_shutdown_event) keeps its own handling."""
   try:
     from horovod.runner import gloo_run  # pylint: disable=g-import-not-at-top
   except ImportError:
     gloo_run = None
   register = getattr(gloo_run, "register_shutdown_event", None)
-  if register is None:
-    yield
-    return
   previous, stops = {}, []
+  if register is None:
+    yield stops
+    return
 
   def register_passing_on():
     shutdown = threading.Event()  # set: horovodrun ends every rank
     stops.append(StopRanksFirst(shutdown.set))
-    for signum in _STOP_SIGNALS:  # a signal already ignored stays ignored
-      if signal.getsignal(signum) != signal.SIG_IGN:
-        previous[signum] = signal.signal(signum, stops[-1])
+    for signum in _stops_taken():
+      previous[signum] = signal.signal(signum, stops[-1])
     return shutdown
 
   gloo_run.register_shutdown_event = register_passing_on
   try:
-    yield
+    yield stops
   finally:
     gloo_run.register_shutdown_event = register
     for stop in stops:
@@ -643,8 +651,7 @@ def run_mpirun_in_child(body):
       lock.release()
 
   stop = StopRanksFirst(pass_on, alone_s=MPIRUN_REPEAT_S)
-  # Held back until the child's pid is known (a signal already ignored stays ignored).
-  caught = [signum for signum in _STOP_SIGNALS if signal.getsignal(signum) != signal.SIG_IGN]
+  caught = _stops_taken()  # held back until the child's pid is known
   mask = signal.pthread_sigmask(signal.SIG_BLOCK, caught)
   previous = {signum: signal.signal(signum, stop) for signum in caught}
   parent = os.getpid()
@@ -911,8 +918,12 @@ def run(words, dry_run=False):
     if run_commandline is not None:
       os.environ.update(env)
       if "--gloo" in program:
-        with ranks_stop_before_horovodrun_ends_them():
-          return run_horovodrun(program[1:], run_commandline)
+        with ranks_stop_before_horovodrun_ends_them() as stops:
+          status = run_horovodrun(program[1:], run_commandline)
+        # The ranks got SIGTERM; the job ends as under mpirun, with 128 + the launcher's.
+        if status == 128 + signal.SIGTERM and stops and stops[-1].signum:
+          return 128 + stops[-1].signum
+        return status
       # Any other controller (--mpi, --jsrun) ends in its shell: mpirun in a child.
       os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", str(MPI_SIGKILL_TIMEOUT_S))
 
