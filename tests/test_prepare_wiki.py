@@ -501,12 +501,15 @@ def test_folder_of_other_files_is_refused(vocab, tmp_path):
      "element is <html>"),
     ("just some text, not XML at all", "is not a MediaWiki XML export (not XML"),
     ("", "is not a MediaWiki XML export (not XML"),
+    ("BZh9 and no bz2 stream", "is not a valid bz2 file"),
 ])
-def test_dump_that_is_not_mediawiki_xml(vocab, tmp_path, content, message):
+def test_dump_that_is_not_mediawiki_xml_is_refused_before_the_output_folder_is_made(
+    vocab, tmp_path, content, message):
   dump = tmp_path / "dump.xml"
   dump.write_text(content)
   line = error_line(run_cli(str(tmp_path / "out"), vocab, dump=str(dump)))
-  assert message in line and "pages-articles" in line
+  assert message in line and ("pages-articles" in line or "download the dump" in line)
+  assert not os.path.exists(str(tmp_path / "out"))
 
 
 def test_dump_cut_short_is_one_line_that_asks_for_the_dump_again(vocab, tmp_path):

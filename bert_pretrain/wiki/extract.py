@@ -129,13 +129,21 @@ def _xml_blocks(reader, jobs=1):
     yield block
 
 
-def iter_pages(dump_path, counter=None, jobs=1):
+def check_dump(dump_path):
+  """Raises PrepareError unless dump_path starts as a MediaWiki XML export (.xml or
+  .xml.bz2); reads it only up to its root element, so a wrong file is refused at once."""
+  for _ in iter_pages(dump_path, root_only=True):
+    pass
+
+
+def iter_pages(dump_path, counter=None, jobs=1, root_only=False):
   """Streams the pages of a MediaWiki XML export (.xml or .xml.bz2).
 
   Args:
     dump_path: path of the dump.
     counter: (optional) list; counter[0] is set to the (compressed) bytes read so far.
     jobs: threads that decompress a multistream .bz2.
+    root_only: stop after checking the root element (check_dump).
 
   Yields:
     Page tuples, in dump order.
@@ -165,6 +173,8 @@ def iter_pages(dump_path, counter=None, jobs=1):
                 "%s is not a MediaWiki XML export: its root element is <%s>, not "
                 "<mediawiki>; pass a pages-articles .xml or .xml.bz2 dump from "
                 "dumps.wikimedia.org" % (dump_path, tag[len(prefix):]))
+          if root_only:
+            return
           continue
         if event != "end" or element.tag != prefix + "page":
           continue

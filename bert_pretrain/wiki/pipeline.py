@@ -19,7 +19,7 @@ from bert_pretrain.data import tokenization
 from bert_pretrain.processes import WorkerDied
 from bert_pretrain.wiki.chunk_steps import run_clean, run_segment
 from bert_pretrain.wiki.evalset import check_eval_samples, run_eval
-from bert_pretrain.wiki.extract import run_extract
+from bert_pretrain.wiki.extract import check_dump, run_extract
 from bert_pretrain.wiki.manifest import run_manifest
 from bert_pretrain.wiki.pack import run_pack
 from bert_pretrain.wiki.shard import run_shard
@@ -278,6 +278,8 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
                          ".xml[.bz2]>" % dump)
     settings["dump_name"] = os.path.basename(dump)
     settings["dump_bytes"] = os.path.getsize(dump)
+    if "extract" in step_list:
+      check_dump(dump)
   if "tfrecords" in step_list:
     if not vocab:
       raise PrepareError("step tfrecords needs --vocab=<the model's vocab.txt>")
