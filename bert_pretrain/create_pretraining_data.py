@@ -42,7 +42,6 @@ Usage:
 """
 
 import bisect
-import errno
 import os
 import random
 import sys
@@ -792,16 +791,9 @@ def check_new_outputs(output_files):
                        "to make it again, or pass another path" % path)
     if "://" in path:
       continue
-    above = os.path.dirname(os.path.abspath(path))  # the nearest folder there, before the work
-    while not os.path.exists(above):
-      above = os.path.dirname(above)
-    if not os.path.isdir(above):
-      raise ValueError("--output_file=%s cannot be written: %s is a file, not a folder; pass "
-                       "a path in a folder" % (path, above))
-    if not os.access(above, os.W_OK | os.X_OK):
-      number = errno.EROFS if os.statvfs(above).f_flag & os.ST_RDONLY else errno.EACCES
-      raise ValueError("--output_file=%s cannot be written: %s" % (path, errors.os_error_message(
-          OSError(number, os.strerror(number), above))))
+    reason = errors.unwritable_folder(os.path.dirname(os.path.abspath(path)))
+    if reason:
+      raise ValueError("--output_file=%s cannot be written: %s" % (path, reason))
 
 
 def print_summary(stats, vocab_file, do_lower_case):

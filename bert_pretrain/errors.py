@@ -84,6 +84,21 @@ def os_error_message(error, disk_full=None):
   return "%s; %s" % (what, fix) if fix else what
 
 
+def unwritable_folder(folder):
+  """Why files cannot be made in the local folder (made as needed), known before any is:
+  None when they can, else the reason at the nearest part of it that exists, with the
+  fix ("/d is a file, not a folder; pass another path", or os_error_message's)."""
+  above = os.path.abspath(folder)
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    return "%s is a file, not a folder; pass another path" % above
+  if not os.access(above, os.W_OK | os.X_OK):
+    number = errno.EROFS if os.statvfs(above).f_flag & os.ST_RDONLY else errno.EACCES
+    return os_error_message(OSError(number, os.strerror(number), above))
+  return None
+
+
 def print_error(tool, message):
   """Prints `TOOL: error: MESSAGE` to stderr in one write: Python 3.7's stderr writes
   each piece of a print at once, and mpirun --tag-output would tag the newline apart."""

@@ -503,7 +503,7 @@ def test_the_command_keeps_records_already_written_and_names_the_fix(tmp_path, v
        "file path in it, e.g. %s/part-0" % (tmp_path / "new", tmp_path / "new")),
       # A folder on the way that is a file: said before the work, named (not a temporary).
       (str(tmp_path / "part-1" / "sub" / "part-0"), "--output_file=%s cannot be written: %s "
-       "is a file, not a folder; pass a path in a folder"
+       "is a file, not a folder; pass another path"
        % (tmp_path / "part-1" / "sub" / "part-0", kept))]:
     result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % outputs,
                       "--vocab_file=%s" % vocab_file, "--max_seq_length=64",

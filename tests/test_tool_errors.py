@@ -116,6 +116,20 @@ def test_a_read_only_disk_is_one_line_naming_the_file(model, tmp_path, tool):
                         "read and write")), line
 
 
+def test_check_only_names_a_read_only_disk_under_the_output_folder_to_be_made(model, tmp_path):
+  folder = str(tmp_path / "read_only")
+  prefix = read_only(folder)
+  output_dir = os.path.join(folder, "runs", "run-1")
+  line = _error_line(_run(prefix + [sys.executable, "-m", "bert_pretrain.run_pretraining"] +
+                          base_flags(model, output_dir, nodo_eval=None) + ["--check_only"]),
+                     "run_pretraining")
+  assert line.startswith("run_pretraining: error: --output_dir=%s cannot be written: %s: "
+                         % (output_dir, folder)), line
+  assert line.endswith(("Read-only file system; pass paths on a disk you can write to",
+                        "Permission denied; check its permissions, or pass paths you can "
+                        "read and write")), line
+
+
 @pytest.mark.parametrize("tool", ["run_classifier", "demo", "prepare_wiki", "pack_records"])
 def test_an_output_folder_that_is_an_input_file_is_one_line(model, tmp_path, tool):
   data = dict(model, wiki_vocab=_wiki_vocab(str(tmp_path)) if tool == "prepare_wiki" else None)

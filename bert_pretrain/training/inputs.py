@@ -11,6 +11,7 @@ import os
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
+from bert_pretrain import errors
 from bert_pretrain import pack_records
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
@@ -366,14 +367,9 @@ def _check_output_dir(output_dir, create=True):
   (--check_only, which leaves no trace) checks the folder, or the nearest above it that
   exists, instead."""
   if not create:
-    remote = "://" in output_dir
-    existing = output_dir.rstrip("/") if remote else os.path.abspath(output_dir)
-    while not tf.gfile.Exists(existing) and os.path.dirname(existing) != existing:
-      existing = os.path.dirname(existing)
-    if not tf.gfile.IsDirectory(existing) or (
-        not remote and not os.access(existing, os.W_OK | os.X_OK)):
-      raise ValueError("--output_dir=%s cannot be written (%s is not a folder you can "
-                       "write to); pass a folder you can write to" % (output_dir, existing))
+    reason = None if "://" in output_dir else errors.unwritable_folder(output_dir)
+    if reason:
+      raise ValueError("--output_dir=%s cannot be written: %s" % (output_dir, reason))
     return
   try:
     tf.gfile.MakeDirs(output_dir)
