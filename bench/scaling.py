@@ -145,9 +145,7 @@ STOP_SECONDS = 30
 def start_child(command, **kwargs):
   """subprocess.Popen, the child recorded before a Ctrl-C or SIGTERM can end this
   process (end_children ends it then); the child itself takes them at once."""
-  with errors.stops_held():
-    _CHILDREN.append(subprocess.Popen(command, preexec_fn=errors.stops_to_default, **kwargs))
-  return _CHILDREN[-1]
+  return processes.start(command, _CHILDREN, **kwargs)
 
 
 def wait_child(process):

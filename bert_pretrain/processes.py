@@ -122,20 +122,28 @@ def communicate(process, timeout=None):
         raise subprocess.TimeoutExpired(process.args, timeout, e.output, e.stderr) from None
 
 
+def start(command, started, preexec_fn=None, **kwargs):
+  """subprocess.Popen(command, **kwargs) from a tool's main thread, appended to the list
+  `started` before a Ctrl-C or SIGTERM that comes as the child is forked is acted on
+  (errors.stops_held): the caller can end it then. The child takes them as by default,
+  then runs preexec_fn. Returns the Popen."""
+  with errors.stops_held():
+    started.append(subprocess.Popen(command, preexec_fn=functools.partial(
+        _start_held_child, preexec_fn), **kwargs))
+  return started[-1]
+
+
 def run(command, timeout=None, preexec_fn=None, **kwargs):
   """Runs command to its end as subprocess.run does (kwargs are Popen's: stdout=PIPE
   captures) from a tool's main thread: a Ctrl-C or SIGTERM that comes as the child is
-  forked is not lost (errors.stops_held), nor one another thread takes (communicate). The
-  child takes them as by default, then runs preexec_fn. On any exception (a stop, the
-  timeout) the child is killed and reaped."""
-  process = None
+  forked is not lost (start), nor one another thread takes (communicate). On any
+  exception (a stop, the timeout) the child is killed and reaped."""
+  started = []
   try:
-    with errors.stops_held():
-      process = subprocess.Popen(command, preexec_fn=functools.partial(
-          _start_held_child, preexec_fn), **kwargs)
+    process = start(command, started, preexec_fn, **kwargs)
     stdout, stderr = communicate(process, timeout)
   except BaseException:
-    if process is not None:
+    for process in started:
       process.kill()
       with process:  # closes its pipes and reaps it
         pass
