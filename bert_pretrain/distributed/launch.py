@@ -967,7 +967,7 @@ def main(argv):
       check_horovodrun_args(job.args)
     # On this host alone: the cards listed must be here; a count given must fit (the
     # script's own default is within the host). An empty list hides every card: CPU ranks.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible, cards = os.environ.get("CUDA_VISIBLE_DEVICES"), None
     if not names_hosts(run_args) and (visible or os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES")):
       cards = listed_cards()
       if visible:
@@ -978,7 +978,7 @@ def main(argv):
     errors.print_error("run_multi_card_FPS", e)
     return 2
   cpu = distribution != "horovod" and not names_hosts(run_args) and (
-      visible == "" or (not visible and listed_cards()[0] == 0))
+      visible == "" or (not visible and (cards or listed_cards()).count == 0))
   print("\n".join([summary(job, distribution, cpu)] + launcher(job, distribution, int(port))))
   return 0
 
