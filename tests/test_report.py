@@ -34,15 +34,28 @@ def test_falling_accuracy_warns_and_rising_accuracy_does_not():
 def test_a_window_far_below_the_median_throughput_warns():
   monitor = health.HealthMonitor(fps_drop=0.5, min_windows=3)
   for step, fps in ((10, 30.0), (20, 100.0), (30, 102.0), (40, 98.0), (50, 60.0)):
-    assert monitor.window(step, fps, 10) == []
-  warnings = monitor.window(60, 40.0, 10)
+    assert monitor.window(step, fps, 10, seconds=5.0) == []
+  warnings = monitor.window(60, 40.0, 10, seconds=5.0)
   assert len(warnings) == 1 and "fell to 40.00 sentences/s at step 60" in warnings[0]
+
+
+def test_short_windows_are_judged_together_so_one_slow_blip_does_not_warn():
+  # Windows of 0.1 s: one at a tenth of the speed (a collection, a page fault) is jitter;
+  # 2 s of them at a third of the speed are a fall.
+  monitor = health.HealthMonitor(fps_drop=0.5, min_windows=3, min_span_s=2.0)
+  warnings = []
+  for step in range(1, 101):
+    warnings += monitor.window(step, 10.0 if step % 25 == 0 else 100.0, 1, seconds=0.1)
+  assert warnings == []
+  for step in range(101, 121):
+    warnings += monitor.window(step, 30.0, 1, seconds=0.1)
+  assert len(warnings) == 1 and "fell to 30.00 sentences/s at step 120" in warnings[0]
 
 
 def test_slow_first_windows_do_not_warn():
   monitor = health.HealthMonitor(fps_drop=0.5, min_windows=3)
   for step, fps in ((10, 100.0), (20, 10.0), (30, 100.0)):
-    assert monitor.window(step, fps, 10) == []
+    assert monitor.window(step, fps, 10, seconds=5.0) == []
 
 
 def test_a_loss_scale_that_keeps_falling_warns():

@@ -13,9 +13,10 @@ display steps only, so a healthy run pays nothing extra.
                              updates than it applied (overflowing gradients; a window
                              ends at an applied update, and the first holds the scale's
                              fall from its initial value)
-  FPS drop                   a window's sentences/s below `fps_drop` x the median of the
-                             run's earlier windows (a slow disk, a throttled card, another
-                             job on the host)
+  FPS drop                   a span's sentences/s below `fps_drop` x the median of the
+                             run's earlier spans (a slow disk, a throttled card, another
+                             job on the host); a span is a display window, or windows in
+                             a row, of `min_span_s` or more (a short one is all jitter)
   slow rank                  one rank's input + forward time above `lag` x the median
                              rank's and at least `min_lag_s` more (a card or host that
                              lags holds every all-reduce back)
@@ -29,23 +30,26 @@ class HealthMonitor(object):
 
   Args:
     accuracy_drop: absolute fall of masked-LM accuracy between evaluations that warns.
-    fps_drop: a window slower than this fraction of the median earlier window warns.
-    min_windows: windows seen before FPS drops are judged (start-up is slow).
+    fps_drop: a span slower than this fraction of the median earlier span warns.
+    min_windows: spans seen before FPS drops are judged (start-up is slow).
+    min_span_s: display windows are judged together until they last this many seconds.
     scale_windows: display windows in a row with a falling loss scale that warn.
     lag: a rank slower than this multiple of the median rank warns...
     min_lag_s: ...and slower by at least this many seconds (short steps are noisy).
   """
 
-  def __init__(self, accuracy_drop=0.002, fps_drop=0.5, min_windows=3, scale_windows=3,
-               lag=1.3, min_lag_s=0.05):
+  def __init__(self, accuracy_drop=0.002, fps_drop=0.5, min_windows=3, min_span_s=2.0,
+               scale_windows=3, lag=1.3, min_lag_s=0.05):
     self.accuracy_drop = accuracy_drop
     self.fps_drop = fps_drop
     self.min_windows = min_windows
+    self.min_span_s = min_span_s
     self.scale_windows = scale_windows
     self.lag = lag
     self.min_lag_s = min_lag_s
     self._last_accuracy = None
-    self._window_fps = []
+    self._span_fps = []  # the judged spans'
+    self._span = [0.0, 0.0]  # the span going on: sentences, seconds
     self._last_scale = None
     self._scale_falls = 0
     self._last_skipped = None
@@ -59,7 +63,8 @@ class HealthMonitor(object):
     self._last_accuracy = accuracy
     return warnings
 
-  def window(self, step, fps, window_steps, loss_scale=None, skipped_steps=None):
+  def window(self, step, fps, window_steps, loss_scale=None, skipped_steps=None,
+             seconds=None):
     """After a display window of `window_steps` updates at `fps` sentences/s.
 
     Args:
@@ -68,18 +73,24 @@ class HealthMonitor(object):
       window_steps: updates in the window, skipped ones included.
       loss_scale, skipped_steps: the float16 loss scale and the run's count of skipped
         updates at the end of the window (None without loss scaling).
+      seconds: the window's length (None: a span by itself).
 
     Returns:
       A list of warning lines.
     """
     warnings = []
-    if len(self._window_fps) >= self.min_windows:
-      median = statistics.median(self._window_fps)
-      if fps < self.fps_drop * median:
-        warnings.append("throughput fell to %.2f sentences/s at step %d, %.0f%% of the run's "
-                        "median %.2f; look for another job, a slow disk or a throttled card"
-                        % (fps, step, 100.0 * fps / median, median))
-    self._window_fps.append(fps)
+    seconds = self.min_span_s if seconds is None else seconds
+    self._span = [self._span[0] + fps * seconds, self._span[1] + seconds]
+    if self._span[1] >= self.min_span_s:
+      fps = self._span[0] / self._span[1]
+      self._span = [0.0, 0.0]
+      if len(self._span_fps) >= self.min_windows:
+        median = statistics.median(self._span_fps)
+        if fps < self.fps_drop * median:
+          warnings.append("throughput fell to %.2f sentences/s at step %d, %.0f%% of the "
+                          "run's median %.2f; look for another job, a slow disk or a "
+                          "throttled card" % (fps, step, 100.0 * fps / median, median))
+      self._span_fps.append(fps)
     if loss_scale is not None:
       if self._last_scale is not None and loss_scale < self._last_scale:
         self._scale_falls += 1

@@ -63,9 +63,13 @@ class Throughput(object):
       self.steady_time += seconds
     self.window_steps += 1
 
+  def window_seconds(self):
+    """Seconds since the window started (without pauses)."""
+    return max(time.time() - self.window_start, 1e-9)
+
   def window_fps(self):
     """Sentences per second since the window started (without pauses)."""
-    return self.window_steps * self.batch_size / max(time.time() - self.window_start, 1e-9)
+    return self.window_steps * self.batch_size / self.window_seconds()
 
   def new_window(self):
     self.window_start, self.window_steps = time.time(), 0

@@ -158,7 +158,7 @@ def log_step(logger, monitor, sess, train, values, step, meter, step_start):
   Returns:
     False when the loss is not finite (and says so): the run must stop.
   """
-  window_fps = meter.window_fps()
+  window_fps, window_seconds = meter.window_fps(), meter.window_seconds()
   total_loss, mlm_loss, nsp_loss = values["losses"]
   line = ("Step %d, total_loss: %.4f, mlm_loss: %.4f, nsp_loss: %.4f, learning_rate: %.3e, "
           "sentences_per_second: %.2f" % (step, total_loss, mlm_loss, nsp_loss,
@@ -175,7 +175,8 @@ def log_step(logger, monitor, sess, train, values, step, meter, step_start):
     scale, skipped = values["loss_scale"], values["skipped_steps"]
     logged.update(loss_scale=scale, skipped_steps=skipped)
   logger.metrics(step, logged, prefix="train")
-  warnings = monitor.window(step, window_fps, meter.window_steps, scale, skipped)
+  warnings = monitor.window(step, window_fps, meter.window_steps, scale, skipped,
+                            window_seconds)
   if train.rank_times is not None:
     own_time = values["forward_done"] - step_start
     warnings += monitor.rank_step_times(
