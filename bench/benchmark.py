@@ -520,8 +520,12 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
       result = json.loads(line[len(RESULT_PREFIX):])
       result["wall_s"] = time.time() - start
       return result
-  reason = "killed (out of memory?)" if finished.returncode in (-9, 137) else \
-      "exit status %d" % finished.returncode
+  if finished.returncode in (-9, 137):
+    reason = "killed (out of memory?)"
+  elif finished.returncode < 0:
+    reason = "ended by %s" % signal.Signals(-finished.returncode).name
+  else:
+    reason = "exit status %d" % finished.returncode
   return {"error": "%s, see %s" % (reason, log_path)}
 
 

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -419,6 +420,22 @@ def test_a_run_whose_measurements_failed_writes_its_table_and_exits_1(bench_out,
   table = (tmp_path / "benchmark.md").read_text()
   assert "| tiny | 128 | 16 | fp32 | " in table
   assert table.count("failed: timed out after 1 s") == 2
+
+
+@pytest.mark.parametrize("ending,said", [
+    ("signal.signal(signal.SIGINT, signal.SIG_DFL); os.kill(os.getpid(), signal.SIGINT)",
+     "ended by SIGINT"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", "killed (out of memory?)"),
+    ("sys.exit(3)", "exit status 3")])
+def test_a_measurement_that_ends_without_its_result_says_how_it_ended(
+    bench_module, tmp_path, monkeypatch, ending, said):
+  script = tmp_path / "worker.py"
+  script.write_text("import os, signal, sys\n" + ending + "\n")
+  (tmp_path / "logs").mkdir()
+  monkeypatch.setattr(bench_module, "FLAGS",
+                      types.SimpleNamespace(out_dir=str(tmp_path), row_timeout=120))
+  assert bench_module.run_worker("ours", {}, "row", script=str(script)) == {
+      "error": "%s, see %s" % (said, tmp_path / "logs" / "row.log")}
 
 
 def test_the_card_gives_spread_over_repeats_and_a_hash_of_the_config_alone():
