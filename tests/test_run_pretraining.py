@@ -106,6 +106,24 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
   assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-6")
 
 
+def test_a_training_set_smaller_than_an_update_warns_that_updates_repeat_records(
+    pretraining_data, tmp_path):
+  records = sum(1 for name in os.listdir(pretraining_data["train"]) for _ in
+                tf.io.tf_record_iterator(os.path.join(pretraining_data["train"], name)))
+  ends = {}
+  for batch in (records // 2, records + 1):
+    result = run_pretraining(*base_flags(pretraining_data, tmp_path / str(batch),
+                                         train_batch_size=batch, num_train_steps=1,
+                                         nodo_eval=None))
+    assert result.returncode == 0, result.stderr[-3000:]
+    ends[batch] = [l for l in result.stdout.splitlines()
+                   if l.startswith("warning: the training set")]
+  assert ends == {records // 2: [], records + 1: [
+      "warning: the training set holds %d records, fewer than the %d an update reads (batch "
+      "%d x accumulation 1 x 1 replicas): every update repeats records; pass more data or a "
+      "smaller batch" % (records, records + 1, records + 1)]}
+
+
 def test_a_resumed_run_evaluates_first_where_the_stopped_one_reached_a_point_unevaluated(
     pretraining_data, tmp_path):
   """A run stopped right after the update that reached an evaluation point saved without

@@ -217,20 +217,27 @@ def read_records_through(cfg, inputs):
   check_inputs. Called once MLPerf's clock runs (the rules start it before any part of
   the system reads the data), before the first evaluation and update.
 
+  Returns:
+    the training records that are read, when they were counted (here or by
+    --skip_corrupt_records), else None.
+
   Raises:
     ValueError: as input_pipeline.check_record_files, naming the file and record.
   """
   limit = cfg.data.full_record_check_mb * 1024 * 1024
   def small(files):
     return files and sum(tf.gfile.Stat(f).length for f in files) < limit
+  skipped = inputs.skipped_records
+  counted = None if skipped.records is None else skipped.records - len(skipped.bad)
   if small(inputs.train_files) and not cfg.data.skip_corrupt_records:
-    input_pipeline.check_record_files(
+    counted = input_pipeline.check_record_files(
         inputs.train_files, cfg.data.max_seq_length, inputs.packing.max_predictions,
         inputs.bert_config.vocab_size, full_check=True,
         max_sequences=inputs.packing.max_sequences)
   if small(inputs.eval_files):
     _check_eval_files(cfg, inputs.eval_files, inputs.bert_config, inputs.packing,
                       bool(inputs.train_files), True)
+  return counted
 
 
 def _check_eval_files(cfg, eval_files, bert_config, packing, with_training, full_check):

@@ -432,12 +432,19 @@ def start(cfg, inputs, ranks, device, notes):
   logger.mlperf(logs.mllog.constants.RUN_START, kind="start")
   ranks.doing = "reading the small record sets whole (framing, CRCs) on MLPerf's clock"
   with logger.run_stop_on_error():
-    inputs_lib.read_records_through(cfg, inputs)
-    return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
-               all_finite=all_finite, logger=logger, rcp=rcp, record=record,
-               record_pending=not plan.record_now, trains=trains, finished=finished,
-               eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
-               packing=inputs.packing, skipped=skipped)
+    counted = inputs_lib.read_records_through(cfg, inputs)
+  per_update = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * ranks.replicas
+  if trains and counted is not None and counted < per_update:
+    logger.warning(inputs.resume_step or 0, (
+        "the training set holds %d records, fewer than the %d an update reads (batch %d x "
+        "accumulation %d x %d replicas): every update repeats records; pass more data or a "
+        "smaller batch" % (counted, per_update, cfg.run.train_batch_size,
+                           cfg.optimizer.num_accumulation_steps, ranks.replicas)))
+  return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
+             all_finite=all_finite, logger=logger, rcp=rcp, record=record,
+             record_pending=not plan.record_now, trains=trains, finished=finished,
+             eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
+             packing=inputs.packing, skipped=skipped)
 
 
 def skipped_updates(checkpoint):
