@@ -513,6 +513,13 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
   # Updates 5 and 6 of 8 records: the uninterrupted run's updates 5 + 6 and 7 + 8.
   assert trained[5] == sorted(uninterrupted_order[5] + uninterrupted_order[6])
   assert trained[6] == sorted(uninterrupted_order[7] + uninterrupted_order[8])
+  # The samples counted go on from the 16 read, in updates of 8, in every log.
+  records = [json.loads(l) for l in open(str(out / "dllog.json"))]
+  assert [(r["step"], r["samples"]) for r in records if r["type"] == "train"] == [
+      (1, 4), (2, 8), (3, 12), (4, 16), (5, 24), (6, 32)]
+  assert [r["samples"] for r in records if r["type"] == "summary"] == [16, 32]
+  mllog = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in open(str(out / "mlperf.2.log"))]
+  assert [m["value"] for m in mllog if m["key"] == "train_samples"] == [32]
 
 
 def _plan(earlier, now, step=62, num_train_steps=400, allowed=()):

@@ -131,7 +131,7 @@ def train(cfg, job, stop, results):
     if step % cfg.run.display_loss_steps == 0 or step == cfg.optimizer.num_train_steps:
       job.ranks.doing = "log line after update %d: the losses' average over the ranks" % step
       if not runlog.log_step(job.logger, job.monitor, job.sess, job.train, values, step,
-                             job.meter, step_start):
+                             job.meter, step_start, job.evals.read(step)):
         return step, False, 0, results
       job.meter.new_window()
     if step % cfg.run.save_checkpoints_steps == 0:
@@ -193,8 +193,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
     if marker is not None:
       checkpoints.write_run_marker(cfg.run.output_dir, dict(marker, reached_target={
           "step": step, "masked_lm_accuracy": float(results["masked_lm_accuracy"])}))
-  job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES,
-                    meters.samples(step, job.meter.batch_size, job.evals.skipped))
+  job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, job.evals.read(step))
   job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
   runlog.log_summary(cfg, job.logger, step, job.meter, job.evals, results, results_at_start,
                      status, job.ranks.replicas, e2e_time, job.rcp,
@@ -277,7 +276,7 @@ class Job(object):
     self.evals = meters.EvalSchedule(
         self.logger, self.evaluator, self.monitor, per_update,
         self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
-        cfg.run.output_dir if ranks.is_chief else None, self.skipped)
+        cfg.run.output_dir if ranks.is_chief else None, self.skipped, self.samples_offset)
     self.meter = meters.Throughput(per_update, cfg.run.fps_warmup_steps)
     self.tokens = timing.Tokens(cfg.data.max_seq_length)
     self.split = None  # the traced update's parts (timing.split_update), once traced
@@ -400,10 +399,14 @@ def start(cfg, inputs, ranks, device, notes):
   # A run that trains nothing (an evaluation, or a finished run started again) is no
   # MLPerf run: a log of it would hold a run_stop, even a success, without training.
   skipped = skipped_updates(inputs.resume_checkpoint)
+  per_update = inputs_lib.sentences_per_update(cfg, ranks.replicas, inputs.packing)
+  offset = 0.0
+  if inputs.resume_checkpoint and cfg.run.do_train:  # the data position says what was read
+    offset = meters.samples_offset(plan.position * inputs.packing.sequences_per_record,
+                                   inputs.resume_step, per_update, skipped)
   finished = resume_lib.reached_target_before(cfg, inputs, meters.reached_point(
-      inputs.resume_step or 0, inputs_lib.sentences_per_update(cfg, ranks.replicas,
-                                                               inputs.packing),
-      skipped, cfg.evaluation.samples_start_eval, eval_interval))
+      inputs.resume_step or 0, per_update, skipped, cfg.evaluation.samples_start_eval,
+      eval_interval, offset))
   trains = (cfg.run.do_train and (inputs.resume_step or 0) < cfg.optimizer.num_train_steps
             and not finished)
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
@@ -444,7 +447,7 @@ def start(cfg, inputs, ranks, device, notes):
              all_finite=all_finite, logger=logger, rcp=rcp, record=record,
              record_pending=not plan.record_now, trains=trains, finished=finished,
              eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
-             packing=inputs.packing, skipped=skipped)
+             packing=inputs.packing, skipped=skipped, samples_offset=offset)
 
 
 def skipped_updates(checkpoint):

@@ -12,23 +12,32 @@ import time
 from mlperf_logging import mllog
 
 
-def samples(step, batch_size, skipped=0):
+def samples(step, batch_size, skipped=0, offset=0.0):
   """The sentences read by `step` updates of batch_size (a fraction for packs) and by the
   `skipped` ones float16's loss scaling skipped (their batches were read and are not
-  read again), as the whole number MLPerf's log and the evaluation schedule count."""
-  return int(round((step + skipped) * batch_size))
+  read again), as the whole number MLPerf's log and the evaluation schedule count.
+  offset: what updates of another batch size read before a resume (samples_offset)."""
+  return int(round((step + skipped) * batch_size + offset))
 
 
-def reached_point(step, batch_size, skipped, start_samples, samples_between_eval):
+def samples_offset(samples_read, step, batch_size, skipped):
+  """The offset that makes samples() count `samples_read` at `step` (and `skipped`):
+  not 0 when the updates before it were of another batch size (a resume with
+  --allow_resume_change=global_batch)."""
+  return samples_read - (step + skipped) * batch_size
+
+
+def reached_point(step, batch_size, skipped, start_samples, samples_between_eval,
+                  offset=0.0):
   """Whether update `step` (counted from 1) read up to or past a point of the evaluation
   schedule (start_samples, then every samples_between_eval), the updates before it not."""
   if step < 1:
     return False
-  done = samples(step, batch_size, skipped) - start_samples
+  done = samples(step, batch_size, skipped, offset) - start_samples
   if done < 0:
     return False
   point = start_samples + done // samples_between_eval * samples_between_eval
-  return samples(step - 1, batch_size, skipped) < point
+  return samples(step - 1, batch_size, skipped, offset) < point
 
 
 class Throughput(object):
@@ -115,12 +124,14 @@ class EvalSchedule(object):
     output_dir: where eval_results.txt goes (None: not written, e.g. other ranks).
     skipped: the updates float16's loss scaling skipped before `step` (the samples
       count their batches); the loop keeps self.skipped up to date.
+    offset: samples_offset of a run resumed with another batch size.
   """
 
   def __init__(self, logger, evaluator, monitor, batch_size, samples_between_eval,
-               samples_start_eval, step, output_dir, skipped=0):
+               samples_start_eval, step, output_dir, skipped=0, offset=0.0):
     self.logger = logger
     self.skipped = skipped
+    self.offset = offset
     self.evaluator = evaluator
     self.monitor = monitor
     self.batch_size = batch_size
@@ -157,7 +168,7 @@ class EvalSchedule(object):
 
   def read(self, step):
     """The samples read by the updates up to `step`, the skipped ones included."""
-    return samples(step, self.batch_size, self.skipped)
+    return samples(step, self.batch_size, self.skipped, self.offset)
 
   def due(self, step):
     """Whether an evaluation is due after `step`; if so the next one is scheduled."""
@@ -173,7 +184,8 @@ class EvalSchedule(object):
     """Whether update `step` (counted from 1) reached a point of the schedule: a run
     stopped right after it did not evaluate there."""
     return self.evaluator is not None and reached_point(
-        step, self.batch_size, self.skipped, self.start_samples, self.samples_between_eval)
+        step, self.batch_size, self.skipped, self.start_samples, self.samples_between_eval,
+        self.offset)
 
   def evaluate(self, sess, step, scheduled=True):
     """Evaluates the weights of `step` and logs the results; one between the schedule's

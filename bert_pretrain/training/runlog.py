@@ -15,7 +15,6 @@ import numpy as np
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.training import logs
-from bert_pretrain.training import meters
 from bert_pretrain.training import mlperf
 from bert_pretrain.training import optimization
 from bert_pretrain.training import timing
@@ -149,11 +148,12 @@ def log_hyperparameters(cfg, logger, ranks, global_batch_size, learning_rate, se
   logger.mlperf("distribution", ranks.distribution)
 
 
-def log_step(logger, monitor, sess, train, values, step, meter, step_start):
+def log_step(logger, monitor, sess, train, values, step, meter, step_start, samples):
   """Logs the losses and the throughput of a display step and the health warnings.
 
   values: what sess.run returned for train.display_fetches; meter: meters.Throughput;
-  step_start: when the update began (time.time()).
+  step_start: when the update began (time.time()); samples: those read so far
+  (meters.EvalSchedule.read).
 
   Returns:
     False when the loss is not finite (and says so): the run must stop.
@@ -169,7 +169,7 @@ def log_step(logger, monitor, sess, train, values, step, meter, step_start):
   logger.print(line)
   logged = {"total_loss": total_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
             "learning_rate": values["learning_rate"], "throughput_train": window_fps,
-            "samples": meters.samples(step, meter.batch_size, values.get("skipped_steps", 0))}
+            "samples": samples}
   scale = skipped = None
   if train.loss_scale is not None:
     scale, skipped = values["loss_scale"], values["skipped_steps"]
@@ -203,7 +203,7 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
   # samples: the run's, all processes' (the report's count when the run stopped between
   # two log lines); training_sentences: this process's.
   summary = {"e2e_time_s": e2e_time,
-             "samples": meters.samples(step, meter.batch_size, evals.skipped),
+             "samples": evals.read(step),
              "training_sentences": meter.sentences,
              "checkpoint_time_s": meter.checkpoint_time, "eval_time_s": eval_time}
   if meter.sentences:
@@ -305,7 +305,7 @@ def log_time_to_train(logger, throughput, evals, rcp, status, step, batch_size):
                   else "not timed, the run did not evaluate"))
   figures = {"projected_time_to_train_s": total, "rcp_samples_mean": rcp.samples_mean}
   if status == "success":
-    samples = meters.samples(step, batch_size, evals.skipped)
+    samples = evals.read(step)
     logger.print("samples to converge: %d; %s: mean %.0f, stdev %.0f (%.2f of the mean)"
                  % (samples, rcp.judged_by, rcp.samples_mean, rcp.samples_stdev,
                     samples / rcp.samples_mean))
