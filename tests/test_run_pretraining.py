@@ -839,6 +839,33 @@ def test_a_signal_during_skipped_updates_stops_the_run_at_the_step_reached(capsy
           "--output_dir=out") in capsys.readouterr().out
 
 
+def test_a_signal_during_the_update_that_reaches_an_evaluation_point_starts_no_evaluation(
+    capsys):
+  """The update's agreed stop was fed before the signal came; the ranks agree again before
+  the evaluation that update made due, and stop instead (the resumed run evaluates there
+  first). The loop runs on a stand-in job of one process, which agrees with itself."""
+  class SignalledJob(StandInTrainingJob):
+    def __init__(self):
+      super(SignalledJob, self).__init__()
+      self.train = types.SimpleNamespace(loss_scale=None, stop_feed="feed", stop_agreed="agreed")
+      self.sess = types.SimpleNamespace(run=lambda fetch, feed: feed["feed"])
+      self.evals.due = lambda step: step == 2
+      self.evals.evaluate = lambda sess, step: pytest.fail("evaluated after the stop")
+
+    def update(self, step, stop, trace):
+      if step == 1:
+        stop.signum = signal.SIGTERM  # as the second update runs
+      return {"step": step + 1, "stop_signal": 0}
+
+  cfg = types.SimpleNamespace(
+      run=types.SimpleNamespace(do_train=True, fps_warmup_steps=1, display_loss_steps=100,
+                                save_checkpoints_steps=100, output_dir="out"),
+      optimizer=types.SimpleNamespace(num_train_steps=10))
+  stop = types.SimpleNamespace(signum=0)
+  assert loop.train(cfg, SignalledJob(), stop, {}) == (2, True, signal.SIGTERM, {})
+  assert "SIGTERM: rank 0 stops after step 2" in capsys.readouterr().out
+
+
 def test_a_run_of_skipped_updates_is_traced_once_not_each():
   """After the FPS warm-up the first applied update is traced for the time split; of a
   run of updates that loss scaling skips (here the 2nd to 7th) only the first is traced,

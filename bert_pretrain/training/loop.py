@@ -143,6 +143,11 @@ def train(cfg, job, stop, results):
     if int(values["stop_signal"]):
       return step, True, stopped_at(cfg, job, step, int(values["stop_signal"])), results
     if step < cfg.optimizer.num_train_steps and job.evals.due(step):
+      # A signal that came during the update is agreed on now, not at the next one: a
+      # stop starts no evaluation (the resumed run evaluates this point first).
+      stopped_by = int(job.sess.run(job.train.stop_agreed, {job.train.stop_feed: stop.signum}))
+      if stopped_by:
+        return step, True, stopped_at(cfg, job, step, stopped_by), results
       job.evals.end_block()
       job.ranks.doing = "evaluation after update %d (its counts summed over the ranks)" % step
       results = job.evals.evaluate(job.sess, step)
