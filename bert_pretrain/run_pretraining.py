@@ -80,8 +80,10 @@ def main(argv):
           inputs_lib.global_batch_size(cfg, ranks.replicas, inputs.packing)))
       cfg = cfg._replace(optimizer=config.from_flags(config.Optimizer))
       inputs_lib.check_settings(cfg)
-    status = run(cfg, inputs, ranks, device, stop, notes)
-    if status == 0 and demo_settings and ranks.size == 1 and demo_settings.demo_finetune_epochs:
+    finetunes = bool(demo_settings and ranks.size == 1 and demo_settings.demo_finetune_epochs)
+    status = run(cfg, inputs, ranks, device, stop, notes,
+                 "the demo's fine-tuning step" if finetunes else None)
+    if status == 0 and finetunes:
       # The demo's downstream step: does the pretrained model beat random weights?
       stop.disarm("during the demo's fine-tuning step (the pretraining run is saved)")
       demo.finetune(demo_settings.demo_cache_dir, cfg.run.output_dir,
@@ -111,9 +113,9 @@ def loss_scale_notes(device, resume_checkpoint):
   return []
 
 
-def run(cfg, inputs, ranks, device, stop, notes):
+def run(cfg, inputs, ranks, device, stop, notes, then=None):
   """Holds output_dir's lock (the chief does) while the training runs; returns the exit
-  status."""
+  status. then: what would follow the training in this process (a stop skips it)."""
   if ranks.is_chief:
     # Held while this frame lives (the whole run); a Horovod job's other ranks share it.
     lock = checkpoints.OutputDirLock(cfg.run.output_dir)
@@ -125,6 +127,11 @@ def run(cfg, inputs, ranks, device, stop, notes):
   status = loop.run(cfg, inputs, ranks, device, stop, notes)
   ranks.stop()
   if stop.requested:
+    if status == 0 and then:  # the signal came during the last update
+      print("%s: the training is complete; %s is skipped: run the same command with "
+            "--output_dir=%s to run it" % (signals.name(stop.signum), then,
+                                            cfg.run.output_dir))
+      status = signals.exit_status(stop.signum)
     # Saved and logged. horovodrun --gloo kills the ranks 5 s after it forwards a signal
     # or a rank exits, and the interpreter's teardown (TensorFlow, Horovod) took 2 of
     # those at load 2, more than 5 with the save at load 9: skip it.

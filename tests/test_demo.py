@@ -120,6 +120,40 @@ def test_the_first_update_that_fetches_the_losses_is_left_out_of_the_steady_fps(
           % summary["throughput"]) in result.stdout, result.stdout[-3000:]
 
 
+# run_pretraining.run on a stand-in loop whose last update a SIGTERM came during (the loop
+# itself ended normally): a stop ends the process, here before the demo's fine-tuning.
+_STOPPED_IN_THE_LAST_UPDATE = """
+import signal, sys, types
+from bert_pretrain import run_pretraining
+from bert_pretrain.training import loop
+
+def last_update(cfg, inputs, ranks, device, stop, notes):
+  stop.signum = signal.SIGTERM
+  return 0
+
+loop.run = last_update
+cfg = types.SimpleNamespace(run=types.SimpleNamespace(output_dir="results/demo-1"))
+ranks = types.SimpleNamespace(is_chief=False, stop=lambda: None)
+stop = types.SimpleNamespace(requested=True, signum=0)
+then = sys.argv[1] if len(sys.argv) > 1 else None
+sys.exit(run_pretraining.run(cfg, None, ranks, None, stop, [], then))
+"""
+
+
+@pytest.mark.parametrize("then", [None, "the demo's fine-tuning step"])
+def test_a_stop_during_the_last_update_says_that_it_skips_the_fine_tuning(then):
+  result = subprocess.run([sys.executable, "-c", _STOPPED_IN_THE_LAST_UPDATE] +
+                          ([then] if then else []), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+  if then is None:  # nothing follows the training: the run is complete
+    assert (result.returncode, result.stdout) == (0, ""), result.stderr[-3000:]
+    return
+  assert result.returncode == 143, result.stderr[-3000:]
+  assert result.stdout == (
+      "SIGTERM: the training is complete; the demo's fine-tuning step is skipped: run the "
+      "same command with --output_dir=results/demo-1 to run it\n")
+
+
 def test_the_anchors_eval_checkpoint_path_names_the_checkpoint_a_demo_evaluates(
     short_demo_run, tmp_path):
   trained = os.path.join(short_demo_run["output_dir"], "model.ckpt-2")
