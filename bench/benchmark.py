@@ -861,7 +861,7 @@ def stoppable(tool, body, fix="the rows it had not finished are not in its table
   """body(), with SIGTERM raised as Ctrl-C is: either ends the tool with one line (`fix`
   after the signal's name) and its exit status (run_worker kills the worker it waits
   on), not a traceback."""
-  errors.stop_on_sigterm()
+  errors.take_stop_signals()
   try:
     return body()
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated

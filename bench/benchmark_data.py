@@ -419,7 +419,7 @@ def main(argv):
   if len(argv) > 1:
     errors.unexpected_arguments(TOOL, argv[1:])
   check_flags()
-  errors.stop_on_sigterm()
+  errors.take_stop_signals()
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="benchmark_data-")
   kept = ("its temporary folder is removed" if not FLAGS.work_dir else
           "--work_dir=%s holds what was done" % FLAGS.work_dir)

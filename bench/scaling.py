@@ -599,7 +599,7 @@ def main(argv):
                            % (model, steps, warmup, warmup + 2, fewer))
   check_horovod_args(FLAGS.horovod_args.split(), launch.horovodrun_options())
   errors.make_output_folders("scaling", "--out_dir", FLAGS.out_dir, ("logs", "scaling_demo"))
-  errors.stop_on_sigterm()
+  errors.take_stop_signals()
   try:
     failed, total = measure()
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated

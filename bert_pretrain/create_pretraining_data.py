@@ -820,7 +820,7 @@ def main(argv):
       ("input_file", "the text files (one sentence a line, documents split by blank lines)"),
       ("output_file", "the TFRecord files to write"),
       ("vocab_file", "the model's vocab.txt")))
-  errors.stop_on_sigterm()
+  errors.take_stop_signals()
   outputs = output_paths(flag_values.output_file)
   checked = False
   try:

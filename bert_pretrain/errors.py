@@ -167,7 +167,7 @@ def unexpected_arguments_text(arguments):
 
 
 class Terminated(KeyboardInterrupt):
-  """SIGTERM in a tool's main process (stop_on_sigterm): raised as Ctrl-C's
+  """SIGTERM in a tool's main process (take_stop_signals): raised as Ctrl-C's
   KeyboardInterrupt is, so the same cleanup runs (temporary files, worker processes)."""
 
 
@@ -183,9 +183,13 @@ def stopped_by_signal(tool, error, fix, stream=None):
   return 128 + signal.SIGINT
 
 
-def stop_on_sigterm():
+def take_stop_signals():
   """Makes SIGTERM raise Terminated in this process, once (a second one must not cut the
-  cleanup short); a forked child that has not set its own handler dies as by default."""
+  cleanup short; a forked child that has not set its own handler dies as by default),
+  and SIGINT raise KeyboardInterrupt even when the tool started with it ignored: a
+  script's `&` starts it so, and a kill -INT to it is meant (run_pretraining's way)."""
+  if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   main_pid = os.getpid()
 
   def handler(signum, unused_frame):
@@ -242,7 +246,7 @@ def stops_held():
     finally:
       released.append(True)
       for signum, handler in handlers.items():
-        # Not over what a stop's handler set meanwhile (stop_on_sigterm's SIG_IGN).
+        # Not over what a stop's handler set meanwhile (take_stop_signals's SIG_IGN).
         if signal.getsignal(signum) is hold:
           signal.signal(signum, handler)
       for signum, frame in came[:1]:

@@ -823,7 +823,7 @@ def run_pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, 
 
   Returns:
     the exit status: 0 done, 2 bad input, 1 interrupted, a write error or a worker
-    process that died, 143 terminated (SIGTERM, with stop_on_sigterm).
+    process that died, 143 terminated (SIGTERM, with take_stop_signals).
   """
   out = out or sys.stdout
   err = err or sys.stderr
@@ -846,7 +846,7 @@ def main(argv):
   """Packs from the flags; exits 2 with one line on bad input."""
   if len(argv) > 1:
     errors.unexpected_arguments(TOOL, argv[1:])
-  errors.stop_on_sigterm()
+  errors.take_stop_signals()
   flag_values = flags.FLAGS
   sys.exit(run_pack(flag_values.input, flag_values.output_dir,
                     flag_values.max_sequences_per_pack, flag_values.seed,

@@ -349,7 +349,7 @@ def main(argv):
     errors.unexpected_arguments("run_classifier", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
-  errors.stop_on_sigterm()
+  errors.take_stop_signals()
   try:
     bert_config, init_checkpoint, labels, data = check_flags()
     runtime = config.from_flags(config.Runtime)

@@ -262,7 +262,7 @@ STOPPED_BUILD = """
 import sys
 from bert_pretrain import errors
 from bert_pretrain.model import kernels
-errors.stop_on_sigterm()
+errors.take_stop_signals()
 try:
   kernels.build(sys.argv[1])
 except errors.Terminated:

@@ -83,7 +83,7 @@ STOPPED_RUN = """
 import os, signal, subprocess, threading, time
 from bert_pretrain import errors
 from bert_pretrain import processes
-errors.stop_on_sigterm()
+errors.take_stop_signals()
 started = []
 class Recorded(subprocess.Popen):
   def __init__(self, *args, **kwargs):

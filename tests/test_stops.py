@@ -21,7 +21,7 @@ import multiprocessing, os, signal, subprocess, sys, threading, time
 from bert_pretrain import errors
 from bert_pretrain import processes
 stop, taker, fork = sys.argv[1:]
-errors.stop_on_sigterm()
+errors.take_stop_signals()
 if taker == "another thread":
   threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 def shared_pending(signum):
@@ -57,6 +57,30 @@ def _fork_stop(stop, taker, fork):
   return subprocess.run([sys.executable, "-c", FORK_STOP, stop, taker, fork],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                         timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def test_a_tool_started_with_ctrl_c_ignored_takes_a_kill_int():
+  # A script's `&` starts its job with SIGINT ignored; a kill -INT to the job is meant.
+  waiting = ("import sys, time\n"
+             "from bert_pretrain import errors\n"
+             "errors.take_stop_signals()\n"
+             "try:\n"
+             "  print('waiting', flush=True)\n"
+             "  time.sleep(60)\n"
+             "except KeyboardInterrupt:\n"
+             "  sys.exit(errors.stopped_by_signal('tool', KeyboardInterrupt(), 'rerun', "
+             "sys.stdout))\n")
+  proc = subprocess.Popen([sys.executable, "-c", waiting], stdout=subprocess.PIPE,
+                          universal_newlines=True, env=dict(os.environ, PYTHONPATH=ROOT),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+  try:
+    assert proc.stdout.readline() == "waiting\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.communicate(timeout=30)[0] == "tool: interrupted; rerun\n"
+    assert proc.returncode == 130
+  finally:
+    proc.kill()
+    proc.wait()
 
 
 def test_python_drops_a_stop_whose_handler_runs_in_a_fork_callback():
@@ -128,11 +152,11 @@ def test_stops_that_keep_coming_are_never_left_blocked_or_recorded_after_the_blo
 
 
 # A SIGTERM that comes as stops_held swaps its handler: the handler it had runs first (set
-# to SIG_IGN by it, as stop_on_sigterm's does, it must stay so).
+# to SIG_IGN by it, as take_stop_signals's does, it must stay so).
 STOP_IN_THE_SWAP = """
 import os, signal, types
 from bert_pretrain import errors
-errors.stop_on_sigterm()
+errors.take_stop_signals()
 def signal_as_a_stop_comes(signum, handler):
   if signum == signal.SIGTERM and getattr(handler, "__name__", "") == "hold":
     os.kill(os.getpid(), signal.SIGTERM)

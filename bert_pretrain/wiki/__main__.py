@@ -106,7 +106,7 @@ def main(argv):
   words, else 1)."""
   if len(argv) > 1:
     errors.unexpected_arguments("prepare_wiki", argv[1:])
-  errors.stop_on_sigterm()
+  errors.take_stop_signals()
   processes.arm_stacks()
   flag_values = flags.FLAGS
   if not flag_values["verbosity"].present:
