@@ -408,6 +408,12 @@ def test_a_second_run_on_the_same_output_dir_is_refused_until_the_first_is_kille
                       % (out, holder)], second.stderr
     assert "Step " not in second.stdout
     assert not (out / "mlperf.2.log").exists()  # the second run wrote no log
+    # --check_only (and so a dry run) says the same, and leaves the lock to its holder.
+    check = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=2,
+                                        nodo_eval=None, check_only=None))
+    assert check.returncode == 2
+    assert [l for l in check.stderr.splitlines() if "error:" in l] == errors
+    assert lock.read_text() == holder
     assert first.poll() is None
   finally:
     first.kill()

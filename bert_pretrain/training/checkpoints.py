@@ -469,6 +469,26 @@ class OutputDirLock(object):
         demos started at once finds what the first built).
     """
     handle = open(os.path.join(self.output_dir, LOCK_FILE), "a+")
+    self._take(handle, wait)
+    handle.seek(0)
+    handle.truncate()
+    handle.write("pid %d on %s" % (os.getpid(), socket.gethostname()))
+    handle.flush()
+    self._handle = handle  # Kept open: closing the file would drop the lock.
+
+  def check_free(self):
+    """Raises ValueError as acquire() would, without taking the lock or writing anything
+    (--check_only)."""
+    try:
+      handle = open(os.path.join(self.output_dir, LOCK_FILE), "r")
+    except (IOError, OSError):  # no lock file (a new folder), or none to read: no run
+      return
+    self._take(handle, wait=False)
+    handle.close()  # drops the lock just taken
+
+  def _take(self, handle, wait):
+    """flock on the open lock file; on failure closes it and raises ValueError naming the
+    holder."""
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except (IOError, OSError):
@@ -477,11 +497,6 @@ class OutputDirLock(object):
       handle.close()
       raise ValueError("--output_dir=%s is in use by another run (%s); wait for it to end "
                        "or pass another --output_dir" % (self.output_dir, holder))
-    handle.seek(0)
-    handle.truncate()
-    handle.write("pid %d on %s" % (os.getpid(), socket.gethostname()))
-    handle.flush()
-    self._handle = handle  # Kept open: closing the file would drop the lock.
 
   def release(self):
     """Drops the lock (the end of the process drops it too)."""

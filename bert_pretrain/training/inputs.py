@@ -199,6 +199,8 @@ def check_inputs(cfg):
   if not cfg.run.do_train:
     check_evaluated(cfg, resume_checkpoint or init_checkpoint, bert_config)
   _check_output_dir(cfg.run.output_dir, create=not cfg.run.check_only)
+  if cfg.run.check_only and "://" not in cfg.run.output_dir:
+    checkpoints.OutputDirLock(cfg.run.output_dir).check_free()  # a run takes it
   earlier_run = resume_step = resume_position = None
   if resume_checkpoint:
     earlier_run = checkpoints.read_run_marker(cfg.run.output_dir)
