@@ -71,7 +71,8 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
       job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
                        "stopped right after it saves without evaluating)" % job.step)
     if job.evaluator is not None and (at_start or missed):
-      results = job.evals.evaluate(job.sess, job.step)
+      # One at a resumed step between the schedule's points stays out of MLPerf's log.
+      results = job.evals.evaluate(job.sess, job.step, scheduled=at_point or job.step == 0)
       results_at_start = dict(results, step=job.step)
       job.meter.pause(results["eval_time_s"])
       if job.step == 0 and inputs.init_checkpoint and not inputs.resume_checkpoint:
