@@ -36,9 +36,7 @@ import json
 import logging
 import math
 import os
-import sys
 
-from absl import app
 from absl import flags
 
 from bert_pretrain import config
@@ -381,4 +379,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(lambda argv: sys.exit(main(argv)))
+  errors.run_main("compare", main)

@@ -140,7 +140,8 @@ def make_output_folders(tool, flag, folder, subfolders=()):
 def run_main(tool, main):
   """absl's app.run(main), with a bad command line (an unknown flag, a value of the wrong
   kind, a required flag missing) one line `TOOL: error: ...` and exit status 2, the
-  status of bad input for the tools whose 1 says what they found (absl exits 1)."""
+  status of bad input for the tools whose 1 says what they found (absl exits 1). A reader
+  that stops reading (`| head`) ends the tool as it ends a C tool: quietly, 128 + SIGPIPE."""
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
 
@@ -151,7 +152,15 @@ def run_main(tool, main):
       usage_error(tool, "%s; --helpfull lists the flags"
                   % str(e).splitlines()[0].rstrip("."))
 
-  app.run(main, flags_parser=parse)
+  def main_until_the_reader_stops(argv):
+    try:
+      return main(argv)
+    except BrokenPipeError:
+      # What is left to print, and the flush at exit, go nowhere (not into a traceback).
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+      return 128 + signal.SIGPIPE
+
+  app.run(main_until_the_reader_stops, flags_parser=parse)
 
 
 def unexpected_arguments(tool, arguments):

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -207,6 +208,20 @@ def test_the_report_command_draws_the_picture_and_prints_the_summary(tmp_path):
   assert "report: warnings: 1" in out
   width, height = _png_size(str(tmp_path / "report.png"))
   assert (width, height) == (960, 640)
+
+
+def test_a_reader_that_stops_after_the_first_line_ends_the_report_without_a_traceback(
+    tmp_path):
+  _write_log(tmp_path / "dllog.json")
+  # The pipe's reader is gone before the report writes: its first print fails.
+  reader, writer = os.pipe()
+  os.close(reader)
+  result = subprocess.run([sys.executable, "-m", "bert_pretrain.training.report",
+                           "--png_path=" + str(tmp_path / "r.png"), str(tmp_path)],
+                          stdout=writer, stderr=subprocess.PIPE, universal_newlines=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+  os.close(writer)
+  assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, "")
 
 
 def test_a_missing_or_foreign_log_is_a_one_line_error(tmp_path):

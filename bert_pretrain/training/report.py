@@ -19,9 +19,7 @@ import logging
 import os
 import shlex
 import statistics
-import sys
 
-from absl import app
 from absl import flags
 
 from bert_pretrain import errors
@@ -321,4 +319,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("dllog_path", None, "dllog.json to read (default: "
                       "OUTPUT_DIR/dllog.json).")
   flags.DEFINE_string("png_path", None, "Picture to write (default: OUTPUT_DIR/report.png).")
-  app.run(lambda argv: sys.exit(main(argv)))
+  errors.run_main("report", main)
