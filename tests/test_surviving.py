@@ -443,7 +443,7 @@ def test_a_two_rank_run_resumed_on_one_rank_or_mirrored_trains_the_next_records_
   was = "was horovod, 2 processes, 2 replicas x batch 2 x 1 accumulation = global batch 4"
   for name, layout, now, replicas in (
       ("one_rank", dict(train_batch_size=4),
-       "none, 1 process, 1 replica x batch 4 x 1 accumulation = global batch 4", "1 replica"),
+       "1 process, 1 replica x batch 4 x 1 accumulation = global batch 4", "1 replica"),
       ("mirrored", dict(train_batch_size=2, distribution="mirrored", cpu_devices=2),
        "mirrored, 1 process, 2 replicas x batch 2 x 1 accumulation = global batch 4",
        "2 replicas")):
@@ -479,7 +479,7 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
   assert version == ".".join(tf.__version__.split(".")[:2])
   for change, overrides, message in (
       ("global_batch", dict(train_batch_size=8),
-       "was trained with a global batch of 4 (none, 1 process, 1 replica x batch 4 x 1 "
+       "was trained with a global batch of 4 (1 process, 1 replica x batch 4 x 1 "
        "accumulation = global batch 4) and this run's is 8"),
       ("seed", dict(seed=8), "was trained with seed 7 and this run passes --seed=8"),
       ("shuffle_buffer", dict(shuffle_buffer=100),
@@ -501,8 +501,8 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
                                            train_batch_size=8,
                                            allow_resume_change="global_batch"))
   assert allowed.returncode == 0, allowed.stderr[-3000:]
-  assert ("Resuming with another global batch (--allow_resume_change=global_batch): none, 1 "
-          "process, 1 replica x batch 8 x 1 accumulation = global batch 8 (was none, 1 "
+  assert ("Resuming with another global batch (--allow_resume_change=global_batch): 1 "
+          "process, 1 replica x batch 8 x 1 accumulation = global batch 8 (was 1 "
           "process, 1 replica x batch 4 x 1 accumulation = global batch 4); the run continues "
           "at sample 16 of the data order in updates of 8") in allowed.stdout
   assert ("Learning rate: --num_train_steps was 4, now 6 since model.ckpt-4: the schedule "
@@ -568,6 +568,11 @@ def test_a_resumed_run_says_how_its_learning_rate_and_data_order_changed():
                 dict(schedule=schedule, data_order=order), allowed=("tensorflow",))
   assert moved.lines[1] == ("Data: tensorflow 1.15 -> 2.15 changed (--allow_resume_change): "
                             "continuing at sample 248 of the new data order")
+  files = _plan(dict(schedule=schedule, data_order=order, train_files=[["part-9", 100]]),
+                dict(schedule=schedule, data_order=order), allowed=("data",))
+  assert files.lines[1].startswith("Data: the training files changed (")
+  assert files.lines[1].endswith("; --allow_resume_change=data): continuing at sample 248 of "
+                                 "their data order")
   # A record of an older version, without these keys: nothing to compare, nothing said.
   older = _plan({"schedule": None, "data_order": None}, dict(schedule=schedule,
                                                               data_order=order))

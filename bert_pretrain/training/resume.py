@@ -96,9 +96,11 @@ def data_files(files):
 
 
 def describe_layout(layout):
-  """'horovod, 2 processes, 2 replicas x batch 4 x 1 accumulation = global batch 8'."""
-  return ("%s, %d process%s, %d replica%s x batch %d x %d accumulation = global batch %d"
-          % (layout["distribution"], layout["processes"],
+  """'horovod, 2 processes, 2 replicas x batch 4 x 1 accumulation = global batch 8'; a
+  run without distribution has no engine to name: '1 process, 1 replica x ...'."""
+  engine = "" if layout["distribution"] == "none" else layout["distribution"] + ", "
+  return ("%s%d process%s, %d replica%s x batch %d x %d accumulation = global batch %d"
+          % (engine, layout["processes"],
              "es" if layout["processes"] > 1 else "", layout["replicas"],
              "s" if layout["replicas"] > 1 else "", layout["train_batch_size"],
              layout["num_accumulation_steps"], layout["global_batch_size"]))
@@ -186,7 +188,7 @@ def resume_plan(cfg, inputs, record):
   lines = [_layout_line(was, now, where, step, checkpoint)]
   if change:
     lines.append("Data: the training files changed (%s; --allow_resume_change=data): "
-                 "continuing at %s of their order" % (change, where))
+                 "continuing at %s %d of their data order" % (change, unit, position))
   changed_order = sorted(k for k in order_was if order_was[k] != order_now.get(k))
   if changed_order:
     lines.append("Data: %s changed (--allow_resume_change): continuing at %s %d of the new "
@@ -261,7 +263,7 @@ def _check_data_order(cfg, earlier, record, allowed, where):
   if change and "data" not in allowed:
     raise ValueError("--output_dir=%s was trained on other data (%s): %s would name other "
                      "records in these files; pass the run's --input_files_dir, or "
-                     "--allow_resume_change=data to continue at %s of these files' order"
+                     "--allow_resume_change=data to continue at %s of these files"
                      % (cfg.run.output_dir, change, where, where))
   if cfg.run.seed is not None and earlier.get("seed") not in (None, cfg.run.seed) and \
       "seed" not in allowed:
