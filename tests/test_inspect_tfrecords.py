@@ -164,6 +164,11 @@ def test_bad_input_is_one_line(data, tmp_path):
   shutil.copy(os.path.join(data["output_dir"], "manifest.json"), str(empty))
   status, _, err = inspect(str(empty))
   assert status == 2 and "holds no TFRecord files" in err
+  # The dataset's root: its folders are named.
+  status, _, err = inspect(data["output_dir"])
+  assert status == 2 and ("inspect_tfrecords: error: --input=%s holds no TFRecord files, only "
+                          "folders (" % data["output_dir"]) in err
+  assert "train_data" in err and "eval_data" in err, err
   result = run_cli("--input=" + data["train_dir"], "--stats_records=-5")
   assert result.returncode != 0 and not result.stdout
   assert "flag --stats_records=-5: -5 is not a non-negative integer" in result.stderr
