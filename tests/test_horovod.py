@@ -922,7 +922,8 @@ def _stopped_job(lines, rank, status):
     (["run_pretraining: error: the disk is full"], 1, 143, 1,
      "rank 1 exited with status 143; rank 0: run_pretraining: error: the disk is full"),
     # Killed while saving, no line of its own: not a clean stop.
-    ([], 0, -9, 1, "rank 0 exited with status -9 (its lines are above)"),
+    ([], 0, -9, 1, "rank 0 was ended by SIGKILL (the OOM killer or kill -9: dmesg says which); "
+     "its lines are above"),
     # Rank 0 saved and ended its stop; the others exit after it (loop.last_barrier).
     ([_SAVED], 1, 143, 143, "rank 1 exited with status 143 after the job's SIGTERM; run the "
      "same command again to resume from its last checkpoint"),
@@ -930,8 +931,8 @@ def _stopped_job(lines, rank, status):
     ([_SAVED], 1, -15, 143, "rank 1 exited with status -15 after the job's SIGTERM; run the "
      "same command again to resume from its last checkpoint"),
     # Without rank 0's line after its save, the stop is not known to have saved.
-    ([], 1, -15, 1, "rank 1 exited with status -15 (its lines are above)"),
-    ([], 1, 143, 143, "rank 1 exited with status 143 (its lines are above)"),
+    ([], 1, -15, 1, "rank 1 was ended by SIGTERM; its lines are above"),
+    ([], 1, 143, 143, "rank 1 exited with status 143; its lines are above"),
 ], ids=["peer-lost-after-the-save", "rank-error", "rank-error-peer-first", "killed",
         "saved", "saved-middleman-signalled", "not-saved-middleman-signalled",
         "not-saved"])

@@ -483,16 +483,28 @@ def run_horovodrun(args, run_commandline):
     if rank not in rank_errors.errors and rank_errors.errors:
       # The first to exit can be a peer of the rank that failed: name the one that said.
       failing = min(rank_errors.errors)
-      print("rank %d exited with status %d; rank %d: %s"
-            % (rank, status, failing, rank_errors.errors[failing]), file=sys.stderr)
+      print("rank %d %s; rank %d: %s" % (rank, _how_it_ended(status), failing,
+                                         rank_errors.errors[failing]), file=sys.stderr)
       return status if 0 < status < 128 else 1
-    print("rank %d exited with status %d%s" % (rank, status, ": " + rank_errors.errors[rank]
-                                                 if rank in rank_errors.errors
-                                                 else " (its lines are above)"),
+    print("rank %d %s%s" % (rank, _how_it_ended(status), ": " + rank_errors.errors[rank]
+                            if rank in rank_errors.errors else "; its lines are above"),
           file=sys.stderr)
     return status if 0 < status < 256 else 1
   finally:
     sys.argv, sys.stderr, sys.stdout = argv, rank_errors.stream, stdout
+
+
+def _how_it_ended(status):
+  """'exited with status 2', or for a rank a signal ended (horovodrun's negative status)
+  'was ended by SIGKILL (the OOM killer or kill -9: dmesg says which)'."""
+  if status >= 0:
+    return "exited with status %d" % status
+  try:
+    name = signal.Signals(-status).name
+  except ValueError:
+    name = "signal %d" % -status
+  return "was ended by %s%s" % (name, " (the OOM killer or kill -9: dmesg says which)"
+                                if -status == signal.SIGKILL else "")
 
 
 def ranks_of_this_host():
