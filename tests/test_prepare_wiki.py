@@ -549,6 +549,26 @@ def test_refused_dump_leaves_nothing_that_blocks_the_corrected_command(run_a, vo
   assert files_under(output_dir) == files_under(run_a)
 
 
+def test_verify_rehashes_every_output_and_names_one_that_changed(run_a, vocab, tmp_path):
+  output_dir = str(tmp_path / "out")
+  shutil.copytree(run_a, output_dir)
+  result = run_cli(output_dir, vocab, dump=None, steps="manifest", verify="true")
+  assert result.returncode == 0, result.stderr
+  count = len(json.load(open(os.path.join(output_dir, "manifest.json")))["files"])
+  assert ("prepare_wiki: --verify: the %d output files hash as their markers recorded"
+          % count) in result.stdout
+  # A byte flipped in place, size and time kept: only re-hashing sees it.
+  changed = sorted(n for n in os.listdir(os.path.join(output_dir, "train_data")))[0]
+  path = os.path.join(output_dir, "train_data", changed)
+  stat, data = os.stat(path), bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0xFF
+  open(path, "wb").write(bytes(data))
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  line = error_line(run_cli(output_dir, vocab, dump=None, steps="manifest", verify="true"))
+  assert "train_data/%s changed after it was made" % changed in line, line
+  assert line.endswith("; delete it and rerun")
+
+
 def test_a_first_step_whose_worker_died_binds_the_folder_to_no_settings(vocab, tmp_path,
                                                                          monkeypatch):
   # The rerun may come with other settings (fewer pages a chunk, after the OOM killer).

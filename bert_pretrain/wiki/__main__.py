@@ -113,10 +113,11 @@ def main(argv):
     # create_pretraining_data logs two INFO lines per shard; the progress line suffices.
     logging.set_verbosity(logging.WARNING)
   try:
-    run_pipeline(flag_values.output_dir, dump=flag_values.dump, vocab=flag_values.vocab,
-                 steps=flag_values.steps, jobs=flag_values.jobs, verify=flag_values.verify,
-                 pack=flag_values.pack, redo_changed_steps=flag_values.redo_changed_steps,
-                 **{key: flag_values[key].value for key in DEFAULTS})
+    manifest = run_pipeline(
+        flag_values.output_dir, dump=flag_values.dump, vocab=flag_values.vocab,
+        steps=flag_values.steps, jobs=flag_values.jobs, verify=flag_values.verify,
+        pack=flag_values.pack, redo_changed_steps=flag_values.redo_changed_steps,
+        **{key: flag_values[key].value for key in DEFAULTS})
   except (PrepareError, processes.WorkerDied) as e:
     sys.exit("prepare_wiki: error: %s" % e)
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
@@ -135,6 +136,9 @@ def main(argv):
     if flag_values.pack:
       print("prepare_wiki: the packed training records are in %s"
             % layout.packed_train_data)
+  if manifest is not None and flag_values.verify:
+    print("prepare_wiki: --verify: the %d output files hash as their markers recorded"
+          % len(manifest["files"]))
 
 
 if __name__ == "__main__":
