@@ -227,6 +227,26 @@ def test_sigterm_stops_at_the_step_reached_with_a_checkpoint_and_the_rerun_conti
   _assert_same_curve(_losses(out / "dllog.json"), reference_curves("local", 1), 1)
 
 
+def test_a_run_stopped_after_an_evaluation_at_the_start_that_met_the_target_is_no_success(
+    dropout_free, tmp_path):
+  """The evaluation before training (step 0, no point of the schedule to stop at) meets a
+  tiny --stop_threshold; the run trains on and a signal stops it: its status is that of
+  the weights it ends with, unevaluated, not that first evaluation's."""
+  out = tmp_path / "out"
+  command = MODULE + _flags(dropout_free, out, without=("nodo_eval",), eval_at_start=True,
+                            stop_threshold=1e-9, expected_initial_accuracy=0)
+  status, stdout, stderr, _ = _run_and_signal(command, out, at_step=3)
+  assert status == 143, stderr[-3000:]
+  start = float(re.search(r"^masked_lm_accuracy before training: ([\d.]+)$", stdout,
+                          re.M).group(1))
+  assert start >= 1e-9  # met the target
+  assert re.search(r"^\| 1 card \| acc [\d.]+ \| fps [\d.]+ \| status aborted \|$", stdout,
+                   re.M), stdout[-3000:]
+  mllog = _mlperf_log(out)
+  assert mllog[-1]["key"] == "run_stop" and mllog[-1]["metadata"]["status"] == "aborted"
+  assert "reached_target" not in json.loads((out / "bert_pretrain_run.json").read_text())
+
+
 def test_sigint_stops_like_sigterm_without_a_traceback(dropout_free, tmp_path):
   # Without --seed: the run draws one, and the rerun continues with it.
   out = tmp_path / "out"

@@ -84,7 +84,7 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
                  if not os.path.basename(n).startswith(".") and ".tmp" not in os.path.basename(n)
                  and not n.endswith(skipped_suffixes) and not tf.gfile.IsDirectory(n))
   files = [f for f in files if tf.gfile.Stat(f).length > 0]
-  folders = sorted(os.path.basename(n) for n in names if tf.gfile.IsDirectory(n))
+  folders = sorted(os.path.basename(n.rstrip("/")) for n in names if tf.gfile.IsDirectory(n))
   if not files and folders:  # the dataset's root, say (train_data/, eval_data/)
     raise ValueError("%s=%s holds no TFRecord files, only folders (%s); point it at the "
                      "folder that holds them" % (flag_name, files_dir, ", ".join(folders[:5])))

@@ -16,6 +16,7 @@ run_classifier's output_dir follows the same rules (its run marker names the too
 check_config tells whether a checkpoint holds the model a bert_config.json describes.
 """
 
+import errno
 import fcntl
 import json
 import os
@@ -480,18 +481,21 @@ class OutputDirLock(object):
     """Raises ValueError as acquire() would, without taking the lock or writing anything
     (--check_only)."""
     try:
-      handle = open(os.path.join(self.output_dir, LOCK_FILE), "r")
-    except (IOError, OSError):  # no lock file (a new folder), or none to read: no run
+      # Opened for writing, unchanged: NFS and CIFS lock only files open so.
+      handle = open(os.path.join(self.output_dir, LOCK_FILE), "r+")
+    except (IOError, OSError):  # no lock file (a new folder), or none to open: no run
       return
-    self._take(handle, wait=False)
+    self._take(handle, wait=False, only_when_held=True)
     handle.close()  # drops the lock just taken
 
-  def _take(self, handle, wait):
+  def _take(self, handle, wait, only_when_held=False):
     """flock on the open lock file; on failure closes it and raises ValueError naming the
-    holder."""
+    holder (only_when_held: only when another process holds it; else it says nothing)."""
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except (IOError, OSError):
+    except (IOError, OSError) as e:
+      if only_when_held and e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+        return
       handle.seek(0)
       holder = handle.read().strip() or "another process"
       handle.close()

@@ -71,8 +71,7 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
       job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
                        "stopped right after it saves without evaluating)" % job.step)
     if job.evaluator is not None and (at_start or missed):
-      # One at a resumed step between the schedule's points stays out of MLPerf's log.
-      results = job.evals.evaluate(job.sess, job.step, scheduled=at_point or job.step == 0)
+      results = job.evals.evaluate(job.sess, job.step)
       results_at_start = dict(results, step=job.step)
       job.meter.pause(results["eval_time_s"])
       if job.step == 0 and inputs.init_checkpoint and not inputs.resume_checkpoint:
@@ -180,7 +179,6 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
     finite = job.save(step)
     job.meter.pause(time.time() - save_start, checkpoint=True)
   job.meter.stop()  # the average with overhead counts the final save too
-  scheduled = True  # the last evaluation is one of MLPerf's schedule
   if job.evaluator is not None and job.evals.last_eval_step != step and finite \
       and not stopped_by:
     scheduled = job.evals.due(step)  # the loop asks it of every update but the last
@@ -191,8 +189,10 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
           "(every %d samples): it is left out of mlperf.log%s"
           % (step, job.evals.samples_between_eval, " and of the --stop_threshold check"
              if cfg.evaluation.stop_threshold > 0 else ""))
-  status = ("success" if results and scheduled and reached_target(cfg, results)
-            else "aborted")
+  # Only an evaluation of the weights the run ends with, at a point of the schedule, can
+  # be its success (not one at the start a stop or non-finite loss left as the last).
+  status = ("success" if results and job.evals.last_eval_step == step and
+            job.evals.last_scheduled and reached_target(cfg, results) else "aborted")
   if status == "success" and job.trains and job.ranks.is_chief:
     # Started again, the run then knows its target is reached (resume.reached_target_before).
     marker = checkpoints.read_run_marker(cfg.run.output_dir)
@@ -407,8 +407,8 @@ def start(cfg, inputs, ranks, device, notes):
   skipped = skipped_updates(inputs.resume_checkpoint)
   per_update = inputs_lib.sentences_per_update(cfg, ranks.replicas, inputs.packing)
   offset = 0.0
-  if inputs.resume_checkpoint and cfg.run.do_train:  # the data position says what was read
-    offset = meters.samples_offset(plan.position * inputs.packing.sequences_per_record,
+  if inputs.resume_position is not None:  # the checkpoint's data position: what was read
+    offset = meters.samples_offset(inputs.resume_position * inputs.packing.sequences_per_record,
                                    inputs.resume_step, per_update, skipped)
   finished = resume_lib.reached_target_before(cfg, inputs, meters.reached_point(
       inputs.resume_step or 0, per_update, skipped, cfg.evaluation.samples_start_eval,
@@ -442,18 +442,18 @@ def start(cfg, inputs, ranks, device, notes):
   ranks.doing = "reading the small record sets whole (framing, CRCs) on MLPerf's clock"
   with logger.run_stop_on_error():
     counted = inputs_lib.read_records_through(cfg, inputs)
-  per_update = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * ranks.replicas
-  if trains and counted is not None and counted < per_update:
-    logger.warning(inputs.resume_step or 0, (
-        "the training set holds %d records, fewer than the %d an update reads (batch %d x "
-        "accumulation %d x %d replicas): every update repeats records; pass more data or a "
-        "smaller batch" % (counted, per_update, cfg.run.train_batch_size,
-                           cfg.optimizer.num_accumulation_steps, ranks.replicas)))
-  return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
-             all_finite=all_finite, logger=logger, rcp=rcp, record=record,
-             record_pending=not plan.record_now, trains=trains, finished=finished,
-             eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
-             packing=inputs.packing, skipped=skipped, samples_offset=offset)
+    records = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * ranks.replicas
+    if trains and counted is not None and counted < records:
+      logger.warning(inputs.resume_step or 0, (
+          "the training set holds %d records, fewer than the %d an update reads (batch %d x "
+          "accumulation %d x %d replicas): every update repeats records; pass more data or a "
+          "smaller batch" % (counted, records, cfg.run.train_batch_size,
+                             cfg.optimizer.num_accumulation_steps, ranks.replicas)))
+    return Job(cfg, ranks, sess=sess, train=train, evaluator=evaluator, saver=saver,
+               all_finite=all_finite, logger=logger, rcp=rcp, record=record,
+               record_pending=not plan.record_now, trains=trains, finished=finished,
+               eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
+               packing=inputs.packing, skipped=skipped, samples_offset=offset)
 
 
 def skipped_updates(checkpoint):

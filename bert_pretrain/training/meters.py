@@ -145,6 +145,7 @@ class EvalSchedule(object):
     self.output_dir = output_dir
     self.block_first_samples = None  # None: no block open
     self.last_eval_step = None
+    self.last_scheduled = False  # whether that evaluation was at a point of the schedule
     self.eval_time = 0.0
     self.eval_samples = 0  # evaluated, over all evaluations
     self.eval_samples_logged = False  # MLPerf's eval_samples, logged once
@@ -207,7 +208,7 @@ class EvalSchedule(object):
     if not self.eval_samples_logged and scheduled:
       self.logger.mlperf(mllog.constants.EVAL_SAMPLES, results["eval_samples"])
       self.eval_samples_logged = True
-    self.last_eval_step = step
+    self.last_eval_step, self.last_scheduled = step, scheduled
     mlperf(mllog.constants.EVAL_ACCURACY, results["masked_lm_accuracy"], metadata=trained)
     self.logger.eval_results(step, results, self.output_dir, samples=trained["epoch_num"])
     for warning in self.monitor.evaluation(step, results["masked_lm_accuracy"]):
