@@ -540,6 +540,12 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
   assert [r["samples"] for r in records if r["type"] == "summary"] == [16, 32]
   mllog = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in open(str(out / "mlperf.2.log"))]
   assert [m["value"] for m in mllog if m["key"] == "train_samples"] == [32]
+  # An evaluation of that checkpoint alone (batch 4) says so too.
+  evaluated = run_pretraining(*_flags(pretraining_data, out, without=("nodo_eval",),
+                                      nodo_train=None, train_batch_size=4))
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  records = [json.loads(l) for l in open(str(out / "dllog.json"))]
+  assert [r["samples"] for r in records if r["type"] == "eval"][-1] == 32
 
 
 def _plan(earlier, now, step=62, num_train_steps=400, allowed=()):
