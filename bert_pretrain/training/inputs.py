@@ -253,12 +253,15 @@ def _check_eval_files(cfg, eval_files, bert_config, packing, with_training, full
                   "sequences"), skippable=False)
 
 
+def records_per_update(cfg, replicas):
+  """The records an update reads: train_batch_size x accumulation x replicas."""
+  return cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * replicas
+
+
 def sentences_per_update(cfg, replicas, packing):
-  """Sentences per update, what the throughput counts: train_batch_size x accumulation x
-  replicas records, packed ones counted at the data's mean sequences a pack (packing:
-  Packing), a fraction then."""
-  records = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * replicas
-  return records * packing.sequences_per_record
+  """Sentences per update, what the throughput counts: records_per_update, packed ones
+  counted at the data's mean sequences a pack (packing: Packing), a fraction then."""
+  return records_per_update(cfg, replicas) * packing.sequences_per_record
 
 
 def global_batch_size(cfg, replicas, packing):

@@ -442,7 +442,7 @@ def start(cfg, inputs, ranks, device, notes):
   ranks.doing = "reading the small record sets whole (framing, CRCs) on MLPerf's clock"
   with logger.run_stop_on_error():
     counted = inputs_lib.read_records_through(cfg, inputs)
-    records = cfg.run.train_batch_size * cfg.optimizer.num_accumulation_steps * ranks.replicas
+    records = inputs_lib.records_per_update(cfg, ranks.replicas)
     if trains and counted is not None and counted < records:
       logger.warning(inputs.resume_step or 0, (
           "the training set holds %d records, fewer than the %d an update reads (batch %d x "
