@@ -154,7 +154,10 @@ def run_main(tool, main):
 
   def main_until_the_reader_stops(argv):
     try:
-      return main(argv)
+      try:
+        return main(argv)
+      finally:
+        sys.stdout.flush()  # what a pipe's buffer holds, written here, not at exit
     except BrokenPipeError:
       # What is left to print, and the flush at exit, go nowhere (not into a traceback).
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

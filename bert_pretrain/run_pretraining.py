@@ -85,7 +85,6 @@ def main(argv):
                  "the demo's fine-tuning step" if finetunes else None)
     if status == 0 and finetunes:
       # The demo's downstream step: does the pretrained model beat random weights?
-      stop.disarm("during the demo's fine-tuning step (the pretraining run is saved)")
       demo.finetune(demo_settings.demo_cache_dir, cfg.run.output_dir,
                     {"bert_config_file": cfg.model.bert_config_file,
                      "vocab_file": cfg.model.vocab_file},
@@ -126,6 +125,8 @@ def run(cfg, inputs, ranks, device, stop, notes, then=None):
             % (cfg.run.output_dir, ", ".join(removed)))
   status = loop.run(cfg, inputs, ranks, device, stop, notes)
   ranks.stop()
+  if then:  # from now on a signal ends the process at once
+    stop.disarm("during %s (the pretraining run is saved)" % then)
   if stop.requested:
     if status == 0 and then:  # the signal came during the last update
       print("%s: the training is complete; %s is skipped: run the same command with "

@@ -210,16 +210,20 @@ def test_the_report_command_draws_the_picture_and_prints_the_summary(tmp_path):
   assert (width, height) == (960, 640)
 
 
-def test_a_reader_that_stops_after_the_first_line_ends_the_report_without_a_traceback(
-    tmp_path):
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_reader_gone_before_the_report_writes_ends_it_without_a_traceback(tmp_path,
+                                                                             buffered):
   _write_log(tmp_path / "dllog.json")
-  # The pipe's reader is gone before the report writes: its first print fails.
+  # `report DIR | true`: the pipe's reader is gone; buffered, the write fails at the flush.
   reader, writer = os.pipe()
   os.close(reader)
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+  if not buffered:
+    env["PYTHONUNBUFFERED"] = "1"
   result = subprocess.run([sys.executable, "-m", "bert_pretrain.training.report",
                            "--png_path=" + str(tmp_path / "r.png"), str(tmp_path)],
                           stdout=writer, stderr=subprocess.PIPE, universal_newlines=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+                          env=dict(env, PYTHONPATH=ROOT))
   os.close(writer)
   assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, "")
 

@@ -901,6 +901,8 @@ def run(words, dry_run=False):
   flags are checked first, and its inputs where the job is this host's alone, before
   horovodrun starts any rank (a bad path is one line, not one per rank); with dry_run
   (DRY_RUN=1) that is all."""
+  if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # a script's `&`: _stops_taken
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
     check_training_flags(words)
   except LaunchError as e:

@@ -145,6 +145,7 @@ def train(cfg, job, stop, results):
     if step < cfg.optimizer.num_train_steps and job.evals.due(step):
       # A signal that came during the update is agreed on now, not at the next one: a
       # stop starts no evaluation (the resumed run evaluates this point first).
+      job.ranks.doing = "the ranks' stop agreement before the evaluation after update %d" % step
       stopped_by = int(job.sess.run(job.train.stop_agreed, {job.train.stop_feed: stop.signum}))
       if stopped_by:
         return step, True, stopped_at(cfg, job, step, stopped_by), results
