@@ -154,10 +154,9 @@ def run_main(tool, main):
 
   def main_until_the_reader_stops(argv):
     try:
-      try:
-        return main(argv)
-      finally:
-        sys.stdout.flush()  # what a pipe's buffer holds, written here, not at exit
+      status = main(argv)
+      sys.stdout.flush()  # what a pipe's buffer holds, written here, not at exit
+      return status
     except BrokenPipeError:
       # What is left to print, and the flush at exit, go nowhere (not into a traceback).
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

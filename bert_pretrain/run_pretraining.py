@@ -125,7 +125,7 @@ def run(cfg, inputs, ranks, device, stop, notes, then=None):
             % (cfg.run.output_dir, ", ".join(removed)))
   status = loop.run(cfg, inputs, ranks, device, stop, notes)
   ranks.stop()
-  if then:  # from now on a signal ends the process at once
+  if then and status == 0:  # from now on a signal ends the process at once
     stop.disarm("during %s (the pretraining run is saved)" % then)
   if stop.requested:
     if status == 0 and then:  # the signal came during the last update

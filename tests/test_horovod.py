@@ -459,6 +459,29 @@ def test_kill_int_stops_a_job_started_in_the_background_of_a_script(tmp_path, co
   assert output.count("rank: SIGTERM received") == 2, output[-3000:]
 
 
+@pytest.mark.parametrize("delay_s", [0.5, 3.0])
+def test_kill_int_while_the_launcher_checks_ends_it_in_one_line(pretraining_data, tmp_path,
+                                                                delay_s):
+  # Started as a script's `&` starts it; the signal comes as it checks the flags and the
+  # inputs (run_pretraining --check_only), before any rank.
+  command = [sys.executable, "-m", "bert_pretrain.distributed.launch", "run", "horovodrun",
+             "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+             "bert_pretrain.run_pretraining"] + base_flags(pretraining_data, tmp_path / "out")
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=_env(), start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+  try:
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  assert proc.returncode == 130, out[-2000:] + err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("model.ckpt-*"))
+
+
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_the_launcher_ends_ranks_that_do_not_stop_after_its_grace(tmp_path, controller):
   # horovodrun alone ends such ranks in about 10 s (5 s for its SIGTERM, 5 for SIGSTOP,

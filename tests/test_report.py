@@ -228,6 +228,23 @@ def test_a_reader_gone_before_the_report_writes_ends_it_without_a_traceback(tmp_
   assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, "")
 
 
+def test_a_tool_that_fails_with_its_reader_gone_still_shows_its_error():
+  failing = ("from bert_pretrain import errors\n"
+             "def main(argv):\n"
+             "  print('a line')\n"
+             "  raise RuntimeError('the real failure')\n"
+             "errors.run_main('tool', main)\n")
+  reader, writer = os.pipe()
+  os.close(reader)
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # the line waits
+  result = subprocess.run([sys.executable, "-c", failing], stdout=writer,
+                          stderr=subprocess.PIPE, universal_newlines=True,
+                          env=dict(env, PYTHONPATH=ROOT))
+  os.close(writer)
+  assert result.returncode != 128 + signal.SIGPIPE, result.stderr
+  assert "RuntimeError: the real failure" in result.stderr, result.stderr
+
+
 def test_a_missing_or_foreign_log_is_a_one_line_error(tmp_path):
   result = run_report(str(tmp_path))
   assert result.returncode == 2

@@ -169,6 +169,8 @@ def test_a_resumed_run_evaluates_first_where_the_stopped_one_reached_a_point_une
     assert ("reached --stop_threshold=%g at step 3 (masked_lm_accuracy %.4f): nothing to "
             "train and no MLPerf log" % (evaluated[3], evaluated[3])) in stdout
     assert "MLPerf log: none, this run trains nothing" in stdout
+    assert re.search(r"^\| 1 card \| acc [\d.]+ \| fps \S+ \| status success \|$", stdout,
+                     re.M), stdout[-2000:]
     assert sorted(p.name for p in out.glob("mlperf*.log")) == mlperf_logs
     assert not re.search(r"^Step \d+,", stdout, re.M), overrides
     assert tf.train.latest_checkpoint(str(out)).endswith("model.ckpt-3")

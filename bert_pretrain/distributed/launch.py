@@ -951,7 +951,10 @@ def run(words, dry_run=False):
 
 def main(argv):
   if len(argv) > 2 and argv[1] in ("run", "check"):
-    return run(argv[2:], dry_run=argv[1] == "check")
+    try:
+      return run(argv[2:], dry_run=argv[1] == "check")
+    except KeyboardInterrupt as e:  # before horovodrun took the stops, or after
+      return errors.stopped_by_signal("run_multi_card_FPS", e, "run the same command again")
   if argv[1:] == ["cards"]:  # for scripts/common.sh
     print("%d %s" % listed_cards())
     return 0

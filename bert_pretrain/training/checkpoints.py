@@ -480,11 +480,17 @@ class OutputDirLock(object):
   def check_free(self):
     """Raises ValueError as acquire() would, without taking the lock or writing anything
     (--check_only)."""
+    path = os.path.join(self.output_dir, LOCK_FILE)
     try:
       # Opened for writing, unchanged: NFS and CIFS lock only files open so.
-      handle = open(os.path.join(self.output_dir, LOCK_FILE), "r+")
-    except (IOError, OSError):  # no lock file (a new folder), or none to open: no run
-      return
+      handle = open(path, "r+")
+    except (IOError, OSError) as e:
+      if e.errno not in (errno.EACCES, errno.EROFS):
+        return  # no lock file (a new folder): no run
+      try:
+        handle = open(path, "r")  # another user's, or a read-only disk's: a local lock
+      except (IOError, OSError):
+        return
     self._take(handle, wait=False, only_when_held=True)
     handle.close()  # drops the lock just taken
 

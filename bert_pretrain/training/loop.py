@@ -190,10 +190,14 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
           "(every %d samples): it is left out of mlperf.log%s"
           % (step, job.evals.samples_between_eval, " and of the --stop_threshold check"
              if cfg.evaluation.stop_threshold > 0 else ""))
-  # Only an evaluation of the weights the run ends with, at a point of the schedule, can
-  # be its success (not one at the start a stop or non-finite loss left as the last).
-  status = ("success" if results and job.evals.last_eval_step == step and
-            job.evals.last_scheduled and reached_target(cfg, results) else "aborted")
+  # A training run succeeds only by an evaluation of the weights it ends with at a point
+  # of the schedule, unstopped (not by the one at the start a stop or a non-finite loss
+  # left as the last); a run that trains nothing, by its checkpoint's.
+  evaluated_last = bool(results) and job.evals.last_eval_step == step
+  if job.trains:
+    evaluated_last = (evaluated_last and finite and not stopped_by and
+                      job.evals.last_scheduled)
+  status = "success" if evaluated_last and reached_target(cfg, results) else "aborted"
   if status == "success" and job.trains and job.ranks.is_chief:
     # Started again, the run then knows its target is reached (resume.reached_target_before).
     marker = checkpoints.read_run_marker(cfg.run.output_dir)
