@@ -63,7 +63,6 @@ except ImportError:
   import card  # python3 bench/benchmark.py: bench/ is the script's own folder
   import google_peer
 from bert_pretrain import errors
-from bert_pretrain.training import signals
 from bert_pretrain.training import timing  # the FLOP count the runs' MFU uses too
 from bert_pretrain import processes
 
@@ -524,7 +523,7 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   if finished.returncode in (-9, 137):
     reason = "killed (out of memory?)"
   elif finished.returncode < 0:
-    reason = "ended by %s" % signals.name(-finished.returncode)
+    reason = "ended by %s" % errors.signal_name(-finished.returncode)
   else:
     reason = "exit status %d" % finished.returncode
   return {"error": "%s, see %s" % (reason, log_path)}

@@ -99,6 +99,14 @@ def unwritable_folder(folder):
   return None
 
 
+def signal_name(signum):
+  """SIGTERM for 15; "signal N" for a number that names no signal."""
+  try:
+    return signal.Signals(signum).name
+  except ValueError:
+    return "signal %d" % signum
+
+
 def print_error(tool, message):
   """Prints `TOOL: error: MESSAGE` to stderr in one write: Python 3.7's stderr writes
   each piece of a print at once, and mpirun --tag-output would tag the newline apart."""

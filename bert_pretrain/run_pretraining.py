@@ -130,7 +130,7 @@ def run(cfg, inputs, ranks, device, stop, notes, then=None):
   if stop.requested:
     if status == 0 and then:  # the signal came during the last update
       print("%s: the training is complete; %s is skipped: run the same command with "
-            "--output_dir=%s to run it" % (signals.name(stop.signum), then,
+            "--output_dir=%s to run it" % (errors.signal_name(stop.signum), then,
                                             cfg.run.output_dir))
       status = signals.exit_status(stop.signum)
     # Saved and logged. horovodrun --gloo kills the ranks 5 s after it forwards a signal

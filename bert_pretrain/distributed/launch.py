@@ -499,12 +499,8 @@ def _how_it_ended(status):
   'was ended by SIGKILL (the OOM killer or kill -9: dmesg says which)'."""
   if status >= 0:
     return "exited with status %d" % status
-  try:
-    name = signal.Signals(-status).name
-  except ValueError:
-    name = "signal %d" % -status
-  return "was ended by %s%s" % (name, " (the OOM killer or kill -9: dmesg says which)"
-                                if -status == signal.SIGKILL else "")
+  return "was ended by %s%s" % (errors.signal_name(-status), " (the OOM killer or kill -9: "
+                                "dmesg says which)" if -status == signal.SIGKILL else "")
 
 
 def ranks_of_this_host():
@@ -934,8 +930,7 @@ def run(words, dry_run=False):
       if "--gloo" in program:
         with ranks_stop_before_horovodrun_ends_them() as stops:
           status = run_horovodrun(program[1:], run_commandline)
-        # The ranks got SIGTERM; the job ends as under mpirun, with 128 + the launcher's.
-        if status == 128 + signal.SIGTERM and stops and stops[-1].signum:
+        if status == 128 + signal.SIGTERM and stops and stops[-1].signum:  # as under mpirun
           return 128 + stops[-1].signum
         return status
       # Any other controller (--mpi, --jsrun) ends in its shell: mpirun in a child.

@@ -20,6 +20,7 @@ import time
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import errors
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.training import checkpoints
@@ -163,7 +164,7 @@ def stopped_at(cfg, job, step, stopped_by):
   """Says where this rank stops after the signal `stopped_by` (every rank says it: the
   ranks agree on the step); returns stopped_by."""
   print("%s: rank %d stops after step %d; to resume, run the same command with "
-        "--output_dir=%s" % (signals.name(stopped_by), job.ranks.rank, step,
+        "--output_dir=%s" % (errors.signal_name(stopped_by), job.ranks.rank, step,
                              cfg.run.output_dir), flush=True)
   return stopped_by
 
@@ -219,7 +220,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
     # --gloo after 5): the checkpoint and logs are written, the picture can wait. The
     # script's launcher reads this line as rank 0's saved stop (launch.RankErrors).
     print("report: not drawn after %s; python3 -m bert_pretrain.training.report %s draws it"
-          % (signals.name(stopped_by), shlex.quote(cfg.run.output_dir)), flush=True)
+          % (errors.signal_name(stopped_by), shlex.quote(cfg.run.output_dir)), flush=True)
   elif job.ranks.is_chief:
     dllog_path = cfg.run.dllog_path or os.path.join(cfg.run.output_dir, "dllog.json")
     try:
@@ -247,7 +248,7 @@ def last_barrier(job, stopped_by):
              if line.strip() and "Graph execution error" not in line]
     sys.stderr.write("%s: rank %d: other ranks ended before the last barrier (%s); run the "
                      "same command again to resume from the last checkpoint\n"
-                     % (signals.name(stopped_by), job.ranks.rank,
+                     % (errors.signal_name(stopped_by), job.ranks.rank,
                         (lines or [type(e).__name__])[0]))
     sys.stderr.flush()
 

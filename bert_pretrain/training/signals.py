@@ -34,20 +34,13 @@ import time
 
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import errors
 from bert_pretrain.training import logs
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A repeat within this many seconds of the first signal is the same stop request.
 REPEAT_WINDOW_S = 1.0
 _MAX_SIGNAL = 64  # Linux signal numbers are 1..64.
-
-
-def name(signum):
-  """SIGTERM for 15; "signal N" for a number that names no signal."""
-  try:
-    return signal.Signals(signum).name
-  except ValueError:
-    return "signal %d" % signum
 
 
 def exit_status(signum):
@@ -106,7 +99,7 @@ class StopRequest(object):
           self._on_signal(signum)
 
   def _on_signal(self, signum):
-    signame = name(signum)
+    signame = errors.signal_name(signum)
     if not self._armed:
       _exit_now("run_pretraining: %s %s: exiting (nothing to save)"
                 % (signame, self._unarmed_when), signum)
