@@ -254,7 +254,7 @@ def training_commands(engine, ranks, cache_dir, config_file, init_checkpoint, ou
     return [(flags_ + ["--distribution=mirrored", "--cpu_devices=%d" % ranks,
                        "--intra_op_threads=%d" % (ranks * FLAGS.intra_op_threads),
                        "--inter_op_threads=%d" % (ranks * FLAGS.inter_op_threads)], {})]
-  workers = ["localhost:%d" % port for port in launch.free_ports(ranks)]
+  workers = ["localhost:%d" % port for port in processes.free_ports(ranks)]
   return [(flags_ + ["--distribution=multi_worker_mirrored"] + threads,
            {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
                                      "task": {"type": "worker", "index": i}})})

@@ -1,5 +1,6 @@
 """The child processes a tool starts: a command run to its end (run), a pool of worker
-processes (WorkerPool, run_tasks), and how each child begins.
+processes (WorkerPool, run_tasks), how each child begins, and free TCP ports for the
+workers of a job on this host (free_ports).
 
 A Ctrl-C or SIGTERM that comes as a tool forks is not lost (errors.stops_held); a child
 takes the stops as by default and ends with the process that started it
@@ -7,12 +8,16 @@ takes the stops as by default and ends with the process that started it
 """
 
 import concurrent.futures
+import contextlib
 import ctypes
+import errno
 import faulthandler
 import functools
 import multiprocessing
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -187,3 +192,41 @@ def run_tasks(function, tasks, jobs, on_result, context="fork"):
     futures = [pool.submit(function, task) for task in tasks]
     for future in concurrent.futures.as_completed(futures):
       on_result(future.result())
+
+
+def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):
+  """`count` TCP ports free on this host now (for the workers of a local job), drawn from
+  10000 (above most services' ports) to the ephemeral range: no outgoing connection takes
+  one of those before its worker binds it. With less than 1000 ports there, 10000-19999.
+
+  Raises:
+    OSError: a port cannot be bound for another reason than being in use, or 100 draws
+      per port found too few free.
+  """
+  try:
+    with open(ephemeral_range) as f:
+      lowest_ephemeral = int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    lowest_ephemeral = 32768  # Linux's default
+  low, high = 10000, lowest_ephemeral
+  if high - low < 1000:
+    high = 20000
+  draw = random.Random()  # unseeded: processes that seeded `random` would draw alike
+  ports = []
+  for _ in range(100 * count):
+    if len(ports) == count:
+      break
+    port = draw.randrange(low, high)
+    with contextlib.closing(socket.socket()) as s:
+      try:
+        s.bind(("", port))  # every address, as the worker's server binds
+      except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+          raise
+        continue
+    if port not in ports:
+      ports.append(port)
+  if len(ports) < count:
+    raise OSError(errno.EADDRINUSE, "%d free TCP ports of %d found in %d draws from %d-%d"
+                  % (len(ports), count, 100 * count, low, high - 1))
+  return ports

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import processes
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.distributed import ranks as ranks_lib
 from conftest import (RANKS_MODULE, ROOT, assert_same_weights, base_flags, final_weights,
@@ -36,7 +37,7 @@ def start_workers(flags, logs, count=2):
   its place by TF_CONFIG as a cluster manager would, each writing to logs/worker-N.log
   (files: a pipe nobody reads would stall its worker, and with it the job); returns
   the Popens."""
-  workers = ["localhost:%d" % port for port in launch_plan.free_ports(count)]
+  workers = ["localhost:%d" % port for port in processes.free_ports(count)]
   logs.mkdir()
   procs = []
   for index in range(count):
@@ -61,8 +62,8 @@ def test_ports_for_local_workers_are_free_distinct_and_below_the_ephemeral_range
   path = tmp_path / "ip_local_port_range"
   if ephemeral is not None:
     path.write_text(ephemeral)
-  assert launch_plan.free_ports(0, str(path)) == []
-  ports = launch_plan.free_ports(40, str(path))
+  assert processes.free_ports(0, str(path)) == []
+  ports = processes.free_ports(40, str(path))
   assert len(set(ports)) == 40 and all(10000 <= p < below for p in ports), ports
   for port in ports:
     with socket.socket() as s:
@@ -75,7 +76,7 @@ def test_ports_that_cannot_be_bound_but_for_being_in_use_are_an_error_not_a_sear
     raise PermissionError(errno.EACCES, "Permission denied")
   monkeypatch.setattr(socket.socket, "bind", refused)
   with pytest.raises(PermissionError):
-    launch_plan.free_ports(2)
+    processes.free_ports(2)
 
 
 def finish(procs, logs, timeout=300):
@@ -237,7 +238,7 @@ def test_a_worker_whose_peer_never_comes_ends_within_the_stall_timeout_naming_it
     pretraining_data, tmp_path):
   flags = base_flags(pretraining_data, tmp_path / "out", nodo_eval=None, train_batch_size=4,
                      stall_timeout_s=20)
-  workers = ["localhost:%d" % port for port in launch_plan.free_ports(2)]
+  workers = ["localhost:%d" % port for port in processes.free_ports(2)]
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
              TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                    "task": {"type": "worker", "index": 0}}))
@@ -264,7 +265,7 @@ def test_workers_that_disagree_on_the_schedule_are_all_refused_at_start(pretrain
   procs = []
   logs = tmp_path / "logs"
   logs.mkdir()
-  workers = ["localhost:%d" % port for port in launch_plan.free_ports(2)]
+  workers = ["localhost:%d" % port for port in processes.free_ports(2)]
   for index, steps in enumerate((6, 12)):
     flags = base_flags(pretraining_data, tmp_path / "out", nodo_eval=None,
                        train_batch_size=4, num_train_steps=steps, stall_timeout_s=60)

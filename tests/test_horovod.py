@@ -441,8 +441,9 @@ def test_a_signal_to_the_launcher_or_to_every_process_leaves_the_ranks_time_to_s
   assert output.count("rank: SIGTERM received") == 2, output[-3000:]
   if controller == "gloo":
     assert output.strip().splitlines()[-1].endswith(
-        "after the job's SIGTERM; run the same command again to resume from its last "
-        "checkpoint"), output[-3000:]
+        "after the job's %s; run the same command again to resume from its last "
+        "checkpoint" % ("SIGHUP (passed on to the ranks as SIGTERM)"
+                        if stop is _stop_as_hangup else "SIGTERM")), output[-3000:]
 
 
 def _stop_as_kill_int(pid):
@@ -457,6 +458,10 @@ def test_kill_int_stops_a_job_started_in_the_background_of_a_script(tmp_path, co
                                          horovodrun=_CONTROLLERS[controller])
   assert (status, saved) == (130, [0, 1]), output[-3000:]
   assert output.count("rank: SIGTERM received") == 2, output[-3000:]
+  if controller == "gloo":
+    assert output.strip().splitlines()[-1].endswith(
+        "after the job's SIGINT (passed on to the ranks as SIGTERM); run the same command "
+        "again to resume from its last checkpoint"), output[-3000:]
 
 
 def test_kill_int_while_the_launcher_checks_ends_it_in_one_line(pretraining_data, tmp_path):
@@ -964,6 +969,15 @@ def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_
   assert launch_plan.run_horovodrun(["-np", "2"], _stopped_job(lines, rank, status)) == (
       exit_status)
   assert capsys.readouterr().err.endswith(last_line + "\n")
+
+
+def test_a_job_stopped_by_ctrl_c_to_the_launcher_names_it_and_exits_130(capsys):
+  """The launcher passes its SIGINT on to the ranks as SIGTERM (StopRanksFirst)."""
+  assert launch_plan.run_horovodrun(["-np", "2"], _stopped_job([_SAVED], 1, 143),
+                                    lambda: signal.SIGINT) == 130
+  assert capsys.readouterr().err.endswith(
+      "rank 1 exited with status 143 after the job's SIGINT (passed on to the ranks as "
+      "SIGTERM); run the same command again to resume from its last checkpoint\n")
 
 
 def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):

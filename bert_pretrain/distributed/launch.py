@@ -29,11 +29,9 @@ runs in a child that becomes mpirun); any other command replaces this process.
 import collections
 import contextlib
 import copy
-import errno
 import io
 import json
 import os
-import random
 import re
 import shlex
 import signal
@@ -327,44 +325,6 @@ def launcher(job, distribution="horovod", port=MULTI_WORKER_PORT):
   return ["env", "TF_CONFIG=" + tf_config, "horovodrun"] + job.args
 
 
-def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):
-  """`count` TCP ports free on this host now (for the workers of a local job), drawn from
-  10000 (above most services' ports) to the ephemeral range: no outgoing connection takes
-  one of those before its worker binds it. With less than 1000 ports there, 10000-19999.
-
-  Raises:
-    OSError: a port cannot be bound for another reason than being in use, or 100 draws
-      per port found too few free.
-  """
-  try:
-    with open(ephemeral_range) as f:
-      lowest_ephemeral = int(f.read().split()[0])
-  except (OSError, ValueError, IndexError):
-    lowest_ephemeral = 32768  # Linux's default
-  low, high = 10000, lowest_ephemeral
-  if high - low < 1000:
-    high = 20000
-  draw = random.Random()  # unseeded: processes that seeded `random` would draw alike
-  ports = []
-  for _ in range(100 * count):
-    if len(ports) == count:
-      break
-    port = draw.randrange(low, high)
-    with contextlib.closing(socket.socket()) as s:
-      try:
-        s.bind(("", port))  # every address, as the worker's server binds
-      except OSError as e:
-        if e.errno != errno.EADDRINUSE:
-          raise
-        continue
-    if port not in ports:
-      ports.append(port)
-  if len(ports) < count:
-    raise OSError(errno.EADDRINUSE, "%d free TCP ports of %d found in %d draws from %d-%d"
-                  % (len(ports), count, 100 * count, low, high - 1))
-  return ports
-
-
 def summary(job, distribution="horovod", cpu=False):
   """'Launching 16 ranks on 2 hosts (8 per host)', or for TensorFlow's engines 'Launching
   2 processes on 2 hosts, each driving 8 cards (multi_worker_mirrored)' (cpu: a job on
@@ -434,12 +394,14 @@ class RankErrors(_Read):
     return _Read(stream, self)
 
 
-def run_horovodrun(args, run_commandline):
+def run_horovodrun(args, run_commandline, launcher_stop=lambda: None):
   """Runs horovodrun ARGS in this process; returns its exit status.
 
   Args:
     args: horovodrun's arguments (after the word horovodrun).
     run_commandline: horovod.runner.launch.run_commandline.
+    launcher_stop: returns the first stop signal the launcher got (StopRanksFirst.signum,
+      passed on to the ranks as SIGTERM), or None: the job's signal, when there is one.
 
   Returns:
     0; 128 + the signal for a job its ranks stopped at a signal; 2 for arguments
@@ -453,9 +415,8 @@ def run_horovodrun(args, run_commandline):
     run_commandline()
     # horovodrun can return normally for ranks it killed after its 5 s grace (its
     # middleman reaps their shell before Popen.wait does, which then reads 0).
-    if rank_errors.stop_signal:
-      return 128 + getattr(signal, rank_errors.stop_signal)
-    return 0
+    stop = _job_stop(rank_errors, launcher_stop)
+    return 128 + stop if stop else 0
   except ValueError as e:
     # horovodrun's own checks (a --network-interface this host lacks, say), before any rank.
     sys.stderr, sys.stdout = rank_errors.stream, stdout
@@ -471,15 +432,18 @@ def run_horovodrun(args, run_commandline):
       errors.print_error("horovodrun", str(e).strip().splitlines()[0])
       return 1
     rank, status = int(failed.group(1)), int(failed.group(2))
-    stop = getattr(signal, rank_errors.stop_signal) if rank_errors.stop_signal else None
+    stop = _job_stop(rank_errors, launcher_stop)
     if stop and not rank_errors.errors and (rank_errors.chief_alone or
                                             rank_errors.chief_saved):
       # Rank 0 saved at the agreed update, and ended its stop or found the others gone
       # (under horovodrun --gloo the ranks of other hosts end with their ssh session).
-      print("rank %d exited with status %d after the job's %s; run the same command again "
-            "to resume from its last checkpoint" % (rank, status, rank_errors.stop_signal),
-            file=sys.stderr)
-      return 128 + getattr(signal, rank_errors.stop_signal)
+      passed_on = errors.signal_name(stop) != rank_errors.stop_signal
+      print("rank %d exited with status %d after the job's %s%s; run the same command again "
+            "to resume from its last checkpoint" % (
+                rank, status, errors.signal_name(stop),
+                " (passed on to the ranks as %s)" % rank_errors.stop_signal if passed_on
+                else ""), file=sys.stderr)
+      return 128 + stop
     if rank not in rank_errors.errors and rank_errors.errors:
       # The first to exit can be a peer of the rank that failed: name the one that said.
       failing = min(rank_errors.errors)
@@ -492,6 +456,14 @@ def run_horovodrun(args, run_commandline):
     return status if 0 < status < 256 else 1
   finally:
     sys.argv, sys.stderr, sys.stdout = argv, rank_errors.stream, stdout
+
+
+def _job_stop(rank_errors, launcher_stop):
+  """The signal number a job stopped at: the launcher's, else the one its ranks said they
+  stopped at; None for a job no rank said it stopped."""
+  if not rank_errors.stop_signal:
+    return None
+  return launcher_stop() or getattr(signal, rank_errors.stop_signal)
 
 
 def _how_it_ended(status):
@@ -929,9 +901,10 @@ def run(words, dry_run=False):
       os.environ.update(env)
       if "--gloo" in program:
         with ranks_stop_before_horovodrun_ends_them() as stops:
-          status = run_horovodrun(program[1:], run_commandline)
-        if status == 128 + signal.SIGTERM and stops and stops[-1].signum:  # as under mpirun
-          return 128 + stops[-1].signum
+          launcher_stop = lambda: stops[-1].signum if stops else None  # noqa: E731
+          status = run_horovodrun(program[1:], run_commandline, launcher_stop)
+        if status == 128 + signal.SIGTERM and launcher_stop():  # as under mpirun
+          return 128 + launcher_stop()
         return status
       # Any other controller (--mpi, --jsrun) ends in its shell: mpirun in a child.
       os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", str(MPI_SIGKILL_TIMEOUT_S))
