@@ -20,6 +20,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.data import records
+from bert_pretrain.training import report
 from conftest import (PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG, base_flags, rank_command,
                       rank_pid, run_pretraining)
 
@@ -296,6 +297,10 @@ def test_a_stalled_rank_is_named_and_the_job_ends(pretraining_data, tmp_path):
     mllog = [json.loads(line.split(":::MLLOG ", 1)[1])
              for line in open(str(out / "mlperf.log"))]
     assert mllog[-1]["key"] == "run_stop" and mllog[-1]["metadata"]["status"] == "aborted"
+    # And its report says why the part has no summary.
+    assert "the last part ended without a summary: rank 1 stalled: the job stopped (see its " \
+        "error line)" in report.format_summary(report.summarize(report.read_records(
+            str(out / "dllog.json"))))
     own_report = (out / "stall-rank-0.txt").read_text()
     print(own_report)
     assert "running" in own_report.splitlines()[0] and "doing: " in own_report

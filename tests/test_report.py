@@ -172,6 +172,15 @@ def test_a_part_that_ended_before_its_summary_is_named_last_or_earlier():
             % (earlier, "" if earlier == 1 else "s") in text) == bool(earlier)
   # A log of a recipe version that wrote no device record names no part.
   assert report.summarize([trained])["last_part_open"] is False
+  # A part that ended at once says how (logs.end_open_runs): named when last, counted
+  # as ended early when earlier.
+  stopped = [started, {"type": "ended", "how": "SIGTERM before training started: exiting "
+                                               "(nothing to save)"}]
+  summary = report.summarize([started, finished] + stopped)
+  assert (summary["last_part_open"], summary["parts_ended_early"]) == (True, 0)
+  assert ("the last part ended without a summary: SIGTERM before training started: exiting "
+          "(nothing to save)") in report.format_summary(summary)
+  assert report.summarize(stopped + [started, finished])["parts_ended_early"] == 1
 
 
 def test_a_part_too_short_for_a_steady_figure_leaves_the_throughput_to_the_others():

@@ -612,7 +612,8 @@ stop = signals.StopRequest()
 stop.install()
 if sys.argv[1] == "armed":
   stop.arm()
-logger = logs.RunLogger(mllog_path=sys.argv[2])
+logger = logs.RunLogger(mllog_path=sys.argv[2], dllog_path=sys.argv[3])
+logger.record("device", {"device": "CPU"})  # a part of the run starts
 logger.mlperf("run_start", kind="start")
 print("ready", flush=True)
 while True:
@@ -625,12 +626,18 @@ while True:
 """
 
 
-def _stop_script(mode, mllog_path):
-  proc = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, mode, str(mllog_path)],
+def _stop_script(mode, out):
+  proc = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, mode, str(out / "mlperf.log"),
+                           str(out / "dllog.json")],
                           stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, env=_env())
   assert proc.stdout.readline() == "ready\n"
   return proc
+
+
+def _report_lines(out):
+  return report.format_summary(report.summarize(report.read_records(
+      str(out / "dllog.json"))))
 
 
 def _mlperf_keys(out):
@@ -640,7 +647,7 @@ def _mlperf_keys(out):
 
 
 def test_a_second_signal_exits_at_once_and_a_quick_repeat_is_the_same_request(tmp_path):
-  proc = _stop_script("armed", tmp_path / "mlperf.log")
+  proc = _stop_script("armed", tmp_path)
   try:
     # Two signals within a second (in either order of arrival): one request.
     proc.send_signal(signal.SIGINT)
@@ -657,20 +664,25 @@ def test_a_second_signal_exits_at_once_and_a_quick_repeat_is_the_same_request(tm
                      r"once\)", stderr)
     assert "second SIGINT: exiting at once" in stderr
     assert "Traceback" not in stderr
-    # The MLPerf log ends as a failed run's does, not cut short.
+    # The MLPerf log ends as a failed run's does, not cut short; the report says how.
     assert _mlperf_keys(tmp_path) == ["run_start", "run_stop:aborted"]
+    assert ("the last part ended without a summary: second SIGINT: exiting at once; the run "
+            "resumes from its last checkpoint") in _report_lines(tmp_path)
   finally:
     if proc.poll() is None:
       proc.kill()
 
 
 def test_a_signal_before_training_starts_exits_at_once(tmp_path):
-  proc = _stop_script("not-armed", tmp_path / "mlperf.log")
+  proc = _stop_script("not-armed", tmp_path)
   try:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 143
     assert "SIGTERM before training started: exiting (nothing to save)" in proc.stderr.read()
     assert _mlperf_keys(tmp_path) == ["run_start", "run_stop:aborted"]
+    # Not taken for a run killed or failed.
+    assert ("the last part ended without a summary: SIGTERM before training started: "
+            "exiting (nothing to save)") in _report_lines(tmp_path)
   finally:
     if proc.poll() is None:
       proc.kill()

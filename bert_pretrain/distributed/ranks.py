@@ -556,7 +556,8 @@ class Ranks(object):
                self.stall_timeout_s, checkpoints.rerun_advice(os.path.dirname(self._folder)),
                self.stall_reports(stalled)))
         sys.stderr.flush()
-        logs.end_open_runs()
+        logs.end_open_runs("rank %s stalled: the job stopped (see its error line)"
+                           % ", ".join(str(r) for r in stalled))
         os._exit(3)  # pylint: disable=protected-access
 
   def stall_reports(self, stalled):

@@ -38,8 +38,8 @@ def whole_lines():
       stream.reconfigure(write_through=False, line_buffering=True)
 
 
-# The RunLoggers of this process that write an MLPerf log (end_open_runs ends their runs).
-_MLPERF_LOGGERS = []
+# The chief's RunLoggers of this process that are open (end_open_runs ends their runs).
+_OPEN_LOGGERS = []
 
 
 class RunLogger(object):
@@ -75,7 +75,7 @@ class RunLogger(object):
     if mllog_path:
       _makedirs_for(mllog_path)
       self._mllog = open(mllog_path, "a")
-      _MLPERF_LOGGERS.append(self)
+    _OPEN_LOGGERS.append(self)
 
   def print(self, message):
     """A console line (chief only), flushed at once so pipes and tee show progress."""
@@ -178,21 +178,25 @@ class RunLogger(object):
       self._dllog.close()
     if self._summary_writer is not None:
       self._summary_writer.close()
-    if self in _MLPERF_LOGGERS:
-      _MLPERF_LOGGERS.remove(self)
+    if self in _OPEN_LOGGERS:
+      _OPEN_LOGGERS.remove(self)
+    if self._mllog is not None:
       with self._mllog_lock:
         self._mllog.close()
 
 
-def end_open_runs():
-  """Logs MLPerf's run_stop with status aborted in every MLPerf log of this process whose
-  run is open. For a process about to end at once (os._exit from another thread: a second
-  signal, the stall watchdog): its MLPerf log then ends as a failed run's does, not cut
-  short. A logger busy for 2 s (a hung disk) is left as it is."""
-  for logger in list(_MLPERF_LOGGERS):
+def end_open_runs(how):
+  """For a process about to end at once (os._exit from another thread: a signal, the
+  stall watchdog): logs MLPerf's run_stop with status aborted in every MLPerf log of this
+  process whose run is open, so that it ends as a failed run's does, not cut short, and
+  a record of type "ended" saying `how` in every JSON-lines log, which the report names
+  (a part without a summary is otherwise taken for one killed or failed). A logger busy
+  for 2 s (a hung disk) is left as it is."""
+  for logger in list(_OPEN_LOGGERS):
     try:
       logger.mlperf(mllog.constants.RUN_STOP, kind="end", metadata={"status": "aborted"},
                     wait_s=2.0)
+      logger.record("ended", {"how": how})
     except (OSError, ValueError):  # a full disk, or closed meanwhile: the exit goes on
       pass
 

@@ -99,13 +99,15 @@ def _samples(record):
 def parts_finished(records):
   """For each part of the run (each start writes a device record, a resume too), whether
   it wrote its summary: one still running has not, nor one that ended early (an error
-  after its start, kill -9, the OOM killer, a second Ctrl-C, a stalled rank)."""
+  after its start, kill -9, the OOM killer, a stop before training or at a second Ctrl-C,
+  a stalled rank). Returns a list of True, or for a part without a summary, how it
+  ended when it said (logs.end_open_runs), else False."""
   finished = []
   for record in records:
     if record.get("type") == "device":
       finished.append(False)
-    elif record.get("type") == "summary" and finished:
-      finished[-1] = True
+    elif record.get("type") in ("summary", "ended") and finished and finished[-1] is not True:
+      finished[-1] = True if record["type"] == "summary" else record.get("how") or False
   return finished
 
 
@@ -136,8 +138,11 @@ def summarize(records):
       "throughput": steady_throughput(trained),
       "where": where_time_went(trained[-1]) if trained else None,
       "runs": len(summaries),
-      "parts_ended_early": finished[:-1].count(False),
-      "last_part_open": bool(finished) and not finished[-1],
+      "parts_ended_early": sum(part is not True for part in finished[:-1]),
+      "last_part_open": bool(finished) and finished[-1] is not True,
+      # How the last part ended without its summary, when it said.
+      "last_part_ended": finished[-1] if finished and finished[-1] not in (True, False)
+                         else None,
       "warnings": [r.get("message", "") for r in warnings],
   }
 
@@ -188,7 +193,10 @@ def format_summary(summary):
       % (number(summary["median_fps"], "%.2f"), number(summary["min_fps"], "%.2f"),
          number(summary["max_fps"], "%.2f"), number(summary["throughput"], "%.2f")),
   ]
-  if summary.get("last_part_open"):
+  if summary.get("last_part_ended"):
+    lines.append("the last part ended without a summary: %s"
+                 % summary["last_part_ended"])
+  elif summary.get("last_part_open"):
     lines.append("the last part has no summary: it is still running, or it ended early (an "
                  "error: see its console output; the OOM killer: see dmesg; or kill -9); "
                  "the figures above are from its lines so far")
