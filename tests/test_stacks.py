@@ -2,6 +2,7 @@
 and from one that is stopped."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -52,7 +53,8 @@ def test_each_rank_of_the_host_reports_its_stack_and_a_stopped_one_its_last_hear
     stopped = (tmp_path / "stall-rank-1.txt").read_text()
     print(answered, stopped)
     assert answered.startswith("rank 0 (pid %d on " % children[0].pid)
-    assert answered.splitlines()[0].endswith("seen by rank 0: running")
+    assert re.search(r"seen by rank 0 at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: running$",
+                     answered.splitlines()[0]), answered
     assert "doing: update 7: the gradients' all-reduce" in answered
     assert "in waiting_in_the_all_reduce" in answered
     assert "stalled, its last heartbeat" in stopped.splitlines()[0]

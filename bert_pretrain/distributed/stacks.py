@@ -113,8 +113,9 @@ def write_reports(folder, output_dir, size, seen_by, stalled, since, wait_s=3.0)
     path = os.path.join(output_dir, REPORT_NAME % rank)
     if rank_host != host and (rank not in stalled or os.path.exists(path)):
       continue  # Its own host's ranks write it, with its stack.
-    lines = ["rank %d (pid %d on %s), seen by rank %d: %s" % (
-        rank, pid, rank_host, seen_by,
+    # The time tells a report of this stall from one an earlier run of the folder left.
+    lines = ["rank %d (pid %d on %s), seen by rank %d at %s: %s" % (
+        rank, pid, rank_host, seen_by, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "stalled, its last heartbeat %.0f s ago" % age if rank in stalled else "running"),
              # A heartbeat is written every few seconds: a stalled rank's can be behind.
              "doing%s: %s" % (" at its last heartbeat" if rank in stalled else "",
