@@ -72,9 +72,9 @@ _RENAMES = [
     (r"cls/seq_relationship/output_bias", r"cls.seq_relationship.bias", False),
 ]
 # A run's state beside the weights: the step, the optimizer's slots, the loss scale, the
-# accumulated gradients and the place in the data order.
-_SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^loss_scale/|^gradient_accumulation|^%s$)"
-                      % checkpoints.DATA_POSITION)
+# accumulated gradients, the place in the data order and in the evaluation schedule.
+_SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^loss_scale/|^gradient_accumulation|^%s$|^%s$)"
+                      % (checkpoints.DATA_POSITION, checkpoints.EVALUATION_POINT))
 
 
 class ExportError(ValueError):

@@ -10,9 +10,11 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
 from bert_pretrain import demo
+from bert_pretrain.training import checkpoints
 from bert_pretrain.training import meters
 from bert_pretrain.training import mlperf
 from bert_pretrain.model import modeling
@@ -53,6 +55,20 @@ def test_skipped_updates_move_the_schedule_by_the_samples_they_read():
   schedule.skipped = 2  # two updates skipped: 24 read, the point not yet past
   assert schedule.due(2)  # 32 read: past 24
   assert meters.samples(2, 8, schedule.skipped) == 32
+
+
+def test_whether_an_update_reached_a_point_is_known_exactly_after_skipped_updates():
+  """What a checkpoint records (checkpoints.EVALUATION_POINT), asked before or after the
+  loop's due(): update 2 read from 8 to 32 (two skipped between), past the point at 24,
+  which counting back one batch from 32 misses."""
+  schedule = meters.EvalSchedule(_Logger(), object(), None, 8, 24, 0, 0, None)
+  assert not schedule.due(1) and not schedule.reached(1)
+  schedule.skipped = 2
+  assert schedule.reached(2)  # a save before the evaluation, or a stop
+  assert schedule.due(2) and schedule.reached(2)  # and after it
+  assert not meters.reached_point(2, 8, 2, 0, 24)  # counted back
+  assert not schedule.due(3) and not schedule.reached(3)  # 40 read
+  assert not meters.EvalSchedule(_Logger(), None, None, 8, 24, 0, 0, None).reached(3)
 
 
 def test_updates_skipped_by_loss_scaling_count_in_mlperfs_samples(pretraining_data, tmp_path):
@@ -98,8 +114,36 @@ def test_updates_skipped_by_loss_scaling_count_in_mlperfs_samples(pretraining_da
   log = [json.loads(line.split(":::MLLOG ", 1)[1])
          for line in (out / "mlperf.2.log").read_text().splitlines()]
   evaluated = [r["metadata"]["epoch_num"] for r in log if r["key"] == "eval_accuracy"]
-  # --eval_at_start: the resumed run evaluates where it starts, then on the schedule.
-  assert evaluated == [start] + due, (start, first_due, read, evaluated)
+  # --eval_at_start: the resumed run evaluates where it starts, then on the schedule; the
+  # first is in MLPerf's log only at a point of the schedule, as the last. The checkpoint
+  # says whether it is one: the samples counted back cannot tell after skipped updates.
+  assert evaluated == ([start] if start in first_due else []) + due, (start, first_due, read,
+                                                                     evaluated)
+  # In dllog.json both are: the first run's last and the resumed run's first.
+  records = [json.loads(line) for line in (out / "dllog.json").read_text().splitlines()]
+  assert [r["samples"] for r in records if r["type"] == "eval"].count(start) == 2
+
+
+def test_a_resumed_runs_first_evaluation_is_in_mlperfs_log_only_at_a_point(pretraining_data,
+                                                                           tmp_path):
+  """8 samples an update, a point every 24: update 3 reaches one, update 4 not. Each
+  checkpoint records which; the run resumed from it evaluates at its start and logs that
+  evaluation to MLPerf only at a point, as the last of a run ending between two."""
+  logged = {}
+  for last in (3, 4):
+    out = tmp_path / str(last)
+    flags = dict(samples_start_eval=0, samples_between_eval=24, save_checkpoints_steps=2)
+    assert run_pretraining(*base_flags(pretraining_data, out, num_train_steps=last,
+                                       **flags)).returncode == 0
+    assert [tf.train.load_checkpoint(str(out / ("model.ckpt-%d" % step))).get_tensor(
+        checkpoints.EVALUATION_POINT) for step in (2, last)] == [0, last == 3]
+    resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
+                                          eval_at_start=None, **flags))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = [json.loads(line.split(":::MLLOG ", 1)[1])
+           for line in (out / "mlperf.2.log").read_text().splitlines()]
+    logged[last] = [r["metadata"]["epoch_num"] for r in log if r["key"] == "eval_accuracy"]
+  assert logged == {3: [24, 48], 4: [48]}
 
 
 def test_the_initial_accuracy_is_checked_against_mlperfs_checkpoint():

@@ -903,17 +903,14 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   monkeypatch.setattr(meters, "time", types.SimpleNamespace(time=lambda: clock[0]))
 
   class StandInJob(object):
-    step, evaluator, sess, finished = 0, "an evaluator", "a session", None
+    step, evaluator, sess, finished, at_point = 0, "an evaluator", "a session", None, False
     meter = meters.Throughput(8, warmup_steps=0)
     logger = logs.RunLogger(is_chief=False)
 
     class evals(object):  # pylint: disable=invalid-name
       @staticmethod
-      def reached_by(step):
-        return step > 0
-
-      @staticmethod
-      def evaluate(unused_sess, unused_step):
+      def evaluate(unused_sess, unused_step, scheduled):
+        assert scheduled  # the one at 0
         clock[0] += 0.5
         return {"masked_lm_accuracy": 0.3, "eval_time_s": 0.5}
 

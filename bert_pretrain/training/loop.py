@@ -59,7 +59,9 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
     # without evaluating: the resumed run evaluates there first (again, if one had), and
     # stops there if that evaluation reaches the target.
     at_point = (cfg.run.do_train and job.step < cfg.optimizer.num_train_steps and
-                job.evals.reached_by(job.step))
+                job.at_point)
+    if at_point:
+      job.evals.point_step = job.step
     missed = not at_start and at_point
     if job.finished:
       job.logger.print(job.finished)
@@ -72,7 +74,8 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
       job.logger.print("Update %d reached an evaluation point: evaluating it first (a run "
                        "stopped right after it saves without evaluating)" % job.step)
     if job.evaluator is not None and (at_start or missed):
-      results = job.evals.evaluate(job.sess, job.step)
+      # One at a resumed step between the schedule's points stays out of MLPerf's log.
+      results = job.evals.evaluate(job.sess, job.step, scheduled=at_point or job.step == 0)
       results_at_start = dict(results, step=job.step)
       job.meter.pause(results["eval_time_s"])
       if job.step == 0 and inputs.init_checkpoint and not inputs.resume_checkpoint:
@@ -369,6 +372,7 @@ class Job(object):
              else "it starts anew"))
       return False
     if self.ranks.is_chief:
+      self.sess.run(self.mark_point[0], {self.mark_point[1]: int(self.evals.reached(step))})
       checkpoints.save_checkpoint(self.saver, self.sess, self.cfg.run.output_dir, step,
                                   keep=self.cfg.run.keep_checkpoint_max)
       if self.record_pending:
@@ -416,9 +420,11 @@ def start(cfg, inputs, ranks, device, notes):
   if inputs.resume_position is not None:  # the checkpoint's data position: what was read
     offset = meters.samples_offset(inputs.resume_position * inputs.packing.sequences_per_record,
                                    inputs.resume_step, per_update, skipped)
-  finished = resume_lib.reached_target_before(cfg, inputs, meters.reached_point(
-      inputs.resume_step or 0, per_update, skipped, cfg.evaluation.samples_start_eval,
-      eval_interval, offset))
+  at_point = evaluation_point(inputs.resume_checkpoint)
+  if at_point is None:  # an older version's checkpoint: counted back from the samples
+    at_point = meters.reached_point(inputs.resume_step or 0, per_update, skipped,
+                                    cfg.evaluation.samples_start_eval, eval_interval, offset)
+  finished = resume_lib.reached_target_before(cfg, inputs, at_point)
   trains = (cfg.run.do_train and (inputs.resume_step or 0) < cfg.optimizer.num_train_steps
             and not finished)
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
@@ -437,7 +443,7 @@ def start(cfg, inputs, ranks, device, notes):
     logger.print("Matmul peak: %.3g TFLOPS a card in %s (--measure_peak)"
                  % (peak[0], device.dtype.name))
   ranks.doing = "building the graph, then the session: the weights' broadcast from rank 0"
-  sess, train, evaluator, saver, all_finite = start_session(
+  sess, train, evaluator, saver, all_finite, mark_point = start_session(
       cfg, inputs, ranks, device, config, learning_rate, seed, plan.position, logger)
   for line in plan.lines:
     logger.print(line)
@@ -459,7 +465,18 @@ def start(cfg, inputs, ranks, device, notes):
                all_finite=all_finite, logger=logger, rcp=rcp, record=record,
                record_pending=not plan.record_now, trains=trains, finished=finished,
                eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
-               packing=inputs.packing, skipped=skipped, samples_offset=offset)
+               packing=inputs.packing, skipped=skipped, samples_offset=offset,
+               mark_point=mark_point, at_point=at_point)
+
+
+def evaluation_point(checkpoint):
+  """Whether the update `checkpoint` was saved after reached a point of the evaluation
+  schedule (checkpoints.EVALUATION_POINT); False without a checkpoint, None for one of an
+  older version."""
+  if not checkpoint:
+    return False
+  value = checkpoints.checkpoint_value(checkpoint, checkpoints.EVALUATION_POINT)
+  return None if value is None else bool(value)
 
 
 def skipped_updates(checkpoint):
@@ -482,9 +499,10 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
   lacks one.
 
   Returns:
-    (sess, train, evaluator, saver, all_finite): train is a pretraining.TrainGraph
-    (None without --do_train), evaluator a pretraining.Evaluator (None without
-    --do_eval), all_finite the op of checkpoints.all_finite.
+    (sess, train, evaluator, saver, all_finite, mark_point): train is a
+    pretraining.TrainGraph (None without --do_train), evaluator a pretraining.Evaluator
+    (None without --do_eval), all_finite the op of checkpoints.all_finite, mark_point
+    (op, feed) that sets checkpoints.EVALUATION_POINT to the int fed (before a save).
   """
   tf.set_random_seed(seed)
   # Under a tf.distribute strategy the variables are mirrored over its replicas.
@@ -519,6 +537,10 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
                                         cfg.data.max_predictions_per_seq,
                                         cfg.evaluation.max_eval_steps)
     model_variables = tf.trainable_variables()
+    point_feed = tf.placeholder(tf.int64, [])
+    mark_point = (tf.get_variable(checkpoints.EVALUATION_POINT, [], tf.int64, trainable=False,
+                                  initializer=tf.zeros_initializer()).assign(point_feed),
+                  point_feed)
     # checkpoints.save_checkpoint rotates, not the Saver. Relative paths in the `checkpoint`
     # file keep a copied or moved output_dir pointing at its own files.
     saver = tf.train.Saver(max_to_keep=None, save_relative_paths=True)
@@ -538,7 +560,7 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
     # Every process continues the one order at the position rank 0 restored.
     sess.run(train_iterator.initializer, {skip_samples: sess.run(train.data_position)})
   sess.graph.finalize()  # Nothing may add ops inside the loop.
-  return sess, train, evaluator, saver, all_finite
+  return sess, train, evaluator, saver, all_finite, mark_point
 
 
 def restore(cfg, sess, global_step, model_variables, inputs, log):

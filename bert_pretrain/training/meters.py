@@ -142,6 +142,7 @@ class EvalSchedule(object):
     done = self.read(step) - samples_start_eval
     self.next_samples = samples_start_eval + (
         0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
+    self.point_step = None  # the last update that reached a point (due, or resumed at one)
     self.output_dir = output_dir
     self.block_first_samples = None  # None: no block open
     self.last_eval_step = None
@@ -179,14 +180,14 @@ class EvalSchedule(object):
       return False
     while self.next_samples <= self.read(step):
       self.next_samples += self.samples_between_eval
+    self.point_step = step
     return True
 
-  def reached_by(self, step):
-    """Whether update `step` (counted from 1) reached a point of the schedule: a run
-    stopped right after it did not evaluate there."""
-    return self.evaluator is not None and reached_point(
-        step, self.batch_size, self.skipped, self.start_samples, self.samples_between_eval,
-        self.offset)
+  def reached(self, step):
+    """Whether update `step`, the last one run, reached a point of the schedule (asked
+    before or after due(step)): what its checkpoint records (checkpoints.EVALUATION_POINT)."""
+    return self.evaluator is not None and (
+        self.point_step == step or self.read(step) >= self.next_samples)
 
   def evaluate(self, sess, step, scheduled=True):
     """Evaluates the weights of `step` and logs the results; one between the schedule's
