@@ -695,7 +695,6 @@ def pack(inputs, output_dir, max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, seed
   from bert_pretrain.data import records  # pylint: disable=g-import-not-at-top
   assert settings["max_predictions_per_pack"] == records.max_predictions_per_pack(
       max_predictions_per_seq, max_sequences_per_pack)
-  os.makedirs(output_dir, exist_ok=True)
   layout = PackLayout(output_dir)
   with locked(layout, TOOL):
     remove_stale_temporaries(layout.root)

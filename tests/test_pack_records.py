@@ -462,6 +462,7 @@ def test_an_output_folder_of_another_command_or_of_other_files(demo_data, tmp_pa
   (other / "notes.txt").write_text("someone else's file")
   err = error_line(*run(demo_data["input_files_dir"], str(other)))
   assert "is not empty and holds no pack_records.json (it has notes.txt)" in err
+  assert os.listdir(str(other)) == ["notes.txt"]  # the refused run left no lock file
 
 
 def test_a_second_run_on_the_same_folder_and_bad_flags(demo_data, tmp_path):

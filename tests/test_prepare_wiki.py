@@ -637,6 +637,7 @@ def test_multistream_bz2_decompressed_in_parallel(run_a, tmp_path):
 def test_step_without_its_input_is_refused(vocab, tmp_path):
   line = error_line(run_cli(str(tmp_path / "out"), vocab, dump=None, steps="tfrecords"))
   assert "needs the text shards of step shard" in line and "--steps=shard" in line
+  assert not (tmp_path / "out").exists()  # nor the folder with its lock file
 
 
 @pytest.mark.parametrize("values,message", [

@@ -287,7 +287,6 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
     settings["vocab_sha256"] = check_vocab(vocab)
   if not output_dir:
     raise PrepareError("pass --output_dir=<folder for the dataset>")
-  os.makedirs(output_dir, exist_ok=True)
   layout = Layout(output_dir)
   manifest = None
   with locked(layout):

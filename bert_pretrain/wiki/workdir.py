@@ -309,7 +309,12 @@ def say(message, tool="prepare_wiki"):
 
 @contextlib.contextmanager
 def locked(layout, tool="prepare_wiki"):
-  """Holds an exclusive lock on output_dir, so two runs never write the same files."""
+  """Holds an exclusive lock on output_dir (made if missing), so two runs never write the
+  same files. A run refused within (PrepareError) leaves neither the lock file nor the
+  folder it made."""
+  made_folder = not os.path.isdir(layout.root)
+  os.makedirs(layout.root, exist_ok=True)
+  made_lock = not os.path.exists(layout.lock)
   handle = open(layout.lock, "a+")
   try:
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -319,5 +324,15 @@ def locked(layout, tool="prepare_wiki"):
                        "pass another --output_dir" % (tool, layout.root))
   try:
     yield
+  except PrepareError:
+    # Still held: a run that opened the file meanwhile finds it locked and is refused.
+    for remove, path in ((made_lock and os.remove, layout.lock),
+                         (made_folder and os.rmdir, layout.root)):  # rmdir: only if empty
+      try:
+        if remove:
+          remove(path)
+      except OSError:
+        pass
+    raise
   finally:
     handle.close()
