@@ -89,3 +89,11 @@ def test_every_layout_trains_on_the_same_global_batches_of_one_order(pretraining
   np.testing.assert_array_equal(np.concatenate(mirrored), one)
   resumed = _training_batches(pretraining_data, 2, 8, skip_samples=16)
   np.testing.assert_array_equal(np.concatenate(resumed), one[16:])
+
+
+def test_the_shards_a_files_name_counts_but_which_are_not_there_are_named():
+  files = ["/d/part-00000-of-00004", "/d/part-00002-of-00004", "/d/eval-0", "/e/x-1-of-2",
+           "/e/x-0-of-2"]
+  assert input_pipeline.missing_shards(files) == (
+      ["/d/part-00001-of-00004", "/d/part-00003-of-00004"], 6)
+  assert input_pipeline.missing_shards(files[2:]) == ([], 0)

@@ -313,10 +313,15 @@ def test_eval_numbers_on_a_hand_checkable_case(tmp_path):
 
 def _packed_copy(data, tmp_path, summary=True, unpacked_file=False):
   """The fixture's training records packed into a folder: with or without the packer's
-  pack_records.json, with one unpacked file beside the packs."""
+  pack_records.json (summary=False: none; "unfinished": one without its summary, as a
+  stopped packing leaves), with one unpacked file beside the packs."""
   folder = tmp_path / "packed"
   pack_fixture_records(data["train"], folder)
-  if not summary:
+  if summary == "unfinished":
+    settings = json.loads((folder / "pack_records.json").read_text())
+    del settings["summary"]
+    (folder / "pack_records.json").write_text(json.dumps(settings))
+  elif not summary:
     (folder / "pack_records.json").unlink()
   if unpacked_file:
     name = sorted(os.listdir(data["train"]))[0]
@@ -542,6 +547,11 @@ BAD_INPUTS = [
         input_files_dir=_packed_copy(d, t, summary=False)),
      r"holds packed records, but no finished pack_records.json beside them says how many "
      r"sequences a pack holds; pass --avg_seq_per_pack=N"),
+    ("packed records of a packing that did not finish", lambda d, t: dict(
+        input_files_dir=_packed_copy(d, t, summary="unfinished"), avg_seq_per_pack=1.5),
+     r"packed holds the packs of a pack_records run that did not finish \(\S+ has no "
+     r"summary\): some files are missing; run the same pack_records command again to "
+     r"finish it$"),
     ("sequences a pack that disagree with the packer's", lambda d, t: dict(
         input_files_dir=_packed_copy(d, t), avg_seq_per_pack=2.5),
      r"--avg_seq_per_pack=2.5 disagrees with the [\d.]+ sequences a pack of the records"),
@@ -629,6 +639,21 @@ def test_with_accumulation_the_learning_rate_steps_as_the_flag_says(
 # The bad inputs found only by reading a record set whole, which the run does once MLPerf's
 # clock has started (the rules start it before the data is read): the run's logs are written.
 READ_ON_THE_CLOCK = {"truncated TFRecord", "a corrupt evaluation file"}
+
+
+def test_a_training_set_missing_a_shard_its_names_count_is_a_warning(pretraining_data,
+                                                                      tmp_path):
+  """part-00001-of-00003 not copied: trained on the others (a subset may be meant)."""
+  shards = tmp_path / "shards"
+  shards.mkdir()
+  for index, name in ((0, "part-0"), (2, "part-1")):
+    shutil.copy(os.path.join(pretraining_data["train"], name),
+                str(shards / ("part-%05d-of-00003" % index)))
+  result = run_pretraining(*base_flags(pretraining_data, tmp_path / "out", num_train_steps=1,
+                                       input_files_dir=str(shards)))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("warning: the training files are 2 of the 3 their names count: %s is not there; "
+          "training on those found" % (shards / "part-00001-of-00003")) in result.stdout
 
 
 @pytest.mark.parametrize("case,overrides,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])

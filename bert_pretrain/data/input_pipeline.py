@@ -95,6 +95,27 @@ def list_record_files(files_dir, flag_name="--input_files_dir"):
   return files
 
 
+_SHARD_NAME = re.compile(r"^(.*)-(\d+)-of-(\d+)$")
+
+
+def missing_shards(files):
+  """The shards the names of `files` count but which are not among them: for a name
+  like part-00002-of-00500, the other indexes below 500 of that stem. Returns (the
+  missing names, sorted; the shards the names count), ([], 0) when none is missing."""
+  present = collections.defaultdict(set)
+  for path in files:
+    match = _SHARD_NAME.match(os.path.basename(path))
+    if match:
+      key = (os.path.dirname(path), match.group(1), len(match.group(2)), match.group(3))
+      present[key].add(int(match.group(2)))
+  missing, counted = [], 0
+  for (folder, stem, width, total), indexes in sorted(present.items()):
+    counted += int(total)
+    missing.extend(os.path.join(folder, "%s-%0*d-of-%s" % (stem, width, i, total))
+                   for i in range(int(total)) if i not in indexes)
+  return (sorted(missing), counted) if missing else ([], 0)
+
+
 def training_layout(files, max_seq_length, max_predictions_per_seq):
   """Whether a training set is packed, from the first record of its first file that
   has a readable one (a corrupt record is check_training_files' to name).

@@ -319,7 +319,12 @@ def check_packing(cfg, train_files):
                      "holds; pass the mean of the packing (e.g. 1.999 for MLPerf's)"
                      % (flag, max_sequences, train_files[0]))
   folder = os.path.dirname(train_files[0])
+  settings_path = os.path.join(folder, pack_records.SETTINGS_FILE)
   summary = pack_records.read_summary(folder)
+  if summary is None and os.path.isfile(settings_path):
+    raise ValueError("%s holds the packs of a pack_records run that did not finish (%s has "
+                     "no summary): some files are missing; run the same pack_records "
+                     "command again to finish it" % (folder, settings_path))
   measured = summary and summary.get("sequences_per_pack")
   if not measured and not flag:
     raise ValueError("%s holds packed records, but no finished %s beside them says how "

@@ -455,6 +455,13 @@ def start(cfg, inputs, ranks, device, notes):
   with logger.run_stop_on_error():
     counted = inputs_lib.read_records_through(cfg, inputs)
     records = inputs_lib.records_per_update(cfg, ranks.replicas)
+    missing, counted_shards = input_pipeline.missing_shards(inputs.train_files)
+    if trains and missing:
+      logger.warning(inputs.resume_step or 0, (
+          "the training files are %d of the %d their names count: %s%s is not there; "
+          "training on those found" % (counted_shards - len(missing), counted_shards,
+                                       missing[0], " (and %d more)" % (len(missing) - 1)
+                                       if len(missing) > 1 else "")))
     if trains and counted is not None and counted < records:
       logger.warning(inputs.resume_step or 0, (
           "the training set holds %d records, fewer than the %d an update reads (batch %d x "
