@@ -527,9 +527,20 @@ def inputs_from_flags():
   init_checkpoint = None
   if FLAGS.init_checkpoint:
     init_checkpoint = checkpoints.resolve_checkpoint(FLAGS.init_checkpoint)
+    checkpoints.check_config(init_checkpoint, bert_config,
+                             "--bert_config_file=%s" % FLAGS.bert_config_file)
   seed = DEFAULT_SEED if FLAGS.seed is None else FLAGS.seed
   if FLAGS.input_files_dir:
     files = input_pipeline.list_record_files(FLAGS.input_files_dir, "--input_files_dir")
+    try:
+      packed = input_pipeline.training_layout(files[:1], FLAGS.max_seq_length,
+                                              FLAGS.max_predictions_per_seq)[1] is not None
+    except ValueError:  # packs of other lengths
+      packed = True
+    if packed:
+      raise ValueError("%s holds packed records, but conformance compares a batch of "
+                       "unpacked ones; pass the folder pack_records packed (its --input)"
+                       % files[0])
     input_pipeline.check_record_files(files[:1], FLAGS.max_seq_length,
                                       FLAGS.max_predictions_per_seq,
                                       vocab_size=bert_config.vocab_size)

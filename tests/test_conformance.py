@@ -2,6 +2,8 @@
 float32, layer by layer; exact against itself, within the tolerances in bfloat16 and
 float16, and a wrong op named at its layer."""
 
+import json
+
 import pytest
 import tensorflow.compat.v1 as tf
 
@@ -11,7 +13,7 @@ from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import modeling
 from bert_pretrain.training import pretraining
 from conftest import (FLOAT16_ON_THIS_CPU, PREDICTIONS, SEQ_LENGTH, TWO_LAYER_CONFIG,
-                      run_command)
+                      pack_fixture_records, run_command)
 
 ENCODER_ROWS = ["bert/embeddings/LayerNorm",
                 "bert/encoder/layer_0/attention/output/LayerNorm",
@@ -121,8 +123,20 @@ def test_the_command_compares_a_checkpoint_in_float16_and_passes(pretraining_dat
   assert "conformance: PASS: every layer and gradient group within its tolerance" in out
 
 
-def test_bad_inputs_are_one_line_errors_before_any_graph(pretraining_data, tmp_path):
+def test_bad_inputs_are_one_line_errors_before_any_graph(pretraining_data, equal_weight_data,
+                                                         tmp_path):
+  two_layers = tmp_path / "two_layers.json"
+  two_layers.write_text(json.dumps(TWO_LAYER_CONFIG))
+  pack_fixture_records(pretraining_data["train"], tmp_path / "packed")
   for flags, message in (
+      # Another model than the checkpoint's: run_pretraining refuses it too.
+      (model_flags(dict(pretraining_data, config=str(two_layers))) + [
+          "--init_checkpoint=" + equal_weight_data["init"]],
+       "holds a model with num_hidden_layers=1 but --bert_config_file=%s says "
+       "num_hidden_layers=2; pass the config the checkpoint was trained with" % two_layers),
+      (model_flags(pretraining_data) + ["--input_files_dir=%s" % (tmp_path / "packed")],
+       "holds packed records, but conformance compares a batch of unpacked ones; pass the "
+       "folder pack_records packed (its --input)"),
       ([], "--bert_config_file is required"),
       (model_flags(pretraining_data) + ["--inject_fault_layer=1"],
        "--inject_fault_layer=1: the model has layers 0 to 0; pass one of them (-1: none)"),
