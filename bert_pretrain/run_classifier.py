@@ -112,8 +112,18 @@ def read_task(tokenizer, splits, labels, labels_from):
       raise ValueError("%s has no examples; pass a --data_dir whose %s split has some"
                        % (classifier_data.task_file(FLAGS.task_name, FLAGS.data_dir, split),
                           split))
-  return {split: (examples[split], classifier_data.convert_examples(
+  data = {split: (examples[split], classifier_data.convert_examples(
       examples[split], labels, tokenizer, FLAGS.max_seq_length)) for split in splits}
+  # A vocab that does not fit the text trains on [UNK]s, as create_pretraining_data warns.
+  ids = np.concatenate([features["input_ids"][features["input_mask"] > 0]
+                        for _, features in data.values()])
+  special = np.isin(ids, tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"]))
+  warning = tokenization.unknown_tokens_warning(
+      int(np.sum(ids == tokenizer.vocab["[UNK]"])), int(np.sum(~special)),
+      tokenization.casing_fix(FLAGS.vocab_file, FLAGS.do_lower_case, "--vocab_file"))
+  if warning:
+    print("run_classifier: warning: " + warning, file=sys.stderr)
+  return data
 
 
 def check_head(init_checkpoint, num_labels, hidden_size):

@@ -375,7 +375,10 @@ def _task_folder(folder, train, dev):
     (lambda rows: rows + ["a sentence\t "],
      r"train.tsv line 21 has an empty label \(the last column\); give it its label or "
      r"remove the line$"),
-], ids=["swapped", "header", "empty-label"])
+    # Refused as a line, not first warned of as a label of one line.
+    (lambda rows: rows[:10] + ["a line without a tab"] + rows[10:],
+     r"train.tsv line 11 has 1 columns; a plain TSV line is text_a\[<TAB>text_b\]<TAB>label$"),
+], ids=["swapped", "header", "empty-label", "one-column"])
 def test_training_lines_whose_last_column_is_not_a_label_are_refused(task, tmp_path, change,
                                                                       message):
   data = _task_folder(tmp_path / "data", change(task["rows"][:20]), task["rows"][20:30])
@@ -384,7 +387,20 @@ def test_training_lines_whose_last_column_is_not_a_label_are_refused(task, tmp_p
   line = result.stderr.strip().splitlines()[-1]
   assert line.startswith("run_classifier: error: %s" % os.path.join(data, "train.tsv"))
   assert re.search(message, line), line
+  assert "warning:" not in result.stderr, result.stderr
   assert not (tmp_path / "out").exists()
+
+
+def test_a_vocab_that_does_not_fit_the_text_is_a_warning(task, tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\na\nof\n")
+  result = classify(task, tmp_path / "out", vocab_file=str(vocab), num_train_epochs=0.2)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r"^run_classifier: warning: \d+ of the \d+ tokens of the text \(\d+%\) are "
+                   r"\[UNK\]: the vocab does not fit the text; pass --vocab_file=<the model's "
+                   r"vocab.txt>$", result.stderr, re.M), result.stderr
+  # The task's own vocab leaves few unknown.
+  assert "[UNK]" not in classify(task, tmp_path / "own", num_train_epochs=0.2).stderr
 
 
 def test_a_label_of_one_line_is_trained_on_with_a_warning(task, tmp_path):

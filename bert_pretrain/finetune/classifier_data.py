@@ -118,9 +118,6 @@ def read_examples(task_name, data_dir, split, labels=None, labels_from="train.ts
     for number, row in enumerate(rows, 1):
       if not row:
         continue
-      if len(row) not in (2, 3):
-        raise ValueError("%s line %d has %d columns; a plain TSV line is "
-                         "text_a[<TAB>text_b]<TAB>label" % (path, number, len(row)))
       label = _tsv_label(row, path, number)
       _check_label(label, labels, path, number, "the labels of " + labels_from)
       examples.append(Example(row[0], row[1] if len(row) == 3 else None, label))
@@ -190,7 +187,10 @@ def _check_label(label, labels, path, number, known):
 
 def _tsv_label(row, path, number):
   """A plain TSV line's label: its last column, without the spaces around it (an editor's
-  trailing space would make another class)."""
+  trailing space would make another class). A line must be text_a[<TAB>text_b]<TAB>label."""
+  if len(row) not in (2, 3):
+    raise ValueError("%s line %d has %d columns; a plain TSV line is "
+                     "text_a[<TAB>text_b]<TAB>label" % (path, number, len(row)))
   label = row[-1].strip()
   if not label:
     raise ValueError("%s line %d has an empty label (the last column); give it its label or "
