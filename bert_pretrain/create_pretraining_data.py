@@ -97,8 +97,8 @@ def expand_input_files(input_files):
     list of file paths, patterns expanded in sorted order.
 
   Raises:
-    ValueError: if nothing is given, a path does not exist or is a folder, or a pattern
-      matches nothing.
+    ValueError: if nothing is given, a path does not exist or is a folder, a pattern
+      matches nothing, or a file comes twice (its documents would be read twice).
   """
   if isinstance(input_files, str):
     input_files = input_files.split(",")
@@ -124,6 +124,13 @@ def expand_input_files(input_files):
       raise ValueError("input file %r does not exist; check --input_file" % pattern)
     else:
       paths.append(pattern)
+  seen = set()
+  for path in paths:
+    if os.path.abspath(path) in seen:
+      raise ValueError("input file %s is given twice in --input_file (named and matched by "
+                       "a pattern, say): its documents would be read twice; list each once"
+                       % path)
+    seen.add(os.path.abspath(path))
   return paths
 
 

@@ -401,6 +401,10 @@ def bad_cases(tmp_path, vocab_file):
        "input file .*empty' is an empty folder; pass the corpus's text files"),
       ("glob matches nothing", dict(input_files=str(tmp_path / "none-*.txt")),
        "matches no files"),
+      ("input named and matched", dict(input_files="%s,%s" % (
+          SAMPLE_TEXT, os.path.join(os.path.dirname(SAMPLE_TEXT), "*"))),
+       "input file .* is given twice in --input_file \\(named and matched by a pattern, "
+       "say\\): its documents would be read twice; list each once"),
       ("no input", dict(input_files=[]), "no input files given"),
       ("empty input", dict(input_files=[empty]), "hold no text"),
       ("not utf-8", dict(input_files=[latin1]), "is not UTF-8 .* convert it to UTF-8"),
