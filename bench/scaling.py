@@ -63,7 +63,10 @@ import tempfile
 
 from absl import flags
 
-from bench import card
+try:
+  from bench import card  # python3 -m bench.scaling, from the repository root
+except ImportError:
+  import card  # python3 bench/scaling.py: bench/ is the script's own folder
 from bert_pretrain import errors
 from bert_pretrain.distributed import launch
 from bert_pretrain import processes
