@@ -51,6 +51,8 @@ FLAGS = flags.FLAGS
 # What --png_path may end with: matplotlib writes more, but would add .png to a name
 # without one of its endings, and refuse others only after the table was printed.
 PICTURE_FORMATS = (".png", ".svg", ".pdf")
+# Written into the picture's metadata: a file at --png_path without it is not written over.
+PICTURE_CREATOR = "bert_pretrain.compare"
 
 
 def settings_line(runs):
@@ -305,12 +307,13 @@ def draw(runs, rows, png_path, band):
       ax.legend(fontsize=7)
   figure.suptitle("runs side by side: " + ", ".join(run.name for run in runs))
   figure.tight_layout()
-  figure.savefig(png_path, dpi=80)
+  figure.savefig(png_path, dpi=80, metadata={"Creator": PICTURE_CREATOR})
   plt.close(figure)
 
 
 def picture_path_problem(path):
-  """Why --png_path cannot be written ("" when it can): its ending, or its folder."""
+  """Why --png_path cannot be written ("" when it can): its ending, its folder, or a file
+  there that compare did not draw (a run's report.png, a picture of the user's)."""
   if not path:
     return "--png_path is empty; pass the picture's path, e.g. --png_path=compare.png"
   folder, name = os.path.split(path)
@@ -324,6 +327,15 @@ def picture_path_problem(path):
     return ("--png_path=%s: %s %s; pass a path in a folder that exists" % (
         path, folder, "is a file, not a folder" if os.path.exists(folder) else
         "does not exist"))
+  if os.path.isfile(path):
+    try:
+      with open(path, "rb") as f:
+        ours = PICTURE_CREATOR.encode() in f.read()
+    except OSError:
+      ours = False
+    if not ours:
+      return ("--png_path=%s exists and compare did not draw it; pass another path, or "
+              "remove it first" % path)
   return ""
 
 

@@ -153,6 +153,7 @@ def test_a_picture_path_that_cannot_be_written_is_one_line_and_the_written_path_
     runs, tmp_path):
   pytest.importorskip("matplotlib", reason="init_tf.sh installs matplotlib")
   (tmp_path / "taken.png").mkdir()
+  (tmp_path / "mine.png").write_text("a picture of the user's")
   for path, message in (
       ("x.txt", "--png_path=x.txt does not end with .png, .svg or .pdf; pass e.g. "
        "--png_path=x.png"),
@@ -160,15 +161,20 @@ def test_a_picture_path_that_cannot_be_written_is_one_line_and_the_written_path_
        "--png_path=afile.png"),
       ("missing/x.png", "--png_path=missing/x.png: missing does not exist; pass a path in "
        "a folder that exists"),
+      # Not written over: a file compare did not draw (a run's report.png, say).
+      ("mine.png", "--png_path=mine.png exists and compare did not draw it; pass another "
+       "path, or remove it first"),
       # Found only when the picture is written, after the table.
       ("taken.png", "taken.png: Is a directory; it is a folder: pass a file there")):
     result = run_compare(runs["fp32"], runs["bf16"], "--png_path=" + path, cwd=str(tmp_path))
     assert result.returncode == 2, result.stdout
     assert result.stderr == "compare: error: %s\n" % message
-  assert sorted(os.listdir(str(tmp_path))) == ["taken.png"]
-  result = run_compare(runs["fp32"], runs["bf16"], "--png_path=c.SVG", cwd=str(tmp_path))
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.splitlines()[-1] == "compare: c.SVG"
+  assert sorted(os.listdir(str(tmp_path))) == ["mine.png", "taken.png"]
+  assert (tmp_path / "mine.png").read_text() == "a picture of the user's"
+  for _ in range(2):  # its own picture, drawn again
+    result = run_compare(runs["fp32"], runs["bf16"], "--png_path=c.SVG", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "compare: c.SVG"
   assert open(str(tmp_path / "c.SVG")).read().lstrip().startswith("<?xml")
 
 
