@@ -340,22 +340,45 @@ def test_same_seed_gives_byte_identical_output_with_two_jobs(run_a, vocab, tmp_p
   assert "[UNK]" not in result.stderr  # the dump's own vocab fits it
 
 
-def test_a_vocab_that_leaves_most_of_the_text_unknown_is_told_at_the_held_out_text(tmp_path):
+def test_a_vocab_that_leaves_most_of_the_text_unknown_stops_at_the_held_out_text(vocab,
+                                                                                 tmp_path):
   tiny = tmp_path / "vocab.txt"
   tiny.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
-  result = run_cli(str(tmp_path / "out"), str(tiny))
+  output_dir = str(tmp_path / "out")
+  for _ in range(2):  # and again, from the held-out records made
+    result = run_cli(output_dir, str(tiny))
+    unknown, total = [int(n) for n in re.match(
+        r"^prepare_wiki: error: (\d+) of the (\d+) tokens of the text \(\d+%\) are \[UNK\]: "
+        r"the vocab does not fit the text; pass --vocab=<the model's vocab.txt>; the records "
+        r"made with it are deleted, the text steps' work is kept$",
+        error_line(result)).groups()]
+    assert 0.9 * total < unknown < total
+    assert not [n for n in os.listdir(os.path.join(output_dir, "train_data"))
+                if n.startswith("part-")]
+  # The vocab that fits is taken in the same folder, the text steps' work kept.
+  result = run_cli(output_dir, vocab)
   assert result.returncode == 0, result.stderr
-  [warning] = [l for l in result.stderr.splitlines() if "warning:" in l]
-  unknown, total = [int(n) for n in re.match(
-      r"^prepare_wiki: warning: (\d+) of the (\d+) tokens of the text \(\d+%\) are \[UNK\]: "
-      r"the vocab does not fit the text; pass --vocab=<the model's vocab.txt>$",
-      warning).groups()]
-  assert 0.9 * total < unknown < total
-  # Told within step tfrecords, before its summary line.
-  lines = result.stderr.splitlines()
-  [summary] = [i for i, l in enumerate(lines)
-               if re.match(r"prepare_wiki: tfrecords: \d+ files made", l)]
-  assert lines.index(warning) < summary
+  assert "[UNK]" not in result.stderr
+  assert "settings changed (vocab_sha256=" in result.stderr
+  for step in ("extract", "clean", "segment", "shard"):
+    assert re.search(r"^prepare_wiki: %s: .*done before" % step, result.stderr, re.M), (
+        result.stderr)
+
+
+def test_a_vocab_that_leaves_a_few_percent_unknown_is_a_warning(monkeypatch):
+  said = []
+  monkeypatch.setattr(tfrecords, "say", said.append)
+  settings = {"do_lower_case": True}
+  tfrecords._check_unknown_tokens({"num_unknown_tokens": 1, "num_input_tokens": 100}, "v",
+                                  settings)
+  assert said == []
+  tfrecords._check_unknown_tokens({"num_unknown_tokens": 10, "num_input_tokens": 100}, "v",
+                                  settings)
+  assert said == ["warning: 10 of the 100 tokens of the text (10%) are [UNK]: the vocab does "
+                  "not fit the text; pass --vocab=<the model's vocab.txt>"]
+  with pytest.raises(workdir.PrepareError, match="51 of the 100 tokens"):
+    tfrecords._check_unknown_tokens({"num_unknown_tokens": 51, "num_input_tokens": 100}, "v",
+                                    settings)
 
 
 def test_resume_redoes_only_what_is_missing(run_a, vocab, tmp_path):
@@ -391,10 +414,12 @@ def test_resume_redoes_only_what_is_missing(run_a, vocab, tmp_path):
 def test_another_casing_or_a_setting_of_a_step_left_out_is_refused(run_a, vocab):
   before = files_under(run_a)
   mtime = os.stat(os.path.join(run_a, "settings.json")).st_mtime_ns
-  # Lower-casing, like the dump and the vocab, makes a dataset for another model.
+  # Lower-casing, like the vocab, is a setting of step tfrecords, whose finished work goes
+  # only with --redo_changed_steps.
   line = error_line(run_cli(run_a, vocab, do_lower_case="false", max_seq_length=128))
-  assert "holds a run made with other settings (do_lower_case=true there, false now)" in line
-  assert "new --output_dir" in line and "max_seq_length" not in line
+  assert ("holds a run made with other settings (do_lower_case=true there, false now; "
+          "max_seq_length=64 there, 128 now): that redoes steps tfrecords") in line
+  assert "pass --redo_changed_steps" in line
   # A step's setting is redone only by running that step: a forgotten flag on
   # --steps=manifest must not throw away the TFRecords.
   line = error_line(run_cli(run_a, vocab, steps="manifest", max_seq_length=128,

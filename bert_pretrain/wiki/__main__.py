@@ -36,8 +36,8 @@ skips every unit whose marker matches and whose outputs are there, and redoes th
 Each long step prints a progress line with its rate and ETA to stderr every 15 s.
 output_dir/settings.json records the settings. Another value of a step's setting redoes
 that step and the steps after it (one line says which) and keeps the others' work; where
-those had finished, only with --redo_changed_steps. A folder made from another dump,
-vocab or lower-casing is refused. The same dump, vocab and
+those had finished, only with --redo_changed_steps (the vocab and lower-casing are step
+tfrecords' settings). A folder made from another dump is refused. The same dump, vocab and
 settings give byte-identical files, whatever --jobs.
 """
 

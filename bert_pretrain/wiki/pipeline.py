@@ -23,7 +23,7 @@ from bert_pretrain.wiki.extract import check_dump, run_extract
 from bert_pretrain.wiki.manifest import run_manifest
 from bert_pretrain.wiki.pack import run_pack
 from bert_pretrain.wiki.shard import run_shard
-from bert_pretrain.wiki.tfrecords import run_tfrecords
+from bert_pretrain.wiki.tfrecords import UnknownTokens, run_tfrecords
 from bert_pretrain.wiki.workdir import (FORMAT_VERSION, STEP_SETTINGS, Layout,
                                         PrepareError, atomic_output, file_digest,
                                         locked, marker_is_valid, read_json,
@@ -52,8 +52,7 @@ DEFAULTS = collections.OrderedDict([
 # Which dump and which model the folder is for: another value is refused, not redone.
 # The dump changes what every step makes; the vocab and lower-casing change every
 # TFRecord, which is most of the work, and make a dataset for another model.
-FOLDER_SETTINGS = ("format_version", "dump_name", "dump_bytes", "vocab_sha256",
-                   "do_lower_case")
+FOLDER_SETTINGS = ("format_version", "dump_name", "dump_bytes")
 # The steps each step reads: when a step is redone, the steps that read it are too.
 _READS = {"clean": ("extract",), "segment": ("clean",), "shard": ("segment",),
           "tfrecords": ("shard",), "pack": ("tfrecords",), "eval": ("tfrecords",),
@@ -82,7 +81,8 @@ def reconcile_settings(layout, settings, step_list, redo=False):
   """Checks the run's settings against output_dir/settings.json and records them.
 
   The file holds the settings of the steps run so far in the folder (and the dump's
-  and vocab's identity). The dump, the vocab and lower-casing must match. Another value
+  and vocab's identity). The dump must match; the vocab and lower-casing are settings
+  of step tfrecords (a wrong vocab costs no text step). Another value
   of a step's setting is taken when this run runs that step: the steps that use it and
   those that read their output are forgotten (markers and outputs) and redone; the
   others' finished work is kept. Settings this run does not know (no --dump, no
@@ -304,7 +304,11 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
         elif step == "shard":
           run_shard(layout, settings)
         elif step == "tfrecords":
-          run_tfrecords(layout, settings, vocab, jobs, check_eval="eval" in step_list)
+          try:
+            run_tfrecords(layout, settings, vocab, jobs, check_eval="eval" in step_list)
+          except UnknownTokens:
+            _forget_step(layout, "tfrecords")  # made with a vocab that does not fit
+            raise
         elif step == "pack":
           run_pack(layout, settings, jobs)
         elif step == "eval":

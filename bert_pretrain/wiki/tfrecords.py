@@ -17,6 +17,27 @@ from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, file_dig
                                         remove_stale_temporaries, say, step_settings,
                                         write_json)
 
+# Above this share of [UNK] in the held-out text the vocab is not the text's (the wrong
+# file, or another language): the training shards, hours on a whole dump, are not made.
+UNKNOWN_ERROR_SHARE = 0.5
+
+
+class UnknownTokens(PrepareError):
+  """The vocab leaves more than UNKNOWN_ERROR_SHARE of the held-out text unknown."""
+
+
+def _check_unknown_tokens(stats, vocab, settings):
+  """Warns when the held-out text's tokens (step tfrecords' stats of eval_all) are more
+  than a few [UNK]; raises UnknownTokens above UNKNOWN_ERROR_SHARE."""
+  warning = tokenization.unknown_tokens_warning(
+      stats["num_unknown_tokens"], stats["num_input_tokens"],
+      tokenization.casing_fix(vocab, settings["do_lower_case"], "--vocab"))
+  if stats["num_unknown_tokens"] > UNKNOWN_ERROR_SHARE * stats["num_input_tokens"]:
+    raise UnknownTokens("%s; the records made with it are deleted, the text steps' work "
+                        "is kept" % warning)
+  if warning:
+    say("warning: " + warning)
+
 
 def tfrecord_task(task):
   """Runs create_pretraining_data on one text file; writes the output and its marker.
@@ -84,8 +105,10 @@ def run_tfrecords(layout, settings, vocab, jobs, check_eval=False):
     marker = read_json(layout.marker("tfrecords", name))
     if not marker_is_valid(layout, marker, settings, "tfrecords", inputs):
       tasks.append((layout.root, settings, vocab, name, source, digest, output))
-    elif name == "eval_all" and check_eval:
-      check_eval_samples(settings, marker["stats"]["num_instances"])
+    elif name == "eval_all":
+      _check_unknown_tokens(marker["stats"], vocab, settings)
+      if check_eval:
+        check_eval_samples(settings, marker["stats"]["num_instances"])
   # eval_all first (it decides whether --num_eval_samples can be met), then the largest
   # first, so no big shard is left alone at the end.
   tasks.sort(key=lambda task: (task[3] != "eval_all", -task[5]["bytes"]))
@@ -101,11 +124,7 @@ def run_tfrecords(layout, settings, vocab, jobs, check_eval=False):
     if result["name"] == "eval_all":
       # The held-out text goes first: a vocab that does not fit it is told before the rest.
       stats = read_json(layout.marker("tfrecords", "eval_all"))["stats"]
-      warning = tokenization.unknown_tokens_warning(
-          stats["num_unknown_tokens"], stats["num_input_tokens"],
-          tokenization.casing_fix(vocab, settings["do_lower_case"], "--vocab"))
-      if warning:
-        say("warning: " + warning)
+      _check_unknown_tokens(stats, vocab, settings)
       if check_eval:
         check_eval_samples(settings, stats["num_instances"])
 
