@@ -497,6 +497,11 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
   record = json.loads(marker.read_text())
   version = record["data_order"]["tensorflow"]
   assert version == ".".join(tf.__version__.split(".")[:2])
+  renamed = tmp_path / "renamed"  # the same records, in files named otherwise
+  renamed.mkdir()
+  for index in range(2):
+    shutil.copy(os.path.join(pretraining_data["train"], "part-%d" % index),
+                str(renamed / ("part-%05d-of-00002" % index)))
   for change, overrides, message in (
       ("global_batch", dict(train_batch_size=8),
        "was trained with a global batch of 4 (1 process, 1 replica x batch 4 x 1 "
@@ -504,7 +509,9 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
       ("seed", dict(seed=8), "was trained with seed 7 and this run passes --seed=8"),
       ("shuffle_buffer", dict(shuffle_buffer=100),
        "was trained with --shuffle_buffer=10000 and this run passes 100"),
-      ("tensorflow", {}, "was trained with TensorFlow 1.0 and this run has %s" % version)):
+      ("tensorflow", {}, "was trained with TensorFlow 1.0 and this run has %s" % version),
+      ("data", dict(input_files_dir=str(renamed)), "was trained on other data (part-0 is "
+       "not among this run's training files)")):
     if change == "tensorflow":  # as a run of another TensorFlow records it
       record["data_order"]["tensorflow"] = "1.0"
       marker.write_text(json.dumps(record))

@@ -113,9 +113,9 @@ def _files_change(earlier, now):
   before, after = dict(map(tuple, earlier)), dict(map(tuple, now))
   for name in sorted(set(before) | set(after)):
     if name not in after:
-      return "%s is gone" % name
+      return "%s is not among this run's training files" % name
     if name not in before:
-      return "%s is new" % name
+      return "%s is a new training file" % name
     if before[name] != after[name]:
       return "%s was %d bytes, now %d" % (name, before[name], after[name])
   return "the files are the same but listed in another order"
