@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 
 from absl import app
 from absl import flags
@@ -232,6 +233,10 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
   if missing:
     raise ExportError("--vocab_file=%s lacks %s, which the tokenizer needs; pass the BERT "
                       "vocab.txt the model was trained with" % (vocab_file, " ".join(missing)))
+  mismatch = tokenization.casing_mismatch(vocab_file, do_lower_case, "--vocab_file")
+  if mismatch:  # the tokenizer's config would say otherwise than the vocab
+    print("export: warning: --do_lower_case=%s with %s: %s"
+          % (str(do_lower_case).lower(), vocab_file, mismatch), file=sys.stderr)
   tensors = checkpoint_tensors(prefix)
   missing = [name for name in expected_names(bert_config) if name not in tensors]
   if missing:

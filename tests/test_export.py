@@ -158,6 +158,22 @@ def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_padded_one_exports
   assert len((tmp_path / "padded" / "vocab.txt").read_text().splitlines()) == 592
 
 
+def test_a_cased_vocab_exported_lower_casing_is_a_warning(trained_like, tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text(_vocab_text(592).replace("tok9\n", "Tok9\n"))
+  result = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
+                       vocab, tmp_path / "out")
+  assert result.returncode == 0, result.stderr
+  assert ("export: warning: --do_lower_case=true with %s: the vocab is cased: pass "
+          "--do_lower_case=false, or --vocab_file=<an uncased vocab.txt>" % vocab
+          ) in result.stderr.splitlines()
+  # The uncased one the other tests export says nothing.
+  vocab.write_text(_vocab_text(592))
+  assert "warning" not in _run_export(trained_like["prefix"],
+                                      trained_like["root"] / "bert_config.json", vocab,
+                                      tmp_path / "uncased").stderr
+
+
 def test_a_vocab_without_bert_special_tokens_is_a_one_line_error(trained_like, tmp_path):
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("".join("word%d\n" % i for i in range(600)))

@@ -115,27 +115,34 @@ def unknown_tokens_warning(num_unknown, num_tokens, fix):
           "text; %s" % (num_unknown, num_tokens, 100.0 * num_unknown / num_tokens, fix))
 
 
-def casing_fix(vocab_file, do_lower_case, vocab_flag):
-  """The fix unknown_tokens_warning names: the casing where the vocab's (a cased vocab
-  has tokens with upper-case letters) and do_lower_case's disagree, else another vocab.
+def casing_mismatch(vocab_file, do_lower_case, vocab_flag):
+  """What to pass when the vocab's casing (a cased vocab has tokens with upper-case
+  letters) and do_lower_case disagree; None when they agree or the vocab is unreadable.
 
   Args:
-    vocab_file: the vocab the text was tokenized with.
-    do_lower_case: whether it was lower-cased.
+    vocab_file: the vocab the text is tokenized with.
+    do_lower_case: whether it is lower-cased.
     vocab_flag: the tool's flag for the vocab, e.g. "--vocab_file".
   """
   try:
     cased = any(token != token.lower() for token in load_vocab(vocab_file)
                 if not (token.startswith("[") and token.endswith("]")))
   except (OSError, ValueError):
-    cased = None
-  if cased is False and not do_lower_case:
+    return None
+  if not cased and not do_lower_case:
     return ("the vocab is uncased (no upper-case token): pass --do_lower_case=true (the "
             "default), or %s=<a cased vocab.txt>" % vocab_flag)
   if cased and do_lower_case:
     return ("the vocab is cased: pass --do_lower_case=false, or %s=<an uncased vocab.txt>"
             % vocab_flag)
-  return "pass %s=<the model's vocab.txt>" % vocab_flag
+  return None
+
+
+def casing_fix(vocab_file, do_lower_case, vocab_flag):
+  """The fix unknown_tokens_warning names: the casing where the vocab's and
+  do_lower_case's disagree (casing_mismatch), else another vocab."""
+  return (casing_mismatch(vocab_file, do_lower_case, vocab_flag) or
+          "pass %s=<the model's vocab.txt>" % vocab_flag)
 
 
 def missing_special_tokens(vocab):
