@@ -134,6 +134,20 @@ def expand_input_files(input_files):
   return paths
 
 
+def _not_text(path, data, offset):
+  """What a file that is not UTF-8 is, with the fix: TFRecords or a compressed file
+  (a dump) are named as such."""
+  if data.startswith((b"BZh", b"\x1f\x8b")):
+    return ("compressed (%s), not text; pass the text (a Wikipedia dump goes through "
+            "tools/prepare_wiki.sh)" % ("bzip2" if data.startswith(b"BZh") else "gzip"))
+  try:
+    next(records.record_iterator(path))
+    return "TFRecords (made already), not text; pass the text files they were made from"
+  except Exception:  # pylint: disable=broad-except  (not framed as records: text)
+    pass
+  return "not UTF-8 (bad byte at offset %d); convert it to UTF-8" % offset
+
+
 def read_documents(input_files, tokenizer, id_dtype):
   """Reads and tokenizes the input files into documents.
 
@@ -162,8 +176,7 @@ def read_documents(input_files, tokenizer, id_dtype):
     try:
       text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-      raise ValueError("input file %r is not UTF-8 (bad byte at offset %d); convert it "
-                       "to UTF-8" % (path, e.start))
+      raise ValueError("input file %r is %s" % (path, _not_text(path, data, e.start)))
     # Each non-blank line with the number of the document it belongs to. Google reads
     # lines split on "\n" only, then strips them.
     lines = []

@@ -6,6 +6,7 @@ shapes, the [CLS] A [SEP] B [SEP] layout, masking and next-sentence statistics, 
 instance statistics against a plain re-implementation of Google's instance loop.
 """
 
+import gzip
 import os
 import random
 import re
@@ -383,6 +384,10 @@ def bad_cases(tmp_path, vocab_file):
   """(description, kwargs, expected message part) of bad inputs."""
   empty = _write(tmp_path / "empty.txt", "\n\n  \n")
   latin1 = _write(tmp_path / "latin1.txt", "caf\xe9\n".encode("latin-1"), mode="wb")
+  made = str(tmp_path / "made.tfrecord")
+  with tf.io.TFRecordWriter(made) as writer:
+    writer.write(b"\xff\xfe a record")
+  packed = _write(tmp_path / "dump.xml.gz", gzip.compress(b"<mediawiki/>"), mode="wb")
   no_mask_vocab = _write(tmp_path / "vocab_no_mask.txt",
                          "[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n")
   out = [str(tmp_path / "out.tfrecord")]
@@ -408,6 +413,10 @@ def bad_cases(tmp_path, vocab_file):
       ("no input", dict(input_files=[]), "no input files given"),
       ("empty input", dict(input_files=[empty]), "hold no text"),
       ("not utf-8", dict(input_files=[latin1]), "is not UTF-8 .* convert it to UTF-8"),
+      ("tfrecords", dict(input_files=[made]), "is TFRecords \\(made already\\), not text; "
+       "pass the text files they were made from$"),
+      ("compressed", dict(input_files=[packed]), "is compressed \\(gzip\\), not text; pass "
+       "the text \\(a Wikipedia dump goes through tools/prepare_wiki.sh\\)$"),
       ("missing vocab", dict(vocab_file=str(tmp_path / "vocab.txt")),
        "vocab file .* does not exist"),
       ("vocab is its folder", dict(vocab_file=os.path.dirname(vocab_file)),
