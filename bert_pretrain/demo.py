@@ -427,13 +427,13 @@ def finetune(cache_dir, pretrained_dir, model_files=None, log=say, epochs=None,
         ["python3"] + [shlex.quote(word) for word in command[1:]])))
     earlier = os.path.isdir(output_dir)
     # The trainer ends with the demo's process (a demo stopped by a signal leaves none).
-    finished = processes.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             universal_newlines=True,
-                             preexec_fn=functools.partial(processes.end_with_parent,
-                                                          os.getpid()))
-    for line in finished.stdout.splitlines():
+    def shown(line):  # as the trainer prints them
       if line.startswith(("Step ", "Throughput", "Loaded", "  accuracy")):
         log("  " + line.strip())
+    finished = processes.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             universal_newlines=True, on_line=shown,
+                             preexec_fn=functools.partial(processes.end_with_parent,
+                                                          os.getpid()))
     if finished.returncode != 0:
       raise ValueError("fine-tuning from %s failed (exit %d): %s%s" % (
           init or "random weights", finished.returncode,

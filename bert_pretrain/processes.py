@@ -16,6 +16,7 @@ import functools
 import multiprocessing
 import os
 import random
+import select
 import signal
 import socket
 import subprocess
@@ -127,6 +128,24 @@ def communicate(process, timeout=None):
         raise subprocess.TimeoutExpired(process.args, timeout, e.output, e.stderr) from None
 
 
+def _read_lines(process, on_line):
+  """process's stdout, passed to on_line a line at a time as it comes; returns it whole.
+  Waits a second at a time, as communicate does."""
+  fd, pending, lines = process.stdout.fileno(), b"", []
+  while True:
+    if not select.select([fd], [], [], 1.0)[0]:
+      continue
+    chunk = os.read(fd, 65536)
+    pending += chunk
+    *whole, pending = pending.split(b"\n")
+    for line in whole if chunk else whole + ([pending] if pending else []):
+      lines.append(line.decode("utf-8", "replace") + "\n")
+      on_line(lines[-1])
+    if not chunk:
+      process.wait()
+      return "".join(lines)
+
+
 def start(command, started, preexec_fn=None, **kwargs):
   """subprocess.Popen(command, **kwargs) from a tool's main thread, appended to the list
   `started` before a Ctrl-C or SIGTERM that comes as the child is forked is acted on
@@ -138,15 +157,20 @@ def start(command, started, preexec_fn=None, **kwargs):
   return started[-1]
 
 
-def run(command, timeout=None, preexec_fn=None, **kwargs):
+def run(command, timeout=None, preexec_fn=None, on_line=None, **kwargs):
   """Runs command to its end as subprocess.run does (kwargs are Popen's: stdout=PIPE
   captures) from a tool's main thread: a Ctrl-C or SIGTERM that comes as the child is
   forked is not lost (start), nor one another thread takes (communicate). On any
-  exception (a stop, the timeout) the child is killed and reaped."""
+  exception (a stop, the timeout) the child is killed and reaped. on_line: with
+  stdout=PIPE and universal_newlines (no timeout), called with each line of it as it
+  comes; the CompletedProcess still holds the whole output."""
   started = []
   try:
     process = start(command, started, preexec_fn, **kwargs)
-    stdout, stderr = communicate(process, timeout)
+    if on_line is None:
+      stdout, stderr = communicate(process, timeout)
+    else:
+      stdout, stderr = _read_lines(process, on_line), None
   except BaseException:
     for process in started:
       process.kill()

@@ -69,6 +69,28 @@ class _Recorded(subprocess.Popen):
     self.STARTED.append(self)
 
 
+def test_a_childs_lines_reach_on_line_as_they_come_and_whole_at_the_end(tmp_path):
+  """The child waits for the file its first line's callback makes: lines passed on only
+  at its end would leave it waiting (then it says so and fails)."""
+  flag = tmp_path / "seen"
+  child = ("import os, sys, time\nprint('first', flush=True)\n"
+           "deadline = time.time() + 60\n"
+           "while not os.path.exists(%r):\n"
+           "  if time.time() > deadline:\n    print('not streamed'); sys.exit(1)\n"
+           "  time.sleep(0.05)\n"
+           "sys.stdout.write('second\\nlast, unterminated')\n" % str(flag))
+  seen = []
+
+  def on_line(line):
+    seen.append(line)
+    flag.touch()
+  finished = processes.run([sys.executable, "-c", child], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, universal_newlines=True, on_line=on_line)
+  assert finished.returncode == 0, finished.stdout
+  assert seen == ["first\n", "second\n", "last, unterminated\n"]
+  assert finished.stdout == "".join(seen)
+
+
 def test_a_child_run_past_its_timeout_is_killed_and_reaped(monkeypatch):
   monkeypatch.setattr(subprocess, "Popen", _Recorded)
   monkeypatch.setattr(_Recorded, "STARTED", [])
