@@ -58,17 +58,22 @@ def test_skipped_updates_move_the_schedule_by_the_samples_they_read():
 
 
 def test_whether_an_update_reached_a_point_is_known_exactly_after_skipped_updates():
-  """What a checkpoint records (checkpoints.EVALUATION_POINT), asked before or after the
-  loop's due(): update 2 read from 8 to 32 (two skipped between), past the point at 24,
-  which counting back one batch from 32 misses."""
+  """From the samples read before the update (a checkpoint's samples_before_update):
+  update 2 read from 8 to 32 (two skipped between), past the point at 24, which
+  counting back one batch from 32 misses."""
   schedule = meters.EvalSchedule(_Logger(), object(), None, 8, 24, 0, 0, None)
-  assert not schedule.due(1) and not schedule.reached(1)
+  schedule.applied(1)
+  assert not schedule.reached_by(1)
   schedule.skipped = 2
-  assert schedule.reached(2)  # a save before the evaluation, or a stop
-  assert schedule.due(2) and schedule.reached(2)  # and after it
+  schedule.applied(2)
+  assert schedule.samples_before == 8 and schedule.reached_by(2)
   assert not meters.reached_point(2, 8, 2, 0, 24)  # counted back
-  assert not schedule.due(3) and not schedule.reached(3)  # 40 read
-  assert not meters.EvalSchedule(_Logger(), None, None, 8, 24, 0, 0, None).reached(3)
+  assert meters.reached_point(2, 8, 2, 0, 24, samples_before=8)  # as a resumed run reads it
+  schedule.applied(3)  # 40 read
+  assert not schedule.reached_by(3)
+  # Without an evaluator no update reaches a point (nothing to evaluate there).
+  assert not meters.EvalSchedule(_Logger(), None, None, 8, 24, 0, 2, None, skipped=2,
+                                 samples_before=8).reached_by(2)
 
 
 def test_updates_skipped_by_loss_scaling_count_in_mlperfs_samples(pretraining_data, tmp_path):
@@ -124,26 +129,56 @@ def test_updates_skipped_by_loss_scaling_count_in_mlperfs_samples(pretraining_da
   assert [r["samples"] for r in records if r["type"] == "eval"].count(start) == 2
 
 
+def _evaluations_logged(out, name="mlperf.2.log"):
+  log = [json.loads(line.split(":::MLLOG ", 1)[1])
+         for line in (out / name).read_text().splitlines()]
+  return [r["metadata"]["epoch_num"] for r in log if r["key"] == "eval_accuracy"]
+
+
 def test_a_resumed_runs_first_evaluation_is_in_mlperfs_log_only_at_a_point(pretraining_data,
                                                                            tmp_path):
   """8 samples an update, a point every 24: update 3 reaches one, update 4 not. Each
-  checkpoint records which; the run resumed from it evaluates at its start and logs that
-  evaluation to MLPerf only at a point, as the last of a run ending between two."""
+  checkpoint records the samples read before its update; the run resumed from it
+  evaluates at its start and logs that evaluation to MLPerf only at a point of its own
+  schedule, as the last of a run ending between two."""
+  flags = dict(samples_start_eval=0, samples_between_eval=24, save_checkpoints_steps=2)
   logged = {}
   for last in (3, 4):
     out = tmp_path / str(last)
-    flags = dict(samples_start_eval=0, samples_between_eval=24, save_checkpoints_steps=2)
     assert run_pretraining(*base_flags(pretraining_data, out, num_train_steps=last,
                                        **flags)).returncode == 0
     assert [tf.train.load_checkpoint(str(out / ("model.ckpt-%d" % step))).get_tensor(
-        checkpoints.EVALUATION_POINT) for step in (2, last)] == [0, last == 3]
+        checkpoints.SAMPLES_BEFORE) for step in (2, last)] == [8, 8 * (last - 1)]
     resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
                                           eval_at_start=None, **flags))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    log = [json.loads(line.split(":::MLLOG ", 1)[1])
-           for line in (out / "mlperf.2.log").read_text().splitlines()]
-    logged[last] = [r["metadata"]["epoch_num"] for r in log if r["key"] == "eval_accuracy"]
+    logged[last] = _evaluations_logged(out)
   assert logged == {3: [24, 48], 4: [48]}
+  # Another schedule on resuming is the one the point is judged by: 24 is not one of
+  # every 32, and (16, 24] holds none of those.
+  out = tmp_path / "other_interval"
+  assert run_pretraining(*base_flags(pretraining_data, out, num_train_steps=3,
+                                     **flags)).returncode == 0
+  assert run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
+                                     eval_at_start=None, **dict(
+                                         flags, samples_between_eval=32))).returncode == 0
+  assert _evaluations_logged(out) == [32]
+  # A first run without evaluation leaves its point to the resumed one, which evaluates
+  # it first; a resumed run without evaluation has none to make.
+  out = tmp_path / "no_eval_first"
+  assert run_pretraining(*base_flags(pretraining_data, out, num_train_steps=3, do_eval="false",
+                                     **flags)).returncode == 0
+  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6, **flags))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Update 3 reached an evaluation point: evaluating it first" in resumed.stdout
+  assert _evaluations_logged(out) == [24, 48]
+  out = tmp_path / "no_eval_resumed"
+  assert run_pretraining(*base_flags(pretraining_data, out, num_train_steps=3,
+                                     **flags)).returncode == 0
+  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
+                                        do_eval="false", **flags))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "evaluation point" not in resumed.stdout
 
 
 def test_the_initial_accuracy_is_checked_against_mlperfs_checkpoint():

@@ -804,7 +804,8 @@ class StandInTrainingJob(object):
 
   def __init__(self):
     self.train = types.SimpleNamespace(loss_scale="a variable")
-    self.evals = types.SimpleNamespace(start_block=lambda step: None, due=lambda step: False)
+    self.evals = types.SimpleNamespace(start_block=lambda step: None, due=lambda step: False,
+                                       applied=lambda step: None)
     self.ranks = types.SimpleNamespace(doing="", rank=0)
     self.meter = types.SimpleNamespace(updates=0, update=lambda seconds, steady: None)
     self.logger = types.SimpleNamespace(print=print)
@@ -928,11 +929,15 @@ def test_the_evaluation_at_the_start_is_left_out_of_the_throughput(monkeypatch):
   monkeypatch.setattr(meters, "time", types.SimpleNamespace(time=lambda: clock[0]))
 
   class StandInJob(object):
-    step, evaluator, sess, finished, at_point = 0, "an evaluator", "a session", None, False
+    step, evaluator, sess, finished = 0, "an evaluator", "a session", None
     meter = meters.Throughput(8, warmup_steps=0)
     logger = logs.RunLogger(is_chief=False)
 
     class evals(object):  # pylint: disable=invalid-name
+      @staticmethod
+      def reached_by(step):
+        return step > 0
+
       @staticmethod
       def evaluate(unused_sess, unused_step, scheduled):
         assert scheduled  # the one at 0

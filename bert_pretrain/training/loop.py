@@ -59,9 +59,7 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
     # without evaluating: the resumed run evaluates there first (again, if one had), and
     # stops there if that evaluation reaches the target.
     at_point = (cfg.run.do_train and job.step < cfg.optimizer.num_train_steps and
-                job.at_point)
-    if at_point:
-      job.evals.point_step = job.step
+                job.evals.reached_by(job.step))
     missed = not at_start and at_point
     if job.finished:
       job.logger.print(job.finished)
@@ -130,6 +128,7 @@ def train(cfg, job, stop, results):
         return step, True, stopped_at(cfg, job, step, int(values["stop_signal"])), results
       continue
     step = int(values["step"])
+    job.evals.applied(step)
     if job.train.loss_scale is not None:
       last_scale = values["loss_scale"]
     if step % cfg.run.display_loss_steps == 0 or step == cfg.optimizer.num_train_steps:
@@ -291,7 +290,8 @@ class Job(object):
     self.evals = meters.EvalSchedule(
         self.logger, self.evaluator, self.monitor, per_update,
         self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
-        cfg.run.output_dir if ranks.is_chief else None, self.skipped, self.samples_offset)
+        cfg.run.output_dir if ranks.is_chief else None, self.skipped, self.samples_offset,
+        self.samples_before)
     self.meter = meters.Throughput(per_update, cfg.run.fps_warmup_steps)
     self.tokens = timing.Tokens(cfg.data.max_seq_length)
     self.split = None  # the traced update's parts (timing.split_update), once traced
@@ -372,7 +372,9 @@ class Job(object):
              else "it starts anew"))
       return False
     if self.ranks.is_chief:
-      self.sess.run(self.mark_point[0], {self.mark_point[1]: int(self.evals.reached(step))})
+      before = self.evals.samples_before
+      self.sess.run(self.mark_samples[0], {self.mark_samples[1]: -1 if before is None
+                                           else int(before)})
       checkpoints.save_checkpoint(self.saver, self.sess, self.cfg.run.output_dir, step,
                                   keep=self.cfg.run.keep_checkpoint_max)
       if self.record_pending:
@@ -420,11 +422,10 @@ def start(cfg, inputs, ranks, device, notes):
   if inputs.resume_position is not None:  # the checkpoint's data position: what was read
     offset = meters.samples_offset(inputs.resume_position * inputs.packing.sequences_per_record,
                                    inputs.resume_step, per_update, skipped)
-  at_point = evaluation_point(inputs.resume_checkpoint)
-  if at_point is None:  # an older version's checkpoint: counted back from the samples
-    at_point = meters.reached_point(inputs.resume_step or 0, per_update, skipped,
-                                    cfg.evaluation.samples_start_eval, eval_interval, offset)
-  finished = resume_lib.reached_target_before(cfg, inputs, at_point)
+  samples_before = samples_before_update(inputs.resume_checkpoint)
+  finished = resume_lib.reached_target_before(cfg, inputs, meters.reached_point(
+      inputs.resume_step or 0, per_update, skipped, cfg.evaluation.samples_start_eval,
+      eval_interval, offset, samples_before))
   trains = (cfg.run.do_train and (inputs.resume_step or 0) < cfg.optimizer.num_train_steps
             and not finished)
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
@@ -443,7 +444,7 @@ def start(cfg, inputs, ranks, device, notes):
     logger.print("Matmul peak: %.3g TFLOPS a card in %s (--measure_peak)"
                  % (peak[0], device.dtype.name))
   ranks.doing = "building the graph, then the session: the weights' broadcast from rank 0"
-  sess, train, evaluator, saver, all_finite, mark_point = start_session(
+  sess, train, evaluator, saver, all_finite, mark_samples = start_session(
       cfg, inputs, ranks, device, config, learning_rate, seed, plan.position, logger)
   for line in plan.lines:
     logger.print(line)
@@ -473,17 +474,16 @@ def start(cfg, inputs, ranks, device, notes):
                record_pending=not plan.record_now, trains=trains, finished=finished,
                eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
                packing=inputs.packing, skipped=skipped, samples_offset=offset,
-               mark_point=mark_point, at_point=at_point)
+               mark_samples=mark_samples, samples_before=samples_before)
 
 
-def evaluation_point(checkpoint):
-  """Whether the update `checkpoint` was saved after reached a point of the evaluation
-  schedule (checkpoints.EVALUATION_POINT); False without a checkpoint, None for one of an
-  older version."""
-  if not checkpoint:
-    return False
-  value = checkpoints.checkpoint_value(checkpoint, checkpoints.EVALUATION_POINT)
-  return None if value is None else bool(value)
+def samples_before_update(checkpoint):
+  """The samples read before the update `checkpoint` was saved after
+  (checkpoints.SAMPLES_BEFORE); None without a checkpoint, for one of an older version,
+  or when not known."""
+  value = checkpoints.checkpoint_value(checkpoint, checkpoints.SAMPLES_BEFORE) \
+      if checkpoint else None
+  return None if value is None or value < 0 else int(value)
 
 
 def skipped_updates(checkpoint):
@@ -506,10 +506,10 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
   lacks one.
 
   Returns:
-    (sess, train, evaluator, saver, all_finite, mark_point): train is a
+    (sess, train, evaluator, saver, all_finite, mark_samples): train is a
     pretraining.TrainGraph (None without --do_train), evaluator a pretraining.Evaluator
-    (None without --do_eval), all_finite the op of checkpoints.all_finite, mark_point
-    (op, feed) that sets checkpoints.EVALUATION_POINT to the int fed (before a save).
+    (None without --do_eval), all_finite the op of checkpoints.all_finite, mark_samples
+    (op, feed) that sets checkpoints.SAMPLES_BEFORE to the int fed (before a save).
   """
   tf.set_random_seed(seed)
   # Under a tf.distribute strategy the variables are mirrored over its replicas.
@@ -544,10 +544,10 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
                                         cfg.data.max_predictions_per_seq,
                                         cfg.evaluation.max_eval_steps)
     model_variables = tf.trainable_variables()
-    point_feed = tf.placeholder(tf.int64, [])
-    mark_point = (tf.get_variable(checkpoints.EVALUATION_POINT, [], tf.int64, trainable=False,
-                                  initializer=tf.zeros_initializer()).assign(point_feed),
-                  point_feed)
+    samples_feed = tf.placeholder(tf.int64, [])
+    mark_samples = (tf.get_variable(checkpoints.SAMPLES_BEFORE, [], tf.int64, trainable=False,
+                                    initializer=tf.zeros_initializer()).assign(samples_feed),
+                    samples_feed)
     # checkpoints.save_checkpoint rotates, not the Saver. Relative paths in the `checkpoint`
     # file keep a copied or moved output_dir pointing at its own files.
     saver = tf.train.Saver(max_to_keep=None, save_relative_paths=True)
@@ -567,7 +567,7 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
     # Every process continues the one order at the position rank 0 restored.
     sess.run(train_iterator.initializer, {skip_samples: sess.run(train.data_position)})
   sess.graph.finalize()  # Nothing may add ops inside the loop.
-  return sess, train, evaluator, saver, all_finite, mark_point
+  return sess, train, evaluator, saver, all_finite, mark_samples
 
 
 def restore(cfg, sess, global_step, model_variables, inputs, log):

@@ -27,17 +27,27 @@ def samples_offset(samples_read, step, batch_size, skipped):
   return samples_read - (step + skipped) * batch_size
 
 
-def reached_point(step, batch_size, skipped, start_samples, samples_between_eval,
-                  offset=0.0):
-  """Whether update `step` (counted from 1) read up to or past a point of the evaluation
-  schedule (start_samples, then every samples_between_eval), the updates before it not."""
-  if step < 1:
-    return False
-  done = samples(step, batch_size, skipped, offset) - start_samples
+def point_between(before, after, start_samples, samples_between_eval):
+  """Whether a point of the evaluation schedule (start_samples, then every
+  samples_between_eval) lies in (before, after]: an update that read from `before`
+  samples to `after` reached it."""
+  done = after - start_samples
   if done < 0:
     return False
-  point = start_samples + done // samples_between_eval * samples_between_eval
-  return samples(step - 1, batch_size, skipped, offset) < point
+  return before < start_samples + done // samples_between_eval * samples_between_eval
+
+
+def reached_point(step, batch_size, skipped, start_samples, samples_between_eval,
+                  offset=0.0, samples_before=None):
+  """Whether update `step` (counted from 1) read up to or past a point of the evaluation
+  schedule, from samples_before (the samples read before it) when known, else counted
+  back one batch: exact unless updates loss scaling skipped came just before it."""
+  if step < 1:
+    return False
+  if samples_before is None:
+    samples_before = samples(step - 1, batch_size, skipped, offset)
+  return point_between(samples_before, samples(step, batch_size, skipped, offset),
+                       start_samples, samples_between_eval)
 
 
 class Throughput(object):
@@ -125,10 +135,13 @@ class EvalSchedule(object):
     skipped: the updates float16's loss scaling skipped before `step` (the samples
       count their batches); the loop keeps self.skipped up to date.
     offset: samples_offset of a run resumed with another batch size.
+    samples_before: the samples read before update `step` (its checkpoint's
+      checkpoints.SAMPLES_BEFORE; None: not known, counted back).
   """
 
   def __init__(self, logger, evaluator, monitor, batch_size, samples_between_eval,
-               samples_start_eval, step, output_dir, skipped=0, offset=0.0):
+               samples_start_eval, step, output_dir, skipped=0, offset=0.0,
+               samples_before=None):
     self.logger = logger
     self.skipped = skipped
     self.offset = offset
@@ -142,7 +155,8 @@ class EvalSchedule(object):
     done = self.read(step) - samples_start_eval
     self.next_samples = samples_start_eval + (
         0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
-    self.point_step = None  # the last update that reached a point (due, or resumed at one)
+    # The samples read before the last update applied and after it (applied()).
+    self.samples_before, self.samples_after = samples_before, self.read(step)
     self.output_dir = output_dir
     self.block_first_samples = None  # None: no block open
     self.last_eval_step = None
@@ -180,14 +194,19 @@ class EvalSchedule(object):
       return False
     while self.next_samples <= self.read(step):
       self.next_samples += self.samples_between_eval
-    self.point_step = step
     return True
 
-  def reached(self, step):
-    """Whether update `step`, the last one run, reached a point of the schedule (asked
-    before or after due(step)): what its checkpoint records (checkpoints.EVALUATION_POINT)."""
-    return self.evaluator is not None and (
-        self.point_step == step or self.read(step) >= self.next_samples)
+  def applied(self, step):
+    """Counts update `step` applied (not skipped by loss scaling): the samples read
+    before it are those read after the one applied before, whatever was skipped between."""
+    self.samples_before, self.samples_after = self.samples_after, self.read(step)
+
+  def reached_by(self, step):
+    """Whether update `step`, the last applied, reached a point of the schedule: a run
+    stopped right after it did not evaluate there."""
+    return self.evaluator is not None and reached_point(
+        step, self.batch_size, self.skipped, self.start_samples, self.samples_between_eval,
+        self.offset, self.samples_before)
 
   def evaluate(self, sess, step, scheduled=True):
     """Evaluates the weights of `step` and logs the results; one between the schedule's
