@@ -327,16 +327,24 @@ def picture_path_problem(path):
     return ("--png_path=%s: %s %s; pass a path in a folder that exists" % (
         path, folder, "is a file, not a folder" if os.path.exists(folder) else
         "does not exist"))
-  if os.path.isfile(path):
-    try:
-      with open(path, "rb") as f:
-        ours = PICTURE_CREATOR.encode() in f.read()
-    except OSError:
-      ours = False
-    if not ours:
-      return ("--png_path=%s exists and compare did not draw it; pass another path, or "
-              "remove it first" % path)
+  if os.path.isfile(path) and not _drawn_by_compare(path):
+    return ("--png_path=%s exists without compare's mark (a run's report.png, a picture of "
+            "yours, or one an older version drew); pass another path, or remove it first"
+            % path)
   return ""
+
+
+def _drawn_by_compare(path):
+  """Whether the picture at path holds PICTURE_CREATOR: a PNG or SVG near its start, a
+  PDF near its end (its Info dictionary); read within 1 MB of either."""
+  mark, window = PICTURE_CREATOR.encode(), 1 << 20
+  try:
+    with open(path, "rb") as f:
+      head = f.read(window)
+      f.seek(max(os.fstat(f.fileno()).st_size - window, 0))
+      return mark in head or mark in f.read()
+  except OSError:
+    return False
 
 
 def run_names(folders):

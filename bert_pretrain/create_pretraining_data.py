@@ -126,11 +126,11 @@ def expand_input_files(input_files):
       paths.append(pattern)
   seen = set()
   for path in paths:
-    if os.path.abspath(path) in seen:
+    if os.path.realpath(path) in seen:
       raise ValueError("input file %s is given twice in --input_file (named and matched by "
                        "a pattern, say): its documents would be read twice; list each once"
                        % path)
-    seen.add(os.path.abspath(path))
+    seen.add(os.path.realpath(path))
   return paths
 
 

@@ -115,11 +115,13 @@ def read_task(tokenizer, splits, labels, labels_from):
   data = {split: (examples[split], classifier_data.convert_examples(
       examples[split], labels, tokenizer, FLAGS.max_seq_length)) for split in splits}
   # A vocab that does not fit the text trains on [UNK]s, as create_pretraining_data warns.
-  ids = np.concatenate([features["input_ids"][features["input_mask"] > 0]
-                        for _, features in data.values()])
-  special = np.isin(ids, tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"]))
+  unknown = tokens = 0
+  for _, features in data.values():
+    ids = features["input_ids"][features["input_mask"] > 0]
+    unknown += int(np.sum(ids == tokenizer.vocab["[UNK]"]))
+    tokens += int(np.sum(~np.isin(ids, tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"]))))
   warning = tokenization.unknown_tokens_warning(
-      int(np.sum(ids == tokenizer.vocab["[UNK]"])), int(np.sum(~special)),
+      unknown, tokens,
       tokenization.casing_fix(FLAGS.vocab_file, FLAGS.do_lower_case, "--vocab_file"))
   if warning:
     print("run_classifier: warning: " + warning, file=sys.stderr)

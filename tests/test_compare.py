@@ -162,8 +162,9 @@ def test_a_picture_path_that_cannot_be_written_is_one_line_and_the_written_path_
       ("missing/x.png", "--png_path=missing/x.png: missing does not exist; pass a path in "
        "a folder that exists"),
       # Not written over: a file compare did not draw (a run's report.png, say).
-      ("mine.png", "--png_path=mine.png exists and compare did not draw it; pass another "
-       "path, or remove it first"),
+      ("mine.png", "--png_path=mine.png exists without compare's mark (a run's report.png, "
+       "a picture of yours, or one an older version drew); pass another path, or remove it "
+       "first"),
       # Found only when the picture is written, after the table.
       ("taken.png", "taken.png: Is a directory; it is a folder: pass a file there")):
     result = run_compare(runs["fp32"], runs["bf16"], "--png_path=" + path, cwd=str(tmp_path))

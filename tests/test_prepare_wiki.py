@@ -345,7 +345,7 @@ def test_a_vocab_that_leaves_most_of_the_text_unknown_stops_at_the_held_out_text
   tiny = tmp_path / "vocab.txt"
   tiny.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
   output_dir = str(tmp_path / "out")
-  for _ in range(2):  # and again, from the held-out records made
+  for _ in range(2):  # and again: the records made with it were deleted
     result = run_cli(output_dir, str(tiny))
     unknown, total = [int(n) for n in re.match(
         r"^prepare_wiki: error: (\d+) of the (\d+) tokens of the text \(\d+%\) are \[UNK\]: "
@@ -363,6 +363,24 @@ def test_a_vocab_that_leaves_most_of_the_text_unknown_stops_at_the_held_out_text
   for step in ("extract", "clean", "segment", "shard"):
     assert re.search(r"^prepare_wiki: %s: .*done before" % step, result.stderr, re.M), (
         result.stderr)
+
+
+def test_held_out_records_made_before_with_a_vocab_that_does_not_fit_are_said_and_kept(
+    run_a, vocab, tmp_path):
+  """A folder an older version finished, which only warned: told again, nothing deleted."""
+  output_dir = str(tmp_path / "older")
+  shutil.copytree(run_a, output_dir)
+  path = workdir.Layout(output_dir).marker("tfrecords", "eval_all")
+  marker = json.loads(open(path).read())
+  marker["stats"]["num_unknown_tokens"] = marker["stats"]["num_input_tokens"] - 1
+  with open(path, "w") as f:
+    f.write(json.dumps(marker))
+  before = files_under(output_dir)
+  result = run_cli(output_dir, vocab)
+  assert result.returncode == 0, result.stderr
+  assert re.search(r"^prepare_wiki: warning: \d+ of the \d+ tokens of the text \(100%\) are "
+                   r"\[UNK\]", result.stderr, re.M), result.stderr
+  assert files_under(output_dir) == before
 
 
 def test_a_vocab_that_leaves_a_few_percent_unknown_is_a_warning(monkeypatch):
@@ -663,6 +681,32 @@ def test_step_without_its_input_is_refused(vocab, tmp_path):
   line = error_line(run_cli(str(tmp_path / "out"), vocab, dump=None, steps="tfrecords"))
   assert "needs the text shards of step shard" in line and "--steps=shard" in line
   assert not (tmp_path / "out").exists()  # nor the folder with its lock file
+
+
+def test_a_lock_file_a_refused_run_removed_is_not_taken_for_the_lock(tmp_path, monkeypatch):
+  """Run B opened .lock; refused run A removed it; run C made a new one and holds it.
+  B's lock on the removed file would exclude nobody: B finds C's and is refused."""
+  layout = workdir.Layout(str(tmp_path / "out"))
+  real_flock, holders = workdir.fcntl.flock, []
+
+  def flock_after_a_and_c(handle, operation):
+    if not holders:  # between B's open and its lock: A removes the file, C takes a new one
+      os.remove(layout.lock)
+      holders.append(open(layout.lock, "a+"))
+      real_flock(holders[0], operation)
+    real_flock(handle, operation)
+  monkeypatch.setattr(workdir.fcntl, "flock", flock_after_a_and_c)
+  with pytest.raises(workdir.PrepareError, match="another prepare_wiki run is using"):
+    with workdir.locked(layout):
+      pass
+  holders[0].close()
+  # A refused run leaves neither its lock file nor the folders it made.
+  layout = workdir.Layout(str(tmp_path / "new" / "out"))
+  monkeypatch.setattr(workdir.fcntl, "flock", real_flock)
+  with pytest.raises(workdir.PrepareError, match="refused"):
+    with workdir.locked(layout):
+      raise workdir.PrepareError("refused")
+  assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("values,message", [

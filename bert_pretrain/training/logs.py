@@ -59,6 +59,7 @@ class RunLogger(object):
     self._mllog = None
     self._run_open = False  # MLPerf's run_start logged, its run_stop not yet
     self._mllog_lock = threading.Lock()  # a line at a time: end_open_runs is another thread
+    self._dllog_lock = threading.Lock()  # likewise
     if not is_chief:
       return
     if dllog_path:
@@ -135,22 +136,29 @@ class RunLogger(object):
     if self._dllog is not None:
       record = {"timestamp": time.time(), "type": prefix, "step": int(step)}
       record.update({k: float(v) for k, v in values.items()})
-      self._dllog.write(json.dumps(record) + "\n")
-      self._dllog.flush()
+      self._write_dllog(record)
     if self._summary_writer is not None:
       summary = tf.Summary(value=[tf.Summary.Value(tag="%s/%s" % (prefix, k),
                                                    simple_value=float(v))
                                   for k, v in values.items()])
       self._summary_writer.add_summary(summary, int(step))
 
-  def record(self, kind, values):
+  def record(self, kind, values, wait_s=-1):
     """Logs a dict of JSON values (strings too) as one record of type `kind` to the
-    JSON-lines log, e.g. the run's device."""
+    JSON-lines log, e.g. the run's device. wait_s: as mlperf's."""
     if self.is_chief and self._dllog is not None:
       record = {"timestamp": time.time(), "type": kind}
       record.update(values)
+      self._write_dllog(record, wait_s)
+
+  def _write_dllog(self, record, wait_s=-1):
+    if not self._dllog_lock.acquire(timeout=wait_s):
+      return
+    try:
       self._dllog.write(json.dumps(record) + "\n")
       self._dllog.flush()
+    finally:
+      self._dllog_lock.release()
 
   def warning(self, step, message):
     """A run-health warning: a console line and a dllog.json record of type "warning"."""
@@ -174,12 +182,13 @@ class RunLogger(object):
                  prefix="eval")
 
   def close(self):
-    if self._dllog is not None:
-      self._dllog.close()
-    if self._summary_writer is not None:
-      self._summary_writer.close()
     if self in _OPEN_LOGGERS:
       _OPEN_LOGGERS.remove(self)
+    if self._dllog is not None:
+      with self._dllog_lock:
+        self._dllog.close()
+    if self._summary_writer is not None:
+      self._summary_writer.close()
     if self._mllog is not None:
       with self._mllog_lock:
         self._mllog.close()
@@ -196,7 +205,7 @@ def end_open_runs(how):
     try:
       logger.mlperf(mllog.constants.RUN_STOP, kind="end", metadata={"status": "aborted"},
                     wait_s=2.0)
-      logger.record("ended", {"how": how})
+      logger.record("ended", {"how": how}, wait_s=2.0)
     except (OSError, ValueError):  # a full disk, or closed meanwhile: the exit goes on
       pass
 

@@ -143,5 +143,5 @@ def _write_stderr(message):
 
 def _exit_now(message, signum):
   _write_stderr(message)
-  logs.end_open_runs(message.split(": ", 1)[1])
+  logs.end_open_runs(message.split(": ", 1)[-1])
   os._exit(exit_status(signum))  # pylint: disable=protected-access

@@ -1,8 +1,9 @@
 """The run: checks the inputs and settings against the output folder, then runs the steps.
 
 output_dir/settings.json records the settings of the steps run so far. A folder made
-from another dump, vocab or lower-casing is refused; another value of a step's setting
-redoes that step and the steps after it, keeping the others' finished work. The same
+from another dump is refused; another value of a step's setting (the vocab and
+lower-casing are step tfrecords') redoes that step and the steps after it, keeping the
+others' finished work. The same
 dump, vocab and settings give byte-identical files, whatever --jobs and however many
 runs it took.
 """
@@ -49,9 +50,9 @@ DEFAULTS = collections.OrderedDict([
     ("do_whole_word_mask", False),
     ("max_sequences_per_pack", pack_records.MAX_SEQUENCES_PER_PACK),
 ])
-# Which dump and which model the folder is for: another value is refused, not redone.
-# The dump changes what every step makes; the vocab and lower-casing change every
-# TFRecord, which is most of the work, and make a dataset for another model.
+# Which dump the folder is for: another value is refused, not redone, as it changes what
+# every step makes. The vocab and lower-casing are step tfrecords' settings: a wrong
+# vocab costs no text step.
 FOLDER_SETTINGS = ("format_version", "dump_name", "dump_bytes")
 # The steps each step reads: when a step is redone, the steps that read it are too.
 _READS = {"clean": ("extract",), "segment": ("clean",), "shard": ("segment",),
@@ -100,7 +101,7 @@ def reconcile_settings(layout, settings, step_list, redo=False):
     the settings to run with.
 
   Raises:
-    PrepareError: the folder was made for another dump or model, or with other
+    PrepareError: the folder was made for another dump, or with other
       settings of a step this run leaves out, or of a step with finished work and not
       redo, or holds other files.
   """
@@ -158,7 +159,7 @@ def reconcile_settings(layout, settings, step_list, redo=False):
       _forget_step(layout, step)
   # Only the settings of steps that ran bind the folder: an extract-only first run
   # leaves the TFRecord settings free.
-  relevant = set(["format_version", "dump_name", "dump_bytes", "vocab_sha256"])
+  relevant = set(["format_version", "dump_name", "dump_bytes"])
   for step in step_list:
     relevant.update(STEP_SETTINGS.get(step, ()))
   recorded = dict(stored)
@@ -307,7 +308,8 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
           try:
             run_tfrecords(layout, settings, vocab, jobs, check_eval="eval" in step_list)
           except UnknownTokens:
-            _forget_step(layout, "tfrecords")  # made with a vocab that does not fit
+            for made in _redone_steps(set(["tfrecords"])):  # with a vocab that does not fit
+              _forget_step(layout, made)
             raise
         elif step == "pack":
           run_pack(layout, settings, jobs)

@@ -311,28 +311,42 @@ def say(message, tool="prepare_wiki"):
 def locked(layout, tool="prepare_wiki"):
   """Holds an exclusive lock on output_dir (made if missing), so two runs never write the
   same files. A run refused within (PrepareError) leaves neither the lock file nor the
-  folder it made."""
-  made_folder = not os.path.isdir(layout.root)
+  folders it made."""
+  made = []  # the folders made, the innermost first
+  folder = os.path.abspath(layout.root)
+  while not os.path.isdir(folder) and folder not in made:
+    made.append(folder)
+    folder = os.path.dirname(folder)
   os.makedirs(layout.root, exist_ok=True)
   made_lock = not os.path.exists(layout.lock)
-  handle = open(layout.lock, "a+")
-  try:
-    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except OSError:
+  for _ in range(10):
+    handle = open(layout.lock, "a+")
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      handle.close()
+      raise PrepareError("another %s run is using %s; wait for it to finish or "
+                         "pass another --output_dir" % (tool, layout.root))
+    # The file may have been removed by a refused run between the open and the lock:
+    # a lock on it excludes nobody. Held is the one still at the path.
+    try:
+      if os.path.samestat(os.fstat(handle.fileno()), os.stat(layout.lock)):
+        break
+    except OSError:
+      pass
     handle.close()
-    raise PrepareError("another %s run is using %s; wait for it to finish or "
-                       "pass another --output_dir" % (tool, layout.root))
+  else:
+    raise PrepareError("the lock file %s keeps being removed; is another %s run starting "
+                       "there? run again" % (layout.lock, tool))
   try:
     yield
   except PrepareError:
-    # Still held: a run that opened the file meanwhile finds it locked and is refused.
-    for remove, path in ((made_lock and os.remove, layout.lock),
-                         (made_folder and os.rmdir, layout.root)):  # rmdir: only if empty
+    for remove, path in ([(os.remove, layout.lock)] if made_lock else []) + [
+        (os.rmdir, folder) for folder in made]:  # rmdir: only if empty
       try:
-        if remove:
-          remove(path)
+        remove(path)
       except OSError:
-        pass
+        break
     raise
   finally:
     handle.close()
