@@ -68,6 +68,11 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
     assert key in keys
   assert mllog[-1]["key"] == "run_stop" and mllog[-1]["metadata"]["status"] == "aborted"
   assert [m["value"] for m in mllog if m["key"] == "global_batch_size"] == [8]
+  # The end-to-end time holds MLPerf's, from init_start to run_stop: the last checkpoint
+  # and evaluation are in it.
+  [summary] = [r for r in records if r["type"] == "summary"]
+  assert summary["e2e_time_s"] >= (mllog[-1]["time_ms"] - mllog[0]["time_ms"]) / 1e3 - 0.002
+  assert mllog[0]["key"] == "init_start"
   assert any(n.startswith("events.out.tfevents") for n in os.listdir(str(out)))
   # MLCommons' own checker reads the log; all it may object to is the accuracy target,
   # which a 6-step run does not reach.

@@ -86,8 +86,7 @@ def run(cfg, inputs, ranks, device, stop=None, notes=()):
       (step, finite, stopped_by) = (job.step, True, 0)
     else:
       step, finite, stopped_by, results = train(cfg, job, stop, results)
-    return finish(cfg, job, step, finite, stopped_by, results, results_at_start,
-                  time.time() - run_start)
+    return finish(cfg, job, step, finite, stopped_by, results, results_at_start, run_start)
 
 
 def train(cfg, job, stop, results):
@@ -171,9 +170,10 @@ def stopped_at(cfg, job, step, stopped_by):
   return stopped_by
 
 
-def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_time):
+def finish(cfg, job, step, finite, stopped_by, results, results_at_start, run_start):
   """The last checkpoint and evaluation, MLPerf's closing keys, the summary and the
-  report. Returns the process exit status."""
+  report (run_start: time.time() as the run began, for its end-to-end time, the last
+  checkpoint and evaluation included). Returns the process exit status."""
   job.ranks.doing = "finishing after update %d: last checkpoint, evaluation, summary" % step
   job.evals.end_block()
   if job.records_log:
@@ -210,7 +210,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, e2e_ti
   job.logger.mlperf(logs.mllog.constants.TRAIN_SAMPLES, job.evals.read(step))
   job.logger.mlperf(logs.mllog.constants.RUN_STOP, kind="end", metadata={"status": status})
   runlog.log_summary(cfg, job.logger, step, job.meter, job.evals, results, results_at_start,
-                     status, job.ranks.replicas, e2e_time, job.rcp,
+                     status, job.ranks.replicas, time.time() - run_start, job.rcp,
                      where=dict(tokens=job.tokens, split=job.split, peak=job.peak,
                                 flops_per_sequence=job.flops_per_sequence()))
   job.logger.close()
