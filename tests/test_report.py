@@ -191,6 +191,10 @@ def test_a_part_too_short_for_a_steady_figure_leaves_the_throughput_to_the_other
             "steady_time_s": 0.0},
            {"type": "summary", "step": 32}]  # resumed once more, with nothing to train
   assert report.summarize(parts)["throughput"] == 104.0
+  assert "steady-state average 104.00" in report.format_summary(report.summarize(parts))[3]
+  # A run of warm-up updates alone says its figure has the overhead in.
+  assert report.format_summary(report.summarize(parts[1:]))[3].endswith(
+      "; average with overhead (no update past the warm-up) 11.95")
   # A log with a part written before the parts' steady sentences and time were: the
   # last figure, as then.
   assert report.summarize([{"type": "summary", "step": 30, "throughput": 104.0},

@@ -136,6 +136,9 @@ def summarize(records):
       "min_fps": min(fps) if fps else None,
       "max_fps": max(fps) if fps else None,
       "throughput": steady_throughput(trained),
+      # Whether a part trained past its warm-up (else that figure has the overhead in), or
+      # a log written before the parts' steady time was says nothing of it.
+      "steady": any(r.get("steady_time_s", 1) for r in trained),
       "where": where_time_went(trained[-1]) if trained else None,
       "runs": len(summaries),
       "parts_ended_early": sum(part is not True for part in finished[:-1]),
@@ -189,9 +192,12 @@ def format_summary(summary):
       % (number(summary["first_accuracy"], "%.4f"), number(summary["last_accuracy"], "%.4f"),
          number(summary["best_accuracy"], "%.4f"), summary["evaluations"],
          "" if summary["evaluations"] == 1 else "s"),
-      "sentences/s per window: median %s (min %s, max %s); steady-state average %s"
+      "sentences/s per window: median %s (min %s, max %s); %s %s"
       % (number(summary["median_fps"], "%.2f"), number(summary["min_fps"], "%.2f"),
-         number(summary["max_fps"], "%.2f"), number(summary["throughput"], "%.2f")),
+         number(summary["max_fps"], "%.2f"),
+         "steady-state average" if summary.get("steady", True) else
+         "average with overhead (no update past the warm-up)",
+         number(summary["throughput"], "%.2f")),
   ]
   if summary.get("last_part_ended"):
     lines.append("the last part ended without a summary: %s"
