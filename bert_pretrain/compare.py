@@ -114,8 +114,8 @@ class Run(object):
       self.record = {}
     if not isinstance(self.record, dict):
       self.record = {}
-    devices = [r for r in self.records if r.get("type") == "device"]
-    self.compute = devices[-1].get("compute_type", "?") if devices else "?"
+    device = report.training_device(self.records)
+    self.compute = device.get("compute_type", "?") if device else "?"
 
   def samples(self, record):
     return record.get("samples", record["step"])

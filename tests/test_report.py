@@ -183,6 +183,26 @@ def test_a_part_that_ended_before_its_summary_is_named_last_or_earlier():
   assert report.summarize(stopped + [started, finished])["parts_ended_early"] == 1
 
 
+def test_an_evaluation_only_pass_on_a_run_folder_does_not_rewrite_its_history():
+  """run_pretraining --nodo_train on a run's folder evaluates its checkpoint again, maybe
+  in another compute type: the run's own evaluation at that step and its device stay."""
+  records = [{"type": "device", "compute_type": "bfloat16"},
+             {"type": "train", "step": 500, "total_loss": 6.0},
+             {"type": "eval", "step": 500, "masked_lm_accuracy": 0.0917},
+             {"type": "summary", "step": 500, "throughput": 300.0},
+             {"type": "device", "compute_type": "float32"},  # the evaluation-only pass
+             {"type": "eval", "step": 500, "masked_lm_accuracy": 0.0914},
+             {"type": "summary", "step": 500}]
+  summary = report.summarize(records)
+  assert (summary["last_accuracy"], summary["best_accuracy"]) == (0.0917, 0.0917)
+  assert report.training_device(records)["compute_type"] == "bfloat16"
+  # A resumed training part's evaluation at the same step is the history's.
+  resumed = records[:4] + [dict(records[0]), {"type": "eval", "step": 500,
+                                               "masked_lm_accuracy": 0.0918},
+                           {"type": "train", "step": 510, "total_loss": 5.9}]
+  assert report.summarize(resumed)["last_accuracy"] == 0.0918
+
+
 def test_a_part_too_short_for_a_steady_figure_leaves_the_throughput_to_the_others():
   parts = [{"type": "summary", "step": 30, "throughput": 104.0, "steady_sentences": 2080.0,
             "steady_time_s": 20.0},

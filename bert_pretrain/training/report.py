@@ -82,13 +82,39 @@ def not_text_note(path, skipped):
              "%d lines (the first: line %d) are" % (len(lines), lines[0])))
 
 
-def _series(records, kind):
-  """Records of one type, one per step (the last logged), ordered by step."""
-  by_step = {}
+def _parts(records):
+  """Each record with the part of the run it belongs to (each start writes a device
+  record), and the parts that trained: [(part, record)], set of parts."""
+  part, tagged, trained = -1, [], set()
   for record in records:
+    if record.get("type") == "device":
+      part += 1
+    elif record.get("type") == "train":
+      trained.add(part)
+    tagged.append((part, record))
+  return tagged, trained
+
+
+def _series(records, kind):
+  """Records of one type, one per step (the last logged), ordered by step; a part that
+  trained nothing (an evaluation of the run's checkpoint, maybe in another compute type)
+  does not replace a training part's."""
+  tagged, trained = _parts(records)
+  by_step = {}
+  for part, record in tagged:
     if record.get("type") == kind and "step" in record:
-      by_step[record["step"]] = record
-  return [by_step[step] for step in sorted(by_step)]
+      earlier = by_step.get(record["step"])
+      if earlier is None or part in trained or earlier[0] not in trained:
+        by_step[record["step"]] = (part, record)
+  return [by_step[step][1] for step in sorted(by_step)]
+
+
+def training_device(records):
+  """The device record of the last part that trained (else the last one; None without)."""
+  tagged, trained = _parts(records)
+  devices = [(part, r) for part, r in tagged if r.get("type") == "device"]
+  chosen = [r for part, r in devices if part in trained] or [r for _, r in devices]
+  return chosen[-1] if chosen else None
 
 
 def _samples(record):
