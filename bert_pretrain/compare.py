@@ -118,7 +118,7 @@ class Run(object):
     self.compute = device.get("compute_type", "?") if device else "?"
 
   def samples(self, record):
-    return record.get("samples", record["step"])
+    return report._samples(record)  # pylint: disable=protected-access
 
   def samples_per_step(self):
     """(training samples per update, within what): from the last logged samples, which a

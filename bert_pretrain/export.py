@@ -75,7 +75,7 @@ _RENAMES = [
 # A run's state beside the weights: the step, the optimizer's slots, the loss scale, the
 # accumulated gradients, the place in the data order and in the evaluation schedule.
 _SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^loss_scale/|^gradient_accumulation|^%s$|^%s$)"
-                      % (checkpoints.DATA_POSITION, checkpoints.SAMPLES_BEFORE))
+                      % (checkpoints.DATA_POSITION, checkpoints.UPDATE_SAMPLES))
 
 
 class ExportError(ValueError):

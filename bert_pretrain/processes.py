@@ -129,21 +129,22 @@ def communicate(process, timeout=None):
 
 
 def _read_lines(process, on_line):
-  """process's stdout, passed to on_line a line at a time as it comes; returns it whole.
-  Waits a second at a time, as communicate does."""
+  """process's stdout, passed to on_line a line at a time as it comes ("\\r\\n" read as
+  "\\n"); returns it whole. Waits a second at a time, as communicate does."""
   fd, pending, lines = process.stdout.fileno(), b"", []
-  while True:
-    if not select.select([fd], [], [], 1.0)[0]:
-      continue
-    chunk = os.read(fd, 65536)
-    pending += chunk
-    *whole, pending = pending.split(b"\n")
-    for line in whole if chunk else whole + ([pending] if pending else []):
-      lines.append(line.decode("utf-8", "replace") + "\n")
-      on_line(lines[-1])
-    if not chunk:
-      process.wait()
-      return "".join(lines)
+  with process.stdout:
+    while True:
+      if not select.select([fd], [], [], 1.0)[0]:
+        continue
+      chunk = os.read(fd, 65536)
+      pending += chunk
+      *whole, pending = pending.split(b"\n")
+      for line in [l + b"\n" for l in whole] + ([pending] if pending and not chunk else []):
+        lines.append(line.replace(b"\r\n", b"\n").decode("utf-8", "replace"))
+        on_line(lines[-1])
+      if not chunk:
+        process.wait()
+        return "".join(lines)
 
 
 def start(command, started, preexec_fn=None, **kwargs):
@@ -164,6 +165,8 @@ def run(command, timeout=None, preexec_fn=None, on_line=None, **kwargs):
   exception (a stop, the timeout) the child is killed and reaped. on_line: with
   stdout=PIPE and universal_newlines (no timeout), called with each line of it as it
   comes; the CompletedProcess still holds the whole output."""
+  if on_line is not None and timeout is not None:
+    raise ValueError("processes.run: on_line takes no timeout")
   started = []
   try:
     process = start(command, started, preexec_fn, **kwargs)

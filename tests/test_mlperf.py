@@ -58,7 +58,7 @@ def test_skipped_updates_move_the_schedule_by_the_samples_they_read():
 
 
 def test_whether_an_update_reached_a_point_is_known_exactly_after_skipped_updates():
-  """From the samples read before the update (a checkpoint's samples_before_update):
+  """From the samples read before and after the update (a checkpoint's update_samples):
   update 2 read from 8 to 32 (two skipped between), past the point at 24, which
   counting back one batch from 32 misses."""
   schedule = meters.EvalSchedule(_Logger(), object(), None, 8, 24, 0, 0, None)
@@ -66,14 +66,25 @@ def test_whether_an_update_reached_a_point_is_known_exactly_after_skipped_update
   assert not schedule.reached_by(1)
   schedule.skipped = 2
   schedule.applied(2)
-  assert schedule.samples_before == 8 and schedule.reached_by(2)
+  assert schedule.update_samples == (8, 32) and schedule.reached_by(2)
   assert not meters.reached_point(2, 8, 2, 0, 24)  # counted back
-  assert meters.reached_point(2, 8, 2, 0, 24, samples_before=8)  # as a resumed run reads it
+  assert meters.reached_point(2, 8, 2, 0, 24, update_samples=(8, 32))  # as a resumed run
   schedule.applied(3)  # 40 read
   assert not schedule.reached_by(3)
   # Without an evaluator no update reaches a point (nothing to evaluate there).
   assert not meters.EvalSchedule(_Logger(), None, None, 8, 24, 0, 2, None, skipped=2,
-                                 samples_before=8).reached_by(2)
+                                 update_samples=(8, 32)).reached_by(2)
+
+
+def test_a_point_passed_by_updates_skipped_before_a_stop_is_the_next_applied_updates():
+  """Update 2 read 8 to 16; one skipped update read to 24, then a stop saved update 2.
+  Resumed, update 2 reached no point; update 3, the first applied next, reaches 24, as
+  in the run that was not stopped."""
+  resumed = meters.EvalSchedule(_Logger(), object(), None, 8, 24, 0, 2, None, skipped=1,
+                                update_samples=(8, 16))
+  assert not resumed.reached_by(2)
+  resumed.applied(3)
+  assert resumed.update_samples == (16, 32) and resumed.due(3)
 
 
 def test_updates_skipped_by_loss_scaling_count_in_mlperfs_samples(pretraining_data, tmp_path):
@@ -138,7 +149,7 @@ def _evaluations_logged(out, name="mlperf.2.log"):
 def test_a_resumed_runs_first_evaluation_is_in_mlperfs_log_only_at_a_point(pretraining_data,
                                                                            tmp_path):
   """8 samples an update, a point every 24: update 3 reaches one, update 4 not. Each
-  checkpoint records the samples read before its update; the run resumed from it
+  checkpoint records the samples read before and after its update; the run resumed from it
   evaluates at its start and logs that evaluation to MLPerf only at a point of its own
   schedule, as the last of a run ending between two."""
   flags = dict(samples_start_eval=0, samples_between_eval=24, save_checkpoints_steps=2)
@@ -148,7 +159,8 @@ def test_a_resumed_runs_first_evaluation_is_in_mlperfs_log_only_at_a_point(pretr
     assert run_pretraining(*base_flags(pretraining_data, out, num_train_steps=last,
                                        **flags)).returncode == 0
     assert [tf.train.load_checkpoint(str(out / ("model.ckpt-%d" % step))).get_tensor(
-        checkpoints.SAMPLES_BEFORE) for step in (2, last)] == [8, 8 * (last - 1)]
+        checkpoints.UPDATE_SAMPLES).tolist() for step in (2, last)] == [
+            [8, 16], [8 * (last - 1), 8 * last]]
     resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=6,
                                           eval_at_start=None, **flags))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

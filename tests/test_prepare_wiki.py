@@ -350,7 +350,7 @@ def test_a_vocab_that_leaves_most_of_the_text_unknown_stops_at_the_held_out_text
     unknown, total = [int(n) for n in re.match(
         r"^prepare_wiki: error: (\d+) of the (\d+) tokens of the text \(\d+%\) are \[UNK\]: "
         r"the vocab does not fit the text; pass --vocab=<the model's vocab.txt>; the records "
-        r"made with it are deleted, the text steps' work is kept$",
+        r"this run made with it are deleted, the text steps' work is kept$",
         error_line(result)).groups()]
     assert 0.9 * total < unknown < total
     assert not [n for n in os.listdir(os.path.join(output_dir, "train_data"))

@@ -87,8 +87,8 @@ def test_a_childs_lines_reach_on_line_as_they_come_and_whole_at_the_end(tmp_path
   finished = processes.run([sys.executable, "-c", child], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, universal_newlines=True, on_line=on_line)
   assert finished.returncode == 0, finished.stdout
-  assert seen == ["first\n", "second\n", "last, unterminated\n"]
-  assert finished.stdout == "".join(seen)
+  assert seen == ["first\n", "second\n", "last, unterminated"]
+  assert finished.stdout == "first\nsecond\nlast, unterminated"
 
 
 def test_a_child_run_past_its_timeout_is_killed_and_reaped(monkeypatch):

@@ -196,6 +196,10 @@ def test_an_evaluation_only_pass_on_a_run_folder_does_not_rewrite_its_history():
   summary = report.summarize(records)
   assert (summary["last_accuracy"], summary["best_accuracy"]) == (0.0917, 0.0917)
   assert report.training_device(records)["compute_type"] == "bfloat16"
+  # A part stopped before its first log line trained too: it has a summary with its figure.
+  stopped = records[:4] + [{"type": "device", "compute_type": "float32"},
+                           {"type": "summary", "step": 502, "throughput": 10.0}]
+  assert report.training_device(stopped)["compute_type"] == "float32"
   # A resumed training part's evaluation at the same step is the history's.
   resumed = records[:4] + [dict(records[0]), {"type": "eval", "step": 500,
                                                "masked_lm_accuracy": 0.0918},
@@ -212,9 +216,13 @@ def test_a_part_too_short_for_a_steady_figure_leaves_the_throughput_to_the_other
            {"type": "summary", "step": 32}]  # resumed once more, with nothing to train
   assert report.summarize(parts)["throughput"] == 104.0
   assert "steady-state average 104.00" in report.format_summary(report.summarize(parts))[3]
-  # A run of warm-up updates alone says its figure has the overhead in.
-  assert report.format_summary(report.summarize(parts[1:]))[3].endswith(
-      "; average with overhead (no update past the warm-up) 11.95")
+  # A run of warm-up updates alone says its figure has the overhead in, also after a part
+  # of a log that did not record its steady time; a log that trained nothing, nothing.
+  for log in (parts[1:], [{"type": "summary", "step": 30, "throughput": 104.0}] + parts[1:]):
+    assert report.format_summary(report.summarize(log))[3].endswith(
+        "; average with overhead (no update past the warm-up) 11.95")
+  assert report.format_summary(report.summarize([parts[2]]))[3].endswith(
+      "; steady-state average n/a")
   # A log with a part written before the parts' steady sentences and time were: the
   # last figure, as then.
   assert report.summarize([{"type": "summary", "step": 30, "throughput": 104.0},

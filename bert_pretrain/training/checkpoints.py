@@ -37,11 +37,12 @@ RUN_MARKER = config.RUN_MARKER
 # data order the updates consumed: in every checkpoint of this recipe (and no other's),
 # so that a resumed run continues the data order there.
 DATA_POSITION = "data_position"
-# The int64 variable (loop.start_session) of the samples read before the update a
-# checkpoint was saved after (-1: not known): whether that update reached a point of the
-# evaluation schedule, which a resumed run evaluates first, and which alone goes to
-# MLPerf's log. Counting back one batch cannot tell after updates loss scaling skipped.
-SAMPLES_BEFORE = "samples_before_update"
+# The int64 [2] variable (loop.start_session) of the samples read before and after the
+# update a checkpoint was saved after (-1: not known): whether that update reached a
+# point of the evaluation schedule, which a resumed run evaluates first and which alone
+# goes to MLPerf's log, and where the schedule goes on. Counting back one batch cannot
+# tell after updates loss scaling skipped.
+UPDATE_SAMPLES = "update_samples"
 # This recipe's checkpoints: output_dir/model.ckpt-<global step>.
 CHECKPOINT_NAME = "model.ckpt"
 _CHECKPOINT_FILE = re.compile(r"^(model\.ckpt-(\d+))\.(index|data-(\d{5})-of-(\d{5}))$")
@@ -647,7 +648,7 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
 
 
 def check_resumable(prefix, variables,
-                    optional_prefixes=("loss_scale/", DATA_POSITION, SAMPLES_BEFORE)):
+                    optional_prefixes=("loss_scale/", DATA_POSITION, UPDATE_SAMPLES)):
   """Checks that `prefix` is a checkpoint of this recipe that holds `variables`.
 
   Raises:

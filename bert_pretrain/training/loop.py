@@ -291,7 +291,7 @@ class Job(object):
         self.logger, self.evaluator, self.monitor, per_update,
         self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
         cfg.run.output_dir if ranks.is_chief else None, self.skipped, self.samples_offset,
-        self.samples_before)
+        self.update_samples)
     self.meter = meters.Throughput(per_update, cfg.run.fps_warmup_steps)
     self.tokens = timing.Tokens(cfg.data.max_seq_length)
     self.split = None  # the traced update's parts (timing.split_update), once traced
@@ -372,9 +372,9 @@ class Job(object):
              else "it starts anew"))
       return False
     if self.ranks.is_chief:
-      before = self.evals.samples_before
-      self.sess.run(self.mark_samples[0], {self.mark_samples[1]: -1 if before is None
-                                           else int(before)})
+      known = self.evals.update_samples
+      self.sess.run(self.mark_samples[0], {self.mark_samples[1]: [-1, -1] if known is None
+                                           else [int(n) for n in known]})
       checkpoints.save_checkpoint(self.saver, self.sess, self.cfg.run.output_dir, step,
                                   keep=self.cfg.run.keep_checkpoint_max)
       if self.record_pending:
@@ -422,10 +422,10 @@ def start(cfg, inputs, ranks, device, notes):
   if inputs.resume_position is not None:  # the checkpoint's data position: what was read
     offset = meters.samples_offset(inputs.resume_position * inputs.packing.sequences_per_record,
                                    inputs.resume_step, per_update, skipped)
-  samples_before = samples_before_update(inputs.resume_checkpoint)
+  update_samples = checkpoint_update_samples(inputs.resume_checkpoint)
   finished = resume_lib.reached_target_before(cfg, inputs, meters.reached_point(
       inputs.resume_step or 0, per_update, skipped, cfg.evaluation.samples_start_eval,
-      eval_interval, offset, samples_before))
+      eval_interval, offset, update_samples))
   trains = (cfg.run.do_train and (inputs.resume_step or 0) < cfg.optimizer.num_train_steps
             and not finished)
   logger = runlog.start_logs(cfg, ranks, device, config, global_batch_size, learning_rate,
@@ -474,16 +474,18 @@ def start(cfg, inputs, ranks, device, notes):
                record_pending=not plan.record_now, trains=trains, finished=finished,
                eval_interval=eval_interval, peak=peak, bert_config=inputs.bert_config,
                packing=inputs.packing, skipped=skipped, samples_offset=offset,
-               mark_samples=mark_samples, samples_before=samples_before)
+               mark_samples=mark_samples, update_samples=update_samples)
 
 
-def samples_before_update(checkpoint):
-  """The samples read before the update `checkpoint` was saved after
-  (checkpoints.SAMPLES_BEFORE); None without a checkpoint, for one of an older version,
+def checkpoint_update_samples(checkpoint):
+  """The samples read (before, after) the update `checkpoint` was saved after
+  (checkpoints.UPDATE_SAMPLES); None without a checkpoint, for one of an older version,
   or when not known."""
-  value = checkpoints.checkpoint_value(checkpoint, checkpoints.SAMPLES_BEFORE) \
+  value = checkpoints.checkpoint_value(checkpoint, checkpoints.UPDATE_SAMPLES) \
       if checkpoint else None
-  return None if value is None or value < 0 else int(value)
+  if value is None or min(value) < 0:
+    return None
+  return tuple(int(n) for n in value)
 
 
 def skipped_updates(checkpoint):
@@ -509,7 +511,7 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
     (sess, train, evaluator, saver, all_finite, mark_samples): train is a
     pretraining.TrainGraph (None without --do_train), evaluator a pretraining.Evaluator
     (None without --do_eval), all_finite the op of checkpoints.all_finite, mark_samples
-    (op, feed) that sets checkpoints.SAMPLES_BEFORE to the int fed (before a save).
+    (op, feed) that sets checkpoints.UPDATE_SAMPLES to the pair fed (before a save).
   """
   tf.set_random_seed(seed)
   # Under a tf.distribute strategy the variables are mirrored over its replicas.
@@ -544,10 +546,10 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
                                         cfg.data.max_predictions_per_seq,
                                         cfg.evaluation.max_eval_steps)
     model_variables = tf.trainable_variables()
-    samples_feed = tf.placeholder(tf.int64, [])
-    mark_samples = (tf.get_variable(checkpoints.SAMPLES_BEFORE, [], tf.int64, trainable=False,
-                                    initializer=tf.zeros_initializer()).assign(samples_feed),
-                    samples_feed)
+    samples_feed = tf.placeholder(tf.int64, [2])
+    mark_samples = (tf.get_variable(checkpoints.UPDATE_SAMPLES, [2], tf.int64, trainable=False,
+                                    initializer=tf.constant_initializer(-1)).assign(
+                                        samples_feed), samples_feed)
     # checkpoints.save_checkpoint rotates, not the Saver. Relative paths in the `checkpoint`
     # file keep a copied or moved output_dir pointing at its own files.
     saver = tf.train.Saver(max_to_keep=None, save_relative_paths=True)

@@ -38,16 +38,18 @@ def point_between(before, after, start_samples, samples_between_eval):
 
 
 def reached_point(step, batch_size, skipped, start_samples, samples_between_eval,
-                  offset=0.0, samples_before=None):
+                  offset=0.0, update_samples=None):
   """Whether update `step` (counted from 1) read up to or past a point of the evaluation
-  schedule, from samples_before (the samples read before it) when known, else counted
-  back one batch: exact unless updates loss scaling skipped came just before it."""
+  schedule: from update_samples, the samples read (before it, after it), when known;
+  else counted back one batch from the samples read, which misses updates loss scaling
+  skipped around it and, after a resume with another global batch, the batch it read."""
   if step < 1:
     return False
-  if samples_before is None:
-    samples_before = samples(step - 1, batch_size, skipped, offset)
-  return point_between(samples_before, samples(step, batch_size, skipped, offset),
-                       start_samples, samples_between_eval)
+  if update_samples is None:
+    update_samples = (samples(step - 1, batch_size, skipped, offset),
+                      samples(step, batch_size, skipped, offset))
+  return point_between(update_samples[0], update_samples[1], start_samples,
+                       samples_between_eval)
 
 
 class Throughput(object):
@@ -135,13 +137,15 @@ class EvalSchedule(object):
     skipped: the updates float16's loss scaling skipped before `step` (the samples
       count their batches); the loop keeps self.skipped up to date.
     offset: samples_offset of a run resumed with another batch size.
-    samples_before: the samples read before update `step` (its checkpoint's
-      checkpoints.SAMPLES_BEFORE; None: not known, counted back).
+    update_samples: the samples read (before, after) update `step` (its checkpoint's
+      checkpoints.UPDATE_SAMPLES; None: not known, counted back). Batches loss scaling
+      skipped after it and before the checkpoint are read after it: the first update
+      applied next evaluates a point they passed, as an uninterrupted run does.
   """
 
   def __init__(self, logger, evaluator, monitor, batch_size, samples_between_eval,
                samples_start_eval, step, output_dir, skipped=0, offset=0.0,
-               samples_before=None):
+               update_samples=None):
     self.logger = logger
     self.skipped = skipped
     self.offset = offset
@@ -150,13 +154,14 @@ class EvalSchedule(object):
     self.batch_size = batch_size
     self.samples_between_eval = samples_between_eval
     self.start_samples = samples_start_eval
+    # The samples read (before, after) the last update applied (applied()).
+    self.update_samples = update_samples
+    self.samples_after = self.read(step) if update_samples is None else update_samples[1]
     # The first point of the schedule (the start, then every interval) past the samples
-    # done.
-    done = self.read(step) - samples_start_eval
+    # done by the last update applied.
+    done = self.samples_after - samples_start_eval
     self.next_samples = samples_start_eval + (
         0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
-    # The samples read before the last update applied and after it (applied()).
-    self.samples_before, self.samples_after = samples_before, self.read(step)
     self.output_dir = output_dir
     self.block_first_samples = None  # None: no block open
     self.last_eval_step = None
@@ -197,16 +202,18 @@ class EvalSchedule(object):
     return True
 
   def applied(self, step):
-    """Counts update `step` applied (not skipped by loss scaling): the samples read
-    before it are those read after the one applied before, whatever was skipped between."""
-    self.samples_before, self.samples_after = self.samples_after, self.read(step)
+    """Counts update `step` applied (not skipped by loss scaling): it read from the
+    samples read after the update applied before it to those read now, what loss scaling
+    skipped between included."""
+    self.update_samples = (self.samples_after, self.read(step))
+    self.samples_after = self.update_samples[1]
 
   def reached_by(self, step):
     """Whether update `step`, the last applied, reached a point of the schedule: a run
     stopped right after it did not evaluate there."""
     return self.evaluator is not None and reached_point(
         step, self.batch_size, self.skipped, self.start_samples, self.samples_between_eval,
-        self.offset, self.samples_before)
+        self.offset, self.update_samples)
 
   def evaluate(self, sess, step, scheduled=True):
     """Evaluates the weights of `step` and logs the results; one between the schedule's

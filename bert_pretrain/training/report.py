@@ -89,8 +89,9 @@ def _parts(records):
   for record in records:
     if record.get("type") == "device":
       part += 1
-    elif record.get("type") == "train":
-      trained.add(part)
+    elif record.get("type") == "train" or (record.get("type") == "summary" and
+                                           record.get("throughput") is not None):
+      trained.add(part)  # (a part stopped before its first log line has a summary only)
     tagged.append((part, record))
   return tagged, trained
 
@@ -147,6 +148,7 @@ def summarize(records):
   accuracies = [r["masked_lm_accuracy"] for r in evals if "masked_lm_accuracy" in r]
   fps = [r["throughput_train"] for r in train if "throughput_train" in r]
   finished = parts_finished(records)
+  throughput, steady = steady_throughput(trained)
   return {
       # A run stopped between log lines has its last step in its summary alone.
       "last_step": max([r["step"] for r in train + evals + summaries] or [0]),
@@ -161,10 +163,8 @@ def summarize(records):
       "median_fps": statistics.median(fps) if fps else None,
       "min_fps": min(fps) if fps else None,
       "max_fps": max(fps) if fps else None,
-      "throughput": steady_throughput(trained),
-      # Whether a part trained past its warm-up (else that figure has the overhead in), or
-      # a log written before the parts' steady time was says nothing of it.
-      "steady": any(r.get("steady_time_s", 1) for r in trained),
+      "throughput": throughput,
+      "steady": steady,  # else the throughput has the overhead in
       "where": where_time_went(trained[-1]) if trained else None,
       "runs": len(summaries),
       "parts_ended_early": sum(part is not True for part in finished[:-1]),
@@ -182,13 +182,16 @@ def steady_throughput(summaries):
   has no throughput): the parts' steady sentences over their steady time, so a short
   last part does not stand for the whole run. Without a part long enough for a steady
   figure, or from a log in which a part lacks its sentences and time (written before
-  they were): the last part's."""
+  they were): the last part's. Returns (the figure or None, whether it is steady: a
+  part's with updates past the warm-up, or one of a log that does not say)."""
   measured = [r for r in summaries if "throughput" in r]
   steady = [r for r in measured if r.get("steady_time_s")]
   if steady and all("steady_time_s" in r for r in measured):
     return (sum(r["steady_sentences"] for r in steady) /
-            sum(r["steady_time_s"] for r in steady))
-  return summaries[-1]["throughput"] if summaries else None
+            sum(r["steady_time_s"] for r in steady)), True
+  if not summaries:
+    return None, True
+  return summaries[-1]["throughput"], summaries[-1].get("steady_time_s", 1) > 0
 
 
 def where_time_went(record):

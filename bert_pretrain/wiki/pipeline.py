@@ -24,7 +24,7 @@ from bert_pretrain.wiki.extract import check_dump, run_extract
 from bert_pretrain.wiki.manifest import run_manifest
 from bert_pretrain.wiki.pack import run_pack
 from bert_pretrain.wiki.shard import run_shard
-from bert_pretrain.wiki.tfrecords import UnknownTokens, run_tfrecords
+from bert_pretrain.wiki.tfrecords import run_tfrecords
 from bert_pretrain.wiki.workdir import (FORMAT_VERSION, STEP_SETTINGS, Layout,
                                         PrepareError, atomic_output, file_digest,
                                         locked, marker_is_valid, read_json,
@@ -305,12 +305,7 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
         elif step == "shard":
           run_shard(layout, settings)
         elif step == "tfrecords":
-          try:
-            run_tfrecords(layout, settings, vocab, jobs, check_eval="eval" in step_list)
-          except UnknownTokens:
-            for made in _redone_steps(set(["tfrecords"])):  # with a vocab that does not fit
-              _forget_step(layout, made)
-            raise
+          run_tfrecords(layout, settings, vocab, jobs, check_eval="eval" in step_list)
         elif step == "pack":
           run_pack(layout, settings, jobs)
         elif step == "eval":

@@ -14,8 +14,8 @@ from bert_pretrain.wiki.evalset import check_eval_samples
 from bert_pretrain.wiki.shard import valid_shard_marker
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, file_digest,
                                         marker_is_valid, read_json,
-                                        remove_stale_temporaries, say, step_settings,
-                                        write_json)
+                                        remove_quietly, remove_stale_temporaries, say,
+                                        step_settings, write_json)
 
 # Above this share of [UNK] in the held-out text the vocab is not the text's (the wrong
 # file, or another language): the training shards, hours on a whole dump, are not made.
@@ -33,8 +33,8 @@ def _check_unknown_tokens(stats, vocab, settings, stop=True):
       stats["num_unknown_tokens"], stats["num_input_tokens"],
       tokenization.casing_fix(vocab, settings["do_lower_case"], "--vocab"))
   if stop and stats["num_unknown_tokens"] > UNKNOWN_ERROR_SHARE * stats["num_input_tokens"]:
-    raise UnknownTokens("%s; the records made with it are deleted, the text steps' work "
-                        "is kept" % warning)
+    raise UnknownTokens("%s; the records this run made with it are deleted, the text "
+                        "steps' work is kept" % warning)
   if warning:
     say("warning: " + warning)
 
@@ -130,7 +130,14 @@ def run_tfrecords(layout, settings, vocab, jobs, check_eval=False):
         check_eval_samples(settings, stats["num_instances"])
 
   # spawn: each worker starts TensorFlow itself rather than inheriting a forked one.
-  run_tasks(tfrecord_task, tasks, jobs, on_result, context="spawn")
+  try:
+    run_tasks(tfrecord_task, tasks, jobs, on_result, context="spawn")
+  except UnknownTokens:
+    # The records this run made with a vocab that does not fit go; earlier runs' stay.
+    for _, _, _, name, _, _, output in tasks:
+      remove_quietly(layout.marker("tfrecords", name))
+      remove_quietly(output)
+    raise
   elapsed = time.time() - started
   say("tfrecords: %d files made (%d done before) in %.1f s, %.2f MB/s of text"
        % (len(tasks), len(units) - len(tasks), elapsed,

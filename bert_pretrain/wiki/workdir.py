@@ -317,10 +317,13 @@ def locked(layout, tool="prepare_wiki"):
   while not os.path.isdir(folder) and folder not in made:
     made.append(folder)
     folder = os.path.dirname(folder)
-  os.makedirs(layout.root, exist_ok=True)
-  made_lock = not os.path.exists(layout.lock)
   for _ in range(10):
-    handle = open(layout.lock, "a+")
+    os.makedirs(layout.root, exist_ok=True)  # again: a refused run may have removed it
+    try:
+      handle, made_lock = os.fdopen(os.open(layout.lock, os.O_RDWR | os.O_CREAT | os.O_EXCL),
+                                    "a+"), True
+    except FileExistsError:
+      handle, made_lock = open(layout.lock, "a+"), False
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
