@@ -101,7 +101,7 @@ class StopRequest(object):
   def _on_signal(self, signum):
     signame = errors.signal_name(signum)
     if not self._armed:
-      _exit_now("run_pretraining: %s %s: exiting (nothing to save)"
+      _exit_now("%s %s: exiting (nothing to save)"
                 % (signame, self._unarmed_when), signum)
     if self._first_time is None:
       self._first_time = time.time()
@@ -111,7 +111,7 @@ class StopRequest(object):
                     "a checkpoint (send %s again, %g s or more later, to exit at once)"
                     % (signame, signame, REPEAT_WINDOW_S))
     elif time.time() - self._first_time >= REPEAT_WINDOW_S:
-      _exit_now("run_pretraining: second %s: exiting at once; the run resumes from its last "
+      _exit_now("second %s: exiting at once; the run resumes from its last "
                 "checkpoint" % signame, signum)
 
 
@@ -141,7 +141,8 @@ def _write_stderr(message):
   os.write(2, (message + "\n").encode())
 
 
-def _exit_now(message, signum):
-  _write_stderr(message)
-  logs.end_open_runs(message.split(": ", 1)[-1])
+def _exit_now(how, signum):
+  """Says `how` the run ends (also to its logs, logs.end_open_runs) and exits at once."""
+  _write_stderr("run_pretraining: " + how)
+  logs.end_open_runs(how)
   os._exit(exit_status(signum))  # pylint: disable=protected-access
