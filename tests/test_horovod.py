@@ -16,8 +16,9 @@ import pytest
 
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.training import logs
-from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, ordered_flags,
-                      passing_ranks_path, rank_command, rank_pid, run_pretraining)
+from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, kill_tree,
+                      ordered_flags, passing_ranks_path, rank_command, rank_pid,
+                      run_pretraining, stuck_process_state)
 
 
 def _env(**extra):
@@ -388,8 +389,12 @@ def _signal_job(tmp_path, save_s, stop, grace_s=launch_plan.STOP_GRACE_S, horovo
     deadline = time.time() + 120
     while not all((tmp_path / ("ready-%d" % rank)).exists() for rank in (0, 1)):
       if proc.poll() is not None or time.time() > deadline:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the ranks did not start: %s" % proc.communicate()[0][-3000:])
+        # What each process of the launch is doing (the launcher's stacks go to the
+        # output); horovodrun --mpi's child has a process group of its own.
+        state = stuck_process_state(proc) if proc.poll() is None else ""
+        kill_tree(proc.pid)
+        pytest.fail("the ranks did not start: %s\n%s" % (
+            state, proc.communicate(timeout=60)[0][-6000:]))
       time.sleep(0.1)
     signalled = time.time()
     stop(proc.pid)
@@ -397,7 +402,7 @@ def _signal_job(tmp_path, save_s, stop, grace_s=launch_plan.STOP_GRACE_S, horovo
     seconds = time.time() - signalled
   finally:
     if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
+      kill_tree(proc.pid)
     subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / "rank.py")])
   saved = sorted(int(name.split("-")[1]) for name in os.listdir(str(tmp_path))
                  if name.startswith("saved-"))
@@ -444,6 +449,19 @@ def test_a_signal_to_the_launcher_or_to_every_process_leaves_the_ranks_time_to_s
         "after the job's %s; run the same command again to resume from its last "
         "checkpoint" % ("SIGHUP (passed on to the ranks as SIGTERM)"
                         if stop is _stop_as_hangup else "SIGTERM")), output[-3000:]
+
+
+def test_sigusr2_to_the_launcher_writes_its_stacks_and_the_job_goes_on(tmp_path):
+  def stacks_then_stop(pid):
+    os.kill(pid, signal.SIGUSR2)
+    time.sleep(2)
+    os.kill(pid, signal.SIGTERM)
+
+  status, _, saved, output = _signal_job(tmp_path, 1, stacks_then_stop,
+                                         horovodrun=HOROVODRUN_MPI_OVERSUBSCRIBED)
+  assert (status, saved) == (143, [0, 1]), output[-3000:]
+  # The launcher waits for its child, which became mpirun.
+  assert re.search(r'File ".*launch\.py", line [0-9]+ in run_mpirun_in_child', output), output
 
 
 def _stop_as_kill_int(pid):

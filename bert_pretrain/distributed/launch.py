@@ -869,6 +869,7 @@ def run(words, dry_run=False):
   flags are checked first, and its inputs where the job is this host's alone, before
   horovodrun starts any rank (a bad path is one line, not one per rank); with dry_run
   (DRY_RUN=1) that is all."""
+  processes.arm_stacks()  # a launch that seems stuck: its stacks and its forks' (mpi_built)
   if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # a script's `&`: _stops_taken
     signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
