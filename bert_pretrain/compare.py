@@ -5,8 +5,10 @@ several runs in one picture and one table, read from their dllog.json.
 
 The first run is the reference. For each run the table gives its compute type, updates
 and samples, first and last total loss, last and best masked-LM accuracy, steady-state
-sentences/s and its ratio to the reference's, and the first step at which its total
-loss leaves the band around the reference's.
+sentences/s (or, marked, its average with the overhead when no update was past the
+warm-up, or its median display window's when it has no summary) and its ratio to the
+reference's, and the first step at which its total loss leaves the band around the
+reference's.
 
 The band is +-`band` x the reference's total loss at the same step (default 0.1%). It is
 not derived from the loss's own noise between display steps (percents): runs of the
@@ -28,7 +30,7 @@ float32 and mixed-precision runs on one trajectory.)
 compare.png (--png_path: a .png, .svg or .pdf) has six panels against training samples:
 total loss; its difference to the reference's, with the band; masked-LM accuracy at the
 evaluations; sentences/s of each display window; the learning rate (and the float16 loss
-scale); each run's steady-state sentences/s with its ratio to the reference's. A run's
+scale); each run's sentences/s of the table with its ratio to the reference's. A run's
 own report.png (python3 -m bert_pretrain.training.report) is not touched.
 """
 
@@ -132,8 +134,14 @@ class Run(object):
     return rows[-1]["samples"] / updates, 0.5 / updates
 
   def throughput(self):
-    """The steady-state sentences/s of the last run logged, else the median window's."""
-    return self.summary["throughput"] or self.summary["median_fps"]
+    """(sentences/s, what else it is than steady-state: "" or a note): the run's
+    steady-state figure; without updates past the warm-up its average with the overhead
+    in; without a summary (a run still going, or killed) its median display window's."""
+    if self.summary["throughput"]:
+      return self.summary["throughput"], "" if self.summary["steady"] else "with overhead"
+    if self.summary["median_fps"]:
+      return self.summary["median_fps"], "median window"
+    return None, ""
 
 
 def settings_differ(run, reference):
@@ -183,10 +191,11 @@ def compare_runs(runs, band):
            "samples": run.summary["samples"], "first_loss": run.summary["first_loss"],
            "last_loss": run.summary["last_loss"],
            "last_accuracy": run.summary["last_accuracy"],
-           "best_accuracy": run.summary["best_accuracy"], "throughput": run.throughput(),
-           "ratio": None, "left_band": None, "why_not": ""}
-    if run.throughput() and reference.throughput():
-      row["ratio"] = run.throughput() / reference.throughput()
+           "best_accuracy": run.summary["best_accuracy"], "throughput": run.throughput()[0],
+           "throughput_note": run.throughput()[1], "ratio": None, "left_band": None,
+           "why_not": ""}
+    if row["throughput"] and reference.throughput()[0]:
+      row["ratio"] = row["throughput"] / reference.throughput()[0]
     if run is not reference:
       row["why_not"] = settings_differ(run, reference)
       if not row["why_not"]:
@@ -226,8 +235,9 @@ def format_rows(rows, band):
                                 number(row["last_loss"], "%.4f")),
                   "%s (%s)" % (number(row["last_accuracy"], "%.4f"),
                                number(row["best_accuracy"], "%.4f")),
-                  number(row["throughput"], "%.2f"), number(row["ratio"], "%.3fx"),
-                  band_cell))
+                  number(row["throughput"], "%.2f") + (
+                      " (%s)" % row["throughput_note"] if row["throughput_note"] else ""),
+                  number(row["ratio"], "%.3fx"), band_cell))
   widths = [max(len(c[i]) for c in cells + [header]) for i in range(len(header))]
   line = lambda c: "  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip()
   return [line(header)] + [line(c) for c in cells]
@@ -277,8 +287,9 @@ def draw(runs, rows, png_path, band):
       scale_ax.plot(x(scaled), [r["loss_scale"] for r in scaled], ":", color=color)
     bar_ax.bar(k, row["throughput"] or 0, color=color)
     if row["throughput"]:
-      bar_ax.annotate("%.1f\n%s" % (row["throughput"], "reference" if k == 0 else
-                                     "%.3fx" % row["ratio"]),
+      bar_ax.annotate("%.1f%s\n%s" % (
+          row["throughput"], " (%s)" % row["throughput_note"] if row["throughput_note"]
+          else "", "reference" if k == 0 else "%.3fx" % row["ratio"]),
                       (k, row["throughput"]), textcoords="offset points", xytext=(0, 3),
                       ha="center", fontsize=8)
   ref_x = [reference.samples(r) for r in reference.train]
@@ -298,7 +309,7 @@ def draw(runs, rows, png_path, band):
             (acc_ax, "masked-LM accuracy (evaluations)"),
             (fps_ax, "sentences per second (each display window)"),
             (lr_ax, "learning rate" + (" and loss scale" if scale_ax else "")),
-            (bar_ax, "steady-state sentences per second"))
+            (bar_ax, "sentences per second (steady-state unless marked)"))
   for ax, title in titles:
     ax.set_title(title, fontsize=10)
     if ax is not bar_ax:

@@ -81,11 +81,11 @@ def test_float32_and_bfloat16_runs_of_one_seed_stay_in_the_band_and_report_their
   assert " bfloat16 " in bf16 and " %d " % STEPS in bf16 and " %d " % (8 * STEPS) in bf16
   assert "never, to step %d (at most " % STEPS in bf16
   fp32_run, bf16_run = compare.Run(runs["fp32"], "fp32"), compare.Run(runs["bf16"], "bf16")
-  ratio = bf16_run.throughput() / fp32_run.throughput()
+  ratio = bf16_run.throughput()[0] / fp32_run.throughput()[0]
   assert "%.3fx" % ratio in bf16
   # The steady-state figure is the run's own summary line's.
-  assert bf16_run.throughput() == [r for r in bf16_run.records
-                                   if r["type"] == "summary"][-1]["throughput"]
+  assert bf16_run.throughput() == ([r for r in bf16_run.records
+                                    if r["type"] == "summary"][-1]["throughput"], "")
   assert ("compare: the runs have the reference's --seed=1 and training files (their "
           "bert_pretrain_run.json say); the band assumes the same initial weights too"
           ) in out.splitlines()
@@ -192,6 +192,24 @@ def test_a_log_cut_after_some_steps_is_compared_up_to_there(runs, tmp_path):
   assert ("compare: note: cut: line %d of its dllog.json is cut short (a killed run?)"
           % (steps[2] + 1)) in result.stdout
   assert "never, to step 4 (" in table_row(result.stdout, "cut")
+  # Without its summary, its speed is its display windows' median, and says so.
+  assert " (median window) " in table_row(result.stdout, "cut")
+  assert " (median window) " not in table_row(result.stdout, "fp32")
+
+
+def test_a_run_of_warm_up_updates_alone_shows_its_speed_with_the_overhead_in(runs, tmp_path):
+  short = tmp_path / "short"
+  shutil.copytree(runs["bf16"], str(short))
+  with open(os.path.join(runs["bf16"], "dllog.json")) as f:
+    records = [json.loads(line) for line in f]
+  for record in records:  # as a run whose updates were all within --fps_warmup_steps
+    if record["type"] == "summary":
+      record.update(steady_time_s=0.0, steady_sentences=0)
+  (short / "dllog.json").write_text("".join(json.dumps(r) + "\n" for r in records))
+  result = run_compare(runs["fp32"], str(short), "--png_path=" + str(tmp_path / "c.png"))
+  assert result.returncode == 0, result.stderr
+  summary = [r for r in records if r["type"] == "summary"][-1]
+  assert " %.2f (with overhead) " % summary["throughput"] in table_row(result.stdout, "short")
 
 
 def _packed_log(folder, last_step, per_update, skipped=None):

@@ -27,14 +27,19 @@ def samples_offset(samples_read, step, batch_size, skipped):
   return samples_read - (step + skipped) * batch_size
 
 
-def point_between(before, after, start_samples, samples_between_eval):
-  """Whether a point of the evaluation schedule (start_samples, then every
-  samples_between_eval) lies in (before, after]: an update that read from `before`
-  samples to `after` reached it."""
-  done = after - start_samples
+def next_point(samples_read, start_samples, samples_between_eval):
+  """The first point of the evaluation schedule (start_samples, then every
+  samples_between_eval) past samples_read."""
+  done = samples_read - start_samples
   if done < 0:
-    return False
-  return before < start_samples + done // samples_between_eval * samples_between_eval
+    return start_samples
+  return start_samples + (done // samples_between_eval + 1) * samples_between_eval
+
+
+def point_between(before, after, start_samples, samples_between_eval):
+  """Whether a point of the evaluation schedule lies in (before, after]: an update that
+  read from `before` samples to `after` reached it."""
+  return next_point(before, start_samples, samples_between_eval) <= after
 
 
 def reached_point(step, batch_size, skipped, start_samples, samples_between_eval,
@@ -157,11 +162,9 @@ class EvalSchedule(object):
     # The samples read (before, after) the last update applied (applied()).
     self.update_samples = update_samples
     self.samples_after = self.read(step) if update_samples is None else update_samples[1]
-    # The first point of the schedule (the start, then every interval) past the samples
-    # done by the last update applied.
-    done = self.samples_after - samples_start_eval
-    self.next_samples = samples_start_eval + (
-        0 if done < 0 else (done // samples_between_eval + 1) * samples_between_eval)
+    # The first point of the schedule past the samples done by the last update applied.
+    self.next_samples = next_point(self.samples_after, samples_start_eval,
+                                   samples_between_eval)
     self.output_dir = output_dir
     self.block_first_samples = None  # None: no block open
     self.last_eval_step = None
@@ -197,8 +200,8 @@ class EvalSchedule(object):
       return False
     if self.read(step) < self.next_samples:
       return False
-    while self.next_samples <= self.read(step):
-      self.next_samples += self.samples_between_eval
+    self.next_samples = next_point(self.read(step), self.start_samples,
+                                   self.samples_between_eval)
     return True
 
   def applied(self, step):

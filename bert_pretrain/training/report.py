@@ -129,12 +129,11 @@ def parts_finished(records):
   after its start, kill -9, the OOM killer, a stop before training or at a second Ctrl-C,
   a stalled rank). Returns a list of True, or for a part without a summary, how it
   ended when it said (logs.end_open_runs), else False."""
-  finished = []
-  for record in records:
-    if record.get("type") == "device":
-      finished.append(False)
-    elif record.get("type") in ("summary", "ended") and finished and finished[-1] is not True:
-      finished[-1] = True if record["type"] == "summary" else record.get("how") or False
+  tagged, _ = _parts(records)
+  finished = [False] * (tagged[-1][0] + 1 if tagged else 0)
+  for part, record in tagged:
+    if part >= 0 and record.get("type") in ("summary", "ended") and finished[part] is not True:
+      finished[part] = True if record["type"] == "summary" else record.get("how") or False
   return finished
 
 
