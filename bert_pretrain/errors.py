@@ -12,6 +12,7 @@ import errno
 import os
 import signal
 import sys
+import tempfile
 import threading
 
 # What to do about an OS error, by errno.
@@ -96,6 +97,10 @@ def unwritable_folder(folder):
   if not os.access(above, os.W_OK | os.X_OK):
     number = errno.EROFS if os.statvfs(above).f_flag & os.ST_RDONLY else errno.EACCES
     return os_error_message(OSError(number, os.strerror(number), above))
+  try:  # what access() cannot tell (/proc, a squashed root on NFS): a file, unnamed or gone
+    tempfile.TemporaryFile(dir=above).close()
+  except OSError as e:
+    return "%s: no file can be made there (%s); pass another path" % (above, e.strerror)
   return None
 
 
