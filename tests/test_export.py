@@ -138,7 +138,7 @@ def test_transformers_gives_our_models_logits_on_the_same_input(trained_like):
   assert tokenizer.convert_tokens_to_ids("tok42") == 42
 
 
-def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_padded_one_exports(
+def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_much_smaller_one_a_warning(
     trained_like, tmp_path):
   vocab = tmp_path / "vocab.txt"
   vocab.write_text(_vocab_text(601))
@@ -154,8 +154,18 @@ def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_padded_one_exports
   padded = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
                        vocab, tmp_path / "padded")
   assert padded.returncode == 0, padded.stderr
+  assert "warning" not in padded.stderr
   assert json.loads((tmp_path / "padded" / "config.json").read_text())["vocab_size"] == 600
   assert len((tmp_path / "padded" / "vocab.txt").read_text().splitlines()) == 592
+  # Far fewer tokens than rows: exported, with a warning that it may be another vocab.
+  vocab.write_text(_vocab_text(400))
+  fewer = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
+                      vocab, tmp_path / "fewer")
+  assert fewer.returncode == 0, fewer.stderr
+  assert fewer.stderr.strip() == (
+      "export: warning: %s has 400 tokens but vocab_size is 600 in %s, more rows than "
+      "padding adds; check that it is the vocab the model was trained with"
+      % (vocab, trained_like["root"] / "bert_config.json"))
 
 
 def test_a_cased_vocab_exported_lower_casing_is_a_warning(trained_like, tmp_path):
