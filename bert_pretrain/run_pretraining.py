@@ -24,12 +24,14 @@ from bert_pretrain import demo
 from bert_pretrain import errors
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
+from bert_pretrain.distributed import launch
 from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import inputs as inputs_lib
 from bert_pretrain.training import logs
 from bert_pretrain.training import loop
 from bert_pretrain.training import mlperf
+from bert_pretrain.training import resume as resume_lib
 from bert_pretrain.training import signals
 from bert_pretrain.wiki import workdir
 
@@ -60,6 +62,8 @@ def main(argv):
     cfg = config.settings_from_flags()
     inputs = inputs_lib.check_inputs(cfg)
     if FLAGS.check_only:
+      processes = os.environ.get(launch.CHECK_PROCESSES_VARIABLE)
+      resume_lib.check_launch(cfg, inputs, int(processes) if processes else None)
       return 0
   except (ValueError, workdir.PrepareError) as e:
     errors.print_error("run_pretraining", e)

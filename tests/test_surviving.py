@@ -524,6 +524,22 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
     assert sorted(os.listdir(str(out))) == before  # nothing written
   record["data_order"]["tensorflow"] = version
   marker.write_text(json.dumps(record))
+  # The multi-card script says so before any rank starts, in a dry run too: 2 ranks of
+  # its preset's 4 micro-batches of 4.
+  for dry_run in ("1", "0"):
+    script = subprocess.run(
+        ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + _layout_flags(
+            pretraining_data, out, num_train_steps=6),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+        env=dict(_env(), DRY_RUN=dry_run, IX_NUM_CUDA_VISIBLE_DEVICES="2"), timeout=300)
+    assert script.returncode == 2, script.stdout + script.stderr
+    assert script.stderr.strip().splitlines()[-1].startswith(
+        "run_pretraining: error: --output_dir=%s was trained with a global batch of 4 (1 "
+        "process, 1 replica x batch 4 x 1 accumulation = global batch 4) and this run's is "
+        "32 (horovod, 2 processes, 2 replicas x batch 4 x 4 accumulation = global batch 32)"
+        % out), script.stderr
+    assert "<stdout>" not in script.stdout + script.stderr  # no rank's line
+    assert sorted(os.listdir(str(out))) == before
   allowed = run_pretraining(*_layout_flags(pretraining_data, out, num_train_steps=6,
                                            train_batch_size=8,
                                            allow_resume_change="global_batch"))

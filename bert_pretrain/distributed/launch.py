@@ -51,6 +51,9 @@ MULTI_WORKER_PORT = 12345  # TF_CONFIG's port of every worker, unless MULTI_WORK
 # Set by run for every process it starts (horovodrun and mpirun pass the environment on):
 # a demo's processes name their one output folder with it.
 LAUNCH_ID_VARIABLE = "BERT_PRETRAIN_LAUNCH_ID"
+# Set for run_pretraining --check_only run before a job's ranks: the job's processes
+# (horovodrun's -np), whose global batch a resumed --output_dir must have.
+CHECK_PROCESSES_VARIABLE = "BERT_PRETRAIN_CHECK_PROCESSES"
 # mpirun passes a signal on to the ranks after odls_base_sigkill_timeout seconds and kills
 # them as long again later: its own 1 s leaves a rank no time to finish an update and save.
 # A value the user set (environment, --mpi-args) wins.
@@ -748,6 +751,8 @@ def check_inputs_here(words):
   for word in words[:start]:
     if after == "-H":  # plan() names every host so, this one as localhost
       hosts.extend(spec.split(":")[0] for spec in word.split(","))
+    elif after == "-np" and "horovodrun" in words[:start] and word.isdigit():
+      env[CHECK_PROCESSES_VARIABLE] = word
     elif after == "env" and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word):
       name, value = word.split("=", 1)
       env[name] = value

@@ -50,16 +50,63 @@ def run_record(cfg, bert_config, ranks, seed, global_batch_size, train_files,
   compute type (compute: its name, e.g. "bfloat16")."""
   record = inputs_lib.resume_settings(cfg, bert_config)
   values = config.as_flags(cfg)
-  record.update(layout={"distribution": ranks.distribution, "processes": ranks.size,
-                        "replicas": ranks.replicas,
-                        "train_batch_size": cfg.run.train_batch_size,
-                        "num_accumulation_steps": cfg.optimizer.num_accumulation_steps,
-                        "global_batch_size": global_batch_size},
+  record.update(layout=layout(cfg, ranks.distribution, ranks.size, ranks.replicas,
+                              global_batch_size),
                 seed=seed, train_files=data_files(train_files),
                 data_order=data_order(cfg),
                 schedule=dict({k: values[k] for k in SCHEDULE}, peak=learning_rate),
                 update_rule={k: values[k] for k in UPDATE_RULE}, compute=compute)
   return record
+
+
+def layout(cfg, distribution, processes, replicas, global_batch_size):
+  """How a run spreads its global batch: its engine, processes and replicas, the batch
+  of each replica and the micro-batches of an update."""
+  return {"distribution": distribution, "processes": processes, "replicas": replicas,
+          "train_batch_size": cfg.run.train_batch_size,
+          "num_accumulation_steps": cfg.optimizer.num_accumulation_steps,
+          "global_batch_size": global_batch_size}
+
+
+def check_launch(cfg, inputs, processes):
+  """What resume_plan would refuse of a Horovod job of `processes` ranks (None: not
+  known, nothing to check) before any starts: another global batch than the run's in
+  --output_dir (run_multi_card_FPS.sh's DRY_RUN=1 and its check before the ranks)."""
+  if processes is None or cfg.runtime.engine() != "horovod":
+    return
+  check_global_batch(cfg, inputs, layout(
+      cfg, "horovod", processes, processes,
+      inputs_lib.global_batch_size(cfg, processes, inputs.packing)))
+
+
+def check_global_batch(cfg, inputs, now):
+  """Raises ValueError when the run resumed from --output_dir had another global batch
+  than layout `now` and --allow_resume_change does not name global_batch: the schedules
+  and --num_train_steps count updates."""
+  was = (inputs.earlier_run or {}).get("layout")
+  if (not inputs.resume_checkpoint or not cfg.run.do_train or not was or
+      was["global_batch_size"] == now["global_batch_size"] or
+      "global_batch" in cfg.run.allow_resume_change):
+    return
+  where = "%s %d of the data order" % _position(inputs, was)
+  raise ValueError("--output_dir=%s was trained with a global batch of %d (%s) and this "
+                   "run's is %d (%s), while --num_train_steps and the learning-rate and "
+                   "evaluation schedules count updates; keep the global batch (batch x "
+                   "accumulation x replicas = %d) or pass --allow_resume_change=global_batch "
+                   "to continue at %s with updates of %d"
+                   % (cfg.run.output_dir, was["global_batch_size"], describe_layout(was),
+                      now["global_batch_size"], describe_layout(now),
+                      was["global_batch_size"], where, now["global_batch_size"]))
+
+
+def _position(inputs, counted):
+  """(unit, position): where in the data order the resumed run continues; its records
+  are packs in a packed set. counted: the layout whose global batches an older
+  checkpoint, which records no position, is counted in."""
+  position = inputs.resume_position
+  if position is None:  # An older version's checkpoint: it consumed step global batches.
+    position = inputs.resume_step * counted["global_batch_size"]
+  return ("pack" if inputs.packing.max_sequences is not None else "sample"), position
 
 
 def data_order(cfg):
@@ -166,25 +213,12 @@ def resume_plan(cfg, inputs, record):
   earlier = inputs.earlier_run or {}
   was, now = earlier.get("layout"), record["layout"]
   step, checkpoint = inputs.resume_step, os.path.basename(inputs.resume_checkpoint)
-  position = inputs.resume_position
-  if position is None:  # An older version's checkpoint: it consumed step global batches.
-    position = step * (was or now)["global_batch_size"]
+  unit, position = _position(inputs, was or now)
   allowed = set(cfg.run.allow_resume_change)
-  # The data position counts records: a packed set's are packs.
-  unit = "pack" if inputs.packing.max_sequences is not None else "sample"
   where = "%s %d of the data order" % (unit, position)
   change = _check_data_order(cfg, earlier, record, allowed, where)
   order_was, order_now = earlier.get("data_order", {}), record["data_order"]
-  if was and was["global_batch_size"] != now["global_batch_size"] and \
-      "global_batch" not in allowed:
-    raise ValueError("--output_dir=%s was trained with a global batch of %d (%s) and this "
-                     "run's is %d (%s), while --num_train_steps and the learning-rate and "
-                     "evaluation schedules count updates; keep the global batch (batch x "
-                     "accumulation x replicas = %d) or pass --allow_resume_change=global_batch "
-                     "to continue at %s with updates of %d"
-                     % (cfg.run.output_dir, was["global_batch_size"], describe_layout(was),
-                        now["global_batch_size"], describe_layout(now),
-                        was["global_batch_size"], where, now["global_batch_size"]))
+  check_global_batch(cfg, inputs, now)
   lines = [_layout_line(was, now, where, step, checkpoint)]
   if change:
     lines.append("Data: the training files changed (%s; --allow_resume_change=data): "
