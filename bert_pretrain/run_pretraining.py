@@ -56,8 +56,10 @@ def main(argv):
     demo_settings = config.from_flags(config.Demo) if config.is_demo() else None
     if demo_settings:
       inputs_lib.check_settings(config.settings_from_flags())  # before the demo builds
-      if FLAGS.check_only:
-        return 0  # the demo makes its own inputs
+      if FLAGS.check_only:  # the demo makes its own inputs, and a folder unless given one
+        if FLAGS["output_dir"].present:
+          inputs_lib.check_output_folder(FLAGS.output_dir, True, "none")
+        return 0
       demo.set_up_run(FLAGS)
     cfg = config.settings_from_flags()
     inputs = inputs_lib.check_inputs(cfg)

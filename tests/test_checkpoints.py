@@ -482,14 +482,29 @@ def test_horovod_ranks_share_their_jobs_lock(pretraining_data, tmp_path):
 
   held = checkpoints.OutputDirLock(str(out))
   held.acquire()
+  before = _files_and_times(out)
   flags = base_flags(pretraining_data, out, num_train_steps=4, nodo_eval=None)
   refused = subprocess.run(gloo + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            universal_newlines=True, env=env, timeout=900)
   assert refused.returncode != 0
+  # Each rank refuses before the job starts (the first to exit ends the other, maybe
+  # before its line) and writes nothing in the holder's folder (heartbeats, stall
+  # reports, a rerun advice of its checkpoint).
   assert ("run_pretraining: error: --output_dir=%s is in use by another run (pid %d on %s)"
           % (out, os.getpid(), socket.gethostname())) in refused.stdout, refused.stdout[-3000:]
-  assert "Step " not in refused.stdout
+  assert "Step " not in refused.stdout and "stopped the job" not in refused.stdout
+  assert _files_and_times(out) == before
   assert steps_of(out) == [2]
+
+
+def _files_and_times(folder):
+  """Each file under folder -> (size, modification time)."""
+  found = {}
+  for root, _, names in os.walk(str(folder)):
+    for name in names:
+      stat = os.stat(os.path.join(root, name))
+      found[os.path.join(root, name)] = (stat.st_size, stat.st_mtime_ns)
+  return found
 
 
 def test_a_skipped_float16_step_passes_the_check_before_saving():

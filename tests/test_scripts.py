@@ -375,6 +375,33 @@ def test_mirrored_shows_the_count_per_host_of_cards_on_a_gpu_host_only(tmp_path)
                           command)
 
 
+def test_a_demos_dry_run_checks_the_output_folder_it_is_given(tmp_path):
+  a_file = tmp_path / "a-file"
+  a_file.write_text("not a folder")
+  held = tmp_path / "held"
+  held.mkdir()
+  lock = checkpoints.OutputDirLock(str(held))
+  lock.acquire()
+  env = dict(os.environ, DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  for output_dir, message in (
+      (a_file, "cannot be written: %s is a file, not a folder; pass another path" % a_file),
+      (held, "is in use by another run (pid %d" % os.getpid()),
+      (tmp_path / "new", None)):
+    result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh"),
+                             "--output_dir=%s" % output_dir], cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, env=env, timeout=300)
+    if message is None:
+      assert result.returncode == 0, result.stderr
+      assert not (tmp_path / "new").exists()  # a dry run makes nothing
+    else:
+      assert result.returncode == 2, result.stdout + result.stderr
+      assert result.stderr.strip().splitlines()[-1].startswith(
+          "run_pretraining: error: --output_dir=%s %s" % (output_dir, message)), result.stderr
+  lock.release()
+
+
 def _demo(cache, cwd, *flags_given):
   return subprocess.Popen([sys.executable, "-m", "bert_pretrain.demo",
                            "--demo_cache_dir=%s" % cache]

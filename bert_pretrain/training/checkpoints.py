@@ -485,7 +485,8 @@ class OutputDirLock(object):
 
   def check_free(self):
     """Raises ValueError as acquire() would, without taking the lock or writing anything
-    (--check_only)."""
+    (--check_only, and every process of a job before its chief takes it). A shared lock
+    for a moment: the processes of one job may look at once."""
     path = os.path.join(self.output_dir, LOCK_FILE)
     try:
       # Opened for writing, unchanged: NFS and CIFS lock only files open so.
@@ -497,14 +498,16 @@ class OutputDirLock(object):
         handle = open(path, "r")  # another user's, or a read-only disk's: a local lock
       except (IOError, OSError):
         return
-    self._take(handle, wait=False, only_when_held=True)
+    self._take(handle, wait=False, only_when_held=True, shared=True)
     handle.close()  # drops the lock just taken
 
-  def _take(self, handle, wait, only_when_held=False):
-    """flock on the open lock file; on failure closes it and raises ValueError naming the
-    holder (only_when_held: only when another process holds it; else it says nothing)."""
+  def _take(self, handle, wait, only_when_held=False, shared=False):
+    """flock on the open lock file (exclusive, or shared); on failure closes it and raises
+    ValueError naming the holder (only_when_held: only when another process holds it;
+    else it says nothing)."""
     try:
-      fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+      fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) |
+                  (0 if wait else fcntl.LOCK_NB))
     except (IOError, OSError) as e:
       if only_when_held and e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
         return

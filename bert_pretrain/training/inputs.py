@@ -198,9 +198,7 @@ def check_inputs(cfg):
                                                          resume_settings(cfg, bert_config))
   if not cfg.run.do_train:
     check_evaluated(cfg, resume_checkpoint or init_checkpoint, bert_config)
-  _check_output_dir(cfg.run.output_dir, create=not cfg.run.check_only)
-  if cfg.run.check_only and "://" not in cfg.run.output_dir:
-    checkpoints.OutputDirLock(cfg.run.output_dir).check_free()  # a run takes it
+  check_output_folder(cfg.run.output_dir, cfg.run.check_only, cfg.runtime.engine())
   earlier_run = resume_step = resume_position = None
   if resume_checkpoint:
     earlier_run = checkpoints.read_run_marker(cfg.run.output_dir)
@@ -377,6 +375,17 @@ def resume_settings(cfg, bert_config):
   return {"bert_config": bert_config.to_dict(), "max_seq_length": cfg.data.max_seq_length,
           "max_predictions_per_seq": cfg.data.max_predictions_per_seq,
           "optimizer": cfg.optimizer.optimizer}
+
+
+def check_output_folder(output_dir, check_only, engine):
+  """Raises ValueError when output_dir cannot be written or another run holds it; makes
+  it unless check_only. Every process looks before its job's chief takes the lock (run
+  by run_pretraining), so a second job's ranks leave the first's folder alone; but
+  multi_worker_mirrored's, which do not meet before it (a later worker would see its own
+  chief's lock)."""
+  _check_output_dir(output_dir, create=not check_only)
+  if "://" not in output_dir and (check_only or engine != "multi_worker_mirrored"):
+    checkpoints.OutputDirLock(output_dir).check_free()
 
 
 def _check_output_dir(output_dir, create=True):
