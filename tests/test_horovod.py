@@ -1088,6 +1088,14 @@ def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo --config-file /no.yaml"},
      "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun cannot start with them: [Errno "
      "2] No such file or directory: '/no.yaml'"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--network-interface"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS ends with --network-interface, which "
+     "takes a value; give it one or drop it"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "gloo"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has 'gloo', which is no option: "
+     "horovodrun would start it as the ranks' command; drop it (or --gloo?)"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo -H localhost:2 extra"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has 'extra', which is no option"),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo -v"},
      "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has -v, which makes horovodrun print its "
      "version and start no job; drop it (--verbose is its verbose option)"),

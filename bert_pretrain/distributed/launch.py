@@ -827,14 +827,24 @@ def check_horovodrun_args(args):
   except ImportError:
     return
   said, argv = io.StringIO(), sys.argv
-  sys.argv = ["horovodrun"] + list(args) + ["python3"]
+  sys.argv = ["horovodrun"] + list(args) + ["python3"]  # the command's first word
   try:
     with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-      horovod_launch.parse_args()
+      command = getattr(horovod_launch.parse_args(), "command", ["python3"])
+    if not command:  # the last option took the command's first word as its value
+      raise LaunchError("HOROVOD_RUN_ARGS ends with %s, which takes a value; give it one "
+                        "or drop it" % [arg for arg in args if arg.startswith("-")][-1])
+    if command[0] != "python3":
+      raise LaunchError("HOROVOD_RUN_ARGS has '%s', which is no option: horovodrun would "
+                        "start it as the ranks' command; drop it%s" % (
+                            command[0], " (or --%s?)" % command[0]
+                            if "--" + command[0] in horovodrun_options() else ""))
   except SystemExit:
     complaint = (said.getvalue().strip().splitlines() or ["refused"])[-1]
     raise LaunchError("HOROVOD_RUN_ARGS: horovodrun says %s; horovodrun --help lists its "
                       "options" % complaint.replace("horovodrun: error: ", ""))
+  except LaunchError:
+    raise
   except Exception as e:  # pylint: disable=broad-except  (its --config-file's, say)
     raise LaunchError("HOROVOD_RUN_ARGS: horovodrun cannot start with them: %s"
                       % (str(e).splitlines() or [type(e).__name__])[0])
