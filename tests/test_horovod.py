@@ -676,6 +676,36 @@ def test_a_horovodrun_flag_given_to_the_script_is_one_line_before_any_rank_start
       "mean --num_train_steps?"]
 
 
+def test_a_ctrl_c_during_the_check_before_the_ranks_is_one_line_without_a_traceback(
+    pretraining_data, tmp_path):
+  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
+  command = [sys.executable, "-m", "bert_pretrain.distributed.launch", "run", "horovodrun",
+             "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+             "bert_pretrain.run_pretraining", "--horovod"] + base_flags(pretraining_data,
+                                                                        tmp_path / "out")
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=_env(), start_new_session=True)
+  try:
+    deadline = time.time() + 120
+    checks = []
+    while not checks:  # the terminal's Ctrl-C reaches its foreground group, once the check runs
+      assert proc.poll() is None and time.time() < deadline, proc.communicate()
+      checks = [p for p in psutil.Process(proc.pid).children()
+                if "--check_only" in p.cmdline()]
+      time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      kill_tree(proc.pid)
+  assert proc.returncode == 130, out[-2000:] + err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+      "run_multi_card_FPS: interrupted; run the same command again"), err[-3000:]
+  assert not checks[0].is_running() or checks[0].status() == psutil.STATUS_ZOMBIE
+  assert not (tmp_path / "out").exists()
+
+
 def test_the_rank_errors_stream_keeps_each_ranks_last_error_line():
   import io  # pylint: disable=g-import-not-at-top
   stream = io.StringIO()

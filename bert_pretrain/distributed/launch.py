@@ -763,11 +763,10 @@ def check_inputs_here(words):
   # The ranks' own interpreter (python3 -m ...); its errors are one line on stderr.
   python = (words[start - 2:start] if start >= 2 and words[start - 1] == "-m" else
             [sys.executable, "-m"])
-  try:
-    return subprocess.call(python + words[start:] + ["--check_only"], env=env,
-                           stdout=subprocess.DEVNULL)
-  except KeyboardInterrupt:  # the check, in the same process group, says it was stopped
-    return 128 + signal.SIGINT
+  # A group of its own: a Ctrl-C in its first seconds (TensorFlow's import) would print
+  # a traceback; this process says it (main) and ends the check, which writes nothing.
+  return processes.run(python + words[start:] + ["--check_only"], env=env,
+                       stdout=subprocess.DEVNULL, start_new_session=True).returncode
 
 
 def _unknown_flag_text(name, args, absl_message):
