@@ -968,6 +968,8 @@ def test_a_job_under_mpirun_a_signal_stopped_ends_with_128_plus_that_signal(
 
 
 _SAVED = "report: not drawn after SIGTERM; python3 -m bert_pretrain.training.report o draws it"
+_STOPS = ("SIGTERM: rank 0 stops after step 3; to resume, run the same command with "
+          "--output_dir=results/demo-20261206-1")
 
 
 def _stopped_job(lines, rank, status):
@@ -978,7 +980,7 @@ def _stopped_job(lines, rank, status):
     sys.stderr.write("[0]<stderr>:run_pretraining: SIGTERM received: finishing the current "
                      "update, then saving a checkpoint\n")
     for line in lines:
-      stream = "stdout" if line == _SAVED else "stderr"
+      stream = "stdout" if line in (_SAVED, _STOPS) else "stderr"
       getattr(sys, stream).write("[0]<%s>:%s\n" % (stream, line))
     raise RuntimeError("Horovod detected that one or more processes exited with non-zero "
                        "status, thus causing the job to be terminated. The first process "
@@ -1017,6 +1019,22 @@ def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_
   assert launch_plan.run_horovodrun(["-np", "2"], _stopped_job(lines, rank, status)) == (
       exit_status)
   assert capsys.readouterr().err.endswith(last_line + "\n")
+
+
+def test_a_stopped_demo_job_names_the_folder_its_resume_needs(capsys):
+  # The demo's folder is the launch's: the same command would make another.
+  assert launch_plan.run_horovodrun(["-np", "2", "python3"],
+                                    _stopped_job([_STOPS, _SAVED], 1, 143)) == 143
+  assert capsys.readouterr().err.endswith(
+      "rank 1 exited with status 143 after the job's SIGTERM; run the same command again "
+      "with --output_dir=results/demo-20261206-1 to resume from its last checkpoint\n")
+  # A command that names its folder resumes as it is.
+  assert launch_plan.run_horovodrun(
+      ["-np", "2", "python3", "--output_dir=results/demo-20261206-1"],
+      _stopped_job([_STOPS, _SAVED], 1, 143)) == 143
+  assert capsys.readouterr().err.endswith(
+      "rank 1 exited with status 143 after the job's SIGTERM; run the same command again "
+      "to resume from its last checkpoint\n")
 
 
 def test_a_job_stopped_by_ctrl_c_to_the_launcher_names_it_and_exits_130(capsys):

@@ -373,6 +373,8 @@ class RankErrors(_Read):
   _CHIEF_ALONE = re.compile(r"^\[0\]<stderr>:SIG[A-Z]+: rank 0: other ranks ended before "
                             r"the last barrier")
   _CHIEF_SAVED = re.compile(r"^\[0\]<stdout>:report: not drawn after SIG[A-Z]+;")
+  _RESUME = re.compile(r"^\[0\]<stdout>:SIG[A-Z]+: rank 0 stops after step \d+; to resume, "
+                       r"run the same command with (--output_dir=.*)$")
 
   def __init__(self, stream):
     super(RankErrors, self).__init__(stream, self)
@@ -380,6 +382,7 @@ class RankErrors(_Read):
     self.stop_signal = None  # the signal a rank stops at (signals.py), e.g. "SIGTERM"
     self.chief_alone = False  # rank 0 saved at the stop, then found its peers gone
     self.chief_saved = False  # rank 0 saved at the stop and ended it
+    self.output_dir_flag = None  # --output_dir=... that rank 0 said a resume needs
 
   def read(self, text):
     for line in text.splitlines():
@@ -391,6 +394,9 @@ class RankErrors(_Read):
         self.stop_signal = stop.group(1)
       self.chief_alone = self.chief_alone or bool(self._CHIEF_ALONE.match(line))
       self.chief_saved = self.chief_saved or bool(self._CHIEF_SAVED.match(line))
+      resume = self._RESUME.match(line)
+      if resume:
+        self.output_dir_flag = resume.group(1)
 
   def watching(self, stream):
     """stream, whose text this also reads."""
@@ -441,11 +447,14 @@ def run_horovodrun(args, run_commandline, launcher_stop=lambda: None):
       # Rank 0 saved at the agreed update, and ended its stop or found the others gone
       # (under horovodrun --gloo the ranks of other hosts end with their ssh session).
       passed_on = errors.signal_name(stop) != rank_errors.stop_signal
-      print("rank %d exited with status %d after the job's %s%s; run the same command again "
-            "to resume from its last checkpoint" % (
+      # A demo's folder is the launch's own: the same command would start a new one.
+      named = any(arg == "--output_dir" or arg.startswith("--output_dir=") for arg in args)
+      print("rank %d exited with status %d after the job's %s%s; run the same command again"
+            "%s to resume from its last checkpoint" % (
                 rank, status, errors.signal_name(stop),
                 " (passed on to the ranks as %s)" % rank_errors.stop_signal if passed_on
-                else ""), file=sys.stderr)
+                else "", " with " + rank_errors.output_dir_flag
+                if rank_errors.output_dir_flag and not named else ""), file=sys.stderr)
       return 128 + stop
     if rank not in rank_errors.errors and rank_errors.errors:
       # The first to exit can be a peer of the rank that failed: name the one that said.
