@@ -172,15 +172,18 @@ def test_a_part_that_ended_before_its_summary_is_named_last_or_earlier():
             % (earlier, "" if earlier == 1 else "s") in text) == bool(earlier)
   # A log of a recipe version that wrote no device record names no part.
   assert report.summarize([trained])["last_part_open"] is False
-  # A part that ended at once says how (logs.end_open_runs): named when last, counted
-  # as ended early when earlier.
+  # A part that ended at once says how (logs.end_open_runs), last or earlier.
   stopped = [started, {"type": "ended", "how": "SIGTERM before training started: exiting "
                                                "(nothing to save)"}]
   summary = report.summarize([started, finished] + stopped)
   assert (summary["last_part_open"], summary["parts_ended_early"]) == (True, 0)
   assert ("the last part ended without a summary: SIGTERM before training started: exiting "
           "(nothing to save)") in report.format_summary(summary)
-  assert report.summarize(stopped + [started, finished])["parts_ended_early"] == 1
+  summary = report.summarize(stopped + [started, finished])
+  assert summary["parts_ended_early"] == 1
+  assert ("1 earlier part ended early, without a summary (SIGTERM before training started: "
+          "exiting (nothing to save)): not in the steady-state average"
+          ) in report.format_summary(summary)
 
 
 def test_an_evaluation_only_pass_on_a_run_folder_does_not_rewrite_its_history():

@@ -167,6 +167,9 @@ def summarize(records):
       "where": where_time_went(trained[-1]) if trained else None,
       "runs": len(summaries),
       "parts_ended_early": sum(part is not True for part in finished[:-1]),
+      # How those said they ended (logs.end_open_runs), each once.
+      "earlier_parts_ended": sorted(set(part for part in finished[:-1]
+                                        if part not in (True, False))),
       "last_part_open": bool(finished) and finished[-1] is not True,
       # How the last part ended without its summary, when it said.
       "last_part_ended": finished[-1] if finished and finished[-1] not in (True, False)
@@ -235,9 +238,12 @@ def format_summary(summary):
                  "error: see its console output; the OOM killer: see dmesg; or kill -9); "
                  "the figures above are from its lines so far")
   if summary.get("parts_ended_early"):
-    lines.append("%d earlier part%s ended early, without a summary: not in the steady-state "
-                 "average" % (summary["parts_ended_early"],
-                              "" if summary["parts_ended_early"] == 1 else "s"))
+    hows = summary.get("earlier_parts_ended")
+    lines.append("%d earlier part%s ended early, without a summary%s: not in the "
+                 "steady-state average" % (
+                     summary["parts_ended_early"],
+                     "" if summary["parts_ended_early"] == 1 else "s",
+                     " (%s)" % "; ".join(hows) if hows else ""))
   if summary.get("where"):
     lines.append("where the time went: " + summary["where"])
   lines.append("warnings: %d" % len(summary["warnings"]))
