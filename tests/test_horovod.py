@@ -999,6 +999,11 @@ def _stopped_job(lines, rank, status):
      "rank 0 exited with status 2: run_pretraining: error: the disk is full"),
     (["run_pretraining: error: the disk is full"], 1, 143, 1,
      "rank 1 exited with status 143; rank 0: run_pretraining: error: the disk is full"),
+    # Killed (kill -9, the OOM killer; 137 from its shell under Gloo): its peer's error,
+    # Horovod's at its exit, follows from it.
+    (["run_pretraining: error: Horovod stopped the job (Horovod has been shut down)"], 1, 137,
+     137, "rank 1 was ended by SIGKILL (the OOM killer or kill -9: dmesg says which); its "
+     "lines are above"),
     # Killed while saving, no line of its own: not a clean stop.
     ([], 0, -9, 1, "rank 0 was ended by SIGKILL (the OOM killer or kill -9: dmesg says which); "
      "its lines are above"),
@@ -1011,7 +1016,8 @@ def _stopped_job(lines, rank, status):
     # Without rank 0's line after its save, the stop is not known to have saved.
     ([], 1, -15, 1, "rank 1 was ended by SIGTERM; its lines are above"),
     ([], 1, 143, 143, "rank 1 exited with status 143; its lines are above"),
-], ids=["peer-lost-after-the-save", "rank-error", "rank-error-peer-first", "killed",
+], ids=["peer-lost-after-the-save", "rank-error", "rank-error-peer-first", "killed-137",
+        "killed",
         "saved", "saved-middleman-signalled", "not-saved-middleman-signalled",
         "not-saved"])
 def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_failed(

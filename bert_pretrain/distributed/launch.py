@@ -456,7 +456,8 @@ def run_horovodrun(args, run_commandline, launcher_stop=lambda: None):
                 else "", " with " + rank_errors.output_dir_flag
                 if rank_errors.output_dir_flag and not named else ""), file=sys.stderr)
       return 128 + stop
-    if rank not in rank_errors.errors and rank_errors.errors:
+    killed = status < 0 or status == 128 + signal.SIGKILL
+    if rank not in rank_errors.errors and rank_errors.errors and not killed:
       # The first to exit can be a peer of the rank that failed: name the one that said.
       failing = min(rank_errors.errors)
       print("rank %d %s; rank %d: %s" % (rank, _how_it_ended(status), failing,
@@ -479,8 +480,11 @@ def _job_stop(rank_errors, launcher_stop):
 
 
 def _how_it_ended(status):
-  """'exited with status 2', or for a rank a signal ended (horovodrun's negative status)
-  'was ended by SIGKILL (the OOM killer or kill -9: dmesg says which)'."""
+  """'exited with status 2', or for a rank a signal ended (horovodrun's negative status;
+  137, its shell's word for SIGKILL, which no process exits with by itself) 'was ended
+  by SIGKILL (the OOM killer or kill -9: dmesg says which)'."""
+  if status == 128 + signal.SIGKILL:
+    status = -signal.SIGKILL
   if status >= 0:
     return "exited with status %d" % status
   return "was ended by %s%s" % (errors.signal_name(-status), " (the OOM killer or kill -9: "
