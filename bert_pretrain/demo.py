@@ -172,7 +172,8 @@ def prepare(cache_dir, log=say, packed=False):
   try:
     lock.acquire()
   except ValueError:
-    log("demo: another demo is building %s; waiting for it" % cache_dir)
+    log("demo: %s is in use (another demo, or another rank of this one, checks or builds "
+        "it); waiting for it" % cache_dir)
     lock.acquire(wait=True)
   try:
     paths = _prepare(cache_dir, log)

@@ -434,7 +434,8 @@ def test_two_demos_started_at_once_on_an_empty_cache_both_succeed(tmp_path):
   watchdog.start()
   try:
     for demo_run in demos:
-      _read_until(demo_run, "demo: another demo is building %s; waiting for it" % cache)
+      _read_until(demo_run, "demo: %s is in use (another demo, or another rank of this one, "
+                  "checks or builds it); waiting for it" % cache)
     lock.release()
     outputs = [demo_run.communicate(timeout=300) for demo_run in demos]
   finally:
