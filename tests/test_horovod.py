@@ -1085,6 +1085,13 @@ def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
       "DRY_RUN=1: the flags check out (each host checks its files as the job starts); nothing "
       "was started"]
   assert sorted(os.listdir(str(tmp_path))) == ["hosts"]
+  # The settings that need no file are the same on every host: checked here.
+  zero = _run_script(tmp_path, "--input_files_dir=/data/train", "--train_batch_size=0",
+                     DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="8",
+                     HOROVOD_RUN_ARGS="--gloo --hostfile hosts")
+  assert zero.returncode == 2, zero.stdout + zero.stderr
+  assert zero.stderr.strip().splitlines() == [
+      "run_multi_card_FPS: error: --train_batch_size=0 must be at least 1"], zero.stderr
 
 
 def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting_one(

@@ -706,15 +706,18 @@ def check_training_flags(words):
   Other unknown names are left to the ranks, which also know the flags TensorFlow
   defines; so are --flagfile (read where the ranks run) and the help flags.
 
+  Returns:
+    the parsed flags (absl's FlagValues), None when they are left to the ranks.
+
   Raises:
     LaunchError: what is wrong, and the fix.
   """
   if "bert_pretrain.run_pretraining" not in words:
-    return
+    return None
   args = list(words[words.index("bert_pretrain.run_pretraining") + 1:])
   names = [word.split("=", 1)[0].lstrip("-") for word in args if word.startswith("-")]
   if set(names) & {"?", "help", "helpshort", "helpfull", "helpxml", "flagfile"}:
-    return
+    return None
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top,unused-import
@@ -734,7 +737,7 @@ def check_training_flags(words):
     message = _unknown_flag_text(e.flagname, args, str(e))
     if message:
       raise LaunchError(message)
-    return
+    return None
   except flags.Error as e:
     raise LaunchError("%s; pass a value of the flag's type (run_pretraining --helpfull lists "
                       "them)" % str(e).splitlines()[0])
@@ -750,6 +753,25 @@ def check_training_flags(words):
     raise LaunchError("--distribution=%s runs one process, but the script starts Horovod "
                       "ranks; set DISTRIBUTION=%s instead of passing --distribution"
                       % (values.distribution, values.distribution))
+  return values
+
+
+def check_settings_here(values):
+  """Checks the settings that need no file (inputs.check_settings: a batch of 0, say) of
+  the parsed flags `values`, with the presets, as each rank will: for a job of other
+  hosts, whose files only they can check.
+
+  Raises:
+    LaunchError: what is wrong, and the fix.
+  """
+  from bert_pretrain import config  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.training import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
+  try:
+    config.apply_presets(values)
+    config.apply_anchor_flags(log=lambda line: None, flag_values=values)
+    inputs_lib.check_settings(config.settings_from_flags(values))
+  except ValueError as e:
+    raise LaunchError(str(e))
 
 
 def check_inputs_here(words):
@@ -900,7 +922,7 @@ def run(words, dry_run=False):
   if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # a script's `&`: _stops_taken
     signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
-    check_training_flags(words)
+    values = check_training_flags(words)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
@@ -908,6 +930,12 @@ def run(words, dry_run=False):
     status = check_inputs_here(words)
     if status:
       return status
+    try:
+      if status is None and values is not None:
+        check_settings_here(values)
+    except LaunchError as e:
+      errors.print_error("run_multi_card_FPS", e)
+      return 2
     if dry_run:
       print("DRY_RUN=1: %s; nothing was started" % (
           "the flags check out (each host checks its files as the job starts)"
