@@ -738,7 +738,7 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
         writer_index = (writer_index + 1) % len(writers)
     for current, writer in enumerate(writers):
       writer.close()
-    for temporary, final in zip(temporary_files, output_files):
+    for current, (temporary, final) in enumerate(zip(temporary_files, output_files)):
       renaming.append((temporary, final))  # before: a signal can land as the call returns
       if "://" in final:
         tf.io.gfile.rename(temporary, final, overwrite=True)
@@ -762,7 +762,8 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
     if (isinstance(e, tf.errors.OpError) and errors.is_disk_full(e) and
         "://" not in output_files[current]):
       raise records.os_error_from_tf(e, output_files[current]) from e
-    if isinstance(e, tf.errors.OpError) and temporary_files[current] in (e.message or ""):
+    if (isinstance(e, tf.errors.OpError) and type(e) is not tf.errors.OpError and
+        temporary_files[current] in (e.message or "")):
       # The file asked for, not this call's temporary one, which is gone.
       raise type(e)(e.node_def, e.op, e.message.replace(
           temporary_files[current], output_files[current])) from e

@@ -45,9 +45,6 @@ from bert_pretrain.model import modeling
 
 FLAGS = flags.FLAGS
 
-# A config's vocab_size may pad the vocab's tokens up to a multiple of this (NVIDIA's
-# 30528 for 30522 pads to 8); more rows than that suggest another vocab.
-_VOCAB_PADDING = 128
 # transformers' names of Google's hidden_act values.
 ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu", "tanh": "tanh", "linear": "linear"}
 # Google name (a regular expression) -> transformers name, and whether to transpose.
@@ -232,9 +229,11 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
     raise ExportError("%s has %d tokens but vocab_size is %d in %s; pass the matching vocab "
                       "and config" % (vocab_file, vocab_size, bert_config.vocab_size,
                                       bert_config_file))
-  if bert_config.vocab_size > -(-vocab_size // _VOCAB_PADDING) * _VOCAB_PADDING:
-    print("export: warning: %s has %d tokens but vocab_size is %d in %s, more rows than "
-          "padding adds; check that it is the vocab the model was trained with"
+  # Padding adds a few rows (NVIDIA's 30528 for 30522, a multiple of 8; Megatron's of
+  # 128 x its tensor-parallel ways): twice the tokens is another vocab.
+  if bert_config.vocab_size > 2 * vocab_size:
+    print("export: warning: %s has %d tokens but vocab_size is %d in %s, more than twice "
+          "as many rows; check that it is the vocab the model was trained with"
           % (vocab_file, vocab_size, bert_config.vocab_size, bert_config_file),
           file=sys.stderr)
   missing = tokenization.missing_special_tokens(tokenization.load_vocab(vocab_file))

@@ -29,6 +29,18 @@ from bert_pretrain.distributed import stacks
 _PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
 
 
+def _libc_prctl():
+  """libc's prctl, looked up here, before any fork: a dlopen in a child forked from a
+  process with threads can wait forever on a loader lock one of them held."""
+  try:
+    return ctypes.CDLL(None).prctl
+  except (OSError, AttributeError):  # not Linux: a child outlives a killed parent
+    return None
+
+
+_PRCTL = _libc_prctl()
+
+
 class WorkerDied(Exception):
   """A worker process ended without finishing its task (the OOM killer, kill -9)."""
 
@@ -105,10 +117,9 @@ def _start_worker(parent):
 def end_with_parent(parent, signum=signal.SIGTERM):
   """In a child process of `parent`: signal `signum` when the thread that started it
   ends (Linux's PR_SET_PDEATHSIG), and end at once if `parent` has ended already."""
-  try:
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signum)
-  except (OSError, AttributeError):  # not Linux: the child outlives a killed parent
+  if _PRCTL is None:
     return
+  _PRCTL(_PR_SET_PDEATHSIG, signum)
   if os.getppid() != parent:  # it ended between the fork and prctl
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)  # pylint: disable=protected-access  (blocked, ignored or handled)

@@ -158,13 +158,13 @@ def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_much_smaller_one_a
   assert json.loads((tmp_path / "padded" / "config.json").read_text())["vocab_size"] == 600
   assert len((tmp_path / "padded" / "vocab.txt").read_text().splitlines()) == 592
   # Far fewer tokens than rows: exported, with a warning that it may be another vocab.
-  vocab.write_text(_vocab_text(400))
+  vocab.write_text(_vocab_text(250))
   fewer = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
                       vocab, tmp_path / "fewer")
   assert fewer.returncode == 0, fewer.stderr
   assert fewer.stderr.strip() == (
-      "export: warning: %s has 400 tokens but vocab_size is 600 in %s, more rows than "
-      "padding adds; check that it is the vocab the model was trained with"
+      "export: warning: %s has 250 tokens but vocab_size is 600 in %s, more than twice as "
+      "many rows; check that it is the vocab the model was trained with"
       % (vocab, trained_like["root"] / "bert_config.json"))
 
 

@@ -676,11 +676,22 @@ def test_a_horovodrun_flag_given_to_the_script_is_one_line_before_any_rank_start
       "mean --num_train_steps?"]
 
 
-def test_a_ctrl_c_during_the_check_before_the_ranks_is_one_line_without_a_traceback(
-    pretraining_data, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_during_the_check_before_the_ranks_ends_it_without_a_traceback(
+    pretraining_data, tmp_path, signum):
+  """The check runs in a session of its own (a Ctrl-C in TensorFlow's import would print a
+  traceback): the launcher says the Ctrl-C in one line and ends it; a SIGTERM to the
+  group (a scheduler's, `timeout`'s) ends the launcher, and with it the check (here one
+  that would take minutes, as on many record files of a slow disk)."""
   import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
+  python = sys.executable
+  if signum == signal.SIGTERM:
+    python = str(tmp_path / "slow_python")
+    with open(python, "w") as f:
+      f.write("#!%s\nimport time\ntime.sleep(600)\n" % sys.executable)
+    os.chmod(python, 0o755)
   command = [sys.executable, "-m", "bert_pretrain.distributed.launch", "run", "horovodrun",
-             "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+             "-np", "2", "-H", "localhost:2", "--gloo", python, "-m",
              "bert_pretrain.run_pretraining", "--horovod"] + base_flags(pretraining_data,
                                                                         tmp_path / "out")
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -690,19 +701,28 @@ def test_a_ctrl_c_during_the_check_before_the_ranks_is_one_line_without_a_traceb
     checks = []
     while not checks:  # the terminal's Ctrl-C reaches its foreground group, once the check runs
       assert proc.poll() is None and time.time() < deadline, proc.communicate()
-      checks = [p for p in psutil.Process(proc.pid).children()
-                if "--check_only" in p.cmdline()]
+      try:
+        checks = [p for p in psutil.Process(proc.pid).children()
+                  if "--check_only" in p.cmdline()]
+      except psutil.Error:  # a child that ended as it was listed
+        pass
       time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     out, err = proc.communicate(timeout=120)
+    checks[0].wait(timeout=60)  # psutil.TimeoutExpired if the check outlives the launcher
   finally:
     if proc.poll() is None:
       kill_tree(proc.pid)
-  assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    for check in checks:
+      if check.is_running():
+        check.kill()
   assert "Traceback" not in err, err[-3000:]
-  assert err.strip().splitlines()[-1] == (
-      "run_multi_card_FPS: interrupted; run the same command again"), err[-3000:]
-  assert not checks[0].is_running() or checks[0].status() == psutil.STATUS_ZOMBIE
+  if signum == signal.SIGINT:
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "run_multi_card_FPS: interrupted; run the same command again"), err[-3000:]
+  else:
+    assert proc.returncode == -signal.SIGTERM, out[-2000:] + err[-3000:]
   assert not (tmp_path / "out").exists()
 
 
@@ -1092,6 +1112,33 @@ def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
   assert zero.returncode == 2, zero.stdout + zero.stderr
   assert zero.stderr.strip().splitlines() == [
       "run_multi_card_FPS: error: --train_batch_size=0 must be at least 1"], zero.stderr
+
+
+def test_the_launchers_check_for_other_hosts_leaves_what_depends_on_the_host_to_them(
+    monkeypatch):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from bert_pretrain import config  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.training import inputs  # pylint: disable=g-import-not-at-top
+  from bert_pretrain.training import mlperf  # pylint: disable=g-import-not-at-top
+
+  def parsed(*argv):
+    values = flags.FlagValues()
+    config.define_pretraining_flags(values)
+    values(["run_pretraining", "--input_files_dir=/data/train"] + list(argv))
+    return values
+
+  def cannot_drop():
+    raise ValueError("--clear_cache cannot write /proc/sys/vm/drop_caches on this host")
+
+  # This host may not drop its page cache, nor have the workers' TF_CONFIG: the ranks'.
+  monkeypatch.setattr(mlperf, "check_clear_cache", cannot_drop)
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["h1:1", "h2:1"]}}))
+  for argv in (["--clear_cache"], ["--distribution=multi_worker_mirrored"]):
+    launch_plan.check_settings_here(parsed(*argv))
+    with pytest.raises(ValueError):
+      inputs.check_settings(config.settings_from_flags(parsed(*argv)))
+  with pytest.raises(launch_plan.LaunchError, match="--train_batch_size=0 must be at least 1"):
+    launch_plan.check_settings_here(parsed("--train_batch_size=0"))
 
 
 def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting_one(

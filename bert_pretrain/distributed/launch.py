@@ -29,6 +29,7 @@ runs in a child that becomes mpirun); any other command replaces this process.
 import collections
 import contextlib
 import copy
+import functools
 import io
 import json
 import os
@@ -456,7 +457,7 @@ def run_horovodrun(args, run_commandline, launcher_stop=lambda: None):
                 else "", " with " + rank_errors.output_dir_flag
                 if rank_errors.output_dir_flag and not named else ""), file=sys.stderr)
       return 128 + stop
-    killed = status < 0 or status == 128 + signal.SIGKILL
+    killed = status in (-signal.SIGKILL, 128 + signal.SIGKILL)
     if rank not in rank_errors.errors and rank_errors.errors and not killed:
       # The first to exit can be a peer of the rank that failed: name the one that said.
       failing = min(rank_errors.errors)
@@ -757,9 +758,9 @@ def check_training_flags(words):
 
 
 def check_settings_here(values):
-  """Checks the settings that need no file (inputs.check_settings: a batch of 0, say) of
-  the parsed flags `values`, with the presets, as each rank will: for a job of other
-  hosts, whose files only they can check.
+  """Checks the settings that need no file nor host (inputs.check_settings: a batch of 0,
+  say) of the parsed flags `values`, with the presets, as each rank will: for a job of
+  other hosts, whose files, page cache and TF_CONFIG only they can check.
 
   Raises:
     LaunchError: what is wrong, and the fix.
@@ -769,7 +770,7 @@ def check_settings_here(values):
   try:
     config.apply_presets(values)
     config.apply_anchor_flags(log=lambda line: None, flag_values=values)
-    inputs_lib.check_settings(config.settings_from_flags(values))
+    inputs_lib.check_settings(config.settings_from_flags(values), here=False)
   except ValueError as e:
     raise LaunchError(str(e))
 
@@ -798,10 +799,13 @@ def check_inputs_here(words):
   # The ranks' own interpreter (python3 -m ...); its errors are one line on stderr.
   python = (words[start - 2:start] if start >= 2 and words[start - 1] == "-m" else
             [sys.executable, "-m"])
-  # A group of its own: a Ctrl-C in its first seconds (TensorFlow's import) would print
+  # A session of its own: a Ctrl-C in its first seconds (TensorFlow's import) would print
   # a traceback; this process says it (main) and ends the check, which writes nothing.
+  # Any other end of this process ends it too.
   return processes.run(python + words[start:] + ["--check_only"], env=env,
-                       stdout=subprocess.DEVNULL, start_new_session=True).returncode
+                       stdout=subprocess.DEVNULL, start_new_session=True,
+                       preexec_fn=functools.partial(processes.end_with_parent,
+                                                    os.getpid())).returncode
 
 
 def _unknown_flag_text(name, args, absl_message):

@@ -38,8 +38,10 @@ Packing = collections.namedtuple("Packing", ["max_predictions", "max_sequences",
                                              "sequences_per_record"])
 
 
-def check_settings(cfg):
-  """Checks the settings (config.Settings) that need no file.
+def check_settings(cfg, here=True):
+  """Checks the settings (config.Settings) that need no file; with here=False not those
+  that depend on the host (--clear_cache's right to drop the page cache, the RCPs of
+  --reference_hyperparameters, TF_CONFIG): a launcher checks for other hosts.
 
   Raises:
     ValueError: with the one-line message the user sees.
@@ -67,9 +69,9 @@ def check_settings(cfg):
   device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine())
   checkpoints.check_no_pattern(cfg.run.output_dir, "--output_dir")  # before the records
   check_optimizer(cfg.optimizer)
-  if cfg.run.clear_cache:
+  if cfg.run.clear_cache and here:
     mlperf.check_clear_cache()
-  if cfg.optimizer.reference_hyperparameters:
+  if cfg.optimizer.reference_hyperparameters and here:
     mlperf.rcp_file()  # raises when mlperf-logging has no RCPs
   between = cfg.evaluation.samples_between_eval
   if between is not None and between < 1:
@@ -93,7 +95,7 @@ def check_settings(cfg):
   if cfg.run.do_train and cfg.optimizer.num_train_steps < 1:
     raise ValueError("--num_train_steps=%d must be at least 1 (or pass --nodo_train)"
                      % cfg.optimizer.num_train_steps)
-  if cfg.runtime.engine() == "multi_worker_mirrored":
+  if cfg.runtime.engine() == "multi_worker_mirrored" and here:
     ranks_lib.multi_worker_config()  # TF_CONFIG, also in a dry run's --check_only
 
 
@@ -383,9 +385,9 @@ def check_output_folder(output_dir, check_only, engine):
   by run_pretraining), so a second job's ranks leave the first's folder alone; but
   multi_worker_mirrored's, which do not meet before it (a later worker would see its own
   chief's lock)."""
-  _check_output_dir(output_dir, create=not check_only)
   if "://" not in output_dir and (check_only or engine != "multi_worker_mirrored"):
-    checkpoints.OutputDirLock(output_dir).check_free()
+    checkpoints.OutputDirLock(output_dir).check_free()  # first: its probe is a write
+  _check_output_dir(output_dir, create=not check_only)
 
 
 def _check_output_dir(output_dir, create=True):

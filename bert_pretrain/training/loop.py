@@ -166,7 +166,7 @@ def stopped_at(cfg, job, step, stopped_by):
   ranks agree on the step); returns stopped_by."""
   print("%s: rank %d stops after step %d; to resume, run the same command with "
         "--output_dir=%s" % (errors.signal_name(stopped_by), job.ranks.rank, step,
-                             cfg.run.output_dir), flush=True)
+                             shlex.quote(cfg.run.output_dir)), flush=True)
   return stopped_by
 
 
