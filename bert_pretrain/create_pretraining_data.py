@@ -762,9 +762,11 @@ def write_examples(instances, output_files, masker, cls_id, sep_id, max_seq_leng
     if (isinstance(e, tf.errors.OpError) and errors.is_disk_full(e) and
         "://" not in output_files[current]):
       raise records.os_error_from_tf(e, output_files[current]) from e
+    # The file asked for, not this call's temporary one, which is gone.
+    if isinstance(e, OSError) and e.filename == temporary_files[current]:
+      raise OSError(e.errno, e.strerror, output_files[current]) from e
     if (isinstance(e, tf.errors.OpError) and type(e) is not tf.errors.OpError and
         temporary_files[current] in (e.message or "")):
-      # The file asked for, not this call's temporary one, which is gone.
       raise type(e)(e.node_def, e.op, e.message.replace(
           temporary_files[current], output_files[current])) from e
     raise

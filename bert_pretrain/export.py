@@ -45,6 +45,9 @@ from bert_pretrain.model import modeling
 
 FLAGS = flags.FLAGS
 
+# A config's vocab_size pads the vocab's tokens with fewer rows than this (to a multiple
+# of 1024 at most); more suggest another vocab.
+_MOST_PADDING = 1024
 # transformers' names of Google's hidden_act values.
 ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu", "tanh": "tanh", "linear": "linear"}
 # Google name (a regular expression) -> transformers name, and whether to transpose.
@@ -229,13 +232,13 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
     raise ExportError("%s has %d tokens but vocab_size is %d in %s; pass the matching vocab "
                       "and config" % (vocab_file, vocab_size, bert_config.vocab_size,
                                       bert_config_file))
-  # Padding adds a few rows (NVIDIA's 30528 for 30522, a multiple of 8; Megatron's of
-  # 128 x its tensor-parallel ways): twice the tokens is another vocab.
-  if bert_config.vocab_size > 2 * vocab_size:
-    print("export: warning: %s has %d tokens but vocab_size is %d in %s, more than twice "
-          "as many rows; check that it is the vocab the model was trained with"
-          % (vocab_file, vocab_size, bert_config.vocab_size, bert_config_file),
-          file=sys.stderr)
+  # Padding adds fewer rows (NVIDIA's 30528 for 30522, a multiple of 8; Megatron's of 128
+  # x its tensor-parallel ways, up to 1024): more is another vocab (a cased one's 28996).
+  if bert_config.vocab_size - vocab_size >= _MOST_PADDING:
+    print("export: warning: %s has %d tokens but vocab_size is %d in %s: %d rows past them, "
+          "more than padding adds; check that it is the vocab the model was trained with"
+          % (vocab_file, vocab_size, bert_config.vocab_size, bert_config_file,
+             bert_config.vocab_size - vocab_size), file=sys.stderr)
   missing = tokenization.missing_special_tokens(tokenization.load_vocab(vocab_file))
   if missing:
     raise ExportError("--vocab_file=%s lacks %s, which the tokenizer needs; pass the BERT "

@@ -45,6 +45,9 @@ _READ_AT_START = ("PYTHON", "TF_", "CUDA", "OMP_", "KMP_", "MKL", "ONEDNN", "DNN
                   "LD_")
 _READ_LATER = ("TF_CONFIG", "PYTHONUNBUFFERED")  # read as the run goes: it may differ
 _PR_SET_PDEATHSIG = 1  # prctl's option: the signal this process gets when its parent ends
+# Looked up before any fork: a dlopen in a child of a process with TensorFlow's threads
+# can wait forever on a loader lock one of them held.
+_PRCTL = ctypes.CDLL(None).prctl
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2)
 
@@ -161,7 +164,7 @@ def _fork(in_child, sockets):
   pid = os.fork()
   if pid == 0:
     try:
-      ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+      _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
       if os.getppid() == server:  # else it ended before prctl
         for sock in sockets:
           sock.close()

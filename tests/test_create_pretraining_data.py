@@ -539,6 +539,14 @@ def test_a_file_that_cannot_be_made_is_named_as_asked_not_as_its_temporary(
                                 max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
   assert caught.value.message.startswith("/proc/part-0;"), caught.value.message
   assert not os.path.exists("/proc/part-0")
+  # The rename onto a folder fails after the writing: named as asked too.
+  folder = tmp_path / "part-1"
+  folder.mkdir()
+  with pytest.raises(OSError) as renamed:
+    cpd.create_pretraining_data([SAMPLE_TEXT], [str(folder)], vocab_file,
+                                max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
+  assert renamed.value.filename == str(folder)
+  assert os.listdir(str(tmp_path)) == ["part-1"]
 
 
 def test_a_full_disk_removes_every_temporary_file_and_names_the_disk_written(

@@ -10,6 +10,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain.training import checkpoints
+from bert_pretrain import demo
 from bert_pretrain import export
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
@@ -138,7 +139,7 @@ def test_transformers_gives_our_models_logits_on_the_same_input(trained_like):
   assert tokenizer.convert_tokens_to_ids("tok42") == 42
 
 
-def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_much_smaller_one_a_warning(
+def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_padded_one_exports(
     trained_like, tmp_path):
   vocab = tmp_path / "vocab.txt"
   vocab.write_text(_vocab_text(601))
@@ -157,15 +158,25 @@ def test_a_vocab_larger_than_vocab_size_is_a_one_line_error_a_much_smaller_one_a
   assert "warning" not in padded.stderr
   assert json.loads((tmp_path / "padded" / "config.json").read_text())["vocab_size"] == 600
   assert len((tmp_path / "padded" / "vocab.txt").read_text().splitlines()) == 592
-  # Far fewer tokens than rows: exported, with a warning that it may be another vocab.
-  vocab.write_text(_vocab_text(250))
-  fewer = _run_export(trained_like["prefix"], trained_like["root"] / "bert_config.json",
-                      vocab, tmp_path / "fewer")
-  assert fewer.returncode == 0, fewer.stderr
-  assert fewer.stderr.strip() == (
-      "export: warning: %s has 250 tokens but vocab_size is 600 in %s, more than twice as "
-      "many rows; check that it is the vocab the model was trained with"
-      % (vocab, trained_like["root"] / "bert_config.json"))
+
+
+def test_a_vocab_of_1024_tokens_or_more_below_vocab_size_is_warned_of(tmp_path):
+  """Padding adds fewer rows (a multiple of 1024 at most): more, another model's vocab
+  (a cased one's 28996 tokens for an uncased config's 30522, say)."""
+  config = dict(TWO_LAYER_CONFIG, vocab_size=2048)
+  (tmp_path / "bert_config.json").write_text(json.dumps(config))
+  prefix = str(tmp_path / "init" / "model.ckpt-0")  # the folder is the checkpoint's alone
+  demo.write_fresh_checkpoint(modeling.BertConfig.from_dict(config), prefix)
+  vocab = tmp_path / "vocab.txt"
+  for tokens, out, warned in ((1100, "padded", False), (1024, "other", True)):
+    vocab.write_text(_vocab_text(tokens))
+    result = _run_export(prefix, tmp_path / "bert_config.json", vocab, tmp_path / out)
+    assert result.returncode == 0, result.stderr
+    assert (result.stderr.strip() == (
+        "export: warning: %s has 1024 tokens but vocab_size is 2048 in %s: 1024 rows past "
+        "them, more than padding adds; check that it is the vocab the model was trained with"
+        % (vocab, tmp_path / "bert_config.json"))) == warned, result.stderr
+    assert warned or "warning" not in result.stderr
 
 
 def test_a_cased_vocab_exported_lower_casing_is_a_warning(trained_like, tmp_path):

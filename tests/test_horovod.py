@@ -1024,9 +1024,14 @@ def _stopped_job(lines, rank, status):
     (["run_pretraining: error: Horovod stopped the job (Horovod has been shut down)"], 1, 137,
      137, "rank 1 was ended by SIGKILL (the OOM killer or kill -9: dmesg says which); its "
      "lines are above"),
+    # A crash is the rank's own end too; a SIGTERM a peer's error can have brought is not.
+    (["run_pretraining: error: Horovod stopped the job (Horovod has been shut down)"], 1, -11,
+     139, "rank 1 was ended by SIGSEGV; its lines are above"),
+    (["run_pretraining: error: the disk is full"], 1, -15, 1,
+     "rank 1 was ended by SIGTERM; rank 0: run_pretraining: error: the disk is full"),
     # Killed while saving, no line of its own: not a clean stop.
-    ([], 0, -9, 1, "rank 0 was ended by SIGKILL (the OOM killer or kill -9: dmesg says which); "
-     "its lines are above"),
+    ([], 0, -9, 137, "rank 0 was ended by SIGKILL (the OOM killer or kill -9: dmesg says "
+     "which); its lines are above"),
     # Rank 0 saved and ended its stop; the others exit after it (loop.last_barrier).
     ([_SAVED], 1, 143, 143, "rank 1 exited with status 143 after the job's SIGTERM; run the "
      "same command again to resume from its last checkpoint"),
@@ -1037,7 +1042,7 @@ def _stopped_job(lines, rank, status):
     ([], 1, -15, 1, "rank 1 was ended by SIGTERM; its lines are above"),
     ([], 1, 143, 143, "rank 1 exited with status 143; its lines are above"),
 ], ids=["peer-lost-after-the-save", "rank-error", "rank-error-peer-first", "killed-137",
-        "killed",
+        "crashed", "peer-error-then-sigterm", "killed",
         "saved", "saved-middleman-signalled", "not-saved-middleman-signalled",
         "not-saved"])
 def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_failed(

@@ -457,8 +457,8 @@ def run_horovodrun(args, run_commandline, launcher_stop=lambda: None):
                 else "", " with " + rank_errors.output_dir_flag
                 if rank_errors.output_dir_flag and not named else ""), file=sys.stderr)
       return 128 + stop
-    killed = status in (-signal.SIGKILL, 128 + signal.SIGKILL)
-    if rank not in rank_errors.errors and rank_errors.errors and not killed:
+    cause = _ended_by_itself(status)  # a kill or a crash: this rank's, not a peer's error
+    if rank not in rank_errors.errors and rank_errors.errors and not cause:
       # The first to exit can be a peer of the rank that failed: name the one that said.
       failing = min(rank_errors.errors)
       print("rank %d %s; rank %d: %s" % (rank, _how_it_ended(status), failing,
@@ -467,6 +467,8 @@ def run_horovodrun(args, run_commandline, launcher_stop=lambda: None):
     print("rank %d %s%s" % (rank, _how_it_ended(status), ": " + rank_errors.errors[rank]
                             if rank in rank_errors.errors else "; its lines are above"),
           file=sys.stderr)
+    if cause:
+      return 128 + cause  # as a shell says a command a signal ended
     return status if 0 < status < 256 else 1
   finally:
     sys.argv, sys.stderr, sys.stdout = argv, rank_errors.stream, stdout
@@ -480,12 +482,25 @@ def _job_stop(rank_errors, launcher_stop):
   return launcher_stop() or getattr(signal, rank_errors.stop_signal)
 
 
+# The signals that end a rank by themselves (a kill, a crash), not as a peer's end does:
+# the rank they end is the job's cause.
+_CAUSE_SIGNALS = (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
+                  signal.SIGABRT)
+
+
+def _ended_by_itself(status):
+  """The signal of _CAUSE_SIGNALS that ended a rank of exit status `status` (horovodrun's
+  negative one, or 128 + it from the rank's shell under Gloo); None for another end."""
+  signum = -status if status < 0 else status - 128
+  return signum if signum in _CAUSE_SIGNALS else None
+
+
 def _how_it_ended(status):
   """'exited with status 2', or for a rank a signal ended (horovodrun's negative status;
-  137, its shell's word for SIGKILL, which no process exits with by itself) 'was ended
-  by SIGKILL (the OOM killer or kill -9: dmesg says which)'."""
-  if status == 128 + signal.SIGKILL:
-    status = -signal.SIGKILL
+  128 + a crash's or SIGKILL's from its shell) 'was ended by SIGKILL (the OOM killer or
+  kill -9: dmesg says which)'."""
+  if _ended_by_itself(status):
+    status = -_ended_by_itself(status)
   if status >= 0:
     return "exited with status %d" % status
   return "was ended by %s%s" % (errors.signal_name(-status), " (the OOM killer or kill -9: "
