@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from bert_pretrain.distributed import horovodrun as horovodrun_lib
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.training import logs
 from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, kill_tree,
@@ -729,7 +730,7 @@ def test_a_stop_during_the_check_before_the_ranks_ends_it_without_a_traceback(
 def test_the_rank_errors_stream_keeps_each_ranks_last_error_line():
   import io  # pylint: disable=g-import-not-at-top
   stream = io.StringIO()
-  errors = launch_plan.RankErrors(stream)
+  errors = horovodrun_lib.RankErrors(stream)
   errors.write("[1]<stderr>:run_pretraining: error: first\n")
   errors.write("[0]<stdout>:Step 1, error: not on stderr\n[1]<stderr>:Traceback (most "
                "recent call last):\n")
@@ -951,8 +952,8 @@ def test_a_job_its_ranks_stopped_at_sigterm_ends_with_143_though_horovodrun_retu
 
   def finished():
     sys.stderr.write("[1]<stderr>:run_pretraining: warning: a line\n")
-  assert launch_plan.run_horovodrun(["-np", "2"], stopped) == 143
-  assert launch_plan.run_horovodrun(["-np", "2"], finished) == 0
+  assert horovodrun_lib.run_horovodrun(["-np", "2"], stopped) == 143
+  assert horovodrun_lib.run_horovodrun(["-np", "2"], finished) == 0
   assert "[1]<stderr>:run_pretraining: SIGTERM received" in capsys.readouterr().err
 
 
@@ -1047,20 +1048,20 @@ def _stopped_job(lines, rank, status):
         "not-saved"])
 def test_a_job_stopped_at_a_signal_ends_stopped_only_when_rank_0_saved_and_none_failed(
     capsys, lines, rank, status, exit_status, last_line):
-  assert launch_plan.run_horovodrun(["-np", "2"], _stopped_job(lines, rank, status)) == (
+  assert horovodrun_lib.run_horovodrun(["-np", "2"], _stopped_job(lines, rank, status)) == (
       exit_status)
   assert capsys.readouterr().err.endswith(last_line + "\n")
 
 
 def test_a_stopped_demo_job_names_the_folder_its_resume_needs(capsys):
   # The demo's folder is the launch's: the same command would make another.
-  assert launch_plan.run_horovodrun(["-np", "2", "python3"],
+  assert horovodrun_lib.run_horovodrun(["-np", "2", "python3"],
                                     _stopped_job([_STOPS, _SAVED], 1, 143)) == 143
   assert capsys.readouterr().err.endswith(
       "rank 1 exited with status 143 after the job's SIGTERM; run the same command again "
       "with --output_dir=results/demo-20261206-1 to resume from its last checkpoint\n")
   # A command that names its folder resumes as it is.
-  assert launch_plan.run_horovodrun(
+  assert horovodrun_lib.run_horovodrun(
       ["-np", "2", "python3", "--output_dir=results/demo-20261206-1"],
       _stopped_job([_STOPS, _SAVED], 1, 143)) == 143
   assert capsys.readouterr().err.endswith(
@@ -1070,7 +1071,7 @@ def test_a_stopped_demo_job_names_the_folder_its_resume_needs(capsys):
 
 def test_a_job_stopped_by_ctrl_c_to_the_launcher_names_it_and_exits_130(capsys):
   """The launcher passes its SIGINT on to the ranks as SIGTERM (StopRanksFirst)."""
-  assert launch_plan.run_horovodrun(["-np", "2"], _stopped_job([_SAVED], 1, 143),
+  assert horovodrun_lib.run_horovodrun(["-np", "2"], _stopped_job([_SAVED], 1, 143),
                                     lambda: signal.SIGINT) == 130
   assert capsys.readouterr().err.endswith(
       "rank 1 exited with status 143 after the job's SIGINT (passed on to the ranks as "
@@ -1082,7 +1083,7 @@ def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):
     assert sys.argv == ["horovodrun", "-np", "2"]  # horovodrun's parser reads it
     raise RuntimeError("ssh: connect to host h2 port 22: Connection refused\nmore")
   argv = list(sys.argv)
-  assert launch_plan.run_horovodrun(["-np", "2"], fails) == 1
+  assert horovodrun_lib.run_horovodrun(["-np", "2"], fails) == 1
   assert sys.argv == argv
   assert capsys.readouterr().err == (
       "horovodrun: error: ssh: connect to host h2 port 22: Connection refused\n")
@@ -1091,7 +1092,7 @@ def test_a_horovodrun_failure_without_a_rank_is_one_line(capsys):
 def test_arguments_horovodrun_refuses_are_one_line_and_exit_2(capsys):
   def refuses():  # as horovodrun does for a --network-interface this host lacks
     raise ValueError("No interface is found for address 127.0.0.1.")
-  assert launch_plan.run_horovodrun(["-np", "2"], refuses) == 2
+  assert horovodrun_lib.run_horovodrun(["-np", "2"], refuses) == 2
   assert capsys.readouterr().err == (
       "horovodrun: error: No interface is found for address 127.0.0.1; check "
       "HOROVOD_RUN_ARGS (its --network-interface: ip -brief address lists this host's)\n")

@@ -220,7 +220,7 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, run_st
   if job.ranks.is_chief and stopped_by:
     # A launcher ends the job within seconds of a signal or of a rank's exit (horovodrun
     # --gloo after 5): the checkpoint and logs are written, the picture can wait. The
-    # script's launcher reads this line as rank 0's saved stop (launch.RankErrors).
+    # script's launcher reads this line as rank 0's saved stop (horovodrun.RankErrors).
     print("report: not drawn after %s; python3 -m bert_pretrain.training.report %s draws it"
           % (errors.signal_name(stopped_by), shlex.quote(cfg.run.output_dir)), flush=True)
   elif job.ranks.is_chief:
