@@ -677,19 +677,22 @@ def test_a_horovodrun_flag_given_to_the_script_is_one_line_before_any_rank_start
       "mean --num_train_steps?"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stop_during_the_check_before_the_ranks_ends_it_without_a_traceback(
-    pretraining_data, tmp_path, signum):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm", "kill-9"])
+def test_a_stop_during_the_check_before_the_ranks_ends_it_in_the_launchers_one_line(
+    pretraining_data, tmp_path, stop):
   """The check runs in a session of its own (a Ctrl-C in TensorFlow's import would print a
-  traceback): the launcher says the Ctrl-C in one line and ends it; a SIGTERM to the
-  group (a scheduler's, `timeout`'s) ends the launcher, and with it the check (here one
-  that would take minutes, as on many record files of a slow disk)."""
+  traceback): the launcher says a Ctrl-C or a SIGTERM to the group (a scheduler's,
+  `timeout`'s) in one line and ends the check; a killed launcher takes the check with it,
+  which says nothing (here checks that would take minutes, as on many record files of a
+  slow disk, and would speak at a SIGTERM)."""
   import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
   python = sys.executable
-  if signum == signal.SIGTERM:
+  if stop != "ctrl-c":
     python = str(tmp_path / "slow_python")
     with open(python, "w") as f:
-      f.write("#!%s\nimport time\ntime.sleep(600)\n" % sys.executable)
+      f.write("#!%s\nimport signal, sys, time\n"
+              "def said(*_):\n  sys.stderr.write('check: SIGTERM\\n')\n  sys.exit(143)\n"
+              "signal.signal(signal.SIGTERM, said)\ntime.sleep(600)\n" % sys.executable)
     os.chmod(python, 0o755)
   command = [sys.executable, "-m", "bert_pretrain.distributed.launch", "run", "horovodrun",
              "-np", "2", "-H", "localhost:2", "--gloo", python, "-m",
@@ -708,7 +711,11 @@ def test_a_stop_during_the_check_before_the_ranks_ends_it_without_a_traceback(
       except psutil.Error:  # a child that ended as it was listed
         pass
       time.sleep(0.05)
-    os.killpg(proc.pid, signum)
+    if stop == "kill-9":
+      time.sleep(1)  # the check's handler is in place
+      proc.kill()
+    else:
+      os.killpg(proc.pid, signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     checks[0].wait(timeout=60)  # psutil.TimeoutExpired if the check outlives the launcher
   finally:
@@ -717,13 +724,14 @@ def test_a_stop_during_the_check_before_the_ranks_ends_it_without_a_traceback(
     for check in checks:
       if check.is_running():
         check.kill()
-  assert "Traceback" not in err, err[-3000:]
-  if signum == signal.SIGINT:
-    assert proc.returncode == 130, out[-2000:] + err[-3000:]
-    assert err.strip().splitlines()[-1] == (
-        "run_multi_card_FPS: interrupted; run the same command again"), err[-3000:]
+  assert "Traceback" not in err and "check: SIGTERM" not in err, err[-3000:]
+  if stop == "kill-9":
+    assert proc.returncode == -signal.SIGKILL, out[-2000:] + err[-3000:]
   else:
-    assert proc.returncode == -signal.SIGTERM, out[-2000:] + err[-3000:]
+    assert (proc.returncode, err.strip().splitlines()[-1]) == (
+        (130, "run_multi_card_FPS: interrupted; run the same command again") if stop == "ctrl-c"
+        else (143, "run_multi_card_FPS: terminated (SIGTERM); run the same command again")), (
+            out[-2000:] + err[-3000:])
   assert not (tmp_path / "out").exists()
 
 

@@ -658,11 +658,11 @@ def check_inputs_here(words):
             [sys.executable, "-m"])
   # A session of its own: a Ctrl-C in its first seconds (TensorFlow's import) would print
   # a traceback; this process says it (main) and ends the check, which writes nothing.
-  # Any other end of this process ends it too.
+  # Any other end of this process ends it too, without a word of its own (SIGKILL).
   return processes.run(python + words[start:] + ["--check_only"], env=env,
                        stdout=subprocess.DEVNULL, start_new_session=True,
-                       preexec_fn=functools.partial(processes.end_with_parent,
-                                                    os.getpid())).returncode
+                       preexec_fn=functools.partial(processes.end_with_parent, os.getpid(),
+                                                    signal.SIGKILL)).returncode
 
 
 def _unknown_flag_text(name, args, absl_message):
@@ -780,8 +780,9 @@ def run(words, dry_run=False):
   horovodrun starts any rank (a bad path is one line, not one per rank); with dry_run
   (DRY_RUN=1) that is all."""
   processes.arm_stacks()  # a launch that seems stuck: its stacks and its forks' (mpi_built)
-  if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # a script's `&`: _stops_taken
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+  # Until horovodrun takes them: Ctrl-C and SIGTERM are main's one line (a script's `&`
+  # starts this with SIGINT ignored, and a kill -INT to it is meant: _stops_taken).
+  errors.take_stop_signals()
   try:
     values = check_training_flags(words)
   except LaunchError as e:
