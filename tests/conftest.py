@@ -478,6 +478,31 @@ def passing_ranks_path(tmp_path, path=None, print_args=False):
   return "%s:%s" % (bin_dir, path or os.environ["PATH"])
 
 
+def horovod_env(**extra):
+  """The environment of a launcher, horovodrun or mpirun: the repository first, TensorFlow
+  quiet, Open MPI allowed as root; keyword arguments add or replace variables."""
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+  env.update(extra)
+  return env
+
+
+def launcher_env(**values):
+  """horovod_env without the session's card variables but those given."""
+  env = horovod_env(**values)
+  for name in ("IX_NUM_CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+    if name not in values:
+      env.pop(name, None)
+  return env
+
+
+def run_multi_card_script(folder, *flags, **values):
+  """bash run_multi_card_FPS.sh FLAGS in `folder`, with launcher_env(**values)."""
+  return subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + list(flags),
+                        cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        universal_newlines=True, env=launcher_env(**values), timeout=300)
+
+
 def rank_command(*flags):
   """The command of one process of a job (a Horovod rank under horovodrun or mpirun, a
   multi_worker_mirrored worker): python3 -m bert_pretrain.run_pretraining FLAGS, forked

@@ -21,8 +21,8 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.data import records
 from bert_pretrain.training import report
-from conftest import (PREDICTIONS, ROOT, SEQ_LENGTH, TINY_CONFIG, base_flags, rank_command,
-                      rank_pid, run_pretraining)
+from conftest import (PREDICTIONS, SEQ_LENGTH, TINY_CONFIG, base_flags, horovod_env,
+                      rank_command, rank_pid, run_pretraining)
 
 # The damaged record: far enough into part-1 that a few updates (and checkpoints) come
 # before the pipeline reaches it.
@@ -235,8 +235,7 @@ def _start_two_ranks(data, tmp_path, transport):
   flags = base_flags(data, tmp_path / "out", num_train_steps=10 ** 6, display_loss_steps=5,
                      nodo_eval=None, stall_timeout_s=STALL_TIMEOUT_S,
                      save_checkpoints_steps=10 ** 6)
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+  env = horovod_env(PYTHONUNBUFFERED="1")
   proc = subprocess.Popen(["horovodrun", "-np", "2", "-H", "localhost:2", transport] +
                           rank_command("--horovod", *flags), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True, env=env)

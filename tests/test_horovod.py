@@ -17,22 +17,15 @@ import pytest
 from bert_pretrain.distributed import horovodrun as horovodrun_lib
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.training import logs
-from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, kill_tree,
-                      ordered_flags, passing_ranks_path, rank_command, rank_pid,
-                      run_pretraining, stuck_process_state)
-
-
-def _env(**extra):
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
-             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-  env.update(extra)
-  return env
+from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags, horovod_env,
+                      kill_tree, launcher_env, ordered_flags, rank_command, rank_pid,
+                      run_multi_card_script, run_pretraining, stuck_process_state)
 
 
 def launch(launcher, flags, timeout=240, **env):
   """Runs the training module under `launcher` (a list: horovodrun ... or mpirun ...)."""
   return subprocess.run(launcher + rank_command("--horovod", *flags), stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, universal_newlines=True, env=_env(**env),
+                        stderr=subprocess.STDOUT, universal_newlines=True, env=horovod_env(**env),
                         timeout=timeout)
 
 
@@ -140,7 +133,7 @@ def test_a_killed_rank_ends_the_job_quickly(pretraining_data, tmp_path):
   flags = base_flags(pretraining_data, tmp_path / "out", num_train_steps=10 ** 6,
                      display_loss_steps=5, nodo_eval=None)
   proc = subprocess.Popen(GLOO + rank_command("--horovod", *flags), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True, env=_env())
+                          stderr=subprocess.STDOUT, universal_newlines=True, env=horovod_env())
   try:
     deadline = time.time() + 120
     for line in proc.stdout:
@@ -157,79 +150,6 @@ def test_a_killed_rank_ends_the_job_quickly(pretraining_data, tmp_path):
       proc.kill()
 
 
-def _launcher_env(**values):
-  env = _env(**values)
-  for name in ("IX_NUM_CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
-    if name not in values:
-      env.pop(name, None)
-  return env
-
-
-@pytest.mark.parametrize("values,ranks,message", [
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "4"}, "4", ""),
-    ({"CUDA_VISIBLE_DEVICES": "0,1,2"}, "3", ""),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "0,1"}, "2", ""),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-8f6e2a1c-0d3b-4c5e-9a7f-112233445566,MIG-GPU-ab12/1/0"},
-     "2", ""),
-    ({}, "2", "2 CPU ranks"),
-    ({"CUDA_VISIBLE_DEVICES": ""}, "2", "CUDA_VISIBLE_DEVICES is empty, which hides every "
-     "card: 2 CPU ranks per host"),
-    ({"listed": "nvidia-smi"}, "3", "one rank per card that nvidia-smi -L lists on this host"),
-    ({"listed": "ixsmi"}, "3", "one rank per card that ixsmi -L lists on this host"),
-    ({"listed": "nvidia-smi", "CUDA_VISIBLE_DEVICES": ""}, "2", "CUDA_VISIBLE_DEVICES is "
-     "empty"),
-])
-def test_rank_count_from_the_environment(values, ranks, message, tmp_path):
-  """listed: a fake nvidia-smi or Iluvatar's ixsmi on PATH listing 3 GPUs."""
-  values = dict(values)
-  path = "/usr/bin:/bin"
-  lister = values.pop("listed", None)
-  if lister:
-    smi = tmp_path / lister
-    smi.write_text("#!/bin/sh\nfor i in 0 1 2; do echo \"GPU $i: BI-V100 (UUID: GPU-$i)\"; "
-                   "done\n")
-    smi.chmod(0o755)
-    path = "%s:%s" % (tmp_path, path)
-  result = subprocess.run(["bash", "-c", 'here=.; source scripts/common.sh; count_ranks'],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=_launcher_env(PATH=path, **values))
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip() == ranks
-  # Cards named explicitly: the count is what was asked for, with no note.
-  assert (message in result.stderr) if message else result.stderr == ""
-
-
-def _run_script(tmp_path, *flags, **values):
-  return subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + list(flags),
-                        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, env=_launcher_env(**values), timeout=300)
-
-
-@pytest.mark.parametrize("values,message", [
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "CUDA_VISIBLE_DEVICES": "0,1"},
-     "IX_NUM_CUDA_VISIBLE_DEVICES=8 but CUDA_VISIBLE_DEVICES=0,1 lists 2 cards"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "eight"},
-     "IX_NUM_CUDA_VISIBLE_DEVICES=eight is not a positive number"),
-    ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES=-1: -1 hides the cards from there "
-     "on; export only the cards to use, or unset it for CPU ranks "
-     "(IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)"),
-    ({"CUDA_VISIBLE_DEVICES": "0,1,-1"}, "CUDA_VISIBLE_DEVICES=0,1,-1: -1 hides the cards from "
-     "there on"),
-    ({"CUDA_VISIBLE_DEVICES": ","}, "CUDA_VISIBLE_DEVICES=, lists no card"),
-    ({"CUDA_VISIBLE_DEVICES": "0,abc"}, "CUDA_VISIBLE_DEVICES=0,abc: 'abc' is not a card (its "
-     "index or its GPU-/MIG- UUID); export the cards to use, e.g. CUDA_VISIBLE_DEVICES=0,1"),
-    ({"CUDA_VISIBLE_DEVICES": "0,1,0"}, "CUDA_VISIBLE_DEVICES=0,1,0 lists card 0 twice; each "
-     "rank needs a card of its own"),
-    ({"CUDA_VISIBLE_DEVICES": "1,0,1,0"}, "CUDA_VISIBLE_DEVICES=1,0,1,0 lists card 0 twice; "
-     "each rank"),
-])
-def test_launcher_rejects_inconsistent_card_counts(values, message, tmp_path):
-  result = _run_script(tmp_path, **values)
-  assert result.returncode == 2
-  assert "run_multi_card_FPS: error: " + message in result.stderr
-  assert not (tmp_path / "results").exists()
-
-
 def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
   """With the installed horovodrun (the other tests answer its build check from the session's)."""
   result = subprocess.run(
@@ -238,7 +158,7 @@ def test_multi_card_script_runs_the_demo_on_two_ranks(tmp_path):
        "--demo_cache_dir=%s" % (tmp_path / "cache")],
       cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       universal_newlines=True, timeout=400,
-      env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", PATH=INSTALLED_PATH))
+      env=launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", PATH=INSTALLED_PATH))
   assert result.returncode == 0, result.stdout[-3000:]
   out = result.stdout
   assert "Launching 2 ranks on 1 host (2 per host): horovodrun -np 2 -H localhost:2 --gloo" in out
@@ -299,8 +219,8 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
       ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags, cwd=str(tmp_path),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
       start_new_session=True,  # a process group of its own to signal
-      env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", HOROVOD_RUN_ARGS=run_args,
-                        PATH=INSTALLED_PATH))
+      env=launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2", HOROVOD_RUN_ARGS=run_args,
+                       PATH=INSTALLED_PATH))
   ranks = lambda: subprocess.run(["pgrep", "-f", "^[^ ]*python[0-9.]* -m bert_pretrain"
                                   ".run_pretraining .*" + str(out)],
                                  stdout=subprocess.PIPE).stdout.split()
@@ -385,7 +305,7 @@ def _signal_job(tmp_path, save_s, stop, grace_s=launch_plan.STOP_GRACE_S, horovo
       [sys.executable, "-c", launcher] + horovodrun + [
           sys.executable, str(tmp_path / "rank.py"), str(tmp_path), str(save_s)],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-      cwd=str(tmp_path), env=_env(), start_new_session=True)
+      cwd=str(tmp_path), env=horovod_env(), start_new_session=True)
   try:
     deadline = time.time() + 120
     while not all((tmp_path / ("ready-%d" % rank)).exists() for rank in (0, 1)):
@@ -492,7 +412,7 @@ def test_kill_int_while_the_launcher_checks_ends_it_in_one_line(pretraining_data
              "bert_pretrain.run_pretraining", "--horovod"] + base_flags(pretraining_data,
                                                                         tmp_path / "out")
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=_env(), start_new_session=True,
+                          universal_newlines=True, env=horovod_env(), start_new_session=True,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
   try:
     time.sleep(delay_s)
@@ -559,7 +479,7 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
   result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags,
                           cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=300,
-                          env=_launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"))
+                          env=launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"))
   assert result.returncode == 2, result.stdout[-3000:]
   error = "run_pretraining: error: corrupt TFRecord file %s" % (evaluation / name)
   # Both ranks find it; the job ends with the first to exit.
@@ -610,9 +530,10 @@ def test_the_training_flags_are_checked_once_before_the_ranks_start(words, messa
 def test_the_scripts_own_distribution_for_several_hosts_passes_the_check(tmp_path):
   # multi_worker_mirrored on two hosts: horovodrun starts one process a host, with
   # TF_CONFIG, and the script passes --distribution itself.
-  result = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                       IX_NUM_CUDA_VISIBLE_DEVICES="8", DISTRIBUTION="multi_worker_mirrored",
-                       HOROVOD_RUN_ARGS="--gloo -H host1:8,host2:8")
+  result = run_multi_card_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
+                                 IX_NUM_CUDA_VISIBLE_DEVICES="8",
+                                 DISTRIBUTION="multi_worker_mirrored",
+                                 HOROVOD_RUN_ARGS="--gloo -H host1:8,host2:8")
   assert result.returncode == 0, result.stderr
   assert "horovodrun -np 2 -H host1:1,host2:1" in result.stdout
   assert "--distribution=multi_worker_mirrored" in result.stdout
@@ -661,16 +582,16 @@ def test_the_launchers_check_neither_knows_flags_a_rank_lacks_nor_sets_this_proc
 
 
 def test_a_horovodrun_flag_given_to_the_script_is_one_line_before_any_rank_starts(tmp_path):
-  result = _run_script(tmp_path, "--mpi", "--num_train_steps=2",
-                       IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  result = run_multi_card_script(tmp_path, "--mpi", "--num_train_steps=2",
+                                 IX_NUM_CUDA_VISIBLE_DEVICES="2")
   assert result.returncode == 2, result.stdout + result.stderr
   assert result.stderr.strip().splitlines() == [
       "run_multi_card_FPS: error: --mpi is horovodrun's, not run_pretraining's: pass it in "
       "HOROVOD_RUN_ARGS, e.g. HOROVOD_RUN_ARGS=--mpi"]
   assert os.listdir(str(tmp_path)) == []
   # A dry run checks the flags as the run would.
-  dry = _run_script(tmp_path, "--num_train_step=2", DRY_RUN="1",
-                    IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  dry = run_multi_card_script(tmp_path, "--num_train_step=2", DRY_RUN="1",
+                              IX_NUM_CUDA_VISIBLE_DEVICES="2")
   assert dry.returncode == 2, dry.stdout + dry.stderr
   assert dry.stderr.strip().splitlines() == [
       "run_multi_card_FPS: error: run_pretraining has no flag --num_train_step; did you "
@@ -699,7 +620,7 @@ def test_a_stop_during_the_check_before_the_ranks_ends_it_in_the_launchers_one_l
              "bert_pretrain.run_pretraining", "--horovod"] + base_flags(pretraining_data,
                                                                         tmp_path / "out")
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=_env(), start_new_session=True)
+                          universal_newlines=True, env=horovod_env(), start_new_session=True)
   try:
     deadline = time.time() + 120
     checks = []
@@ -745,211 +666,6 @@ def test_the_rank_errors_stream_keeps_each_ranks_last_error_line():
   errors.write("[1]<stderr>:run_pretraining: error: second\n")
   assert errors.errors == {1: "run_pretraining: error: second"}
   assert stream.getvalue().count("\n") == 4  # Everything passed on.
-
-
-@pytest.mark.parametrize("run_args,ranks,hosts,args", [
-    (["--gloo"], 8, ["localhost"], ["-np", "8", "-H", "localhost:8", "--gloo"]),
-    (["--mpi"], 8, ["localhost"], ["-np", "8", "-H", "localhost:8", "--mpi"]),
-    (["--gloo", "-H", "h1:8,h2:8"], 16, ["h1", "h2"], ["-np", "16", "-H", "h1:8,h2:8", "--gloo"]),
-    (["--gloo", "-H", "h1,h2,h3"], 24, ["h1", "h2", "h3"],
-     ["-np", "24", "-H", "h1:8,h2:8,h3:8", "--gloo"]),
-    (["--hosts=h1,10.0.0.2:8", "--mpi", "--network-interface", "eth0"], 16, ["h1", "10.0.0.2"],
-     ["-np", "16", "-H", "h1:8,10.0.0.2:8", "--mpi", "--network-interface", "eth0"]),
-    (["-np", "16", "-H", "h1:8,h2:8"], 16, ["h1", "h2"], ["-np", "16", "-H", "h1:8,h2:8"]),
-], ids=["one-host", "mpi", "slots", "no-slots", "hosts=", "np-agrees"])
-def test_the_plan_gives_horovodrun_the_total_and_every_host(run_args, ranks, hosts, args):
-  job = launch_plan.plan(run_args, per_host=8)
-  assert (job.ranks, job.hosts, job.per_host, job.args) == (ranks, hosts, 8, args)
-  assert launch_plan.summary(job) == "Launching %d ranks on %d host%s (8 per host)" % (
-      ranks, len(hosts), "s" if len(hosts) > 1 else "")
-
-
-@pytest.mark.parametrize("form", ["--hostfile", "--hostfile=", "-hostfile", "--hostf"])
-def test_a_hostfile_becomes_the_host_list(form, tmp_path):
-  hostfile = tmp_path / "hosts"
-  hostfile.write_text("# the cluster\nnode1 slots=4\n\nnode2   # no slots: the count per host\n")
-  run_args = [form + str(hostfile)] if form.endswith("=") else [form, str(hostfile)]
-  job = launch_plan.plan(["--mpi"] + run_args, per_host=4)
-  assert job.args == ["-np", "8", "-H", "node1:4,node2:4", "--mpi"]
-  assert job.hosts == ["node1", "node2"]
-
-
-@pytest.mark.parametrize("run_args,hostfile,message", [
-    (["-H", "h1:8,h2:4"], None, "host h2 has 4 slots in -H h1:8,h2:4 but the count per host "
-     "is 8 (IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of CUDA_VISIBLE_DEVICES); export "
-     "IX_NUM_CUDA_VISIBLE_DEVICES=4 or give h2:8"),
-    (["--hostfile", "{hosts}"], "h1 slots=2\n", "host h1 has 2 slots in the hostfile"),
-    (["--hostfile", "{hosts}"], "h1 slots=2\n", "export IX_NUM_CUDA_VISIBLE_DEVICES=2 or give "
-     "h1 slots=8"),
-    (["--hostfile", "{hosts}"], "# nothing\n\n", "lists no host"),
-    (["--hostfile", "{hosts}"], "h1 cpus=8\n", "bad line 'h1 cpus=8'"),
-    (["--hostfile", "{missing}"], None, "cannot read the hostfile"),
-    (["-H", "h1:8,,h2"], None, "bad host ''"),
-    (["-H", "h1:0"], None, "bad host 'h1:0'"),
-    (["-H", "h1:x"], None, "bad host 'h1:x'"),
-    (["-H", "h1,h1"], None, "host h1 is listed twice"),
-    (["-H", "h1", "--hostfile", "{hosts}"], "h2\n", "gives the hosts or -np twice"),
-    (["-np", "8", "-H", "h1,h2"], None, "-np 8 in HOROVOD_RUN_ARGS but 2 hosts x 8 per host = 16"),
-    (["-H"], None, "-H in HOROVOD_RUN_ARGS has no value"),
-    (["--num-pro", "4"], None, "-np 4 in HOROVOD_RUN_ARGS but 1 host x 8 per host = 8"),
-    (["--num-proc=16", "-H", "h1"], None, "-np 16 in HOROVOD_RUN_ARGS but 1 host x 8"),
-])
-def test_the_plan_rejects_contradictions(run_args, hostfile, message, tmp_path):
-  if hostfile is not None:
-    (tmp_path / "hosts").write_text(hostfile)
-  run_args = [a.format(hosts=tmp_path / "hosts", missing=tmp_path / "missing") for a in run_args]
-  with pytest.raises(launch_plan.LaunchError, match=re.escape(message)):
-    launch_plan.plan(["--gloo"] + run_args, per_host=8)
-
-
-@pytest.mark.parametrize("per_host,gpus,cores,message", [
-    (8, 8, 2, None),
-    (2, 0, 2, None),
-    (9, 8, 64, "9 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but ixsmi lists 8 on "
-     "this host; export IX_NUM_CUDA_VISIBLE_DEVICES=8 or fewer"),
-    (3, 0, 2, "3 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores where "
-     "neither nvidia-smi nor ixsmi lists a GPU: each would get less than a core; export "
-     "IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, or name the host to oversubscribe anyway: "
-     "HOROVOD_RUN_ARGS=\"--gloo -H localhost:3\""),
-])
-def test_a_job_on_this_host_alone_asks_for_no_more_cards_than_it_has(per_host, gpus, cores,
-                                                                    message):
-  cards = launch_plan.Cards(gpus, "ixsmi" if gpus else None)
-  if message is None:
-    launch_plan.check_this_host(per_host, cards, cores)
-  else:
-    with pytest.raises(launch_plan.LaunchError) as error:
-      launch_plan.check_this_host(per_host, cards, cores)
-    assert str(error.value) == message
-
-
-def test_a_card_list_on_a_host_without_gpus_asks_for_no_more_cpu_ranks_than_cores():
-  """The count from CUDA_VISIBLE_DEVICES's entries (--device=cpu would run them on the CPU)
-  meets the limit IX_NUM_CUDA_VISIBLE_DEVICES's does; the error names the list."""
-  none = launch_plan.Cards(0, None)
-  launch_plan.check_this_host(2, none, 2, visible="0,1")
-  with pytest.raises(launch_plan.LaunchError) as error:
-    launch_plan.check_this_host(3, none, 2, visible="0,1,2")
-  assert str(error.value) == (
-      "3 CPU ranks asked for (CUDA_VISIBLE_DEVICES=0,1,2) on a host of 2 cores where neither "
-      "nvidia-smi nor ixsmi lists a GPU: each would get less than a core; unset "
-      "CUDA_VISIBLE_DEVICES and export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, or name the "
-      "host to oversubscribe anyway: "
-      "HOROVOD_RUN_ARGS=\"--gloo -H localhost:3\"")
-  with pytest.raises(launch_plan.LaunchError) as error:
-    launch_plan.check_this_host(3, launch_plan.Cards(2, "nvidia-smi"), 64,
-                                visible="GPU-a,GPU-b,GPU-c")
-  assert str(error.value) == (
-      "3 cards asked for (CUDA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c) but nvidia-smi lists 2 on "
-      "this host; export a CUDA_VISIBLE_DEVICES of 2 cards or fewer")
-
-
-@pytest.mark.parametrize("gpus,message", [
-    (4, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores: "
-     "CUDA_VISIBLE_DEVICES is empty, which hides the 4 cards ixsmi lists; unset "
-     "CUDA_VISIBLE_DEVICES to train on them, or export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer"),
-    (0, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores where "
-     "neither nvidia-smi nor ixsmi lists a GPU: each would get less than a core; export "
-     "IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer, or name the host to oversubscribe anyway: "
-     "HOROVOD_RUN_ARGS=\"--gloo -H localhost:4\""),
-])
-def test_cards_an_empty_cuda_visible_devices_hides_are_named_when_too_many_cpu_ranks_are_asked_for(
-    gpus, message):
-  cards = launch_plan.Cards(gpus, "ixsmi" if gpus else None)
-  launch_plan.check_this_host(2, cards, 2, hidden=True)
-  launch_plan.check_this_host(4, cards, 4, hidden=True)  # as many as cores; more than cards
-  with pytest.raises(launch_plan.LaunchError) as error:
-    launch_plan.check_this_host(4, cards, 2, hidden=True)
-  assert str(error.value) == message
-
-
-def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path):
-  bin_dir = tmp_path / "gpu_bin"
-  bin_dir.mkdir()
-  smi = bin_dir / "nvidia-smi"
-  smi.write_text("#!/bin/sh\necho 'GPU 0: A100 (UUID: GPU-0)'\necho 'GPU 1: A100 (UUID: GPU-1)'\n")
-  smi.chmod(0o755)
-  # The ranks' check of their inputs (DRY_RUN=1) passes: /data is not here.
-  installed = passing_ranks_path(tmp_path, INSTALLED_PATH)
-  cores = os.cpu_count()
-  too_many = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                         IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=installed)
-  assert too_many.returncode == 2 and too_many.stdout == ""
-  assert too_many.stderr.strip() == (
-      "run_multi_card_FPS: error: %d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a "
-      "host of %d cores where neither nvidia-smi nor ixsmi lists a GPU: each would get less "
-      "than a core; export IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer, or name the host to "
-      "oversubscribe anyway: "
-      "HOROVOD_RUN_ARGS=\"--gloo -H localhost:%d\"" % (cores + 1, cores, cores, cores + 1))
-  listed = ",".join(str(card) for card in range(cores + 1))
-  too_many_listed = _run_script(tmp_path, "--input_files_dir=/data", "--device=cpu",
-                                DRY_RUN="1", CUDA_VISIBLE_DEVICES=listed, PATH=installed)
-  assert too_many_listed.returncode == 2 and too_many_listed.stdout == ""
-  assert too_many_listed.stderr.strip().startswith(
-      "run_multi_card_FPS: error: %d CPU ranks asked for (CUDA_VISIBLE_DEVICES=%s) on a host "
-      "of %d cores where neither nvidia-smi nor ixsmi lists a GPU" % (cores + 1, listed, cores))
-  named = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                      IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1), PATH=installed,
-                      HOROVOD_RUN_ARGS="--gloo -H localhost:%d" % (cores + 1))
-  assert named.returncode == 0, named.stderr
-  assert named.stdout.startswith("Launching %d ranks on 1 host" % (cores + 1))
-  gpu_path = "%s:%s" % (bin_dir, installed)
-  three = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                      IX_NUM_CUDA_VISIBLE_DEVICES="3", PATH=gpu_path)
-  assert three.returncode == 2
-  assert three.stderr.strip() == (
-      "run_multi_card_FPS: error: 3 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but "
-      "nvidia-smi lists 2 on this host; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer")
-  hidden = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path,
-                       CUDA_VISIBLE_DEVICES="", IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1))
-  assert hidden.returncode == 2
-  assert ("CUDA_VISIBLE_DEVICES is empty, which hides the 2 cards nvidia-smi lists; unset "
-          "CUDA_VISIBLE_DEVICES to train on them" in hidden.stderr.strip().splitlines()[-1])
-  two = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path)
-  assert two.returncode == 0, two.stderr
-  assert two.stdout.startswith("Launching 2 ranks on 1 host (2 per host)")
-  # A card list names cards this host has (CUDA would hide those after a missing one, and
-  # ranks would share the rest); the script's default of 2 CPU ranks stands on any host.
-  for values in (dict(CUDA_VISIBLE_DEVICES="1,0", PATH=gpu_path), dict(PATH=installed),
-                 dict(CUDA_VISIBLE_DEVICES="GPU-1,GPU-0", PATH=gpu_path)):
-    listed = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", **values)
-    assert listed.returncode == 0, listed.stderr
-  for visible, card in (("0,1,2", 2), ("0,5", 5)):
-    missing = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path,
-                          CUDA_VISIBLE_DEVICES=visible)
-    assert missing.returncode == 2 and missing.stdout == ""
-    assert missing.stderr.strip() == (
-        "run_multi_card_FPS: error: CUDA_VISIBLE_DEVICES=%s names card %d but nvidia-smi "
-        "lists 2 on this host (from 0); CUDA would hide every card from it on and ranks "
-        "would share the rest; export cards it has, e.g. CUDA_VISIBLE_DEVICES=0,1"
-        % (visible, card))
-  assert sorted(os.listdir(str(tmp_path))) == ["gpu_bin", "python_bin"]
-
-
-def test_a_gpu_split_into_mig_slices_counts_its_slices(tmp_path, monkeypatch):
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir()
-  smi = bin_dir / "nvidia-smi"
-  smi.write_text("#!/bin/sh\necho 'GPU 0: A100 (UUID: GPU-0)'\n"
-                 "echo '  MIG 3g.20gb     Device  0: (UUID: MIG-a)'\n"
-                 "echo '  MIG 3g.20gb     Device  1: (UUID: MIG-b)'\n"
-                 "echo 'GPU 1: A100 (UUID: GPU-1)'\n")
-  smi.chmod(0o755)
-  monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
-  assert launch_plan.listed_cards() == (3, "nvidia-smi")
-
-
-def test_hosts_given_without_a_controller_keep_gloo_and_mpi_options_keep_mpi(tmp_path):
-  result = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                       IX_NUM_CUDA_VISIBLE_DEVICES="8", HOROVOD_RUN_ARGS="-H h1,h2")
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.startswith("Launching 16 ranks on 2 hosts (8 per host): horovodrun "
-                                  "-np 16 -H h1:8,h2:8 --gloo python3 -m ")
-  result = _run_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                       IX_NUM_CUDA_VISIBLE_DEVICES="8",
-                       HOROVOD_RUN_ARGS="-H h1,h2 --mpi-args=--bind-to=none")
-  assert result.returncode == 0, result.stderr
-  assert "-H h1:8,h2:8 --mpi-args=--bind-to=none python3 -m " in result.stdout
 
 
 def test_a_job_its_ranks_stopped_at_sigterm_ends_with_143_though_horovodrun_returned(capsys):
@@ -1106,28 +822,6 @@ def test_arguments_horovodrun_refuses_are_one_line_and_exit_2(capsys):
       "HOROVOD_RUN_ARGS (its --network-interface: ip -brief address lists this host's)\n")
 
 
-def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
-  (tmp_path / "hosts").write_text("host1 slots=8\nhost2\n")
-  result = _run_script(tmp_path, "--input_files_dir=/data/train", "--output_dir=/ckpt dir",
-                       DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="8",
-                       HOROVOD_RUN_ARGS="--gloo --hostfile hosts --network-interface eth0")
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.splitlines() == [
-      "Launching 16 ranks on 2 hosts (8 per host): horovodrun -np 16 -H host1:8,host2:8 --gloo "
-      "--network-interface eth0 python3 -m bert_pretrain.run_pretraining --preset=multi_card "
-      "--input_files_dir=/data/train --output_dir=/ckpt\\ dir",
-      "DRY_RUN=1: the flags check out (each host checks its files as the job starts); nothing "
-      "was started"]
-  assert sorted(os.listdir(str(tmp_path))) == ["hosts"]
-  # The settings that need no file are the same on every host: checked here.
-  zero = _run_script(tmp_path, "--input_files_dir=/data/train", "--train_batch_size=0",
-                     DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="8",
-                     HOROVOD_RUN_ARGS="--gloo --hostfile hosts")
-  assert zero.returncode == 2, zero.stdout + zero.stderr
-  assert zero.stderr.strip().splitlines() == [
-      "run_multi_card_FPS: error: --train_batch_size=0 must be at least 1"], zero.stderr
-
-
 def test_the_launchers_check_for_other_hosts_leaves_what_depends_on_the_host_to_them(
     monkeypatch):
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -1159,7 +853,7 @@ def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting
     pretraining_data, tmp_path):
   out = tmp_path / "out"
   flags = base_flags(pretraining_data, out)
-  good = _run_script(tmp_path, *flags, DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  good = run_multi_card_script(tmp_path, *flags, DRY_RUN="1", IX_NUM_CUDA_VISIBLE_DEVICES="2")
   assert good.returncode == 0, good.stderr
   assert good.stdout.startswith("Launching 2 ranks on 1 host") and not out.exists()
   assert good.stdout.splitlines()[-1] == (
@@ -1172,67 +866,21 @@ def test_a_launch_on_this_host_checks_the_inputs_as_a_rank_would_before_starting
       ("--output_dir=%s" % (tmp_path / "a_file" / "out"), "--output_dir=%s cannot be written"
        % (tmp_path / "a_file" / "out"))):
     (tmp_path / "a_file").write_text("")
-    bad = _run_script(tmp_path, *(flags + [wrong]), DRY_RUN="1",
-                      IX_NUM_CUDA_VISIBLE_DEVICES="2")
+    bad = run_multi_card_script(tmp_path, *(flags + [wrong]), DRY_RUN="1",
+                                IX_NUM_CUDA_VISIBLE_DEVICES="2")
     assert bad.returncode == 2, bad.stderr
     lines = bad.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("run_pretraining: error: " + message), lines
     assert not out.exists()
   # A real launch checks the same before horovodrun starts a rank: one line, not one a rank.
-  bad = _run_script(tmp_path, *(flags + ["--input_files_dir=%s" % (tmp_path / "nope")]),
-                    IX_NUM_CUDA_VISIBLE_DEVICES="2")
+  bad = run_multi_card_script(tmp_path, *(flags + ["--input_files_dir=%s" % (tmp_path / "nope")]),
+                              IX_NUM_CUDA_VISIBLE_DEVICES="2")
   assert bad.returncode == 2, bad.stderr
   assert bad.stderr.splitlines() == ["run_pretraining: error: --input_files_dir=%s does not "
                                      "exist; pass the folder that holds the TFRecord files"
                                      % (tmp_path / "nope")], bad.stderr
   assert bad.stdout.splitlines()[0].startswith("Launching 2 ranks on 1 host")
   assert len(bad.stdout.splitlines()) == 1 and not out.exists(), bad.stdout
-
-
-@pytest.mark.parametrize("values,message", [
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "HOROVOD_RUN_ARGS": "--gloo -H h1:4,h2:4"},
-     "run_multi_card_FPS: error: host h1 has 4 slots in -H h1:4,h2:4 but the count per host is 8"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "HOROVOD_RUN_ARGS": "--gloo --hostfile nowhere"},
-     "run_multi_card_FPS: error: cannot read the hostfile nowhere"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "8", "HOROVOD_RUN_ARGS": "--gloo -H 'h1"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS cannot be split into arguments"),
-    # horovodrun's own complaints, in one line rather than after its usage text.
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--glooo"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says unrecognized arguments: "
-     "--glooo; horovodrun --help lists its options"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo --mpi"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says argument --mpi: not "
-     "allowed with argument --gloo"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "DISTRIBUTION": "multi_worker_mirrored",
-      "HOROVOD_RUN_ARGS": "--gloo -H h1:2,h2:2 --start-timeout soon"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun says argument --start-timeout: "
-     "invalid int value: 'soon'"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo --config-file /no.yaml"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS: horovodrun cannot start with them: [Errno "
-     "2] No such file or directory: '/no.yaml'"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--network-interface"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS ends with --network-interface, which "
-     "takes a value; give it one or drop it"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "gloo"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has 'gloo', which is no option: "
-     "horovodrun would start it as the ranks' command; drop it (or --gloo?)"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo -H localhost:2 extra"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has 'extra', which is no option"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo -v"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has -v, which makes horovodrun print its "
-     "version and start no job; drop it (--verbose is its verbose option)"),
-    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo --check-build"},
-     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has --check-build, which makes horovodrun "
-     "print its build check and start no job; drop it"),
-])
-def test_the_launcher_stops_on_a_contradiction_before_starting_anything(values, message,
-                                                                       tmp_path):
-  result = _run_script(tmp_path, **values)  # no --input_files_dir: the demo would be made
-  assert result.returncode == 2
-  assert result.stdout == ""
-  errors = result.stderr.splitlines()
-  assert len(errors) == 1 and errors[0].startswith(message), result.stderr
-  assert os.listdir(str(tmp_path)) == []
 
 
 def test_ranks_that_disagree_on_the_schedule_are_all_refused_at_start(pretraining_data,
@@ -1255,7 +903,7 @@ def test_ranks_that_disagree_on_the_schedule_are_all_refused_at_start(pretrainin
              rank_command("--horovod", *flags(6)) +
              [":", "-np", "1"] + from_copy + flags(12))
   result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, env=_env(), timeout=240)
+                          universal_newlines=True, env=horovod_env(), timeout=240)
   assert result.returncode == 2, result.stdout[-3000:]
   errors = sorted(re.findall(r"^\[\d+,(\d)\]<stderr>:(run_pretraining: error: .*)$",
                              result.stdout, re.M))
