@@ -10,8 +10,9 @@ writes, for `transformers.BertForPreTraining.from_pretrained(output_dir)` and
   model.safetensors        the weights, float32, in transformers' names
   vocab.txt, tokenizer_config.json, special_tokens_map.json
 
-Any checkpoint with Google's variable names works: this recipe's or Google's own (the
-optimizer slots, global_step and loss scale are left out). The names map one to one
+Any checkpoint with Google's variable names works: this recipe's or Google's own, stored
+in float32 or another float type. What is no weight of the model is left out and counted
+(optimizer slots, global_step, a loss scale). The names map one to one
 (bert/encoder/layer_3/attention/self/query/kernel -> bert.encoder.layer.3.attention.
 self.query.weight); dense kernels are transposed, as torch.nn.Linear keeps [out, in]. The
 masked-LM output projection is the word embedding table in both (transformers ties them).
@@ -33,7 +34,6 @@ import shutil
 import struct
 import sys
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -41,6 +41,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.training import checkpoints
 from bert_pretrain import errors
 from bert_pretrain.data import tokenization
+from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
 
 FLAGS = flags.FLAGS
@@ -75,10 +76,6 @@ _RENAMES = [
     (r"cls/seq_relationship/output_weights", r"cls.seq_relationship.weight", False),
     (r"cls/seq_relationship/output_bias", r"cls.seq_relationship.bias", False),
 ]
-# A run's state beside the weights: the step, the optimizer's slots, the loss scale, the
-# accumulated gradients, the place in the data order and in the evaluation schedule.
-_SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^loss_scale/|^gradient_accumulation|^%s$|^%s$)"
-                      % (checkpoints.DATA_POSITION, checkpoints.UPDATE_SAMPLES))
 
 
 class ExportError(ValueError):
@@ -86,18 +83,11 @@ class ExportError(ValueError):
 
 
 def hf_name(name):
-  """(transformers' name, transpose) of a Google BERT variable, or None to leave it out.
-
-  Raises:
-    ExportError: a model variable this mapping does not know.
-  """
-  if _SKIPPED.search(name):
-    return None
+  """(transformers' name, transpose) of a weight of heads.pretraining_variable_shapes."""
   for pattern, replacement, transpose in _RENAMES:
     if re.fullmatch(pattern, name):
       return re.sub(pattern, lambda m: m.expand(replacement).replace("/", "."), name), transpose
-  raise ExportError("variable %s of the checkpoint has no transformers name; only BERT "
-                    "pretraining checkpoints with Google's names can be exported" % name)
+  raise ValueError("%s has no transformers name" % name)
 
 
 def hf_config(bert_config):
@@ -123,20 +113,7 @@ def hf_config(bert_config):
 
 def expected_names(bert_config):
   """The transformers names of every weight of BertForPreTraining with this config."""
-  names = ["bert.embeddings.%s_embeddings.weight" % kind
-           for kind in ("word", "position", "token_type")]
-  names += ["bert.embeddings.LayerNorm.%s" % p for p in ("weight", "bias")]
-  for layer in range(bert_config.num_hidden_layers):
-    for dense in ("attention.self.query", "attention.self.key", "attention.self.value",
-                  "attention.output.dense", "intermediate.dense", "output.dense",
-                  "attention.output.LayerNorm", "output.LayerNorm"):
-      names += ["bert.encoder.layer.%d.%s.%s" % (layer, dense, p) for p in ("weight", "bias")]
-  names += ["bert.pooler.dense.weight", "bert.pooler.dense.bias",
-            "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
-            "cls.predictions.transform.LayerNorm.weight",
-            "cls.predictions.transform.LayerNorm.bias", "cls.predictions.bias",
-            "cls.seq_relationship.weight", "cls.seq_relationship.bias"]
-  return names
+  return [hf_name(name)[0] for name in sorted(heads.pretraining_variable_shapes(bert_config))]
 
 
 def check_output_dir(output_dir, inputs):
@@ -165,24 +142,43 @@ def check_output_dir(output_dir, inputs):
     raise ExportError("--output_dir=%s is a file; pass a new folder" % output_dir)
 
 
-def checkpoint_tensors(prefix):
+def checkpoint_tensors(prefix, bert_config):
   """The model weights of a checkpoint in transformers' names and layout.
 
   Returns:
-    dict name -> float32 numpy array, in the checkpoint's name order.
+    (dict name -> float32 numpy array, in the checkpoint's name order; the sorted names
+    of the checkpoint's other variables, left out).
   """
   reader = tf.train.load_checkpoint(prefix)
-  tensors = {}
+  weights = heads.pretraining_variable_shapes(bert_config)
+  tensors, left_out = {}, []
   for name in sorted(reader.get_variable_to_shape_map()):
-    mapped = hf_name(name)
-    if mapped is None:
+    if name not in weights:
+      left_out.append(name)
       continue
+    mapped = hf_name(name)
     try:
       value = np.asarray(reader.get_tensor(name), dtype=np.float32)
     except (tf.errors.OpError, IndexError) as e:
       raise checkpoints.DamagedCheckpoint.or_error(prefix, e)
     tensors[mapped[0]] = np.ascontiguousarray(value.T if mapped[1] else value)
-  return tensors
+  return tensors, left_out
+
+
+def left_out_text(names, bert_config):
+  """What the export left out ("" for nothing): the slots of the weights (adam_m, Adam_1,
+  ...) counted apart from the rest, which is named: a weight among them would be seen."""
+  if not names:
+    return ""
+  weights = heads.pretraining_variable_shapes(bert_config)
+  others = [name for name in names if name.rsplit("/", 1)[0] not in weights]
+  parts = ["%d optimizer slots of its weights" % (len(names) - len(others))] \
+      if len(others) < len(names) else []
+  if others:
+    parts.append("%d other variable%s (%s%s)" % (
+        len(others), "s" if len(others) > 1 else "", ", ".join(others[:4]),
+        ", ..." if len(others) > 4 else ""))
+  return " and ".join(parts) + ", no weight of BertForPreTraining"
 
 
 def write_safetensors(tensors, path):
@@ -205,7 +201,11 @@ def write_safetensors(tensors, path):
 
 
 def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=True):
-  """Writes the transformers folder; returns the number of tensors written.
+  """Writes the transformers folder.
+
+  Returns:
+    (the number of tensors written, the checkpoint prefix read, what of it was left
+    out: left_out_text).
 
   Raises:
     ExportError / ValueError: a missing or mismatched input (one-line messages).
@@ -247,7 +247,7 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
   if mismatch:  # the tokenizer's config would say otherwise than the vocab
     print("export: warning: --do_lower_case=%s with %s: %s"
           % (str(do_lower_case).lower(), vocab_file, mismatch), file=sys.stderr)
-  tensors = checkpoint_tensors(prefix)
+  tensors, left_out = checkpoint_tensors(prefix, bert_config)
   missing = [name for name in expected_names(bert_config) if name not in tensors]
   if missing:
     raise ExportError("--checkpoint=%s lacks %s of the %d weights transformers' "
@@ -269,7 +269,7 @@ def export(checkpoint, bert_config_file, vocab_file, output_dir, do_lower_case=T
   except BaseException:
     shutil.rmtree(temporary, ignore_errors=True)
     raise
-  return len(tensors)
+  return len(tensors), prefix, left_out_text(left_out, bert_config)
 
 
 def write_folder(folder, tensors, bert_config, vocab_file, do_lower_case):
@@ -299,8 +299,8 @@ def main(argv):
       ("bert_config_file", "the model's bert_config.json"),
       ("vocab_file", "the model's vocab.txt"), ("output_dir", "a folder to write")))
   try:
-    count = export(FLAGS.checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file,
-                   FLAGS.output_dir, FLAGS.do_lower_case)
+    count, prefix, left_out = export(FLAGS.checkpoint, FLAGS.bert_config_file,
+                                     FLAGS.vocab_file, FLAGS.output_dir, FLAGS.do_lower_case)
   except ValueError as e:
     errors.print_error("export", e)
     return 2
@@ -309,8 +309,10 @@ def main(argv):
       raise
     errors.print_error("export", errors.os_error_message(e))
     return 2
-  print("export: %d tensors -> %s (transformers: BertForPreTraining.from_pretrained(%r))"
-        % (count, FLAGS.output_dir, FLAGS.output_dir))
+  if left_out:
+    print("export: left out %s" % left_out)
+  print("export: %d tensors from %s -> %s (transformers: BertForPreTraining.from_pretrained("
+        "%r))" % (count, prefix, FLAGS.output_dir, FLAGS.output_dir))
   return 0
 
 
@@ -320,4 +322,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("vocab_file", None, "vocab.txt of the model.")
   flags.DEFINE_string("output_dir", None, "Folder to write (made if missing).")
   flags.DEFINE_bool("do_lower_case", True, "Whether the tokenizer lower-cases (uncased).")
-  app.run(main)
+  errors.run_main("export", main)

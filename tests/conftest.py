@@ -478,6 +478,23 @@ def passing_ranks_path(tmp_path, path=None, print_args=False):
   return "%s:%s" % (bin_dir, path or os.environ["PATH"])
 
 
+def rewrite_checkpoint(prefix, out_prefix, change=lambda name, value: value, extra=None):
+  """Writes a copy of checkpoint `prefix` at `out_prefix`, each value as change(name,
+  value) makes it, with the variables of `extra` (name -> value) beside them: a
+  converted, stitched-together or foreign checkpoint. Returns out_prefix."""
+  reader = tf.train.load_checkpoint(prefix)
+  values = {name: change(name, reader.get_tensor(name))
+            for name in reader.get_variable_to_shape_map()}
+  values.update(extra or {})
+  with tf.Graph().as_default():
+    for name, value in values.items():
+      tf.Variable(value, name=name)
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      tf.train.Saver().save(sess, out_prefix, write_meta_graph=False)
+  return out_prefix
+
+
 def horovod_env(**extra):
   """The environment of a launcher, horovodrun or mpirun: the repository first, TensorFlow
   quiet, Open MPI allowed as root; keyword arguments add or replace variables."""

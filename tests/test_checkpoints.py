@@ -16,8 +16,8 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.training import checkpoints
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.model import modeling
-from conftest import (ROOT, TINY_CONFIG, base_flags, rank_command, run_pretraining,
-                      start_command)
+from conftest import (ROOT, TINY_CONFIG, base_flags, rank_command, rewrite_checkpoint,
+                      run_pretraining, start_command)
 
 
 def save_foreign_checkpoint(folder, config_dict, step=28252, seed=3):
@@ -94,6 +94,84 @@ def test_checkpoint_of_another_shape_is_a_clear_error(pretraining_data, tmp_path
                    r"intermediate_size=64; pass the config the checkpoint was trained with$",
                    error), error
   assert tf.train.latest_checkpoint(str(out)) is None
+
+
+def test_an_incomplete_checkpoint_is_refused_naming_the_newest_complete_one(pretraining_data,
+                                                                           tmp_path):
+  """A save or a copy that did not finish: the .data file missing or cut short, found
+  from the sizes before anything is built; a folder's newest is not passed over
+  silently."""
+  folder = tmp_path / "ckpts"
+  folder.mkdir()
+  for step in (1, 2, 3):
+    save_foreign_checkpoint(folder, TINY_CONFIG, step=step)
+  newest, good = str(folder / "model.ckpt-3"), str(folder / "model.ckpt-2")
+  assert checkpoints.missing_data(newest) == ""
+  data = newest + ".data-00000-of-00001"
+  size = os.path.getsize(data)
+  os.truncate(data, size - 4)
+  assert checkpoints.missing_data(newest) == (
+      "its .data file holds %d of the %d bytes its tensors take" % (size - 4, size))
+  with pytest.raises(ValueError) as error:
+    checkpoints.resolve_checkpoint(str(folder))
+  assert str(error.value) == (
+      "--init_checkpoint=%s: its newest checkpoint model.ckpt-3 is incomplete (its .data "
+      "file holds %d of the %d bytes its tensors take): a save or copy not finished; pass "
+      "--init_checkpoint=%s, the newest complete one there" % (folder, size - 4, size, good))
+  os.remove(data)
+  with pytest.raises(ValueError, match=r"^--checkpoint=%s: the checkpoint is incomplete "
+                     r"\(model.ckpt-3.data-00000-of-00001 is missing\): a save or copy not "
+                     r"finished; pass --checkpoint=%s, the newest" % (newest, good)):
+    checkpoints.resolve_checkpoint(newest, "--checkpoint")
+  assert checkpoints.resolve_checkpoint(good) == good
+  # The run refuses it in one line before it writes anything.
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(pretraining_data, out, init_checkpoint=str(folder)))
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip().splitlines() == [
+      "run_pretraining: error: --init_checkpoint=%s: its newest checkpoint model.ckpt-3 is "
+      "incomplete (model.ckpt-3.data-00000-of-00001 is missing): a save or copy not "
+      "finished; pass --init_checkpoint=%s, the newest complete one there" % (folder, good)]
+  assert not out.exists()
+
+
+def test_a_checkpoint_with_one_weight_of_another_shape_is_refused_before_the_run_writes(
+    pretraining_data, tmp_path):
+  """A stitched-together checkpoint whose pooler alone does not fit the config: the
+  sizes the config names all agree, the pooler's kernel does not."""
+  prefix, _ = save_foreign_checkpoint(tmp_path, TINY_CONFIG)
+  h = TINY_CONFIG["hidden_size"]
+  stitched = rewrite_checkpoint(
+      prefix, str(tmp_path / "stitched" / "model.ckpt"), lambda name, value: (
+          np.zeros([h, h // 2], np.float32) if name == "bert/pooler/dense/kernel" else value))
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(pretraining_data, out, init_checkpoint=stitched))
+  assert result.returncode == 2, result.stderr
+  assert re.fullmatch(
+      r"run_pretraining: error: --init_checkpoint=\S+ holds bert/pooler/dense/kernel of "
+      r"shape \[%d, %d\] but --bert_config_file=\S+ makes it \[%d, %d\]; pass the config "
+      r"the checkpoint was trained with" % (h, h // 2, h, h), result.stderr.strip()), (
+          result.stderr)
+  assert not out.exists()  # no MLPerf log of a run that never started
+
+
+def test_weights_stored_in_float16_are_loaded_cast_to_float32(pretraining_data, tmp_path):
+  prefix, values = save_foreign_checkpoint(tmp_path, TINY_CONFIG)
+  half = rewrite_checkpoint(
+      prefix, str(tmp_path / "half" / "model.ckpt"), lambda name, value: (
+          value.astype(np.float16) if value.dtype == np.float32 else value))
+  out = tmp_path / "out"
+  result = run_pretraining(*base_flags(pretraining_data, out, init_checkpoint=half,
+                                       num_train_steps=1, nodo_eval=None,
+                                       learning_rate=1e-12))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Loaded %d of %d model variables from %s (%d stored in float16, cast)" % (
+      len(values), len(values), half, len(values)) in result.stdout, result.stdout[-3000:]
+  # A step at a learning rate of 1e-12 leaves the float16 values as they were.
+  trained = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(out)))
+  for name in ("bert/embeddings/word_embeddings", "cls/predictions/output_bias"):
+    np.testing.assert_allclose(trained.get_tensor(name),
+                               values[name].astype(np.float16).astype(np.float32), atol=1e-6)
 
 
 def test_resume_continues_the_step_count(pretraining_data, tmp_path):
@@ -338,8 +416,9 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_on
       (flipped / name).write_bytes(bytes(content))
   with pytest.raises(checkpoints.DamagedCheckpoint):
     checkpoints.non_finite_variable(str(flipped / "model.ckpt-4"))
+  size = os.path.getsize(data)
   with open(data, "r+b") as f:
-    f.truncate(os.path.getsize(data) // 2)
+    f.truncate(size // 2)
   error = _refused_with_one_line_keeping_the_folder(pretraining_data, out, 6)
   move = "cd %s && mkdir -p damaged && mv model.ckpt-4.* damaged/" % shlex.quote(str(out))
   assert error == (
@@ -348,13 +427,15 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_last_good_on
       "is model.ckpt-2: to resume from it move the newer ones away (%s) and run the same "
       "command again, or start a new --output_dir with --init_checkpoint=%s/model.ckpt-2 "
       "(weights only)" % (out, move, out))
-  # As --init_checkpoint of a new run: one line, no traceback.
+  # As --init_checkpoint of a new run: one line, no traceback, before the run starts.
   init = run_pretraining(*base_flags(pretraining_data, tmp_path / "new", num_train_steps=1,
                                      nodo_eval=None, init_checkpoint=str(out / "model.ckpt-4")))
   assert init.returncode == 2 and "Traceback" not in init.stderr, init.stderr[-3000:]
-  assert init.stderr.strip().splitlines()[-1] == (
-      "run_pretraining: error: checkpoint %s/model.ckpt-4 is damaged (Read less bytes than "
-      "requested): cut short or corrupted on disk; pass a complete checkpoint" % out)
+  assert init.stderr.strip().splitlines() == [
+      "run_pretraining: error: --init_checkpoint=%s/model.ckpt-4: the checkpoint is incomplete "
+      "(its .data file holds %d of the %d bytes its tensors take): a save or copy not "
+      "finished; pass --init_checkpoint=%s/model.ckpt-2, the newest complete one there"
+      % (out, size // 2, size, out)]
   _resumes_after(move, pretraining_data, out, 2, 4)
 
 

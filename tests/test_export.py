@@ -14,7 +14,8 @@ from bert_pretrain import demo
 from bert_pretrain import export
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
-from conftest import TINY_CONFIG, TWO_LAYER_CONFIG, base_flags, run_command, run_pretraining
+from conftest import (TINY_CONFIG, TWO_LAYER_CONFIG, base_flags, rewrite_checkpoint, run_command,
+                      run_pretraining)
 
 SEQ = 16
 
@@ -225,12 +226,50 @@ def test_a_checkpoint_a_pretraining_run_wrote_is_exported_without_its_run_state(
                                 reader.get_tensor("bert/embeddings/word_embeddings"))
 
 
-def test_a_variable_without_a_transformers_name_is_refused():
-  assert export.hf_name("bert/encoder/layer_0/attention/self/key/kernel") == (
-      "bert.encoder.layer.0.attention.self.key.weight", True)
-  assert export.hf_name("bert/encoder/layer_0/output/adam_v") is None
-  with pytest.raises(export.ExportError, match="variable bert/foo/bar of the checkpoint has no transformers name"):
-    export.hf_name("bert/foo/bar")
+def test_what_is_no_weight_is_left_out_and_named_and_float16_weights_export_as_float32(
+    trained_like, tmp_path):
+  """tf.train.AdamOptimizer's slots and powers, a loss scale, a variable of nobody's,
+  beside the weights stored in float16 (a converted checkpoint): the slots are counted,
+  the rest named, the weights exported as float32 from the checkpoint the line names."""
+  extra = {"beta1_power": np.float32(0.9), "current_loss_scale": np.float32(2.0 ** 15),
+           "bert/foo/bar": np.ones([3], np.float32)}
+  weights = heads.pretraining_variable_shapes(trained_like["config"])
+  extra.update({"%s/%s" % (name, slot): np.zeros(shape, np.float32)
+                for name, shape in weights.items() for slot in ("Adam", "Adam_1")})
+  prefix = rewrite_checkpoint(
+      trained_like["prefix"], str(tmp_path / "half" / "model.ckpt-9"),
+      lambda name, value: value.astype(np.float16) if value.dtype == np.float32 else value,
+      extra)
+  result = _run_export(tmp_path / "half", trained_like["root"] / "bert_config.json",
+                       trained_like["root"] / "vocab.txt", tmp_path / "hf")
+  assert result.returncode == 0, result.stderr[-3000:]
+  # trained_like's own Adam slots (adam_m) are counted with tf.train.AdamOptimizer's.
+  assert result.stdout.splitlines() == [
+      "export: left out %d optimizer slots of its weights and 4 other variables (bert/foo/bar, "
+      "beta1_power, current_loss_scale, global_step), no weight of BertForPreTraining"
+      % (3 * len(weights)),
+      "export: %d tensors from %s -> %s (transformers: BertForPreTraining.from_pretrained(%r))"
+      % (len(weights), prefix, tmp_path / "hf", str(tmp_path / "hf"))], result.stdout
+  tensors = _read_safetensors(str(tmp_path / "hf" / "model.safetensors"))
+  reader = tf.train.load_checkpoint(trained_like["prefix"])
+  np.testing.assert_array_equal(
+      tensors["bert.pooler.dense.weight"],
+      reader.get_tensor("bert/pooler/dense/kernel").astype(np.float16).astype(np.float32).T)
+
+
+def test_a_weight_of_another_shape_than_the_config_makes_writes_nothing(trained_like,
+                                                                        tmp_path):
+  stitched = rewrite_checkpoint(
+      trained_like["prefix"], str(tmp_path / "stitched" / "model.ckpt-7"),
+      lambda name, value: value[:, :16] if name == "bert/pooler/dense/kernel" else value)
+  result = _run_export(stitched, trained_like["root"] / "bert_config.json",
+                       trained_like["root"] / "vocab.txt", tmp_path / "hf")
+  assert result.returncode == 2
+  assert result.stderr.strip() == (
+      "export: error: --checkpoint=%s holds bert/pooler/dense/kernel of shape [32, 16] but "
+      "--bert_config_file=%s makes it [32, 32]; pass the config the checkpoint was trained "
+      "with" % (stitched, trained_like["root"] / "bert_config.json"))
+  assert not (tmp_path / "hf").exists()
 
 
 def _contents(folder):
@@ -342,7 +381,7 @@ def test_a_classifier_checkpoint_is_not_exported_with_random_heads(trained_like,
   assert result.returncode == 2
   assert result.stderr.strip() == (
       "export: error: --checkpoint=%s lacks 7 of the 46 weights transformers' "
-      "BertForPreTraining needs (cls.predictions.transform.dense.weight, "
-      "cls.predictions.transform.dense.bias, cls.predictions.transform.LayerNorm.weight, ...), "
-      "which it would fill at random; export a pretraining checkpoint" % prefix)
+      "BertForPreTraining needs (cls.predictions.bias, "
+      "cls.predictions.transform.LayerNorm.bias, cls.predictions.transform.LayerNorm.weight, "
+      "...), which it would fill at random; export a pretraining checkpoint" % prefix)
   assert not (tmp_path / "out").exists()

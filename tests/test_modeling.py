@@ -80,6 +80,8 @@ def test_variables_have_google_bert_names_and_shapes():
     pretraining.build_model(CONFIG, features(2, 16, 3), True, tf.float32)
     got = {v.op.name: v.shape.as_list() for v in tf.global_variables()}
   assert got == google_bert_variables(CONFIG)
+  # The table a checkpoint is checked against before the graph is built.
+  assert heads.pretraining_variable_shapes(CONFIG) == got
 
 
 def test_training_and_evaluation_models_share_variables(tmp_path):

@@ -106,6 +106,40 @@ def get_next_sentence_output(bert_config, input_tensor, labels, weights=None):
     return (loss, per_example_loss, log_probs)
 
 
+def pretraining_variable_shapes(bert_config):
+  """The shape of every weight of BERT with its pretraining heads (what
+  pretraining.build_model makes), by Google's name: what a checkpoint is checked against
+  before any graph is built (building BERT-Large's takes seconds).
+
+  Returns:
+    dict name -> list of ints, e.g. "bert/encoder/layer_0/intermediate/dense/kernel" ->
+    [hidden_size, intermediate_size].
+  """
+  h, i, v = bert_config.hidden_size, bert_config.intermediate_size, bert_config.vocab_size
+  dense = lambda name, rows, columns: {name + "/kernel": [rows, columns], name + "/bias": [columns]}
+  norm = lambda name: {name + "/LayerNorm/gamma": [h], name + "/LayerNorm/beta": [h]}
+  shapes = {"bert/embeddings/word_embeddings": [v, h],
+            "bert/embeddings/position_embeddings": [bert_config.max_position_embeddings, h],
+            "bert/embeddings/token_type_embeddings": [bert_config.type_vocab_size, h]}
+  shapes.update(norm("bert/embeddings"))
+  for layer in range(bert_config.num_hidden_layers):
+    scope = "bert/encoder/layer_%d/" % layer
+    for projection in ("query", "key", "value"):
+      shapes.update(dense(scope + "attention/self/" + projection, h, h))
+    shapes.update(dense(scope + "attention/output/dense", h, h))
+    shapes.update(norm(scope + "attention/output"))
+    shapes.update(dense(scope + "intermediate/dense", h, i))
+    shapes.update(dense(scope + "output/dense", i, h))
+    shapes.update(norm(scope + "output"))
+  shapes.update(dense("bert/pooler/dense", h, h))
+  shapes.update(dense("cls/predictions/transform/dense", h, h))
+  shapes.update(norm("cls/predictions/transform"))
+  shapes["cls/predictions/output_bias"] = [v]
+  shapes["cls/seq_relationship/output_weights"] = [2, h]
+  shapes["cls/seq_relationship/output_bias"] = [2]
+  return shapes
+
+
 def gather_indexes(sequence_tensor, positions):
   """Gathers the vectors at the given positions of each sequence of the batch.
 

@@ -29,6 +29,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
 from bert_pretrain.errors import is_disk_full
+from bert_pretrain.model import heads
 
 _CHECKPOINT_FILE_SUFFIX = re.compile(r"\.(index|meta|data-\d{5}-of-\d{5})$")
 # A checkpoint without the run marker is someone else's unless it holds DATA_POSITION.
@@ -531,24 +532,68 @@ def resolve_checkpoint(path, flag_name="--init_checkpoint"):
   if no name carries a step.
 
   Raises:
-    ValueError: nothing there is a checkpoint; the message says what to pass.
+    ValueError: nothing there is a checkpoint, or the one named is incomplete
+      (missing_data); the message says what to pass.
   """
   check_no_pattern(path, flag_name)
-  if tf.gfile.IsDirectory(path):
-    def order(index_path):
-      step = re.search(r"-(\d+)\.index$", index_path)
-      return (int(step.group(1)) if step else -1, tf.gfile.Stat(index_path).mtime_nsec)
-    indexes = sorted(index_files(path), key=order)
+  folder = path if tf.gfile.IsDirectory(path) else None
+  if folder:
+    indexes = _by_step(index_files(folder))
     if not indexes:
       raise ValueError("%s=%s is a folder without a checkpoint; pass the checkpoint prefix, "
                        "e.g. %s=/path/model.ckpt-28252" % (flag_name, path, flag_name))
-    return indexes[-1][:-len(".index")]
-  prefix = _CHECKPOINT_FILE_SUFFIX.sub("", path)
-  if not tf.gfile.Exists(prefix + ".index"):
-    raise ValueError("%s=%s: no checkpoint there (%s.index does not exist); pass the prefix "
-                     "of an existing checkpoint, e.g. %s=/path/model.ckpt-28252"
-                     % (flag_name, path, prefix, flag_name))
+    prefix = indexes[-1][:-len(".index")]
+  else:
+    prefix = _CHECKPOINT_FILE_SUFFIX.sub("", path)
+    if not tf.gfile.Exists(prefix + ".index"):
+      raise ValueError("%s=%s: no checkpoint there (%s.index does not exist); pass the "
+                       "prefix of an existing checkpoint, e.g. %s=/path/model.ckpt-28252"
+                       % (flag_name, path, prefix, flag_name))
+  why = missing_data(prefix)
+  if why:
+    # The newest complete one beside it: an earlier save of the same run, most often.
+    others = [p[:-len(".index")] for p in _by_step(index_files(os.path.dirname(prefix) or "."))]
+    complete = [p for p in others if p != prefix and not missing_data(p)]
+    raise ValueError("%s=%s: %s is incomplete (%s): a save or copy not finished; %s"
+                     % (flag_name, path, "its newest checkpoint %s" % os.path.basename(prefix)
+                        if folder else "the checkpoint", why,
+                        "pass %s=%s, the newest complete one there" % (flag_name, complete[-1])
+                        if complete else "pass a complete checkpoint"))
   return prefix
+
+
+def _by_step(index_paths):
+  """Checkpoint indexes oldest first: by the step in their names (name-N.index), then by
+  time (a name without a step)."""
+  def order(index_path):
+    step = re.search(r"-(\d+)\.index$", index_path)
+    return (int(step.group(1)) if step else -1, tf.gfile.Stat(index_path).mtime_nsec)
+  return sorted(index_paths, key=order)
+
+
+def missing_data(prefix):
+  """Why the .data files of checkpoint `prefix` cannot hold the tensors its .index lists
+  ("" when they can): a shard is missing, or they are shorter than the tensors (TensorFlow
+  writes them one after another, raw). A copy cut short or a save stopped after its
+  .index; found from the sizes, without reading the tensors."""
+  shards = sorted(p for p in checkpoint_files(prefix) if ".data-" in p)
+  count = int(shards[0][-5:]) if shards else 1
+  if len(shards) < count or not shards:
+    wanted = ["%s.data-%05d-of-%05d" % (prefix, i, count) for i in range(count)]
+    return "%s is missing" % os.path.basename(sorted(set(wanted) - set(shards))[0])
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    dtypes = reader.get_variable_to_dtype_map()
+    need = sum(int(np.prod(shape)) * dtypes[name].size
+               for name, shape in reader.get_variable_to_shape_map().items()
+               if dtypes[name] not in (tf.string, tf.resource, tf.variant))
+  except tf.errors.OpError as e:
+    raise DamagedCheckpoint.or_error(prefix, e)
+  have = sum(tf.gfile.Stat(p).length for p in shards)
+  if have < need:
+    return "its .data %s %d of the %d bytes its tensors take" % (
+        "file holds" if count == 1 else "files hold", have, need)
+  return ""
 
 
 # The config keys a checkpoint's shapes tell: key -> (variable, dimension).
@@ -596,6 +641,14 @@ def check_config(prefix, bert_config, config_flag="--bert_config_file",
                      % (checkpoint_flag, prefix,
                         ", ".join("%s=%s" % (k, found[k]) for k in wrong), config_flag,
                         ", ".join("%s=%s" % (k, getattr(bert_config, k)) for k in wrong)))
+  # Every other weight too (the pooler's, the heads'): a checkpoint stitched together.
+  expected = heads.pretraining_variable_shapes(bert_config)
+  for name in sorted(set(shapes) & set(expected)):
+    if list(shapes[name]) != expected[name]:
+      raise ValueError("%s=%s holds %s of shape %s but %s makes it %s; pass the config the "
+                       "checkpoint was trained with" % (checkpoint_flag, prefix, name,
+                                                       list(shapes[name]), config_flag,
+                                                       expected[name]))
 
 
 def variable_name(variable):
@@ -622,8 +675,7 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
       (DamagedCheckpoint).
   """
   checkpoint_shapes = dict(tf.train.list_variables(prefix))
-  found = {}
-  missing = []
+  found, missing = {}, []
   for var in model_variables:
     name = variable_name(var)
     if name not in checkpoint_shapes:
@@ -638,16 +690,37 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
     raise ValueError("checkpoint %s holds none of the model's variables (e.g. %s); it is not "
                      "a BERT checkpoint with Google BERT variable names"
                      % (prefix, variable_name(model_variables[0])))
+  # Weights stored in another float type (a float16 copy of a model) are read and cast;
+  # a Saver restores a variable only from its own type.
+  dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
+  cast = [name for name, var in found.items()
+          if dtypes[name] != var.dtype.base_dtype and dtypes[name].is_floating]
   # A list, not the dict: a Saver restores every replica's copy of a mirrored variable
   # from a list only (TensorFlow 1.15 fails on the dict, 2.15 sets the first copy).
   try:
-    tf.train.Saver(var_list=list(found.values())).restore(sess, prefix)
+    same = [var for name, var in found.items() if name not in cast]
+    if same:
+      tf.train.Saver(var_list=same).restore(sess, prefix)
+    _restore_cast(sess, prefix, [found[name] for name in cast])
   except (tf.errors.OpError, IndexError) as e:
     raise DamagedCheckpoint.or_error(prefix, e)
-  log("Loaded %d of %d model variables from %s" % (len(found), len(model_variables), prefix))
+  log("Loaded %d of %d model variables from %s%s" % (
+      len(found), len(model_variables), prefix, "" if not cast else " (%d stored in %s, cast)"
+      % (len(cast), "/".join(sorted({dtypes[name].name for name in cast})))))
   if missing:
     log("Model variables not in the checkpoint (initialized fresh): %s" % ", ".join(missing))
   return missing
+
+
+def _restore_cast(sess, prefix, variables):
+  """Sets each variable (a mirrored one's every copy) to its checkpoint tensor, cast to
+  the variable's type."""
+  reader = tf.train.load_checkpoint(prefix)
+  for var in variables:
+    value = reader.get_tensor(variable_name(var))
+    for copy in getattr(var, "values", None) or [var]:
+      feed = tf.placeholder(copy.dtype.base_dtype, copy.shape)
+      sess.run(copy.assign(feed), {feed: value.astype(copy.dtype.base_dtype.as_numpy_dtype)})
 
 
 def check_resumable(prefix, variables,
