@@ -52,7 +52,6 @@ import subprocess
 import sys
 import time
 
-from absl import app
 from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -990,4 +989,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run_main("benchmark", main)

@@ -37,7 +37,6 @@ import tempfile
 import time
 from xml.sax import saxutils
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -550,4 +549,4 @@ if __name__ == "__main__":
   flags.DEFINE_integer("dupe_factor", 10, "Passes over the data.")
   flags.DEFINE_float("baseline_mb", 1.0,
                      "MB of training text given to the baseline and ours side by side.")
-  app.run(main)
+  errors.run_main(TOOL, main)

@@ -33,7 +33,6 @@ import statistics
 import sys
 import time
 
-from absl import app
 from absl import flags
 
 try:
@@ -234,4 +233,4 @@ if __name__ == "__main__":
   FLAGS.set_default("configs", ["mini"])
   FLAGS.set_default("precisions", ["fp32"])
   FLAGS.set_default("rounds", 2)
-  app.run(lambda argv: sys.exit(main(argv)))
+  errors.run_main("bench.packing", main)

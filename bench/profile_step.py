@@ -27,7 +27,6 @@ import os
 import re
 import time
 
-from absl import app
 from absl import flags
 
 try:
@@ -203,4 +202,4 @@ def profile():
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run_main("profile_step", main)

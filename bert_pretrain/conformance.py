@@ -64,7 +64,6 @@ import math
 import os
 import sys
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -605,4 +604,4 @@ def main(argv):
 
 if __name__ == "__main__":
   run_pretraining.enable_cpu_xla(sys.argv)
-  app.run(lambda argv: sys.exit(main(argv)))
+  errors.run_main("conformance", main)

@@ -47,7 +47,6 @@ import random
 import sys
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
@@ -884,4 +883,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run_main("create_pretraining_data", main)

@@ -42,7 +42,6 @@ import subprocess
 import sys
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 import tensorflow.compat.v1 as tf
@@ -478,6 +477,9 @@ def set_up_run(flag_values, log=say):
   training records packed with --enable_packed_data_mode) and a new output_dir, one
   for all the processes of a launch.
 
+  Returns:
+    the folder it made for the run, None if it was given one (remove_unused).
+
   Raises:
     ValueError: several processes not started by the multi-card script, and no
       --output_dir (each would make a folder of its own).
@@ -505,6 +507,16 @@ def set_up_run(flag_values, log=say):
   for name, value in paths.items():
     if not flag_values[name].present:
       setattr(flag_values, name, value)
+  return None if flag_values["output_dir"].present else paths["output_dir"]
+
+
+def remove_unused(folder):
+  """Removes `folder` (set_up_run's) if it is still empty: the run refused its flags."""
+  try:
+    if folder:
+      os.rmdir(folder)
+  except OSError:  # something was written there, or another rank removed it
+    pass
 
 
 def new_output_dir(root="results"):
@@ -572,4 +584,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  errors.run_main("demo", main)

@@ -10,6 +10,7 @@ process runs without it.
 import contextlib
 import errno
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -161,6 +162,8 @@ def run_main(tool, main):
   def parse(argv):
     try:
       return flags.FLAGS(argv)
+    except flags.UnrecognizedFlagError as e:
+      usage_error(tool, unknown_flag_text(None, e.flagname, argv[1:], str(e)))
     except flags.Error as e:
       usage_error(tool, "%s; --helpfull lists the flags"
                   % str(e).splitlines()[0].rstrip("."))
@@ -176,6 +179,21 @@ def run_main(tool, main):
       return 128 + signal.SIGPIPE
 
   app.run(main_until_the_reader_stops, flags_parser=parse)
+
+
+def unknown_flag_text(tool, name, args, absl_message):
+  """`TOOL has no flag --NAME; did you mean --A or --B?` for absl's UnrecognizedFlagError
+  (its message holds the guesses), the flag spelled as in `args`; `no flag ...` when
+  tool is None (the line names it already)."""
+  spelled = next((word.split("=", 1)[0] for word in args
+                  if word.startswith("-") and word.split("=", 1)[0].lstrip("-") == name),
+                 "--" + name)
+  guesses = re.search(r"Did you mean: (.+?) ?\?", absl_message)
+  subject = "%s has" % tool if tool else "there is"
+  if not guesses:
+    return "%s no flag %s; --helpfull lists its flags" % (subject, spelled)
+  return "%s no flag %s; did you mean %s?" % (
+      subject, spelled, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
 
 
 def unexpected_arguments(tool, arguments):

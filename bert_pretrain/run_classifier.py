@@ -27,7 +27,6 @@ import os
 import sys
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -579,4 +578,4 @@ def write_lines(path, lines):
 
 
 if __name__ == "__main__":
-  app.run(lambda argv: sys.exit(main(argv)))
+  errors.run_main("run_classifier", main)

@@ -15,7 +15,6 @@ into one line that says what to do.
 import os
 import sys
 
-from absl import app
 from absl import flags
 import tensorflow.compat.v1 as tf
 
@@ -47,6 +46,7 @@ def main(argv):
   tf.disable_v2_behavior()
   stop = signals.StopRequest()
   stop.install()
+  demo_folder = None
   try:
     config.apply_presets()
     # --use_fp16 and --manual_fp16 (the anchors' names) are aliases of --amp; --amp_dtype
@@ -60,7 +60,7 @@ def main(argv):
         if FLAGS["output_dir"].present:
           inputs_lib.check_output_folder(FLAGS.output_dir, True, "none")
         return 0
-      demo.set_up_run(FLAGS)
+      demo_folder = demo.set_up_run(FLAGS)
     cfg = config.settings_from_flags()
     inputs = inputs_lib.check_inputs(cfg)
     if FLAGS.check_only:
@@ -68,11 +68,13 @@ def main(argv):
       resume_lib.check_launch(cfg, inputs, int(processes) if processes else None)
       return 0
   except (ValueError, workdir.PrepareError) as e:
+    demo.remove_unused(demo_folder)
     errors.print_error("run_pretraining", e)
     return 2
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
+    demo.remove_unused(demo_folder)
     errors.print_error("run_pretraining", errors.os_error_message(e))
     return 2
   ranks = None
@@ -240,12 +242,12 @@ def _error_line(message):
 def enable_cpu_xla(argv):
   """Lets --use_xla auto-cluster on a CPU too: TensorFlow applies global_jit_level to
   GPUs only unless TF_XLA_FLAGS holds --tf_xla_cpu_global_jit. TensorFlow reads it once,
-  and within absl's app.run too early for main to set it, so this runs before app.run
+  and within absl's app.run too early for main to set it, so this runs before it
   on the command line `argv` (where a GPU build might find a GPU, it is left alone)."""
   try:
     FLAGS(argv)
   except flags.Error:
-    return  # app.run reports it.
+    return  # errors.run_main reports it.
   if not FLAGS.use_xla or (FLAGS.device != "cpu" and tf.test.is_built_with_cuda()):
     return
   flags_now = os.environ.get("TF_XLA_FLAGS", "")
@@ -255,4 +257,4 @@ def enable_cpu_xla(argv):
 
 if __name__ == "__main__":
   enable_cpu_xla(sys.argv)
-  app.run(lambda argv: sys.exit(main(argv)))
+  errors.run_main("run_pretraining", main)

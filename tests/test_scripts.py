@@ -247,6 +247,20 @@ def test_a_demo_run_with_a_bad_setting_ends_with_its_line_before_the_demo_is_bui
   assert sorted(os.listdir(str(tmp_path))) == []
 
 
+def test_a_demo_refused_once_its_data_is_read_leaves_no_empty_run_folder(demo_cache, tmp_path):
+  """The records' length is known only from the cache: the folder made for the run goes
+  again with the refusal."""
+  result = subprocess.run(["bash", os.path.join(ROOT, "run_1card_FPS.sh"),
+                           "--max_seq_length=256", "--demo_cache_dir=%s" % demo_cache],
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=300)
+  assert result.returncode == 2, result.stdout + result.stderr
+  assert result.stderr.strip().splitlines()[-1].endswith(
+      "holds records of max_seq_length 128 and max_predictions_per_seq 20, but the run uses "
+      "256 and 20; pass --max_seq_length=128 --max_predictions_per_seq=20"), result.stderr
+  assert os.listdir(str(tmp_path / "results")) == []
+
+
 def test_the_processes_of_one_launch_share_the_demos_folder_and_others_must_name_one(
     demo_cache, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)

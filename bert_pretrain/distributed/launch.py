@@ -692,14 +692,7 @@ def _unknown_flag_text(name, args, absl_message):
            if module.startswith(("absl.", "tensorflow.")) for flag in module_flags}
   if name in known or (name.startswith("no") and name[2:] in known):
     return ""
-  spelled = next((word.split("=", 1)[0] for word in args
-                  if word.startswith("-") and word.split("=", 1)[0].lstrip("-") == name),
-                 "--" + name)
-  guesses = re.search(r"Did you mean: (.+?) ?\?", absl_message)
-  if not guesses:
-    return "run_pretraining has no flag %s; --helpfull lists its flags" % spelled
-  return "run_pretraining has no flag %s; did you mean %s?" % (
-      spelled, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
+  return errors.unknown_flag_text("run_pretraining", name, args, absl_message)
 
 
 # horovodrun's options that print something and start no job.

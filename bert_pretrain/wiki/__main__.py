@@ -45,7 +45,6 @@ import os
 import shlex
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -143,4 +142,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run_main("prepare_wiki", main)
