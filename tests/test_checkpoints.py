@@ -547,6 +547,32 @@ def test_a_full_disk_is_named_keeps_earlier_checkpoints_and_resumes(pretraining_
   assert not [n for n in os.listdir(str(out)) if "tempstate" in n]
 
 
+def test_a_saved_checkpoint_whose_index_went_is_refused_and_nothing_is_deleted(
+    pretraining_data, tmp_path):
+  """Its .data without its .index looks like a save cut short, which a run removes; but
+  the `checkpoint` file lists it, written after the .index: the weights of the only
+  checkpoint must not go, nor the run start over."""
+  out = tmp_path / "out"
+  flags = base_flags(pretraining_data, out, num_train_steps=3, nodo_eval=None)
+  assert run_pretraining(*flags).returncode == 0
+  (out / "model.ckpt-3.index").rename(tmp_path / "model.ckpt-3.index")
+  before = sorted(os.listdir(str(out)))
+  again = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=5,
+                                      nodo_eval=None))
+  assert again.returncode == 2, again.stdout[-2000:]
+  assert again.stderr.strip().splitlines() == [
+      "run_pretraining: error: --output_dir=%s: model.ckpt-3.index is missing, but the "
+      "`checkpoint` file there lists it as saved (a save cut short never is): put the .index "
+      "back, or to resume from an earlier checkpoint move model.ckpt-3.* away; nothing was "
+      "deleted" % out]
+  assert sorted(os.listdir(str(out))) == before
+  (tmp_path / "model.ckpt-3.index").rename(out / "model.ckpt-3.index")
+  resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=5,
+                                        nodo_eval=None))
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "Resuming from %s/model.ckpt-3 at step 3" % out in resumed.stdout
+
+
 def test_horovod_ranks_share_their_jobs_lock(pretraining_data, tmp_path):
   """Rank 0 takes the lock for the job: a 2-rank job runs (rank 1 does not ask for the
   lock rank 0 holds), and a 2-rank job on a folder another run holds is refused (rank 0

@@ -105,6 +105,12 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
       damaged (read_run_marker).
   """
   check_no_pattern(output_dir, "--output_dir")
+  lost = lost_indexes(output_dir)
+  if lost:
+    raise ValueError("--output_dir=%s: %s.index is missing, but the `checkpoint` file there "
+                     "lists it as saved (a save cut short never is): put the .index back, or "
+                     "to resume from an earlier checkpoint move %s.* away; nothing was "
+                     "deleted" % (output_dir, lost[0], lost[0]))
   if not index_files(output_dir):
     return None
   earlier = read_run_marker(output_dir)
@@ -334,6 +340,24 @@ def _check_resumable_values(output_dir, found):
                       "the same command again", good))
 
 
+def lost_indexes(output_dir):
+  """The checkpoints (model.ckpt-N) of output_dir whose .data is there and .index is not,
+  though TensorFlow's `checkpoint` file lists them: saves that had finished (it is
+  written after the .index), whose .index went since. Not partial: never removed."""
+  try:
+    state = tf.train.get_checkpoint_state(output_dir)
+  except (tf.errors.OpError, ValueError):
+    return []
+  listed = {os.path.basename(p) for p in ([state.model_checkpoint_path] +
+                                          list(state.all_model_checkpoint_paths))} \
+      if state else set()
+  complete = set(os.path.basename(p) for _, p in list_checkpoints(output_dir))
+  data = {m.group(1) for m in (_CHECKPOINT_FILE.match(n.rstrip("/"))
+                               for n in tf.gfile.ListDirectory(output_dir)) if m} \
+      if tf.gfile.IsDirectory(output_dir) else set()
+  return sorted((data & listed) - complete)
+
+
 def remove_partial_checkpoints(output_dir, step=None):
   """Deletes what an interrupted or failed save left in output_dir.
 
@@ -351,6 +375,7 @@ def remove_partial_checkpoints(output_dir, step=None):
   if not tf.gfile.IsDirectory(output_dir):
     return []
   complete = set(os.path.basename(p) for _, p in list_checkpoints(output_dir))
+  complete.update(lost_indexes(output_dir))  # saved once: not for this function to delete
   removed = []
   for name in tf.gfile.ListDirectory(output_dir):
     name = name.rstrip("/")
