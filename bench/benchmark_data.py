@@ -399,6 +399,9 @@ def train_vocab(dump, work):
 
 def check_flags():
   """Refuses, in one line, a command line that cannot run, before any work."""
+  if FLAGS.synthesize_mb < 0:
+    errors.usage_error(TOOL, "--synthesize_mb=%g must be positive (the MB of the dump to "
+                       "build)" % FLAGS.synthesize_mb)
   if bool(FLAGS.dump) == bool(FLAGS.synthesize_mb):
     errors.usage_error(TOOL, "%s; pass --dump=<a MediaWiki dump> or --synthesize_mb=<MB> "
                        "(one built from --synthesize_from)" % (

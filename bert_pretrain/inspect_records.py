@@ -287,6 +287,8 @@ def format_report(report):
   if report["spec_errors"]:
     lines.append("SPEC: %d records break the feature spec" % report["spec_errors"])
     lines.extend("  " + p for p in report["problems"])
+  elif not report["parsed"]:
+    lines.append("feature spec: not checked (no record could be read)")
   elif report["packed"]:
     lines.append("feature spec: ok in %d packed records read (max_seq_length %s, "
                  "max_predictions_per_pack %s, max_sequences_per_pack %s)" % (

@@ -153,6 +153,10 @@ def check_flags():
   for name, example in examples.items():
     if not getattr(FLAGS, name):
       raise ValueError("--%s is required; pass %s" % (name, example))
+  if not os.path.isdir(FLAGS.data_dir):
+    raise ValueError("--data_dir=%s %s; pass %s" % (
+        FLAGS.data_dir, "is a file" if os.path.exists(FLAGS.data_dir) else "does not exist",
+        examples["data_dir"]))
   if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
     raise ValueError("--nodo_train, --nodo_eval and no --do_predict: nothing to do; pass "
                      "one of them")
@@ -369,7 +373,7 @@ def main(argv):
     if runtime.horovod and runtime.distribution not in ("none", "horovod"):
       raise ValueError("--horovod and --distribution=%s disagree; pass one"
                        % runtime.distribution)
-    device_lib.check_cpu_devices(runtime.cpu_devices, runtime.engine())
+    device_lib.check_cpu_devices(runtime.cpu_devices, runtime.engine(), os.cpu_count())
     ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s,
                             devices=device_lib.replica_devices(device, runtime.cpu_devices))
     num_train_steps = 0

@@ -679,6 +679,10 @@ def test_the_data_benchmark_without_a_dump_says_how_to_give_one():
   assert (result.returncode, result.stdout.splitlines()[-1:]) == (2, [
       "benchmark_data: error: no dump to measure on; pass --dump=<a MediaWiki dump> or "
       "--synthesize_mb=<MB> (one built from --synthesize_from)"])
+  result = run_tool("bench.benchmark_data", "--jobs=1", "--synthesize_mb=-1")
+  assert (result.returncode, result.stdout.splitlines()[-1:]) == (2, [
+      "benchmark_data: error: --synthesize_mb=-1 must be positive (the MB of the dump to "
+      "build)"])
 
 
 def test_the_step_profile_of_accumulated_micro_batches_lists_what_the_backward_pass_keeps(

@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,16 @@ def test_file_cut_short_is_reported(data, tmp_path):
   assert report["corrupt"][0]["index"] == 5
   assert "cut short" in report["corrupt"][0]["message"]
   assert "byte %d" % offsets[5][0] in report["corrupt"][0]["message"]
+
+
+def test_a_file_without_a_readable_record_is_not_called_ok(tmp_path):
+  noise = tmp_path / "part-0"
+  rng = random.Random(5)
+  noise.write_bytes(bytes(rng.getrandbits(8) for _ in range(5000)))
+  status, out, _ = inspect(str(noise))
+  assert status == 1
+  assert "feature spec: not checked (no record could be read)" in out.splitlines(), out
+  assert "ok" not in out
 
 
 def test_other_lengths_break_the_spec(data):

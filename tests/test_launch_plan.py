@@ -329,6 +329,9 @@ def test_a_dry_run_prints_the_plan_and_the_command_and_starts_nothing(tmp_path):
      "horovodrun would start it as the ranks' command; drop it (or --gloo?)"),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo -H localhost:2 extra"},
      "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has 'extra', which is no option"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo python3"},
+     "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has 'python3', which is no option: "
+     "horovodrun would start it as the ranks' command; drop it"),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "2", "HOROVOD_RUN_ARGS": "--gloo -v"},
      "run_multi_card_FPS: error: HOROVOD_RUN_ARGS has -v, which makes horovodrun print its "
      "version and start no job; drop it (--verbose is its verbose option)"),

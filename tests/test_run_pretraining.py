@@ -506,7 +506,7 @@ BAD_INPUTS = [
     ("batch size 0", lambda d, t: dict(train_batch_size=0),
      r"--train_batch_size=0 must be at least 1"),
     ("bert_config.json is a folder", lambda d, t: dict(bert_config_file=_empty_dir(t)),
-     r"bert config \S+ does not exist"),
+     r"bert config \S+ is a folder; pass --bert_config_file=PATH/bert_config.json$"),
     ("negative keep_checkpoint_max", lambda d, t: dict(keep_checkpoint_max=-1),
      r"--keep_checkpoint_max=-1 must not be negative"),
     ("output_dir that cannot be written", lambda d, t: dict(output_dir=_unwritable_output(t)),
@@ -584,6 +584,28 @@ BAD_INPUTS = [
     ("no logical CPU devices", lambda d, t: dict(distribution="mirrored", cpu_devices=0),
      r"--cpu_devices=0 must be at least 1 \(the logical CPU devices of "
      r"--distribution=mirrored, one replica each\); pass --cpu_devices=2 or more"),
+    ("more logical CPU devices than cores", lambda d, t: dict(
+        distribution="mirrored", cpu_devices=os.cpu_count() + 1),
+     r"--cpu_devices=%d is more than this host's %d cores; pass at most --cpu_devices=%d$"
+     % (os.cpu_count() + 1, os.cpu_count(), os.cpu_count())),
+    ("a stall timeout shorter than a rank's start", lambda d, t: dict(stall_timeout_s=3),
+     r"--stall_timeout_s=3 is shorter than a rank's start-up; pass 10 or more \(0 turns the "
+     r"check off\)$"),
+    ("a negative size of the record sets read whole", lambda d, t: dict(
+        full_record_check_mb=-1), r"--full_record_check_mb=-1 must not be negative$"),
+    ("a micro-batch whose attention TensorFlow cannot index", lambda d, t: dict(
+        train_batch_size=10 ** 6),
+     r"--train_batch_size=1000000 at --max_seq_length=64: the attention of a micro-batch "
+     r"would hold 1000000 x 64 x 64 elements, more than TensorFlow indexes; lower "
+     r"--train_batch_size and raise --num_accumulation_steps$"),
+    ("a negative initializer range", lambda d, t: dict(
+        bert_config_file=_config_with(t, initializer_range=-1)),
+     r"initializer_range must be a positive number \(the weights' initial standard "
+     r"deviation, 0.02 in BERT\), got -1; fix bert_config.json$"),
+    ("a model larger than the host's memory", lambda d, t: dict(
+        bert_config_file=_config_with(t, max_position_embeddings=10 ** 10)),
+     r"changed_config.json describes a model of 3.2e\+11 weights, whose training state "
+     r"alone takes \d+ GiB, more than this host's \d+ GiB of memory; check its sizes"),
     ("evaluation without a checkpoint", lambda d, t: dict(do_train="false"),
      r"--nodo_train evaluates a checkpoint but none is given, so every weight would be "
      r"random; pass --init_checkpoint \(or --eval_checkpoint_path\), or --allow_random_heads"),

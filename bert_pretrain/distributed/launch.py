@@ -722,7 +722,7 @@ def check_horovodrun_args(args):
     if not command:  # the last option took the command's first word as its value
       raise LaunchError("HOROVOD_RUN_ARGS ends with %s, which takes a value; give it one "
                         "or drop it" % [arg for arg in args if arg.startswith("-")][-1])
-    if command[0] != "python3":
+    if command != ["python3"]:  # a word before it (python3 itself, too) starts the command
       raise LaunchError("HOROVOD_RUN_ARGS has '%s', which is no option: horovodrun would "
                         "start it as the ranks' command; drop it%s" % (
                             command[0], " (or --%s?)" % command[0]

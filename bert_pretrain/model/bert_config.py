@@ -83,9 +83,9 @@ class BertConfig(object):
         (no default is taken); the message names the file, the keys and the fix.
     """
     if not tf.gfile.Exists(json_file) or tf.gfile.IsDirectory(json_file):
-      raise ValueError("bert config %s does not exist; pass "
-                       "--bert_config_file=PATH/bert_config.json"
-                       % json_file)
+      raise ValueError("bert config %s %s; pass --bert_config_file=PATH/bert_config.json"
+                       % (json_file, "is a folder" if tf.gfile.Exists(json_file)
+                          else "does not exist"))
     with tf.gfile.GFile(json_file, "r") as reader:
       text = reader.read()
     try:
@@ -121,6 +121,11 @@ class BertConfig(object):
       if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
         raise ValueError("%s: %s must be a probability from 0 to below 1, got %r; fix "
                          "bert_config.json" % (source, key, value))
+    value = self.initializer_range
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e6:
+      raise ValueError("%s: initializer_range must be a positive number (the weights' "
+                       "initial standard deviation, 0.02 in BERT), got %r; fix "
+                       "bert_config.json" % (source, value))
     if self.hidden_act not in ACTIVATION_NAMES:
       raise ValueError("%s: hidden_act %r is not one of %s; fix bert_config.json"
                        % (source, self.hidden_act, sorted(ACTIVATION_NAMES)))

@@ -5,7 +5,9 @@ the user sees, with the fix.
 """
 
 import collections
+import functools
 import math
+import operator
 import os
 
 import tensorflow.compat.v1 as tf
@@ -16,6 +18,7 @@ from bert_pretrain import pack_records
 from bert_pretrain.data import input_pipeline
 from bert_pretrain.distributed import device as device_lib
 from bert_pretrain.distributed import ranks as ranks_lib
+from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import mlperf
@@ -38,6 +41,10 @@ Packing = collections.namedtuple("Packing", ["max_predictions", "max_sequences",
                                              "sequences_per_record"])
 
 
+# --stall_timeout_s below this names healthy ranks as stalled (their start takes longer).
+MIN_STALL_TIMEOUT_S = 10
+
+
 def check_settings(cfg, here=True):
   """Checks the settings (config.Settings) that need no file; with here=False not those
   that depend on the host (--clear_cache's right to drop the page cache, the RCPs of
@@ -55,7 +62,8 @@ def check_settings(cfg, here=True):
   # start_warmup_step may be negative: MLPerf's reference points set -700 and others.
   for name in ("num_warmup_steps", "fps_warmup_steps",
                "keep_checkpoint_max", "max_eval_steps", "samples_start_eval",
-               "intra_op_threads", "inter_op_threads", "stall_timeout_s"):
+               "intra_op_threads", "inter_op_threads", "stall_timeout_s",
+               "full_record_check_mb"):
     if values[name] < 0:
       raise ValueError("--%s=%d must not be negative%s" % (
           name, values[name], " (0: chosen for this host)" if "threads" in name else ""))
@@ -66,7 +74,24 @@ def check_settings(cfg, here=True):
     raise ValueError("--horovod and --distribution=%s disagree; pass one (with "
                      "run_multi_card_FPS.sh, set DISTRIBUTION=%s instead)"
                      % (cfg.runtime.distribution, cfg.runtime.distribution))
-  device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine())
+  if 0 < cfg.runtime.stall_timeout_s < MIN_STALL_TIMEOUT_S:
+    # Shorter than a rank's start and than its heartbeats' gaps: healthy ranks are named.
+    raise ValueError("--stall_timeout_s=%d is shorter than a rank's start-up; pass %d or "
+                     "more (0 turns the check off)"
+                     % (cfg.runtime.stall_timeout_s, MIN_STALL_TIMEOUT_S))
+  device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine(),
+                               os.cpu_count() if here else None)
+  # TensorFlow indexes a tensor's elements with 32 bits: the attention's mask and scores
+  # of a micro-batch, batch x seq x seq (x heads), must stay below that.
+  for name, batch in (("train_batch_size", cfg.run.train_batch_size),
+                      ("eval_batch_size", cfg.evaluation.eval_batch_size)):
+    if batch * cfg.data.max_seq_length ** 2 >= 2 ** 31:
+      raise ValueError("--%s=%d at --max_seq_length=%d: the attention of a micro-batch "
+                       "would hold %d x %d x %d elements, more than TensorFlow indexes; lower "
+                       "--%s%s" % (name, batch, cfg.data.max_seq_length, batch,
+                                   cfg.data.max_seq_length, cfg.data.max_seq_length, name,
+                                   " and raise --num_accumulation_steps"
+                                   if name == "train_batch_size" else ""))
   checkpoints.check_no_pattern(cfg.run.output_dir, "--output_dir")  # before the records
   check_optimizer(cfg.optimizer)
   if cfg.run.clear_cache and here:
@@ -140,6 +165,7 @@ def check_inputs(cfg):
     raise ValueError("--bert_config_file is required; pass "
                      "--bert_config_file=PATH/bert_config.json")
   bert_config = modeling.BertConfig.from_json_file(cfg.model.bert_config_file)
+  check_model_fits(bert_config, cfg.model.bert_config_file)
   if cfg.data.max_seq_length > bert_config.max_position_embeddings:
     raise ValueError("--max_seq_length=%d is above max_position_embeddings=%d of %s; lower "
                      "--max_seq_length or use a config with more positions"
@@ -211,6 +237,28 @@ def check_inputs(cfg):
       resume_position = int(resume_position)
   return Inputs(bert_config, train_files, eval_files, skipped_records, resume_checkpoint,
                 init_checkpoint, earlier_run, resume_step, resume_position, packing)
+
+
+def check_model_fits(bert_config, config_file, memory=None):
+  """Refuses a model whose weights with the optimizer's state (4 float32 numbers a
+  weight: the weight, its gradient, two moments) take more than this host's memory:
+  a size mistyped in the config, which TensorFlow would meet only as it builds.
+
+  memory: bytes (default: this host's physical memory; None where it cannot tell).
+  """
+  if memory is None:
+    try:
+      memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+      return
+  shapes = heads.pretraining_variable_shapes(bert_config).values()
+  weights = sum(functools.reduce(operator.mul, shape, 1) for shape in shapes)
+  if 16 * weights > memory:
+    raise ValueError("%s describes a model of %.3g weights, whose training state alone "
+                     "takes %.0f GiB, more than this host's %.0f GiB of memory; check its "
+                     "sizes (hidden_size, intermediate_size, vocab_size, "
+                     "max_position_embeddings, num_hidden_layers)"
+                     % (config_file, weights, 16 * weights / 2 ** 30, memory / 2 ** 30))
 
 
 def read_records_through(cfg, inputs):

@@ -64,8 +64,9 @@ _READS = {"clean": ("extract",), "segment": ("clean",), "shard": ("segment",),
 def check_vocab(vocab):
   """Returns the vocab's sha256; raises PrepareError when it is missing or unusable."""
   if not os.path.isfile(vocab):
-    raise PrepareError("vocab file %s does not exist; pass --vocab=<the model's vocab.txt, "
-                       "for MLPerf the one in the checkpoint folder>" % vocab)
+    raise PrepareError("vocab file %s %s; pass --vocab=<the model's vocab.txt, for MLPerf "
+                       "the one in the checkpoint folder>"
+                       % (vocab, "is a folder" if os.path.isdir(vocab) else "does not exist"))
   try:
     tokens = tokenization.load_vocab(vocab)
   except (ValueError, UnicodeDecodeError) as e:
@@ -275,8 +276,8 @@ def run_pipeline(output_dir, dump=None, vocab=None, steps="all", jobs=1, verify=
       raise PrepareError("step extract needs --dump=<enwiki-...-pages-articles.xml[.bz2]>")
   if dump:
     if not os.path.isfile(dump):
-      raise PrepareError("dump %s does not exist; pass --dump=<enwiki-...-pages-articles"
-                         ".xml[.bz2]>" % dump)
+      raise PrepareError("dump %s %s; pass --dump=<enwiki-...-pages-articles.xml[.bz2]>"
+                         % (dump, "is a folder" if os.path.isdir(dump) else "does not exist"))
     settings["dump_name"] = os.path.basename(dump)
     settings["dump_bytes"] = os.path.getsize(dump)
     if "extract" in step_list:
