@@ -598,6 +598,10 @@ BAD_INPUTS = [
      r"--train_batch_size=1000000 at --max_seq_length=64: the attention of a micro-batch "
      r"would hold 1000000 x 64 x 64 elements, more than TensorFlow indexes; lower "
      r"--train_batch_size and raise --num_accumulation_steps$"),
+    ("one file for both logs", lambda d, t: dict(dllog_path=str(t / "run.log"),
+                                                  mllog_path=str(t / "run.log")),
+     r"--dllog_path and --mllog_path both name \S+run.log; the JSON lines and MLPerf's "
+     r":::MLLOG lines need a file each$"),
     ("a negative initializer range", lambda d, t: dict(
         bert_config_file=_config_with(t, initializer_range=-1)),
      r"initializer_range must be a positive number \(the weights' initial standard "

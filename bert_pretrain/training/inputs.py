@@ -93,6 +93,10 @@ def check_settings(cfg, here=True):
                                    " and raise --num_accumulation_steps"
                                    if name == "train_batch_size" else ""))
   checkpoints.check_no_pattern(cfg.run.output_dir, "--output_dir")  # before the records
+  if cfg.run.dllog_path and cfg.run.mllog_path and (
+      os.path.abspath(cfg.run.dllog_path) == os.path.abspath(cfg.run.mllog_path)):
+    raise ValueError("--dllog_path and --mllog_path both name %s; the JSON lines and "
+                     "MLPerf's :::MLLOG lines need a file each" % cfg.run.dllog_path)
   check_optimizer(cfg.optimizer)
   if cfg.run.clear_cache and here:
     mlperf.check_clear_cache()
