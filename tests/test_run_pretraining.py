@@ -59,6 +59,7 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
   # Machine logs: JSON lines, MLPerf log with run_stop, TensorBoard events.
   records = [json.loads(line) for line in open(str(tmp_path / "log.json"))]
   assert [r["step"] for r in records if r["type"] == "train" and "mlm_loss" in r] == [2, 4, 6]
+  assert [r["from"] for r in records if r["type"] == "weights"] == ["random"]
   mllog = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(str(out / "mlperf.log"))]
   keys = [m["key"] for m in mllog]
   for key in ("init_start", "run_start", "global_batch_size", "opt_base_learning_rate",
@@ -719,8 +720,19 @@ def test_random_heads_are_evaluated_when_the_flag_says_so(pretraining_data, tmp_
                                        eval_checkpoint_path=_encoder_checkpoint(tmp_path),
                                        allow_random_heads=None, max_eval_steps=1))
   assert result.returncode == 0, result.stderr
-  assert "Model variables not in the checkpoint (initialized fresh): cls/" in result.stdout
+  assert re.search(r"^warning: Model variables not in the checkpoint \(initialized fresh\): "
+                   r"cls/", result.stdout, re.M), result.stdout[-3000:]
   assert "***** Eval results *****" in result.stdout
+  # The log says where the weights came from, and counts the fresh heads a warning.
+  records = [json.loads(line) for line in open(str(tmp_path / "out" / "dllog.json"))]
+  (weights,) = [r for r in records if r["type"] == "weights"]
+  assert (weights["from"], weights["checkpoint"]) == (
+      "init_checkpoint", str(tmp_path / "fine_tuned" / "model.ckpt-9"))
+  assert weights["fresh"] and all(name.startswith("cls/") for name in weights["fresh"])
+  assert weights["loaded"] == 16 * TINY_CONFIG["num_hidden_layers"] + 5 + 2
+  assert [r["message"] for r in records if r["type"] == "warning"] == [
+      "Model variables not in the checkpoint (initialized fresh): " +
+      ", ".join(weights["fresh"])]
 
 
 def test_half_written_and_foreign_files_are_not_training_data(pretraining_data, tmp_path):

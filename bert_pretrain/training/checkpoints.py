@@ -682,7 +682,7 @@ def variable_name(variable):
   return variable.name.rsplit(":", 1)[0]
 
 
-def restore_model_weights(sess, prefix, model_variables, log=print):
+def restore_model_weights(sess, prefix, model_variables, log=print, warn=None):
   """Loads the model variables found in a checkpoint by name.
 
   Args:
@@ -690,6 +690,8 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
     prefix: checkpoint prefix (resolve_checkpoint).
     model_variables: the variables to look for (the trainable variables of the model).
     log: function taking a line of text.
+    warn: (optional) function taking the line that names the variables the checkpoint
+      lacked, where that is a warning (log's otherwise: a classifier's fresh head).
 
   Returns:
     The list of model variable names that the checkpoint did not have.
@@ -733,7 +735,8 @@ def restore_model_weights(sess, prefix, model_variables, log=print):
       len(found), len(model_variables), prefix, "" if not cast else " (%d stored in %s, cast)"
       % (len(cast), "/".join(sorted({dtypes[name].name for name in cast})))))
   if missing:
-    log("Model variables not in the checkpoint (initialized fresh): %s" % ", ".join(missing))
+    (warn or log)("Model variables not in the checkpoint (initialized fresh): %s"
+                  % ", ".join(missing))
   return missing
 
 

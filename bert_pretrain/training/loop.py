@@ -560,7 +560,7 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
 
   sess = ranks.session(config)
   sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-  restore(cfg, sess, global_step, model_variables, inputs, logger.print)
+  restore(sess, global_step, model_variables, inputs, logger)
   if set_position is not None:
     sess.run(set_position)
   if broadcast_op is not None:
@@ -572,18 +572,27 @@ def start_session(cfg, inputs, ranks, device, config, learning_rate, seed, posit
   return sess, train, evaluator, saver, all_finite, mark_samples
 
 
-def restore(cfg, sess, global_step, model_variables, inputs, log):
+def restore(sess, global_step, model_variables, inputs, logger):
   """Starts the weights: all variables from the checkpoint to resume from, else the
-  model's from --init_checkpoint, else the random ones the session initialized."""
+  model's from --init_checkpoint, else the random ones the session initialized; the
+  JSON-lines log's "weights" record says which (and a warning, the weights
+  --init_checkpoint lacked)."""
   prefix = inputs.resume_checkpoint
   if prefix:
     checkpoints.check_resumable(prefix, tf.global_variables())
     present = dict(tf.train.list_variables(prefix))
     tf.train.Saver(var_list=[v for v in tf.global_variables()
                              if checkpoints.variable_name(v) in present]).restore(sess, prefix)
-    log("Resuming from %s at step %d (weights, optimizer state, learning-rate "
-        "schedule); --init_checkpoint is not applied" % (prefix, sess.run(global_step)))
+    step = int(sess.run(global_step))
+    logger.print("Resuming from %s at step %d (weights, optimizer state, learning-rate "
+                 "schedule); --init_checkpoint is not applied" % (prefix, step))
+    logger.record("weights", {"from": "resumed", "checkpoint": prefix, "step": step})
   elif inputs.init_checkpoint:
-    checkpoints.restore_model_weights(sess, inputs.init_checkpoint, model_variables, log=log)
+    fresh = checkpoints.restore_model_weights(
+        sess, inputs.init_checkpoint, model_variables, log=logger.print,
+        warn=lambda line: logger.warning(0, line))
+    logger.record("weights", {"from": "init_checkpoint", "checkpoint": inputs.init_checkpoint,
+                              "loaded": len(model_variables) - len(fresh), "fresh": fresh})
   else:
-    log("No --init_checkpoint: the model starts from random weights")
+    logger.print("No --init_checkpoint: the model starts from random weights")
+    logger.record("weights", {"from": "random"})
