@@ -191,7 +191,8 @@ def unknown_flag_text(tool, name, args, absl_message):
   guesses = re.search(r"Did you mean: (.+?) ?\?", absl_message)
   subject = "%s has" % tool if tool else "there is"
   if not guesses:
-    return "%s no flag %s; --helpfull lists its flags" % (subject, spelled)
+    return "%s no flag %s; --helpfull lists %s flags" % (subject, spelled,
+                                                          "its" if tool else "the")
   return "%s no flag %s; did you mean %s?" % (
       subject, spelled, " or ".join("--" + guess for guess in guesses.group(1).split(", ")))
 

@@ -154,6 +154,11 @@ def checkpoint_tensors(prefix, bert_config):
   tensors, left_out = {}, []
   for name in sorted(reader.get_variable_to_shape_map()):
     if name not in weights:
+      if name.startswith(("bert/", "cls/")) and name.rsplit("/", 1)[0] not in weights:
+        # Not a slot of a weight: a weight of another architecture, which would be lost.
+        raise ExportError("variable %s of the checkpoint is no weight of BertForPreTraining "
+                          "(another architecture's?); only BERT checkpoints with Google's "
+                          "names can be exported" % name)
       left_out.append(name)
       continue
     mapped = hf_name(name)

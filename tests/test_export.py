@@ -232,7 +232,7 @@ def test_what_is_no_weight_is_left_out_and_named_and_float16_weights_export_as_f
   beside the weights stored in float16 (a converted checkpoint): the slots are counted,
   the rest named, the weights exported as float32 from the checkpoint the line names."""
   extra = {"beta1_power": np.float32(0.9), "current_loss_scale": np.float32(2.0 ** 15),
-           "bert/foo/bar": np.ones([3], np.float32)}
+           "some_recipe/counter": np.ones([3], np.float32)}
   weights = heads.pretraining_variable_shapes(trained_like["config"])
   extra.update({"%s/%s" % (name, slot): np.zeros(shape, np.float32)
                 for name, shape in weights.items() for slot in ("Adam", "Adam_1")})
@@ -245,8 +245,8 @@ def test_what_is_no_weight_is_left_out_and_named_and_float16_weights_export_as_f
   assert result.returncode == 0, result.stderr[-3000:]
   # trained_like's own Adam slots (adam_m) are counted with tf.train.AdamOptimizer's.
   assert result.stdout.splitlines() == [
-      "export: left out %d optimizer slots of its weights and 4 other variables (bert/foo/bar, "
-      "beta1_power, current_loss_scale, global_step), no weight of BertForPreTraining"
+      "export: left out %d optimizer slots of its weights and 4 other variables (beta1_power, "
+      "current_loss_scale, global_step, some_recipe/counter), no weight of BertForPreTraining"
       % (3 * len(weights)),
       "export: %d tensors from %s -> %s (transformers: BertForPreTraining.from_pretrained(%r))"
       % (len(weights), prefix, tmp_path / "hf", str(tmp_path / "hf"))], result.stdout
@@ -255,6 +255,19 @@ def test_what_is_no_weight_is_left_out_and_named_and_float16_weights_export_as_f
   np.testing.assert_array_equal(
       tensors["bert.pooler.dense.weight"],
       reader.get_tensor("bert/pooler/dense/kernel").astype(np.float16).astype(np.float32).T)
+
+
+def test_a_weight_of_another_architecture_is_refused_not_left_out(trained_like, tmp_path):
+  extra = {"bert/encoder/layer_0/attention/self/relative_positions": np.ones([4], np.float32)}
+  prefix = rewrite_checkpoint(trained_like["prefix"], str(tmp_path / "other" / "model.ckpt-7"),
+                              extra=extra)
+  result = _run_export(prefix, trained_like["root"] / "bert_config.json",
+                       trained_like["root"] / "vocab.txt", tmp_path / "hf")
+  assert (result.returncode, result.stderr.strip()) == (2, (
+      "export: error: variable bert/encoder/layer_0/attention/self/relative_positions of the "
+      "checkpoint is no weight of BertForPreTraining (another architecture's?); only BERT "
+      "checkpoints with Google's names can be exported"))
+  assert not (tmp_path / "hf").exists()
 
 
 def test_a_weight_of_another_shape_than_the_config_makes_writes_nothing(trained_like,

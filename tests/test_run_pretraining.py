@@ -585,10 +585,10 @@ BAD_INPUTS = [
     ("no logical CPU devices", lambda d, t: dict(distribution="mirrored", cpu_devices=0),
      r"--cpu_devices=0 must be at least 1 \(the logical CPU devices of "
      r"--distribution=mirrored, one replica each\); pass --cpu_devices=2 or more"),
-    ("more logical CPU devices than cores", lambda d, t: dict(
-        distribution="mirrored", cpu_devices=os.cpu_count() + 1),
-     r"--cpu_devices=%d is more than this host's %d cores; pass at most --cpu_devices=%d$"
-     % (os.cpu_count() + 1, os.cpu_count(), os.cpu_count())),
+    ("more than 4 logical CPU devices a core", lambda d, t: dict(
+        distribution="mirrored", cpu_devices=4 * os.cpu_count() + 1),
+     r"--cpu_devices=%d is more than 4 a core of this host's %d; pass at most "
+     r"--cpu_devices=%d$" % (4 * os.cpu_count() + 1, os.cpu_count(), 4 * os.cpu_count())),
     ("a stall timeout shorter than a rank's start", lambda d, t: dict(stall_timeout_s=3),
      r"--stall_timeout_s=3 is shorter than a rank's start-up; pass 10 or more \(0 turns the "
      r"check off\)$"),

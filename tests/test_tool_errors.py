@@ -173,7 +173,7 @@ def test_a_word_that_is_no_flag_is_one_line_without_the_modules_help(tool, tmp_p
 
 @pytest.mark.parametrize("module,tool,words,message", [
     ("bert_pretrain.inspect_records", "inspect_tfrecords", ["--input=i", "--bogus"],
-     "there is no flag --bogus; --helpfull lists its flags"),
+     "there is no flag --bogus; --helpfull lists the flags"),
     ("bert_pretrain.pack_records", "pack_records", ["--input=i", "--output_dir=o",
                                                     "--jobs=two"],
      "flag --jobs=two: invalid literal for int() with base 10: 'two'; --helpfull lists the "

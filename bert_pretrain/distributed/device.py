@@ -223,13 +223,16 @@ def gpu_index(ranks, num_gpus, cuda_visible_devices=None):
                    % (ranks.local_size, num_gpus))
 
 
+CPU_DEVICES_A_CORE = 4  # --cpu_devices allowed a core
+
+
 def check_cpu_devices(cpu_devices, distribution, cores=None):
   """Checks --cpu_devices (logical CPU devices, one replica each) against the engine and
   this host's `cores` (None: not checked).
 
   Raises:
-    ValueError: below 1, above 1 without --distribution=mirrored, or above the cores
-      (one line, the fix).
+    ValueError: below 1, above 1 without --distribution=mirrored, or above
+      CPU_DEVICES_A_CORE a core (one line, the fix).
   """
   if cpu_devices < 1:
     raise ValueError("--cpu_devices=%d must be at least 1 (the logical CPU devices of "
@@ -239,9 +242,11 @@ def check_cpu_devices(cpu_devices, distribution, cores=None):
     raise ValueError("--cpu_devices=%d: logical CPU devices are replicas of "
                      "--distribution=mirrored only, not of --distribution=%s; drop it or pass "
                      "--distribution=mirrored" % (cpu_devices, distribution))
-  if cores and cpu_devices > cores:  # each takes its share of the cores: none would be left
-    raise ValueError("--cpu_devices=%d is more than this host's %d cores; pass at most "
-                     "--cpu_devices=%d" % (cpu_devices, cores, cores))
+  # A few a core try the engine; each is a graph and a copy of the model (memory).
+  if cores and cpu_devices > CPU_DEVICES_A_CORE * cores:
+    raise ValueError("--cpu_devices=%d is more than %d a core of this host's %d; pass at "
+                     "most --cpu_devices=%d" % (cpu_devices, CPU_DEVICES_A_CORE, cores,
+                                                CPU_DEVICES_A_CORE * cores))
 
 
 def replica_devices(device, cpu_devices=1):

@@ -351,11 +351,12 @@ def lost_indexes(output_dir):
   listed = {os.path.basename(p) for p in ([state.model_checkpoint_path] +
                                           list(state.all_model_checkpoint_paths))} \
       if state else set()
-  complete = set(os.path.basename(p) for _, p in list_checkpoints(output_dir))
-  data = {m.group(1) for m in (_CHECKPOINT_FILE.match(n.rstrip("/"))
-                               for n in tf.gfile.ListDirectory(output_dir)) if m} \
-      if tf.gfile.IsDirectory(output_dir) else set()
-  return sorted((data & listed) - complete)
+  names = [n.rstrip("/") for n in tf.gfile.ListDirectory(output_dir)] \
+      if tf.gfile.IsDirectory(output_dir) else []
+  files = [m for m in (_CHECKPOINT_FILE.match(n) for n in names) if m]
+  data = {m.group(1) for m in files if m.group(3).startswith("data-")}
+  indexed = {m.group(1) for m in files if m.group(3) == "index"}
+  return sorted((data & listed) - indexed)
 
 
 def remove_partial_checkpoints(output_dir, step=None):
@@ -578,7 +579,7 @@ def resolve_checkpoint(path, flag_name="--init_checkpoint"):
   if why:
     # The newest complete one beside it: an earlier save of the same run, most often.
     others = [p[:-len(".index")] for p in _by_step(index_files(os.path.dirname(prefix) or "."))]
-    complete = [p for p in others if p != prefix and not missing_data(p)]
+    complete = [p for p in others if p != prefix and _complete(p)]
     raise ValueError("%s=%s: %s is incomplete (%s): a save or copy not finished; %s"
                      % (flag_name, path, "its newest checkpoint %s" % os.path.basename(prefix)
                         if folder else "the checkpoint", why,
@@ -596,12 +597,20 @@ def _by_step(index_paths):
   return sorted(index_paths, key=order)
 
 
+def _complete(prefix):
+  """Whether checkpoint `prefix`'s files hold its tensors (an unreadable one's do not)."""
+  try:
+    return not missing_data(prefix)
+  except (ValueError, tf.errors.OpError):
+    return False
+
+
 def missing_data(prefix):
   """Why the .data files of checkpoint `prefix` cannot hold the tensors its .index lists
   ("" when they can): a shard is missing, or they are shorter than the tensors (TensorFlow
   writes them one after another, raw). A copy cut short or a save stopped after its
   .index; found from the sizes, without reading the tensors."""
-  shards = sorted(p for p in checkpoint_files(prefix) if ".data-" in p)
+  shards = sorted(p for p in checkpoint_files(prefix) if ".data-" in os.path.basename(p))
   count = int(shards[0][-5:]) if shards else 1
   if len(shards) < count or not shards:
     wanted = ["%s.data-%05d-of-%05d" % (prefix, i, count) for i in range(count)]

@@ -5,6 +5,7 @@ the user sees, with the fix.
 """
 
 import collections
+import copy
 import functools
 import math
 import operator
@@ -81,8 +82,8 @@ def check_settings(cfg, here=True):
                      % (cfg.runtime.stall_timeout_s, MIN_STALL_TIMEOUT_S))
   device_lib.check_cpu_devices(cfg.runtime.cpu_devices, cfg.runtime.engine(),
                                os.cpu_count() if here else None)
-  # TensorFlow indexes a tensor's elements with 32 bits: the attention's mask and scores
-  # of a micro-batch, batch x seq x seq (x heads), must stay below that.
+  # TensorFlow's reshape of the attention mask of a micro-batch, batch x seq x seq
+  # elements, fails at 2^31 (an int32 count).
   for name, batch in (("train_batch_size", cfg.run.train_batch_size),
                       ("eval_batch_size", cfg.evaluation.eval_batch_size)):
     if batch * cfg.data.max_seq_length ** 2 >= 2 ** 31:
@@ -93,10 +94,13 @@ def check_settings(cfg, here=True):
                                    " and raise --num_accumulation_steps"
                                    if name == "train_batch_size" else ""))
   checkpoints.check_no_pattern(cfg.run.output_dir, "--output_dir")  # before the records
-  if cfg.run.dllog_path and cfg.run.mllog_path and (
-      os.path.abspath(cfg.run.dllog_path) == os.path.abspath(cfg.run.mllog_path)):
-    raise ValueError("--dllog_path and --mllog_path both name %s; the JSON lines and "
-                     "MLPerf's :::MLLOG lines need a file each" % cfg.run.dllog_path)
+  if cfg.run.dllog_path or cfg.run.mllog_path:
+    dllog, mllog = (os.path.realpath(path or os.path.join(cfg.run.output_dir, default))
+                    for path, default in ((cfg.run.dllog_path, "dllog.json"),
+                                          (cfg.run.mllog_path, "mlperf.log")))
+    if dllog == mllog:
+      raise ValueError("--dllog_path and --mllog_path both name %s; the JSON lines and "
+                       "MLPerf's :::MLLOG lines need a file each" % dllog)
   check_optimizer(cfg.optimizer)
   if cfg.run.clear_cache and here:
     mlperf.check_clear_cache()
@@ -255,8 +259,13 @@ def check_model_fits(bert_config, config_file, memory=None):
       memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
       return
-  shapes = heads.pretraining_variable_shapes(bert_config).values()
-  weights = sum(functools.reduce(operator.mul, shape, 1) for shape in shapes)
+  # One layer's table, times the layers: a mistyped num_hidden_layers is not built out.
+  one_layer = copy.copy(bert_config)
+  one_layer.num_hidden_layers = 1
+  sizes = {name: functools.reduce(operator.mul, shape, 1)
+           for name, shape in heads.pretraining_variable_shapes(one_layer).items()}
+  layer = sum(size for name, size in sizes.items() if name.startswith("bert/encoder/"))
+  weights = sum(sizes.values()) + (bert_config.num_hidden_layers - 1) * layer
   if 16 * weights > memory:
     raise ValueError("%s describes a model of %.3g weights, whose training state alone "
                      "takes %.0f GiB, more than this host's %.0f GiB of memory; check its "
