@@ -51,6 +51,10 @@ def test_rank_count_from_the_environment(values, ranks, message, tmp_path):
      "IX_NUM_CUDA_VISIBLE_DEVICES=8 but CUDA_VISIBLE_DEVICES=0,1 lists 2 cards"),
     ({"IX_NUM_CUDA_VISIBLE_DEVICES": "eight"},
      "IX_NUM_CUDA_VISIBLE_DEVICES=eight is not a positive number"),
+    ({"IX_NUM_CUDA_VISIBLE_DEVICES": "99999999999999999999"},
+     "99999999999999999999 ranks a host (IX_NUM_CUDA_VISIBLE_DEVICES, else the cards listed) "
+     "is more than a host runs (at most 1024); export the number of cards, or of CPU ranks, "
+     "e.g. IX_NUM_CUDA_VISIBLE_DEVICES=8"),
     ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES=-1: -1 hides the cards from there "
      "on; export only the cards to use, or unset it for CPU ranks "
      "(IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)"),

@@ -60,6 +60,8 @@ CHECK_PROCESSES_VARIABLE = "BERT_PRETRAIN_CHECK_PROCESSES"
 # them as long again later: its own 1 s leaves a rank no time to finish an update and save.
 # A value the user set (environment, --mpi-args) wins.
 MPI_SIGKILL_TIMEOUT_S = 10
+# Ranks a host runs at most: more is a mistyped count (a process each would swamp it).
+MAX_RANKS_A_HOST = 1024
 # The signals that stop a job (StopRanksFirst).
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -843,6 +845,11 @@ def main(argv):
     return 2
   distribution = argv[2] if len(argv) == 3 else "horovod"
   try:
+    if int(argv[1]) > MAX_RANKS_A_HOST:
+      raise LaunchError("%s ranks a host (IX_NUM_CUDA_VISIBLE_DEVICES, else the cards "
+                        "listed) is more than a host runs (at most %d); export the number of "
+                        "cards, or of CPU ranks, e.g. IX_NUM_CUDA_VISIBLE_DEVICES=8"
+                        % (argv[1], MAX_RANKS_A_HOST))
     if distribution not in DISTRIBUTIONS:
       raise LaunchError("DISTRIBUTION=%s is not one of %s; unset it for Horovod"
                         % (distribution, ", ".join(DISTRIBUTIONS)))
