@@ -198,6 +198,11 @@ def test_resume_continues_the_step_count(pretraining_data, tmp_path):
   name = "bert/pooler/dense/kernel/adam_v"
   assert not np.allclose(after.get_tensor(name), before.get_tensor(name))
   assert os.path.exists(str(out / "model.ckpt-3.index"))  # nothing deleted
+  # The JSON-lines log says where each part's weights came from.
+  records = [json.loads(line) for line in open(str(out / "dllog.json"))]
+  assert [(r["from"], r.get("checkpoint"), r.get("step")) for r in records
+          if r["type"] == "weights"] == [("random", None, None),
+                                         ("resumed", str(out / "model.ckpt-3"), 3)]
   # Each run has its own MLPerf log, so each holds one run for the compliance checker.
   assert (out / "mlperf.log").exists() and (out / "mlperf.2.log").exists()
 
