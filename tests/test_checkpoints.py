@@ -135,6 +135,18 @@ def test_an_incomplete_checkpoint_is_refused_naming_the_newest_complete_one(pret
   assert not out.exists()
 
 
+def test_an_unreadable_checkpoint_beside_an_incomplete_one_is_passed_over(tmp_path):
+  for step in (1, 2, 3):
+    save_foreign_checkpoint(tmp_path, TINY_CONFIG, step=step)
+  (tmp_path / "model.ckpt-2.index").write_bytes(b"not an index")
+  os.remove(str(tmp_path / "model.ckpt-3.data-00000-of-00001"))
+  with pytest.raises(ValueError, match=r"its newest checkpoint model.ckpt-3 is incomplete "
+                     r"\(model.ckpt-3.data-00000-of-00001 is missing\): a save or copy not "
+                     r"finished; pass --init_checkpoint=\S+/model.ckpt-1, the newest "
+                     r"complete one there$"):
+    checkpoints.resolve_checkpoint(str(tmp_path))
+
+
 def test_a_checkpoint_with_one_weight_of_another_shape_is_refused_before_the_run_writes(
     pretraining_data, tmp_path):
   """A stitched-together checkpoint whose pooler alone does not fit the config: the
@@ -565,13 +577,22 @@ def test_a_saved_checkpoint_whose_index_went_is_refused_and_nothing_is_deleted(
   again = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=5,
                                       nodo_eval=None))
   assert again.returncode == 2, again.stdout[-2000:]
-  assert again.stderr.strip().splitlines() == [
-      "run_pretraining: error: --output_dir=%s: model.ckpt-3.index is missing, but the "
-      "`checkpoint` file there lists it as saved (a save cut short never is): put the .index "
-      "back, or to resume from an earlier checkpoint move model.ckpt-3.* away; nothing was "
-      "deleted" % out]
+  lost = ("run_pretraining: error: --output_dir=%s: %s is missing, but the `checkpoint` file "
+          "there lists model.ckpt-3 as saved (a save cut short never is): put it back, or to "
+          "resume from an earlier checkpoint move model.ckpt-3.* away; nothing was deleted")
+  assert again.stderr.strip().splitlines() == [lost % (out, "model.ckpt-3.index")]
   assert sorted(os.listdir(str(out))) == before
   (tmp_path / "model.ckpt-3.index").rename(out / "model.ckpt-3.index")
+  # A shard of its .data gone (here the second of two) is told the same way.
+  (out / "model.ckpt-3.data-00000-of-00001").rename(out / "model.ckpt-3.data-00000-of-00002")
+  before = sorted(os.listdir(str(out)))
+  again = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=5,
+                                      nodo_eval=None))
+  assert again.returncode == 2, again.stdout[-2000:]
+  assert again.stderr.strip().splitlines() == [
+      lost % (out, "model.ckpt-3.data-00001-of-00002")]
+  assert sorted(os.listdir(str(out))) == before
+  (out / "model.ckpt-3.data-00000-of-00002").rename(out / "model.ckpt-3.data-00000-of-00001")
   resumed = run_pretraining(*base_flags(pretraining_data, out, num_train_steps=5,
                                         nodo_eval=None))
   assert resumed.returncode == 0, resumed.stderr[-2000:]

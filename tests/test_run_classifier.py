@@ -263,7 +263,7 @@ def test_evaluating_without_training_needs_a_checkpoint_with_a_classifier_head(t
     (dict(data_dir="/nonexistent/task"), r"--data_dir=/nonexistent/task does not exist; pass "
                                          r"the task's folder of .tsv files$"),
     (dict(cpu_devices=4 * os.cpu_count() + 1, distribution="mirrored"),
-     r"--cpu_devices=%d is more than 4 a core of this host's %d" % (4 * os.cpu_count() + 1,
+     r"--cpu_devices=%d is more than 4 a core of this host's %d cores" % (4 * os.cpu_count() + 1,
                                                                     os.cpu_count())),
 ], ids=["wrong-task", "no-vocab", "too-long", "too-short", "no-display", "negative-lr",
         "inf-lr", "nan-lr", "inf-epochs", "nan-epochs", "no-epochs", "warmup-5", "nan-warmup",

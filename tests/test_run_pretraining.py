@@ -587,7 +587,7 @@ BAD_INPUTS = [
      r"--distribution=mirrored, one replica each\); pass --cpu_devices=2 or more"),
     ("more than 4 logical CPU devices a core", lambda d, t: dict(
         distribution="mirrored", cpu_devices=4 * os.cpu_count() + 1),
-     r"--cpu_devices=%d is more than 4 a core of this host's %d; pass at most "
+     r"--cpu_devices=%d is more than 4 a core of this host's %d cores; pass at most "
      r"--cpu_devices=%d$" % (4 * os.cpu_count() + 1, os.cpu_count(), 4 * os.cpu_count())),
     ("a stall timeout shorter than a rank's start", lambda d, t: dict(stall_timeout_s=3),
      r"--stall_timeout_s=3 is shorter than a rank's start-up; pass 10 or more \(0 turns the "
@@ -601,12 +601,19 @@ BAD_INPUTS = [
      r"--train_batch_size and raise --num_accumulation_steps$"),
     ("one file for both logs", lambda d, t: dict(dllog_path=str(t / "run.log"),
                                                   mllog_path=str(t / "run.log")),
-     r"--dllog_path and --mllog_path both name \S+run.log; the JSON lines and MLPerf's "
-     r":::MLLOG lines need a file each$"),
+     r"the JSON-lines log and the MLPerf log would both go to \S+run.log \(--dllog_path, "
+     r"--mllog_path, or their defaults in --output_dir\); pass another path for one of them$"),
+    ("the JSON-lines log where the MLPerf log goes", lambda d, t: dict(
+        dllog_path=str(t / "out" / "mlperf.log")),
+     r"the JSON-lines log and the MLPerf log would both go to \S+out/mlperf.log"),
     ("a negative initializer range", lambda d, t: dict(
         bert_config_file=_config_with(t, initializer_range=-1)),
      r"initializer_range must be a positive number \(the weights' initial standard "
      r"deviation, 0.02 in BERT\), got -1; fix bert_config.json$"),
+    ("a mistyped number of layers", lambda d, t: dict(
+        bert_config_file=_config_with(t, num_hidden_layers=10 ** 12)),
+     r"changed_config.json describes a model of 8.54e\+15 weights, whose training state "
+     r"alone takes \d+ GiB, more than this host's \d+ GiB of memory"),
     ("a model larger than the host's memory", lambda d, t: dict(
         bert_config_file=_config_with(t, max_position_embeddings=10 ** 10)),
      r"changed_config.json describes a model of 3.2e\+11 weights, whose training state "

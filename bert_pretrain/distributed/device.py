@@ -244,8 +244,8 @@ def check_cpu_devices(cpu_devices, distribution, cores=None):
                      "--distribution=mirrored" % (cpu_devices, distribution))
   # A few a core try the engine; each is a graph and a copy of the model (memory).
   if cores and cpu_devices > CPU_DEVICES_A_CORE * cores:
-    raise ValueError("--cpu_devices=%d is more than %d a core of this host's %d; pass at "
-                     "most --cpu_devices=%d" % (cpu_devices, CPU_DEVICES_A_CORE, cores,
+    raise ValueError("--cpu_devices=%d is more than %d a core of this host's %d cores; "
+                     "pass at most --cpu_devices=%d" % (cpu_devices, CPU_DEVICES_A_CORE, cores,
                                                 CPU_DEVICES_A_CORE * cores))
 
 

@@ -105,12 +105,13 @@ def find_resume_checkpoint(output_dir, settings=None, check_values=True):
       damaged (read_run_marker).
   """
   check_no_pattern(output_dir, "--output_dir")
-  lost = lost_indexes(output_dir)
+  lost = lost_files(output_dir)
   if lost:
-    raise ValueError("--output_dir=%s: %s.index is missing, but the `checkpoint` file there "
-                     "lists it as saved (a save cut short never is): put the .index back, or "
-                     "to resume from an earlier checkpoint move %s.* away; nothing was "
-                     "deleted" % (output_dir, lost[0], lost[0]))
+    name, missing = lost[0]
+    raise ValueError("--output_dir=%s: %s is missing, but the `checkpoint` file there lists "
+                     "%s as saved (a save cut short never is): put it back, or to resume "
+                     "from an earlier checkpoint move %s.* away; nothing was deleted"
+                     % (output_dir, missing, name, name))
   if not index_files(output_dir):
     return None
   earlier = read_run_marker(output_dir)
@@ -340,10 +341,11 @@ def _check_resumable_values(output_dir, found):
                       "the same command again", good))
 
 
-def lost_indexes(output_dir):
-  """The checkpoints (model.ckpt-N) of output_dir whose .data is there and .index is not,
-  though TensorFlow's `checkpoint` file lists them: saves that had finished (it is
-  written after the .index), whose .index went since. Not partial: never removed."""
+def lost_files(output_dir):
+  """The files missing of the checkpoints of output_dir that TensorFlow's `checkpoint`
+  file lists (it is written after their .index and .data): saves that had finished, not
+  ones cut short, so never removed; [(checkpoint name, missing file name)], e.g.
+  [("model.ckpt-4", "model.ckpt-4.index")]."""
   try:
     state = tf.train.get_checkpoint_state(output_dir)
   except (tf.errors.OpError, ValueError):
@@ -354,9 +356,14 @@ def lost_indexes(output_dir):
   names = [n.rstrip("/") for n in tf.gfile.ListDirectory(output_dir)] \
       if tf.gfile.IsDirectory(output_dir) else []
   files = [m for m in (_CHECKPOINT_FILE.match(n) for n in names) if m]
-  data = {m.group(1) for m in files if m.group(3).startswith("data-")}
   indexed = {m.group(1) for m in files if m.group(3) == "index"}
-  return sorted((data & listed) - indexed)
+  lost = []
+  for name in sorted(listed & {m.group(1) for m in files}):
+    missing = (name + ".index" if name not in indexed else
+               _missing_shard(os.path.join(output_dir, name)))
+    if missing:
+      lost.append((name, missing))
+  return lost
 
 
 def remove_partial_checkpoints(output_dir, step=None):
@@ -376,7 +383,8 @@ def remove_partial_checkpoints(output_dir, step=None):
   if not tf.gfile.IsDirectory(output_dir):
     return []
   complete = set(os.path.basename(p) for _, p in list_checkpoints(output_dir))
-  complete.update(lost_indexes(output_dir))  # saved once: not for this function to delete
+  # Saved once: not for this function to delete.
+  complete.update(name for name, _ in lost_files(output_dir))
   removed = []
   for name in tf.gfile.ListDirectory(output_dir):
     name = name.rstrip("/")
@@ -605,16 +613,29 @@ def _complete(prefix):
     return False
 
 
+def _shards(prefix):
+  """The .data-NNNNN-of-NNNNN files of checkpoint `prefix`, sorted."""
+  return sorted(p for p in checkpoint_files(prefix)
+                if re.search(r"\.data-\d{5}-of-\d{5}$", p))
+
+
+def _missing_shard(prefix):
+  """The name of the first .data shard of checkpoint `prefix` that is not there, or ""."""
+  shards = _shards(prefix)
+  count = int(shards[0][-5:]) if shards else 1
+  wanted = ["%s.data-%05d-of-%05d" % (prefix, i, count) for i in range(count)]
+  missing = sorted(set(wanted) - set(shards))
+  return os.path.basename(missing[0]) if missing else ""
+
+
 def missing_data(prefix):
   """Why the .data files of checkpoint `prefix` cannot hold the tensors its .index lists
   ("" when they can): a shard is missing, or they are shorter than the tensors (TensorFlow
   writes them one after another, raw). A copy cut short or a save stopped after its
   .index; found from the sizes, without reading the tensors."""
-  shards = sorted(p for p in checkpoint_files(prefix) if ".data-" in os.path.basename(p))
-  count = int(shards[0][-5:]) if shards else 1
-  if len(shards) < count or not shards:
-    wanted = ["%s.data-%05d-of-%05d" % (prefix, i, count) for i in range(count)]
-    return "%s is missing" % os.path.basename(sorted(set(wanted) - set(shards))[0])
+  shards = _shards(prefix)
+  if _missing_shard(prefix):
+    return "%s is missing" % _missing_shard(prefix)
   try:
     reader = tf.train.load_checkpoint(prefix)
     dtypes = reader.get_variable_to_dtype_map()
@@ -626,7 +647,7 @@ def missing_data(prefix):
   have = sum(tf.gfile.Stat(p).length for p in shards)
   if have < need:
     return "its .data %s %d of the %d bytes its tensors take" % (
-        "file holds" if count == 1 else "files hold", have, need)
+        "file holds" if len(shards) == 1 else "files hold", have, need)
   return ""
 
 

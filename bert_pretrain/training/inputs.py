@@ -22,6 +22,7 @@ from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain.model import heads
 from bert_pretrain.model import modeling
 from bert_pretrain.training import checkpoints
+from bert_pretrain.training import logs
 from bert_pretrain.training import mlperf
 
 # What check_inputs found: the BertConfig, the training and eval record files, the
@@ -95,12 +96,15 @@ def check_settings(cfg, here=True):
                                    if name == "train_batch_size" else ""))
   checkpoints.check_no_pattern(cfg.run.output_dir, "--output_dir")  # before the records
   if cfg.run.dllog_path or cfg.run.mllog_path:
-    dllog, mllog = (os.path.realpath(path or os.path.join(cfg.run.output_dir, default))
-                    for path, default in ((cfg.run.dllog_path, "dllog.json"),
-                                          (cfg.run.mllog_path, "mlperf.log")))
+    # Where the run would put them (runlog.start_logs): the defaults in output_dir.
+    dllog = os.path.realpath(cfg.run.dllog_path or
+                             os.path.join(cfg.run.output_dir, "dllog.json"))
+    mllog = os.path.realpath(cfg.run.mllog_path or
+                             logs.new_log_path(cfg.run.output_dir, "mlperf", ".log"))
     if dllog == mllog:
-      raise ValueError("--dllog_path and --mllog_path both name %s; the JSON lines and "
-                       "MLPerf's :::MLLOG lines need a file each" % dllog)
+      raise ValueError("the JSON-lines log and the MLPerf log would both go to %s "
+                       "(--dllog_path, --mllog_path, or their defaults in --output_dir); "
+                       "pass another path for one of them" % dllog)
   check_optimizer(cfg.optimizer)
   if cfg.run.clear_cache and here:
     mlperf.check_clear_cache()
