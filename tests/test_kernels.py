@@ -144,6 +144,11 @@ def test_a_library_is_named_for_its_source_and_tensorflow(tmp_path, monkeypatch)
   kernels.library_path.cache_clear()
   try:
     assert os.path.basename(kernels.library_path()) != os.path.basename(path)
+    # The same source elsewhere (a checkout moved or copied) keeps the library's name.
+    edited.write_text(open(os.path.join(os.path.dirname(path), "kernels.cc")).read())
+    kernels.library_path.cache_clear()
+    assert os.path.basename(kernels.library_path()) == os.path.basename(path)
+    assert os.path.dirname(kernels.library_path()) == str(tmp_path)
   finally:
     kernels.library_path.cache_clear()
 

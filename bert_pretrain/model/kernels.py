@@ -56,7 +56,9 @@ def library_path():
   _kernels-<digest of the TensorFlow build and flags>-<digest of the source>.so."""
   build_digest = hashlib.sha256()
   identity = [tf.__version__, getattr(tf.version, "GIT_VERSION", "")]
-  build_digest.update(" ".join(identity + compile_command("")).encode())
+  # The source by its name, not its place: a checkout moved or copied keeps its build.
+  command = [os.path.basename(word) if word == SOURCE else word for word in compile_command("")]
+  build_digest.update(" ".join(identity + command).encode())
   with open(SOURCE, "rb") as source:
     source_digest = hashlib.sha256(source.read())
   return os.path.join(os.path.dirname(SOURCE), "_kernels-%s-%s.so" % (
