@@ -633,9 +633,10 @@ def missing_data(prefix):
   ("" when they can): a shard is missing, or they are shorter than the tensors (TensorFlow
   writes them one after another, raw). A copy cut short or a save stopped after its
   .index; found from the sizes, without reading the tensors."""
+  missing = _missing_shard(prefix)
+  if missing:
+    return "%s is missing" % missing
   shards = _shards(prefix)
-  if _missing_shard(prefix):
-    return "%s is missing" % _missing_shard(prefix)
   try:
     reader = tf.train.load_checkpoint(prefix)
     dtypes = reader.get_variable_to_dtype_map()
