@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import errno
 import faulthandler
+import fcntl
 import functools
 import multiprocessing
 import os
@@ -19,8 +20,10 @@ import random
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 from bert_pretrain import errors
@@ -39,6 +42,12 @@ def _libc_prctl():
 
 
 _PRCTL = _libc_prctl()
+try:  # looked up before any fork too (_libc_prctl)
+  _SYSCALL = ctypes.CDLL(None, use_errno=True).syscall
+except (OSError, AttributeError):
+  _SYSCALL = None
+# Linux's pidfd_open and pidfd_getfd (5.6), the same number on every architecture.
+_PIDFD_OPEN, _PIDFD_GETFD = 434, 438
 
 
 class WorkerDied(Exception):
@@ -198,6 +207,53 @@ def _start_held_child(preexec_fn):
   errors.stops_to_default()
   if preexec_fn is not None:
     preexec_fn()
+
+
+def output_of(pid):
+  """Where process `pid` writes its stdout and stderr: a set of their links in /proc
+  ("pipe:[N]", "/dev/pts/N", a file's path), for unread_output; None when it is gone."""
+  try:
+    return {os.readlink("/proc/%d/fd/%d" % (pid, fd)) for fd in (1, 2)}
+  except OSError:
+    return None
+
+
+def unread_output(pid, outputs):
+  """Bytes written to `outputs` (output_of's) that process `pid`, which reads their pipes
+  and terminals, has not read yet: None when that cannot be told (no pidfd_getfd, not
+  allowed, the process gone). Each is looked at through a copy of its descriptor:
+  opening /dev/ptmx again would make a new terminal."""
+  if _SYSCALL is None:
+    return None
+  pidfd = _SYSCALL(_PIDFD_OPEN, pid, 0)
+  if pidfd < 0:
+    return None
+  unread = 0
+  try:
+    for fd in os.listdir("/proc/%d/fd" % pid):
+      try:
+        target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        with open("/proc/%d/fdinfo/%s" % (pid, fd)) as f:
+          info = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+      except OSError:  # closed meanwhile
+        continue
+      reads = target in outputs and int(info["flags"], 8) & os.O_ACCMODE == os.O_RDONLY
+      if target == "/dev/ptmx":  # the other end of a terminal the outputs name
+        reads = "/dev/pts/%s" % info.get("tty-index", "?").strip() in outputs
+      if not reads:
+        continue
+      copy = _SYSCALL(_PIDFD_GETFD, pidfd, int(fd), 0)
+      if copy < 0:
+        return None
+      try:
+        unread += struct.unpack("i", fcntl.ioctl(copy, termios.FIONREAD, b"\0" * 4))[0]
+      finally:
+        os.close(copy)
+  except OSError:  # it has ended
+    return None
+  finally:
+    os.close(pidfd)
+  return unread
 
 
 def arm_stacks():

@@ -235,12 +235,21 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
         break
     assert len(ranks()) == 2, "".join(seen[-30:])
     stop(proc.pid)
-    seen.append(proc.communicate(timeout=120)[0])
+    stopped = None  # when rank 0 said it stops
+    for line in proc.stdout:
+      seen.append(line)
+      if re.search(r"SIG[A-Z]+: rank 0 stops after step", line):
+        stopped = time.time()
+    proc.wait(timeout=120)
     text = "".join(seen)
     assert proc.returncode == status, text[-4000:]  # 128 + the signal passed on to mpirun
     stop_step = int(re.search(r"SIG[A-Z]+: rank 0 stops after step (\d+)", text).group(1))
     assert os.path.exists(str(out / ("model.ckpt-%d.index" % stop_step))), text[-4000:]
     assert not ranks(), text[-4000:]
+    if stop is not _stop_as_sigkill:
+      # The launcher ends mpirun once the ranks have: it would sleep through its
+      # odls_base_sigkill_timeout once a rank.
+      assert time.time() - stopped < launch_plan.MPI_SIGKILL_TIMEOUT_S, text[-4000:]
   finally:  # the job's processes, whichever the script left
     watchdog.cancel()
     end_job()

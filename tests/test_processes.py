@@ -266,3 +266,37 @@ def test_workers_end_with_their_run_when_it_is_killed(context):
       os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:  # the group has ended
       pass
+
+
+# A reader of its children's output (mpirun, say) that reads nothing while the test runs.
+_IDLE_READER = "import time; time.sleep(30)"
+
+
+@pytest.mark.parametrize("through", ["pipe", "terminal"])
+def test_unread_output_counts_what_a_writer_wrote_that_its_reader_has_not_read(through):
+  if through == "pipe":
+    read_end, write_end = os.pipe()
+  else:
+    import pty  # pylint: disable=g-import-not-at-top
+    read_end, write_end = pty.openpty()  # the terminal's master is what its reader reads
+  writer = subprocess.Popen(["sh", "-c", "printf abc; exec sleep 30"], stdout=write_end)
+  reader = subprocess.Popen([sys.executable, "-c", _IDLE_READER], pass_fds=(read_end,))
+  try:
+    outputs = processes.output_of(writer.pid)
+    assert outputs and os.readlink("/proc/self/fd/%d" % write_end) in outputs
+    deadline = time.time() + 30
+    while processes.unread_output(reader.pid, outputs) != 3 and time.time() < deadline:
+      time.sleep(0.1)
+    assert processes.unread_output(reader.pid, outputs) == 3
+    # Only what the outputs named: another writer's pipe or terminal holds nothing.
+    assert processes.unread_output(reader.pid, {"pipe:[0]", "/dev/pts/999999"}) == 0
+    os.read(read_end, 3)  # as if the reader had read it: the same pipe or terminal
+    assert processes.unread_output(reader.pid, outputs) == 0
+  finally:
+    for process in (writer, reader):
+      process.kill()
+      process.wait()
+    for fd in (read_end, write_end):
+      os.close(fd)
+  assert processes.unread_output(reader.pid, outputs) is None  # gone
+  assert processes.output_of(reader.pid) is None

@@ -84,6 +84,9 @@ _RANK_VARIABLES = ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_PORT", "OMPI_COMM_WO
                    "PMIX_NAMESPACE", "PMI_RANK")
 # mpirun takes a second signal within 5 s as "exit now", leaving its ranks running.
 MPIRUN_REPEAT_S = 6
+# How long mpirun has to exit by itself once a stopped job's ranks on this host ended and
+# it read their output.
+MPIRUN_SETTLE_S = 1
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
 _OPTIONS = {"-H": "hosts", "--hosts": "hosts", "--hostfile": "hostfile",
@@ -383,10 +386,11 @@ class StopRanksFirst(object):
   other hosts stop with them: they agree on the step). end_now(), the launcher's own end
   of the job, runs only STOP_GRACE_S later, at a signal one second or more after the
   first (a rank's own rule for "now"), or alone_s after the signal when this host runs no
-  rank."""
+  rank. ranks_ended(outputs), if given, runs in a thread of its own once the ranks it
+  signalled have ended; outputs: where they wrote (processes.output_of)."""
 
-  def __init__(self, end_now, alone_s=0):
-    self.end_now, self.alone_s = end_now, alone_s
+  def __init__(self, end_now, alone_s=0, ranks_ended=None):
+    self.end_now, self.alone_s, self.ranks_ended = end_now, alone_s, ranks_ended
     self.signum = None  # the first signal
     self.first = None  # and when it came (time.monotonic)
     self.timer = None
@@ -410,8 +414,25 @@ class StopRanksFirst(object):
       self.timer = threading.Timer(STOP_GRACE_S if ranks else self.alone_s, self.end_now)
       self.timer.daemon = True
       self.timer.start()
+      if ranks and self.ranks_ended:
+        threading.Thread(target=self._wait_ranks, args=(ranks,), daemon=True).start()
     except Exception:  # pylint: disable=broad-except  (not into the launcher's wait)
       self.end_now()
+
+  def _wait_ranks(self, ranks):
+    import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
+
+    def ended(rank):  # a zombie too: mpirun may reap its ranks only when it ends
+      try:
+        return rank.status() == psutil.STATUS_ZOMBIE
+      except psutil.NoSuchProcess:
+        return True
+    outputs = [processes.output_of(rank.pid) for rank in ranks]
+    if None in outputs:  # a rank already gone: what it wrote is unknown
+      return
+    while not all(ended(rank) for rank in ranks):
+      time.sleep(0.2)
+    self.ranks_ended(set().union(*outputs))
 
   def cancel(self):
     if self.timer is not None:
@@ -475,7 +496,7 @@ def shell_execs_its_command():
     os.execve = execve
 
 
-def run_mpirun_in_child(body):
+def run_mpirun_in_child(body, alone=False):
   """Runs body(), horovodrun --mpi, which becomes mpirun, in a child process of its own
   process group and returns its exit status: 128 + the signal that ended it, or that
   this process got before it failed (mpirun exits with 1 after passing a signal on, or
@@ -487,11 +508,15 @@ def run_mpirun_in_child(body):
   process of the job (a scheduler's) thus reaches mpirun once. The child gets
   SIGTERM if this process ends first (SIGKILL, say), and its standard input is /dev/null:
   outside the terminal's foreground group, reading it would stop it.
+  With alone (the job runs on this host only), once the ranks the signal stopped have
+  ended and mpirun has read what they wrote for MPIRUN_SETTLE_S, mpirun is killed: it
+  would sleep through its odls_base_sigkill_timeout once a rank, with nothing left to end.
 
   Args:
     body: a callable returning an exit status, or replacing its process (execve).
+    alone: whether every rank of the job runs on this host.
   """
-  state = {"child": None, "passed": False}
+  state = {"child": None, "passed": False, "cut": False}
   lock = threading.Lock()  # held: passing on, or the child has ended
 
   def pass_on():  # from the handler or the grace's timer
@@ -506,7 +531,21 @@ def run_mpirun_in_child(body):
     finally:
       lock.release()
 
-  stop = StopRanksFirst(pass_on, alone_s=MPIRUN_REPEAT_S)
+  def cut_short(outputs):  # from StopRanksFirst's thread, once the ranks it signalled ended
+    read_since = time.monotonic()  # mpirun has read all its ranks wrote
+    while state["child"] is not None:
+      if processes.unread_output(state["child"], outputs) != 0:  # or it cannot be told
+        read_since = time.monotonic()
+      elif time.monotonic() - read_since >= MPIRUN_SETTLE_S:
+        with lock:
+          if state["child"] is not None:
+            state["cut"] = True
+            os.killpg(state["child"], signal.SIGKILL)
+        return
+      time.sleep(0.2)
+
+  stop = StopRanksFirst(pass_on, alone_s=MPIRUN_REPEAT_S,
+                        ranks_ended=cut_short if alone else None)
   caught = _stops_taken()  # held back until the child's pid is known
   mask = signal.pthread_sigmask(signal.SIG_BLOCK, caught)
   previous = {signum: signal.signal(signum, stop) for signum in caught}
@@ -552,6 +591,8 @@ def run_mpirun_in_child(body):
     stop.cancel()
     for signum, handler in previous.items():
       signal.signal(signum, handler)
+  if state["cut"]:
+    return 128 + stop.signum
   if os.WIFSIGNALED(status):
     return 128 + os.WTERMSIG(status)
   if os.WEXITSTATUS(status) and stop.signum:
@@ -634,6 +675,16 @@ def check_settings_here(values):
     raise LaunchError(str(e))
 
 
+def job_on_this_host(words):
+  """Whether every host the launcher's -H names (plan() names every host so, this one as
+  localhost) is this one, in the command's words before run_pretraining's."""
+  end = (words.index("bert_pretrain.run_pretraining")
+         if "bert_pretrain.run_pretraining" in words else len(words))
+  hosts = [spec.split(":")[0] for before, word in zip(words[:end], words[1:end])
+           if before == "-H" for spec in word.split(",")]
+  return all(host in ("localhost", "127.0.0.1", socket.gethostname()) for host in hosts)
+
+
 def check_inputs_here(words):
   """Runs a rank's own checks of its settings, files and --output_dir (run_pretraining
   --check_only) once in this process's environment with the command's `env NAME=VALUE`
@@ -642,18 +693,16 @@ def check_inputs_here(words):
   if "bert_pretrain.run_pretraining" not in words:
     return None
   start = words.index("bert_pretrain.run_pretraining")
-  env, hosts, after = dict(os.environ), [], None
+  env, after = dict(os.environ), None
   for word in words[:start]:
-    if after == "-H":  # plan() names every host so, this one as localhost
-      hosts.extend(spec.split(":")[0] for spec in word.split(","))
-    elif after == "-np" and "horovodrun" in words[:start] and word.isdigit():
+    if after == "-np" and "horovodrun" in words[:start] and word.isdigit():
       env[CHECK_PROCESSES_VARIABLE] = word
     elif after == "env" and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word):
       name, value = word.split("=", 1)
       env[name] = value
       continue
     after = word
-  if any(host not in ("localhost", "127.0.0.1", socket.gethostname()) for host in hosts):
+  if not job_on_this_host(words):
     return None
   # The ranks' own interpreter (python3 -m ...); its errors are one line on stderr.
   python = (words[start - 2:start] if start >= 2 and words[start - 1] == "-m" else
@@ -825,7 +874,7 @@ def run(words, dry_run=False):
       def job():
         with shell_execs_its_command():
           return horovodrun_lib.run_horovodrun(program[1:], run_commandline)
-      return run_mpirun_in_child(job)
+      return run_mpirun_in_child(job, alone=job_on_this_host(program))
   os.execvp(words[0], list(words))
   return 1  # Not reached: execvp replaces this process or raises.
 
