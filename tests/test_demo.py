@@ -12,11 +12,11 @@ import sys
 import pytest
 import tensorflow.compat.v1 as tf
 
-from bert_pretrain import config
 from bert_pretrain import demo
 from bert_pretrain.data import records
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import report
+from conftest import base_flags, run_pretraining
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,26 +96,22 @@ def short_demo_run(tmp_path_factory):
 
 
 def test_the_first_update_that_fetches_the_losses_is_left_out_of_the_steady_fps(
-    short_demo_run, tmp_path):
+    pretraining_data, tmp_path):
   # Updates 1-10 warm up, 11 is traced, 12-13 are steady; 14, the last, is the first to
   # fetch the losses (its session call is set up then: the demo's model takes longer for
   # it than for several updates), so the steady figure counts 12 and 13 alone. The run's
-  # own count is asserted: comparing the speeds would test the machine's load.
+  # own count is asserted, on the tiny model: comparing the speeds would test the
+  # machine's load.
   output_dir = tmp_path / "run"
-  result = subprocess.run(
-      [sys.executable, "-m", "bert_pretrain.run_pretraining", "--preset=demo",
-       "--demo_cache_dir=" + short_demo_run["cache"], "--num_train_steps=14",
-       "--display_loss_steps=50", "--demo_finetune_epochs=0", "--nodraw_report",
-       "--output_dir=" + str(output_dir)],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-      timeout=300, env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
-  assert result.returncode == 0, result.stdout[-3000:]
+  result = run_pretraining(*base_flags(pretraining_data, output_dir, num_train_steps=14,
+                                       display_loss_steps=50, fps_warmup_steps=10,
+                                       nodo_eval=None))
+  assert result.returncode == 0, result.stderr[-3000:]
   assert "Update time (update 11 traced" in result.stdout, result.stdout[-3000:]
   (summary,) = [r for r in report.read_records(str(output_dir / "dllog.json"))
                 if r["type"] == "summary"]
-  batch = config.PRESETS["demo"]["train_batch_size"]
-  assert summary["training_sentences"] == 14 * batch  # no update skipped
-  assert summary["steady_sentences"] == 2 * batch and summary["steady_time_s"] > 0
+  assert summary["training_sentences"] == 14 * 8  # no update skipped
+  assert summary["steady_sentences"] == 2 * 8 and summary["steady_time_s"] > 0
   assert ("Throughput Average (sentences/sec) = %.2f (after 10 warm-up steps"
           % summary["throughput"]) in result.stdout, result.stdout[-3000:]
 

@@ -154,7 +154,8 @@ def test_mirrored_sums_the_replicas_gradients_as_the_reference_by_default(
     flags = [f for f in engine_flags(equal_weight_data, out, 4)
              if not f.startswith("--cross_replica_gradients")]
     result = run_pretraining(*flags + extra + [
-        "--distribution=mirrored", "--cpu_devices=2", "--gradient_clipping=per_micro_batch"])
+        "--distribution=mirrored", "--cpu_devices=2", "--gradient_clipping=per_micro_batch",
+        "--nodo_eval"])
     assert result.returncode == 0, result.stderr[-3000:]
     runs[name] = out
     if name == "summed":

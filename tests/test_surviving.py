@@ -571,11 +571,13 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
   assert [r["samples"] for r in records if r["type"] == "eval"][-1] == 32
 
 
-def _plan(earlier, now, step=62, num_train_steps=400, allowed=()):
+def _plan(earlier, now, step=62, num_train_steps=400, allowed=(), replicas=1):
   """resume_plan of a run at `step` whose records were `earlier` and are `now` (the keys
-  resume_plan reads; the layout the same; a key None in `earlier`: not recorded)."""
-  layout = {"distribution": "none", "processes": 1, "replicas": 1, "train_batch_size": 4,
-            "num_accumulation_steps": 1, "global_batch_size": 4}
+  resume_plan reads; the layout the same, of `replicas` mirrored replicas; a key None in
+  `earlier`: not recorded)."""
+  layout = {"distribution": "mirrored" if replicas > 1 else "none", "processes": 1,
+            "replicas": replicas, "train_batch_size": 4, "num_accumulation_steps": 1,
+            "global_batch_size": 4 * replicas}
   record = dict(dict(layout=layout, seed=7, train_files=[["part-0", 100]], compute="float32",
                      update_rule=dict(resume_lib.UPDATE_RULE)), **now)
   cfg = types.SimpleNamespace(
@@ -626,6 +628,28 @@ def test_a_resumed_run_says_how_its_learning_rate_and_data_order_changed():
   older = _plan({"schedule": None, "data_order": None}, dict(schedule=schedule,
                                                               data_order=order))
   assert len(older.lines) == 1
+
+
+def test_a_resumed_run_says_how_the_ranks_gradients_combine_when_that_changed():
+  def plan(was, now, replicas=2):
+    rules = [dict(schedule={k: 1 for k in resume_lib.SCHEDULE},
+                  data_order={"shuffle_buffer": 10000, "tensorflow": "2.15"},
+                  update_rule={"cross_replica_gradients": rule, "lr_schedule_step": "update"})
+             for rule in (was, now)]
+    return _plan(*rules, replicas=replicas)
+
+  changed = plan("sum", "mean")
+  assert changed.lines[1:] == [
+      "Gradients: averaged over the ranks since model.ckpt-62, were summed over 2 ranks "
+      "(--cross_replica_gradients, the ranks)"]
+  assert not changed.record_now
+  assert plan("mean", "sum").lines[1:] == [
+      "Gradients: summed over 2 ranks since model.ckpt-62, were averaged over the ranks "
+      "(--cross_replica_gradients, the ranks)"]
+  same = plan("mean", "mean")
+  assert len(same.lines) == 1 and same.record_now
+  # One replica's gradients are its own either way: nothing to say.
+  assert len(plan("sum", "mean", replicas=1).lines) == 1
 
 
 STOP_SCRIPT = """
