@@ -238,8 +238,8 @@ def unread_output(pid, outputs):
       except OSError:  # closed meanwhile
         continue
       reads = target in outputs and int(info["flags"], 8) & os.O_ACCMODE == os.O_RDONLY
-      if target == "/dev/ptmx":  # the other end of a terminal the outputs name
-        reads = "/dev/pts/%s" % info.get("tty-index", "?").strip() in outputs
+      if "tty-index" in info:  # a terminal's master (/dev/ptmx, /dev/pts/ptmx in a container)
+        reads = "/dev/pts/%s" % info["tty-index"].strip() in outputs
       if not reads:
         continue
       copy = _SYSCALL(_PIDFD_GETFD, pidfd, int(fd), 0)
@@ -254,6 +254,16 @@ def unread_output(pid, outputs):
   finally:
     os.close(pidfd)
   return unread
+
+
+def sleeping(pid):
+  """Whether process `pid` waits in a sleep (nanosleep), as mpirun does through its
+  odls_base_sigkill_timeout; False when that cannot be told (a kernel that hides it)."""
+  try:
+    with open("/proc/%d/wchan" % pid) as f:
+      return "nanosleep" in f.read()
+  except OSError:
+    return False
 
 
 def arm_stacks():

@@ -530,6 +530,24 @@ def rank_command(*flags):
           RANKS_MODULE] + list(flags)
 
 
+def can_look_into_descriptors():
+  """Whether processes.unread_output and processes.sleeping can tell here: pidfd_getfd
+  (Linux 5.6; a container's seccomp may forbid it) and a readable wait channel."""
+  from bert_pretrain import processes  # pylint: disable=g-import-not-at-top
+  child = subprocess.Popen(["sleep", "30"], stdin=subprocess.PIPE)
+  try:
+    deadline = time.time() + 10
+    while not processes.sleeping(child.pid) and time.time() < deadline:
+      time.sleep(0.05)
+    outputs = {os.readlink("/proc/self/fd/%d" % child.stdin.fileno())}
+    return (processes.sleeping(child.pid) and
+            processes.unread_output(child.pid, outputs) is not None)
+  finally:
+    child.kill()
+    child.wait()
+    child.stdin.close()
+
+
 def run_pretraining(*flags, timeout=300):
   """run_command of bert_pretrain.run_pretraining."""
   return run_command(RANKS_MODULE, *flags, timeout=timeout)

@@ -15,7 +15,7 @@ import pytest
 
 from bert_pretrain import errors
 from bert_pretrain import processes
-from conftest import ROOT, gone, workers_of
+from conftest import ROOT, can_look_into_descriptors, gone, workers_of
 import pool_tasks
 
 
@@ -272,13 +272,28 @@ def test_workers_end_with_their_run_when_it_is_killed(context):
 _IDLE_READER = "import time; time.sleep(30)"
 
 
-@pytest.mark.parametrize("through", ["pipe", "terminal"])
+def _container_terminal():
+  """A terminal made through /dev/pts/ptmx, as a container's /dev/ptmx (a link to it)
+  makes one: (master, slave) descriptors."""
+  import ctypes  # pylint: disable=g-import-not-at-top
+  libc = ctypes.CDLL(None)
+  libc.ptsname.restype = ctypes.c_char_p
+  master = os.open("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY)
+  assert libc.grantpt(master) == 0 and libc.unlockpt(master) == 0
+  return master, os.open(libc.ptsname(master).decode(), os.O_RDWR | os.O_NOCTTY)
+
+
+@pytest.mark.parametrize("through", ["pipe", "terminal", "container terminal"])
 def test_unread_output_counts_what_a_writer_wrote_that_its_reader_has_not_read(through):
+  if not can_look_into_descriptors():
+    pytest.skip("no pidfd_getfd or no wait channel here (a kernel before 5.6, a container)")
   if through == "pipe":
     read_end, write_end = os.pipe()
-  else:
+  elif through == "terminal":
     import pty  # pylint: disable=g-import-not-at-top
     read_end, write_end = pty.openpty()  # the terminal's master is what its reader reads
+  else:
+    read_end, write_end = _container_terminal()
   writer = subprocess.Popen(["sh", "-c", "printf abc; exec sleep 30"], stdout=write_end)
   reader = subprocess.Popen([sys.executable, "-c", _IDLE_READER], pass_fds=(read_end,))
   try:
@@ -300,3 +315,18 @@ def test_unread_output_counts_what_a_writer_wrote_that_its_reader_has_not_read(t
       os.close(fd)
   assert processes.unread_output(reader.pid, outputs) is None  # gone
   assert processes.output_of(reader.pid) is None
+
+
+def test_a_process_in_a_sleep_is_told_from_one_that_computes_or_is_gone():
+  if not can_look_into_descriptors():
+    pytest.skip("no wait channel here (a kernel that hides it)")
+  asleep = subprocess.Popen(["sleep", "30"])
+  busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+  try:
+    time.sleep(0.5)
+    assert processes.sleeping(asleep.pid) and not processes.sleeping(busy.pid)
+  finally:
+    for process in (asleep, busy):
+      process.kill()
+      process.wait()
+  assert not processes.sleeping(asleep.pid)

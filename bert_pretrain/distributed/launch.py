@@ -84,8 +84,8 @@ _RANK_VARIABLES = ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_PORT", "OMPI_COMM_WO
                    "PMIX_NAMESPACE", "PMI_RANK")
 # mpirun takes a second signal within 5 s as "exit now", leaving its ranks running.
 MPIRUN_REPEAT_S = 6
-# How long mpirun has to exit by itself once a stopped job's ranks on this host ended and
-# it read their output.
+# How long mpirun has slept, its ranks on this host ended and their output read, before
+# the launcher ends it.
 MPIRUN_SETTLE_S = 1
 
 _HOST = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([0-9]+))?$")
@@ -403,6 +403,8 @@ class StopRanksFirst(object):
         return
       self.signum, self.first = signum, time.monotonic()
       ranks = ranks_of_this_host()
+      # Where they write, while they still run (processes.output_of).
+      outputs = [processes.output_of(rank.pid) for rank in ranks] if self.ranks_ended else []
       for rank in ranks:
         try:
           rank.send_signal(signal.SIGTERM)
@@ -414,25 +416,23 @@ class StopRanksFirst(object):
       self.timer = threading.Timer(STOP_GRACE_S if ranks else self.alone_s, self.end_now)
       self.timer.daemon = True
       self.timer.start()
-      if ranks and self.ranks_ended:
-        threading.Thread(target=self._wait_ranks, args=(ranks,), daemon=True).start()
+      if ranks and self.ranks_ended and None not in outputs:
+        threading.Thread(target=self._wait_ranks, args=(ranks, set().union(*outputs)),
+                         daemon=True).start()
     except Exception:  # pylint: disable=broad-except  (not into the launcher's wait)
       self.end_now()
 
-  def _wait_ranks(self, ranks):
+  def _wait_ranks(self, ranks, outputs):
     import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
 
     def ended(rank):  # a zombie too: mpirun may reap its ranks only when it ends
       try:
-        return rank.status() == psutil.STATUS_ZOMBIE
+        return not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE
       except psutil.NoSuchProcess:
         return True
-    outputs = [processes.output_of(rank.pid) for rank in ranks]
-    if None in outputs:  # a rank already gone: what it wrote is unknown
-      return
     while not all(ended(rank) for rank in ranks):
       time.sleep(0.2)
-    self.ranks_ended(set().union(*outputs))
+    self.ranks_ended(outputs)
 
   def cancel(self):
     if self.timer is not None:
@@ -509,8 +509,9 @@ def run_mpirun_in_child(body, alone=False):
   SIGTERM if this process ends first (SIGKILL, say), and its standard input is /dev/null:
   outside the terminal's foreground group, reading it would stop it.
   With alone (the job runs on this host only), once the ranks the signal stopped have
-  ended and mpirun has read what they wrote for MPIRUN_SETTLE_S, mpirun is killed: it
-  would sleep through its odls_base_sigkill_timeout once a rank, with nothing left to end.
+  ended, mpirun is killed when it has slept for MPIRUN_SETTLE_S having read all they
+  wrote: it sleeps through its odls_base_sigkill_timeout once a rank that ended with an
+  error (143), with nothing left to end.
 
   Args:
     body: a callable returning an exit status, or replacing its process (execve).
@@ -532,15 +533,22 @@ def run_mpirun_in_child(body, alone=False):
       lock.release()
 
   def cut_short(outputs):  # from StopRanksFirst's thread, once the ranks it signalled ended
-    read_since = time.monotonic()  # mpirun has read all its ranks wrote
-    while state["child"] is not None:
-      if processes.unread_output(state["child"], outputs) != 0:  # or it cannot be told
-        read_since = time.monotonic()
-      elif time.monotonic() - read_since >= MPIRUN_SETTLE_S:
+    idle_since = time.monotonic()  # mpirun sleeps, having read all its ranks wrote
+    while True:
+      child = state["child"]
+      if child is None:
+        return
+      # unread_output is None when it cannot be told: no cut then.
+      if processes.unread_output(child, outputs) != 0 or not processes.sleeping(child):
+        idle_since = time.monotonic()
+      elif time.monotonic() - idle_since >= MPIRUN_SETTLE_S:
         with lock:
           if state["child"] is not None:
-            state["cut"] = True
-            os.killpg(state["child"], signal.SIGKILL)
+            try:
+              os.killpg(state["child"], signal.SIGKILL)
+              state["cut"] = True
+            except OSError:  # it has just ended
+              pass
         return
       time.sleep(0.2)
 
