@@ -257,13 +257,18 @@ def unread_output(pid, outputs):
 
 
 def sleeping(pid):
-  """Whether process `pid` waits in a sleep (nanosleep), as mpirun does through its
-  odls_base_sigkill_timeout; False when that cannot be told (a kernel that hides it)."""
+  """How often process `pid` has given up the CPU (its voluntary context switches) when it
+  waits in a sleep (nanosleep), as mpirun does through its odls_base_sigkill_timeout;
+  None when it does not, or that cannot be told (a kernel that hides it). A count that
+  stays the same is one long sleep, not a loop of short ones."""
   try:
     with open("/proc/%d/wchan" % pid) as f:
-      return "nanosleep" in f.read()
-  except OSError:
-    return False
+      if "nanosleep" not in f.read():
+        return None
+    with open("/proc/%d/status" % pid) as f:
+      return int(f.read().split("voluntary_ctxt_switches:", 1)[1].split()[0])
+  except (OSError, IndexError, ValueError):
+    return None
 
 
 def arm_stacks():

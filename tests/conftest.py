@@ -537,10 +537,10 @@ def can_look_into_descriptors():
   child = subprocess.Popen(["sleep", "30"], stdin=subprocess.PIPE)
   try:
     deadline = time.time() + 10
-    while not processes.sleeping(child.pid) and time.time() < deadline:
+    while processes.sleeping(child.pid) is None and time.time() < deadline:
       time.sleep(0.05)
     outputs = {os.readlink("/proc/self/fd/%d" % child.stdin.fileno())}
-    return (processes.sleeping(child.pid) and
+    return (processes.sleeping(child.pid) is not None and
             processes.unread_output(child.pid, outputs) is not None)
   finally:
     child.kill()

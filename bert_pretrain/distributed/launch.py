@@ -509,9 +509,9 @@ def run_mpirun_in_child(body, alone=False):
   SIGTERM if this process ends first (SIGKILL, say), and its standard input is /dev/null:
   outside the terminal's foreground group, reading it would stop it.
   With alone (the job runs on this host only), once the ranks the signal stopped have
-  ended, mpirun is killed when it has slept for MPIRUN_SETTLE_S having read all they
-  wrote: it sleeps through its odls_base_sigkill_timeout once a rank that ended with an
-  error (143), with nothing left to end.
+  ended, mpirun is killed when it has been in one sleep for MPIRUN_SETTLE_S having read
+  all they wrote: it sleeps through its odls_base_sigkill_timeout once a rank that ended
+  with an error (143), with nothing left to end.
 
   Args:
     body: a callable returning an exit status, or replacing its process (execve).
@@ -533,14 +533,15 @@ def run_mpirun_in_child(body, alone=False):
       lock.release()
 
   def cut_short(outputs):  # from StopRanksFirst's thread, once the ranks it signalled ended
-    idle_since = time.monotonic()  # mpirun sleeps, having read all its ranks wrote
+    idle_since, asleep = time.monotonic(), None  # mpirun in one sleep, its ranks' output read
     while True:
       child = state["child"]
       if child is None:
         return
       # unread_output is None when it cannot be told: no cut then.
-      if processes.unread_output(child, outputs) != 0 or not processes.sleeping(child):
-        idle_since = time.monotonic()
+      now = processes.sleeping(child) if processes.unread_output(child, outputs) == 0 else None
+      if now is None or now != asleep:
+        idle_since, asleep = time.monotonic(), now
       elif time.monotonic() - idle_since >= MPIRUN_SETTLE_S:
         with lock:
           if state["child"] is not None:
