@@ -496,6 +496,24 @@ def shell_execs_its_command():
     os.execve = execve
 
 
+def _asleep_with_output_read(child, outputs):
+  """Waits until mpirun (child(): its pid, None once it ended) has been in one sleep for
+  MPIRUN_SETTLE_S with nothing in `outputs` (processes.output_of's) left unread; returns
+  True then, False when it ended first."""
+  idle_since, asleep = time.monotonic(), None
+  while True:
+    pid = child()
+    if pid is None:
+      return False
+    # unread_output is None when it cannot be told: never asleep then.
+    now = processes.sleeping(pid) if processes.unread_output(pid, outputs) == 0 else None
+    if now is None or now != asleep:
+      idle_since, asleep = time.monotonic(), now
+    elif time.monotonic() - idle_since >= MPIRUN_SETTLE_S:
+      return True
+    time.sleep(0.2)
+
+
 def run_mpirun_in_child(body, alone=False):
   """Runs body(), horovodrun --mpi, which becomes mpirun, in a child process of its own
   process group and returns its exit status: 128 + the signal that ended it, or that
@@ -508,10 +526,9 @@ def run_mpirun_in_child(body, alone=False):
   process of the job (a scheduler's) thus reaches mpirun once. The child gets
   SIGTERM if this process ends first (SIGKILL, say), and its standard input is /dev/null:
   outside the terminal's foreground group, reading it would stop it.
-  With alone (the job runs on this host only), once the ranks the signal stopped have
-  ended, mpirun is killed when it has been in one sleep for MPIRUN_SETTLE_S having read
-  all they wrote: it sleeps through its odls_base_sigkill_timeout once a rank that ended
-  with an error (143), with nothing left to end.
+  With alone, once the ranks the signal stopped have ended, mpirun is killed when it is
+  asleep with their output read (_asleep_with_output_read): it sleeps through its
+  odls_base_sigkill_timeout once a rank that ended with 143, with nothing left to end.
 
   Args:
     body: a callable returning an exit status, or replacing its process (execve).
@@ -533,25 +550,15 @@ def run_mpirun_in_child(body, alone=False):
       lock.release()
 
   def cut_short(outputs):  # from StopRanksFirst's thread, once the ranks it signalled ended
-    idle_since, asleep = time.monotonic(), None  # mpirun in one sleep, its ranks' output read
-    while True:
-      child = state["child"]
-      if child is None:
-        return
-      # unread_output is None when it cannot be told: no cut then.
-      now = processes.sleeping(child) if processes.unread_output(child, outputs) == 0 else None
-      if now is None or now != asleep:
-        idle_since, asleep = time.monotonic(), now
-      elif time.monotonic() - idle_since >= MPIRUN_SETTLE_S:
-        with lock:
-          if state["child"] is not None:
-            try:
-              os.killpg(state["child"], signal.SIGKILL)
-              state["cut"] = True
-            except OSError:  # it has just ended
-              pass
-        return
-      time.sleep(0.2)
+    if not _asleep_with_output_read(lambda: state["child"], outputs):
+      return
+    with lock:
+      if state["child"] is not None:
+        try:
+          os.killpg(state["child"], signal.SIGKILL)
+          state["cut"] = True
+        except OSError:  # it has just ended
+          pass
 
   stop = StopRanksFirst(pass_on, alone_s=MPIRUN_REPEAT_S,
                         ranks_ended=cut_short if alone else None)
