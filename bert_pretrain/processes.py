@@ -32,20 +32,17 @@ from bert_pretrain.distributed import stacks
 _PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
 
 
-def _libc_prctl():
-  """libc's prctl, looked up here, before any fork: a dlopen in a child forked from a
-  process with threads can wait forever on a loader lock one of them held."""
+def _libc_function(name):
+  """libc's function `name`, looked up here, before any fork: a dlopen in a child forked
+  from a process with threads can wait forever on a loader lock one of them held."""
   try:
-    return ctypes.CDLL(None).prctl
-  except (OSError, AttributeError):  # not Linux: a child outlives a killed parent
+    return getattr(ctypes.CDLL(None), name)
+  except (OSError, AttributeError):  # not Linux: a child outlives a killed parent, say
     return None
 
 
-_PRCTL = _libc_prctl()
-try:  # looked up before any fork too (_libc_prctl)
-  _SYSCALL = ctypes.CDLL(None, use_errno=True).syscall
-except (OSError, AttributeError):
-  _SYSCALL = None
+_PRCTL = _libc_function("prctl")
+_SYSCALL = _libc_function("syscall")
 # Linux's pidfd_open and pidfd_getfd (5.6), the same number on every architecture.
 _PIDFD_OPEN, _PIDFD_GETFD = 434, 438
 

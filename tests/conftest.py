@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny BERT config and real pretraining TFRecords made from
 tests/data/sample_text.txt with the recipe's own vocab builder and create_pretraining_data."""
 
+import functools
 import json
 import os
 import select
@@ -530,6 +531,7 @@ def rank_command(*flags):
           RANKS_MODULE] + list(flags)
 
 
+@functools.lru_cache(maxsize=None)  # the machine's answer, asked once a worker
 def can_look_into_descriptors():
   """Whether processes.unread_output and processes.sleeping can tell here: pidfd_getfd
   (Linux 5.6; a container's seccomp may forbid it) and a readable wait channel."""
