@@ -979,7 +979,6 @@ def write_card(results, path):
 def main(argv):
   if len(argv) > 1:
     errors.unexpected_arguments("benchmark", argv[1:])
-  processes.arm_stacks()  # kill -USR2 <pid> shows where a stuck benchmark or worker waits
   if FLAGS.worker:
     row = json.loads(FLAGS.row)
     {"ours": ours_worker, "google": google_worker, "peer": peer_worker,

@@ -155,9 +155,12 @@ def run_main(tool, main):
   """absl's app.run(main), with a bad command line (an unknown flag, a value of the wrong
   kind, a required flag missing) one line `TOOL: error: ...` and exit status 2, the
   status of bad input for the tools whose 1 says what they found (absl exits 1). A reader
-  that stops reading (`| head`) ends the tool as it ends a C tool: quietly, 128 + SIGPIPE."""
+  that stops reading (`| head`) ends the tool as it ends a C tool: quietly, 128 + SIGPIPE.
+  `kill -USR2 <pid>` prints the tool's Python stacks and lets it go on (processes.arm_stacks)."""
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
+  # processes imports this module: imported here, not at the top.
+  from bert_pretrain import processes  # pylint: disable=g-import-not-at-top
 
   def parse(argv):
     try:
@@ -178,6 +181,7 @@ def run_main(tool, main):
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
       return 128 + signal.SIGPIPE
 
+  processes.arm_stacks()
   app.run(main_until_the_reader_stops, flags_parser=parse)
 
 

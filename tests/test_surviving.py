@@ -268,6 +268,25 @@ def test_sigint_stops_like_sigterm_without_a_traceback(dropout_free, tmp_path):
   assert "Data: continuing at sample %d of the data order" % (stop_step * 8) in rerun.stdout
 
 
+def test_sigusr2_prints_a_one_card_runs_stacks_and_the_run_trains_on_to_its_last_step(
+    dropout_free, reference_curves, tmp_path):
+  """What `kill -USR2` shows of a run that seems stuck, without ending it (it ended one
+  with 140 when only a job's ranks with --stall_timeout_s were armed)."""
+  out = tmp_path / "out"
+  command = MODULE + _flags(dropout_free, out)
+  (status, stdout, stderr, last_step), sent = _run_and_signal_once(
+      command, out, 3, None, signal.SIGUSR2, None)
+  assert sent < float("inf"), "the run ended before the signal: %s" % stdout[-3000:]
+  assert status == 0, stderr[-3000:]
+  assert last_step == STEPS
+  # faulthandler's dump: every thread, the main one inside the training loop.
+  assert re.search(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$",
+                   stderr, re.M), stderr[-3000:]
+  assert re.search(r'File ".*bert_pretrain/training/loop\.py", line \d+ in ', stderr)
+  assert "Traceback" not in stderr
+  _assert_same_curve(_losses(out / "dllog.json"), reference_curves("local", 1), 1)
+
+
 def test_sigkilled_run_with_accumulation_resumes_the_loss_curve_bit_identically(
     dropout_free, reference_curves, tmp_path):
   out = tmp_path / "out"

@@ -106,7 +106,6 @@ def main(argv):
   if len(argv) > 1:
     errors.unexpected_arguments("prepare_wiki", argv[1:])
   errors.take_stop_signals()
-  processes.arm_stacks()
   flag_values = flags.FLAGS
   if not flag_values["verbosity"].present:
     # create_pretraining_data logs two INFO lines per shard; the progress line suffices.
