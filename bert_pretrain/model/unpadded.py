@@ -124,9 +124,7 @@ def transformer_model(input_tensor,
       layer_output = prev_output if last_at_outputs else tf.gather(prev_output, rows)
       all_layer_outputs.append(tf.reshape(tf.cast(layer_output, compute_type),
                                           [batch_size, from_seq_length, hidden_size]))
-  if do_return_all_layers:
-    return all_layer_outputs
-  return all_layer_outputs[-1]
+  return all_layer_outputs if do_return_all_layers else all_layer_outputs[-1]
 
 
 def attention_layer(from_tensor, to_tensor, attention_mask=None, num_attention_heads=1,
