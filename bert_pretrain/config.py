@@ -14,8 +14,9 @@ points takes a section, never the flags:
 PRESETS are the settings the scripts and the demo choose (--preset), kept as data; the
 flags given on the command line win over a preset, a preset over the defaults. A script's
 preset without --input_files_dir is the embedded demo, whose settings win over the
-script's. The defaults are MLPerf's (the reference's hyperparameters for BERT-Large at
-sequence 512).
+script's. The defaults are MLPerf's rules (sequence 512, LAMB as its reference, its
+evaluation and target); the learning rate and steps are the model zoo script's, and
+--reference_hyperparameters takes those of MLPerf's RCP for the run's global batch.
 
 ANCHOR_ALIASES maps the flag names of the recipes this one replaces (NVIDIA's, Habana's,
 Iluvatar's run_pretraining.py) onto ours; ANCHOR_NOTES lists the anchors' flags that are

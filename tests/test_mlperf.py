@@ -204,6 +204,17 @@ def test_the_initial_accuracy_is_checked_against_mlperfs_checkpoint():
   assert mlperf.initial_accuracy_warning(0.0012, None, 0.01) is None
 
 
+def test_an_evaluation_of_another_set_than_eval_10k_is_said_not_comparable_with_the_target():
+  assert mlperf.eval_set_warning(10000, 0.72, 0) is None
+  assert mlperf.eval_set_warning(64, 0.0, 0) is None  # no target (the demo)
+  subset = mlperf.eval_set_warning(2400, 0.72, 100)  # the anchor's --max_eval_steps=100
+  assert subset.startswith("the evaluation read 2400 sequences, not the 10000 of MLPerf's "
+                           "eval_10k")
+  assert subset.endswith("--max_eval_steps=0 evaluates the whole set")
+  assert mlperf.eval_set_warning(10001, 0.72, 0).endswith(
+      "pass eval_10k's records as --eval_files_dir")
+
+
 def _rcp_file():
   with open(mlperf.rcp_file()) as f:
     return json.load(f)

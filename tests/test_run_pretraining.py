@@ -41,6 +41,15 @@ def test_training_run_logs_evaluates_and_saves(pretraining_data, tmp_path):
   assert stdout.count("***** Eval results *****") == 3
   accuracies = [float(a) for a in re.findall(r"^  masked_lm_accuracy = ([\d.]+)$", stdout, re.M)]
   assert len(accuracies) == 3 and all(0.0 <= a <= 1.0 for a in accuracies)
+  # The fixture's small eval set is not MLPerf's: said once, at the first evaluation.
+  evaluated = int(re.search(r"^  eval_samples = (\d+)$", stdout, re.M).group(1))
+  assert 0 < evaluated < 10000
+  warned = re.findall(r"^warning: the evaluation read (\d+) sequences, not the 10000 of "
+                      r"MLPerf's eval_10k: its masked-LM accuracy is not comparable with "
+                      r"MLPerf's target \(--stop_threshold=0.99\); pass eval_10k's records "
+                      r"as --eval_files_dir$", stdout, re.M)
+  assert warned == [str(evaluated)], stdout[-3000:]
+  assert stdout.index("warning: the evaluation read") < stdout.index("Step 2,")
   assert re.search(r"^\| 1 card \| acc [\d.]+ \| fps [\d.]+ \| status aborted \|$", stdout, re.M)
   assert "Throughput Average (sentences/sec) = " in stdout
   assert re.search(r"^masked_lm_accuracy before training: [\d.]+$", stdout, re.M)

@@ -291,7 +291,7 @@ class Job(object):
         self.logger, self.evaluator, self.monitor, per_update,
         self.eval_interval, cfg.evaluation.samples_start_eval, self.step,
         cfg.run.output_dir if ranks.is_chief else None, self.skipped, self.samples_offset,
-        self.update_samples)
+        self.update_samples, cfg.evaluation.stop_threshold, cfg.evaluation.max_eval_steps)
     self.meter = meters.Throughput(per_update, cfg.run.fps_warmup_steps)
     self.tokens = timing.Tokens(cfg.data.max_seq_length)
     self.split = None  # the traced update's parts (timing.split_update), once traced

@@ -11,6 +11,8 @@ import time
 
 from mlperf_logging import mllog
 
+from bert_pretrain.training import mlperf
+
 
 def samples(step, batch_size, skipped=0, offset=0.0):
   """The sentences read by `step` updates of batch_size (a fraction for packs) and by the
@@ -146,12 +148,16 @@ class EvalSchedule(object):
       checkpoints.UPDATE_SAMPLES; None: not known, counted back). Batches loss scaling
       skipped after it and before the checkpoint are read after it: the first update
       applied next evaluates a point they passed, as an uninterrupted run does.
+    stop_threshold, max_eval_steps: the run's target and evaluation batches per card,
+      for the warning when the first evaluation read another set than eval_10k.
   """
 
   def __init__(self, logger, evaluator, monitor, batch_size, samples_between_eval,
                samples_start_eval, step, output_dir, skipped=0, offset=0.0,
-               update_samples=None):
+               update_samples=None, stop_threshold=0.0, max_eval_steps=0):
     self.logger = logger
+    self.stop_threshold = stop_threshold
+    self.max_eval_steps = max_eval_steps
     self.skipped = skipped
     self.offset = offset
     self.evaluator = evaluator
@@ -228,18 +234,22 @@ class EvalSchedule(object):
     """
     start = time.time()
     trained = {"epoch_num": self.read(step)}
-    mlperf = self.logger.mlperf if scheduled else lambda *args, **kwargs: None
-    mlperf(mllog.constants.EVAL_START, metadata=trained, kind="start")
+    log_mlperf = self.logger.mlperf if scheduled else lambda *args, **kwargs: None
+    log_mlperf(mllog.constants.EVAL_START, metadata=trained, kind="start")
     results = self.evaluator.evaluate(sess)
-    mlperf(mllog.constants.EVAL_STOP, metadata=trained, kind="end")
+    log_mlperf(mllog.constants.EVAL_STOP, metadata=trained, kind="end")
     self.eval_time += time.time() - start
     self.eval_samples += results["eval_samples"]
     results["eval_time_s"] = round(time.time() - start, 3)
     if not self.eval_samples_logged and scheduled:
       self.logger.mlperf(mllog.constants.EVAL_SAMPLES, results["eval_samples"])
       self.eval_samples_logged = True
+      warning = mlperf.eval_set_warning(results["eval_samples"], self.stop_threshold,
+                                        self.max_eval_steps)
+      if warning:
+        self.logger.warning(step, warning)
     self.last_eval_step, self.last_scheduled = step, scheduled
-    mlperf(mllog.constants.EVAL_ACCURACY, results["masked_lm_accuracy"], metadata=trained)
+    log_mlperf(mllog.constants.EVAL_ACCURACY, results["masked_lm_accuracy"], metadata=trained)
     self.logger.eval_results(step, results, self.output_dir, samples=trained["epoch_num"])
     for warning in self.monitor.evaluation(step, results["masked_lm_accuracy"]):
       self.logger.warning(step, warning)

@@ -76,6 +76,18 @@ def initial_accuracy_warning(accuracy, expected, tolerance):
           % (accuracy, expected, tolerance))
 
 
+def eval_set_warning(eval_samples, stop_threshold, max_eval_steps):
+  """The warning line when a run with a target evaluated another number of sequences than
+  MLPerf's eval_10k holds (a subset by --max_eval_steps, or other files), else None."""
+  if stop_threshold <= 0 or eval_samples == EVAL_SAMPLES:
+    return None
+  return ("the evaluation read %d sequences, not the %d of MLPerf's eval_10k: its masked-LM "
+          "accuracy is not comparable with MLPerf's target (--stop_threshold=%g); %s"
+          % (eval_samples, EVAL_SAMPLES, stop_threshold,
+             "--max_eval_steps=0 evaluates the whole set" if max_eval_steps > 0 else
+             "pass eval_10k's records as --eval_files_dir"))
+
+
 # One reference convergence point: its name in the RCP file, the global batch size, the
 # hyperparameters by our flag names, and the samples each reference run needed.
 Rcp = collections.namedtuple("Rcp", ["name", "batch_size", "hyperparameters", "samples"])
