@@ -19,7 +19,7 @@ evaluation and target); the learning rate and steps are the model zoo script's, 
 --reference_hyperparameters takes those of MLPerf's RCP for the run's global batch.
 
 ANCHOR_ALIASES maps the flag names of the recipes this one replaces (NVIDIA's, Habana's,
-Iluvatar's run_pretraining.py) onto ours; ANCHOR_NOTES lists the anchors' flags that are
+Iluvatar's and MLPerf reference's run_pretraining.py) onto ours; ANCHOR_NOTES lists the anchors' flags that are
 accepted and say in one line what this recipe does instead.
 """
 
@@ -287,7 +287,7 @@ class Demo(object):
 @dataclasses.dataclass
 class Anchors(object):
   """Flags of the anchors' run_pretraining.py (NVIDIA DeepLearningExamples, Habana's MLPerf
-  BERT, Iluvatar's CoreX recipe) that users carry over and that are not ours under the
+  BERT, Iluvatar's CoreX recipe, MLPerf's reference) that users carry over and that are not ours under the
   same name: other names of our flags (ANCHOR_ALIASES), and flags accepted so that a
   carried-over command line runs, which say in one line what this recipe does instead
   (ANCHOR_NOTES; apply_anchor_flags)."""
@@ -321,6 +321,12 @@ class Anchors(object):
       False, "Accepted: the masked-LM loss is the mean over the batch's predictions.")
   tf_profiler_begin_iter: int = setting(0, "Accepted: bench/profile_step.py profiles a step.")
   tf_profiler_num_iter: int = setting(0, "Accepted: bench/profile_step.py profiles a step.")
+  steps_per_update: typing.Optional[int] = setting(
+      None, "MLPerf reference's --num_accumulation_steps.")
+  num_gpus: typing.Optional[int] = setting(
+      None, "MLPerf reference's GPUs of one process, whose --train_batch_size is their "
+      "batch together; here --train_batch_size is each card's and run_multi_card_FPS.sh "
+      "starts a rank per card, so only 0 or 1 is accepted (no effect).")
 
 
 # The sections of run_pretraining's settings, and one run's values of them.
@@ -473,7 +479,8 @@ def default(section, name):
 
 # Anchor name -> our flag of the same meaning.
 ANCHOR_ALIASES = (("optimizer_type", "optimizer"), ("power", "poly_power"),
-                  ("num_eval_iterations", "max_eval_steps"))
+                  ("num_eval_iterations", "max_eval_steps"),
+                  ("steps_per_update", "num_accumulation_steps"))
 
 # What this recipe does instead of an accepted anchor flag: (for the anchor's default or
 # what we always do, for another value). %(name)s is a flag's value.
@@ -514,6 +521,9 @@ ANCHOR_NOTES = {
         "no effect; python3 -m bench.profile_step traces a training step",) * 2,
     "tf_profiler_num_iter": (
         "no effect; python3 -m bench.profile_step traces a training step",) * 2,
+    "num_gpus": (
+        "no effect; --device=%(device)s chooses the device, and run_multi_card_FPS.sh starts "
+        "one rank per card",) * 2,
 }
 
 
@@ -552,6 +562,15 @@ def apply_anchor_flags(log=None, flag_values=flags.FLAGS):
     else:
       fv.init_checkpoint = fv.eval_checkpoint_path
       fv["init_checkpoint"].present = 1
+  if fv.num_gpus is not None and fv.num_gpus > 1:
+    # A batch meant for all GPUs would train with num_gpus times the global batch here.
+    gpus, batch = fv.num_gpus, fv.train_batch_size
+    raise ValueError(
+        "--num_gpus=%d is MLPerf reference's, where --train_batch_size=%d is the batch of "
+        "all %d GPUs; here it is each card's: pass --train_batch_size=%s without --num_gpus "
+        "(run_multi_card_FPS.sh starts a rank per card)"
+        % (gpus, batch, gpus, batch // gpus if batch % gpus == 0 else
+           "<%d / %d, a whole number>" % (batch, gpus)))
   values = {name: getattr(fv, name) for name in ("fps_warmup_steps", "display_loss_steps",
                                                  "device")}
   for name, (usual, other) in sorted(ANCHOR_NOTES.items()):

@@ -1,5 +1,6 @@
-"""The anchors' run_pretraining.py flags (NVIDIA's, Habana's, Iluvatar's) are accepted: with
-their meaning, or with a one-line note saying what this recipe does instead."""
+"""The anchors' run_pretraining.py flags (NVIDIA's, Habana's, Iluvatar's, MLPerf reference's)
+are accepted: with their meaning, or with a one-line note saying what this recipe does
+instead."""
 
 import json
 import os
@@ -19,7 +20,8 @@ def anchor(*argv):
     rp.FLAGS(["run_pretraining"] + list(argv))
     config.apply_anchor_flags(log=notes.append)
     values = {name: getattr(rp.FLAGS, name) for name in (
-        "optimizer", "poly_power", "max_eval_steps", "init_checkpoint")
+        "optimizer", "poly_power", "max_eval_steps", "init_checkpoint",
+        "num_accumulation_steps")
               if rp.FLAGS[name].present}  # given, as the demo and the RCPs read it
     return values, notes
   finally:
@@ -28,9 +30,10 @@ def anchor(*argv):
 
 def test_the_anchors_names_of_our_flags_set_them():
   values, notes = anchor("--optimizer_type=adam", "--power=0.5", "--num_eval_iterations=7",
-                         "--nodo_train", "--eval_checkpoint_path=/ckpt/model.ckpt-28252")
+                         "--nodo_train", "--eval_checkpoint_path=/ckpt/model.ckpt-28252",
+                         "--steps_per_update=4")
   assert values == {"optimizer": "adam", "poly_power": 0.5, "max_eval_steps": 7,
-                    "init_checkpoint": "/ckpt/model.ckpt-28252"}
+                    "init_checkpoint": "/ckpt/model.ckpt-28252", "num_accumulation_steps": 4}
   assert notes == []
 
 
@@ -50,6 +53,8 @@ def test_the_anchors_names_of_our_flags_set_them():
      "--nodo_train only"),
     (["--compute_lm_loss_per_seq"], "--compute_lm_loss_per_seq: no effect: the masked-LM "
      "loss is the mean over the batch's predictions"),
+    (["--num_gpus=1", "--device=cpu"], "--num_gpus=1: no effect; --device=cpu chooses the "
+     "device, and run_multi_card_FPS.sh starts one rank per card"),
 ])
 def test_an_anchor_flag_that_changes_nothing_here_gets_one_note(argv, note):
   _, notes = anchor(*argv)
@@ -63,6 +68,10 @@ def test_an_anchor_flag_that_changes_nothing_here_gets_one_note(argv, note):
     ({"nodo_train": None, "eval_checkpoint_path": "/a/model.ckpt-1",
       "init_checkpoint": "/b/model.ckpt-2"}, "--eval_checkpoint_path=/a/model.ckpt-1 and "
      "--init_checkpoint=/b/model.ckpt-2 disagree"),
+    # MLPerf reference's command line: its batch is all GPUs', which would train 8x larger.
+    ({"num_gpus": 8, "train_batch_size": 256}, "--num_gpus=8 is MLPerf reference's, where "
+     "--train_batch_size=256 is the batch of all 8 GPUs; here it is each card's: pass "
+     "--train_batch_size=32 without --num_gpus"),
 ])
 def test_an_anchor_flag_contradicting_ours_is_a_one_line_error(pretraining_data, tmp_path,
                                                                flags, message):
