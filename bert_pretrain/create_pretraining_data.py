@@ -837,8 +837,8 @@ def print_summary(stats, vocab_file, do_lower_case):
 
 
 def main(argv):
-  """Runs create_pretraining_data from the flags; exits with one line on bad input (2
-  for stray words, else 1) or a signal (1 for Ctrl-C, 143 for SIGTERM)."""
+  """Runs create_pretraining_data from the flags; exits with one line on bad input or a
+  file error (2, as every tool) or a signal (130 for Ctrl-C, 143 for SIGTERM)."""
   if len(argv) > 1:
     errors.unexpected_arguments("create_pretraining_data", argv[1:])
   flag_values = flags.FLAGS
@@ -867,18 +867,21 @@ def main(argv):
         do_whole_word_mask=flag_values.do_whole_word_mask)
     print_summary(stats, flag_values.vocab_file, flag_values.do_lower_case)
   except ValueError as e:
-    sys.exit("create_pretraining_data: error: %s" % e)
+    errors.print_error("create_pretraining_data", e)
+    return 2
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
     # The outputs were new and a stopped write removes all of them: all there means done.
     written = checked and all(tf.io.gfile.exists(path) for path in outputs)
-    sys.exit(errors.stopped_by_signal(
+    return errors.stopped_by_signal(
         "create_pretraining_data", e,
         "its files were written, only the summary was cut short" if written else
-        "its files were not written: run the same command again"))
+        "its files were not written: run the same command again")
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
-    sys.exit("create_pretraining_data: error: %s" % errors.os_error_message(e))
+    errors.print_error("create_pretraining_data", errors.os_error_message(e))
+    return 2
+  return 0
 
 
 if __name__ == "__main__":

@@ -471,7 +471,7 @@ def test_command_line(tmp_path, vocab_file):
   result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % output + "-2",
                     "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
                     "--max_predictions_per_seq=65")
-  assert result.returncode == 1
+  assert result.returncode == 2
   last_line = result.stderr.strip().splitlines()[-1]
   assert last_line == ("create_pretraining_data: error: max_predictions_per_seq=65 must "
                        "be between 1 and max_seq_length=64")
@@ -525,7 +525,7 @@ def test_the_command_keeps_records_already_written_and_names_the_fix(tmp_path, v
     result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % outputs,
                       "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
                       "--max_predictions_per_seq=10", "--dupe_factor=1")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "create_pretraining_data: error: " + message)
     assert open(kept, "rb").read() == before
@@ -558,7 +558,7 @@ def test_a_full_disk_removes_every_temporary_file_and_names_the_disk_written(
   result = _run_cli("--input_file=%s" % SAMPLE_TEXT, "--output_file=%s" % ",".join(outputs),
                     "--vocab_file=%s" % vocab_file, "--max_seq_length=64",
                     "--max_predictions_per_seq=10", "--dupe_factor=2")
-  assert result.returncode == 1, result.stderr
+  assert result.returncode == 2, result.stderr
   assert re.match(r"^create_pretraining_data: error: the disk is full \(no space left on the "
                   r"device, 0\.\d MB free\) while writing %s/part-[01]; free space there and "
                   r"run the same command again$" % re.escape(str(small_disk)),

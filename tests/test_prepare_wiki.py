@@ -71,9 +71,9 @@ def run_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
   return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
-def error_line(result):
-  """The one error line of a failed run."""
-  assert result.returncode != 0, result.stdout + result.stderr
+def error_line(result, status=2):
+  """The one error line of a failed run; bad input and file errors exit 2 (as every tool)."""
+  assert result.returncode == status, result.stdout + result.stderr
   lines = [l for l in result.stderr.splitlines() if l.startswith("prepare_wiki: error")]
   assert len(lines) == 1, result.stderr
   return lines[0]
@@ -907,8 +907,8 @@ def test_a_worker_killed_mid_run_ends_it_with_one_line_and_the_same_command_fini
     if process.poll() is None:
       os.killpg(process.pid, signal.SIGKILL)
   result = subprocess.CompletedProcess(process.args, process.returncode, out, seen + err)
-  assert error_line(result) == "prepare_wiki: error: %s" % processes.WorkerDied()
-  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert error_line(result, status=1) == "prepare_wiki: error: %s" % processes.WorkerDied()
+  assert "Traceback" not in result.stderr
   assert gone(workers[1])  # the other worker did not go on alone
   assert os.path.exists(os.path.join(output_dir, "work", "done", "shard.json"))
   result = run_cli(output_dir, vocab, jobs=2)

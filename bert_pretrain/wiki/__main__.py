@@ -101,8 +101,8 @@ def define_flags():
 
 
 def main(argv):
-  """Runs the pipeline from the flags; exits with one line on bad input (2 for stray
-  words, else 1)."""
+  """Runs the pipeline from the flags; exits with one line on bad input or a file error
+  (2, as every tool), a worker that died (1) or a signal (130, 143)."""
   if len(argv) > 1:
     errors.unexpected_arguments("prepare_wiki", argv[1:])
   errors.take_stop_signals()
@@ -116,16 +116,19 @@ def main(argv):
         steps=flag_values.steps, jobs=flag_values.jobs, verify=flag_values.verify,
         pack=flag_values.pack, redo_changed_steps=flag_values.redo_changed_steps,
         **{key: flag_values[key].value for key in DEFAULTS})
-  except (PrepareError, processes.WorkerDied) as e:
-    sys.exit("prepare_wiki: error: %s" % e)
+  except processes.WorkerDied as e:
+    errors.print_error("prepare_wiki", e)
+    return 1
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
-    sys.exit(errors.stopped_by_signal(
-        "prepare_wiki", e, "run the same command again to go on where it stopped"))
-  except ValueError as e:
-    # create_pretraining_data's own one-line errors (an unusable vocab, say).
-    sys.exit("prepare_wiki: error: %s" % e)
+    return errors.stopped_by_signal(
+        "prepare_wiki", e, "run the same command again to go on where it stopped")
+  except (PrepareError, ValueError) as e:
+    # ValueError: create_pretraining_data's own one-line errors (an unusable vocab, say).
+    errors.print_error("prepare_wiki", e)
+    return 2
   except OSError as e:
-    sys.exit("prepare_wiki: error: %s" % describe_os_error(e, flag_values.output_dir))
+    errors.print_error("prepare_wiki", describe_os_error(e, flag_values.output_dir))
+    return 2
   layout = Layout(flag_values.output_dir)
   if os.path.exists(layout.manifest) and "manifest" in parse_steps(flag_values.steps):
     # Quoted, so that the flags can be pasted into a shell as they are.
