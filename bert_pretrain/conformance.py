@@ -5,8 +5,9 @@ under test against the CPU in float32, layer by layer.
       --init_checkpoint=model.ckpt-28252 --input_files_dir=/data/train \
       --max_seq_length=512 --max_predictions_per_seq=76 --train_batch_size=8 --amp
 
-It takes the flags of run_pretraining (a run's command line can be passed as it is; the
-flags that do not change the numbers are ignored): the model (--bert_config_file,
+It takes the flags of run_pretraining (a run's command line can be passed as it is, its
+--preset applied; the flags that do not change the numbers are ignored; the demo's,
+--preset=demo, reads the demo's model and records): the model (--bert_config_file,
 --init_checkpoint, or fresh weights from --seed), the batch (the first
 --train_batch_size records of --input_files_dir in file order, or a synthetic batch
 from --seed when it is not given), the lengths, and where and in which type the run
@@ -69,6 +70,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
+from bert_pretrain import demo
 from bert_pretrain import errors
 from bert_pretrain.training import checkpoints
 from bert_pretrain.distributed import device as device_lib
@@ -560,6 +562,12 @@ def main(argv):
   tf.disable_v2_behavior()
   log = lambda line: print("conformance: " + line)
   try:
+    config.apply_presets()
+    if config.is_demo():  # the demo's model and records, as its run trains them
+      paths = demo.prepare(FLAGS.demo_cache_dir)
+      for name in ("bert_config_file", "init_checkpoint", "input_files_dir"):
+        if not FLAGS[name].present:
+          setattr(FLAGS, name, paths[name])
     # As a run decides it: --use_fp16 and --manual_fp16 are --amp, --amp_dtype implies it.
     device = device_lib.detect_device(
         FLAGS.device, FLAGS.amp or FLAGS.use_fp16 or FLAGS.manual_fp16 or
@@ -569,9 +577,9 @@ def main(argv):
     errors.print_error("conformance", e)
     return 2
   gpu = 0 if device.kind == "GPU" else None
-  config = pretraining.session_config(FLAGS.intra_op_threads or os.cpu_count() or 1,
-                                      FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla)
-  name = device_lib.gpu_name(device.gpus[0], config) if gpu is not None else ""
+  session_config = pretraining.session_config(FLAGS.intra_op_threads or os.cpu_count() or 1,
+                                              FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla)
+  name = device_lib.gpu_name(device.gpus[0], session_config) if gpu is not None else ""
   where = device_lib.device_line(device, ranks_lib.Ranks(), name)
   mask = batch["input_mask"]
   log("tested: %s%s; reference: the CPU, compute float32" % (
@@ -585,7 +593,7 @@ def main(argv):
     log("injected fault: a second GELU after layer %d's feed-forward activation, in the "
         "tested graph only" % FLAGS.inject_fault_layer)
   try:
-    rows, compute = check(bert_config, batch, device, config, init_checkpoint, seed,
+    rows, compute = check(bert_config, batch, device, session_config, init_checkpoint, seed,
                           FLAGS.use_xla, FLAGS.init_loss_scale, FLAGS.inject_fault_layer,
                           log=log)
   except ValueError as e:

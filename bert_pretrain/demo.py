@@ -552,6 +552,7 @@ def main(argv):
   del argv
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
+  errors.take_stop_signals()
   try:
     if not FLAGS["finetune_from"].present:
       paths = prepare(FLAGS.demo_cache_dir, log=say)
@@ -575,6 +576,9 @@ def main(argv):
   except (ValueError, workdir.PrepareError) as e:
     errors.print_error("demo", e)
     return 2
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    return errors.stopped_by_signal(
+        "demo", e, "run the same command again (what it finished building is kept)")
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise

@@ -6,17 +6,19 @@ import collections
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 import tensorflow.compat.v1 as tf
 
+from bert_pretrain import config
 from bert_pretrain import demo
 from bert_pretrain.data import records
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import report
-from conftest import base_flags, run_pretraining
+from conftest import AMP_ON_THIS_CPU, base_flags, run_pretraining
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -148,6 +150,23 @@ def test_a_stop_during_the_last_update_says_that_it_skips_the_fine_tuning(then):
   assert result.stdout == (
       "SIGTERM: the training is complete; the demo's fine-tuning step is skipped: run the "
       "same command with --output_dir=results/demo-1 to run it\n")
+
+
+def test_conformance_with_the_demos_command_line_checks_the_demos_model_on_its_records(
+    short_demo_run):
+  cache = short_demo_run["cache"]
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_pretrain.conformance", "--preset=demo",
+       "--demo_cache_dir=" + cache, "--train_batch_size=8"], stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  # The preset's lengths and precision, as the demo's run computes.
+  assert ("conformance: batch: the first 8 records of %s: 8 x %d, "
+          % (os.path.join(cache, "train"), config.PRESETS["demo"]["max_seq_length"])
+          in result.stdout)
+  assert "conformance: weights: %s" % os.path.join(cache, "init", "model.ckpt-0") in result.stdout
+  assert AMP_ON_THIS_CPU in result.stdout
+  assert "conformance: PASS" in result.stdout
 
 
 def test_the_anchors_eval_checkpoint_path_names_the_checkpoint_a_demo_evaluates(
@@ -306,3 +325,25 @@ def test_fine_tuning_from_a_folder_that_is_not_a_pretraining_run_is_an_error_wri
     assert result.returncode == 2, result.stdout[-3000:]
     assert result.stderr == "demo: error: --finetune_from=%s %s%s\n" % (folder, problem, fix)
     assert _listing(folder) == before
+
+
+@pytest.mark.parametrize("sig,status,said", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_a_stop_while_the_demo_builds_its_cache_is_one_line_and_keeps_what_it_built(
+    tmp_path, sig, status, said):
+  cache = tmp_path / "cache"
+  proc = subprocess.Popen([sys.executable, "-m", "bert_pretrain.demo",
+                           "--demo_cache_dir=%s" % cache], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True)
+  try:
+    assert proc.stdout.readline().startswith("demo: building a ")  # the vocab, seconds long
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == status, err[-3000:]
+  assert err.splitlines()[-1] == ("demo: %s; run the same command again (what it finished "
+                                  "building is kept)" % said), err[-3000:]
+  assert "Traceback" not in err
+  assert not (cache / "vocab.txt").exists()  # written whole or not at all
