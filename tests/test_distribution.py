@@ -117,6 +117,7 @@ def test_mirrored_over_two_cpu_devices_trains_the_weights_of_one_card(
   assert ("2 rank(s), batch 4 x 2 accumulation x 2 ranks = 16 sentences per update"
           in two.stdout)
   assert "2 logical devices (mirrored)" in two.stdout
+  assert "Warning" not in two.stderr, two.stderr[-3000:]  # TensorFlow's, on the iterator
   # The replicas' sum, ordinary ops in one process, counts as the all-reduce.
   split = re.search(r"Update time \(update 3 traced, [\d.]+ s\): .*, all-reduce ([\d.]+)% "
                     r"\(another ([\d.]+)% overlapped", two.stdout)

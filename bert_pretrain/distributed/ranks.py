@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 
 import tensorflow.compat.v1 as tf
 
@@ -269,7 +270,13 @@ class Ranks(object):
     distribute = (getattr(self.strategy, "distribute_datasets_from_function", None) or
                   self.strategy.experimental_distribute_datasets_from_function)
     # The dataset is this process's share already (sharded by rank).
-    return tf.data.make_initializable_iterator(distribute(lambda input_context: dataset))
+    iterator_of = distribute(lambda input_context: dataset)
+    with warnings.catch_warnings():
+      # TensorFlow 2's multi-device iterator reads the options' experimental_slack in graph
+      # mode, with a warning that they may be stale; the pipeline does not set it.
+      warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data "
+                              "options", category=UserWarning)
+      return tf.data.make_initializable_iterator(iterator_of)
 
   def each_replica(self, fn, *args):
     """Builds fn(*args) once per replica of this process (once without a strategy);
