@@ -323,6 +323,11 @@ class Anchors(object):
   tf_profiler_num_iter: int = setting(0, "Accepted: bench/profile_step.py profiles a step.")
   steps_per_update: typing.Optional[int] = setting(
       None, "MLPerf reference's --num_accumulation_steps.")
+  input_file: typing.Optional[str] = setting(
+      None, "MLPerf reference's record files (a glob or a list): here their folder is "
+      "--input_files_dir (--eval_files_dir for the evaluation's); refused with the folder "
+      "to pass.")
+  use_tpu: bool = setting(False, "MLPerf reference's: accepted false (--device chooses).")
   num_gpus: typing.Optional[int] = setting(
       None, "MLPerf reference's GPUs of one process, whose --train_batch_size is their "
       "batch together; here --train_batch_size is each card's and run_multi_card_FPS.sh "
@@ -524,6 +529,7 @@ ANCHOR_NOTES = {
     "num_gpus": (
         "no effect; --device=%(device)s chooses the device, and run_multi_card_FPS.sh starts "
         "one rank per card",) * 2,
+    "use_tpu": ("no effect; --device=%(device)s chooses the device",) * 2,
 }
 
 
@@ -562,6 +568,16 @@ def apply_anchor_flags(log=None, flag_values=flags.FLAGS):
     else:
       fv.init_checkpoint = fv.eval_checkpoint_path
       fv["init_checkpoint"].present = 1
+  if fv.input_file is not None:
+    first = fv.input_file.split(",")[0]
+    folder = first if os.path.isdir(first) else os.path.dirname(first) or "."
+    raise ValueError("--input_file=%s is MLPerf reference's (record files by a glob or a "
+                     "list); here pass the folder that holds them and no other records: --%s=%s"
+                     % (fv.input_file, "input_files_dir" if fv.do_train else "eval_files_dir",
+                        folder))
+  if fv.use_tpu:
+    raise ValueError("--use_tpu: this recipe runs on GPUs and CPUs (--device), not TPUs; "
+                     "drop --use_tpu")
   if fv.num_gpus is not None and fv.num_gpus > 1:
     # A batch meant for all GPUs would train with num_gpus times the global batch here.
     gpus, batch = fv.num_gpus, fv.train_batch_size

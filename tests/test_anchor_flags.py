@@ -55,10 +55,29 @@ def test_the_anchors_names_of_our_flags_set_them():
      "loss is the mean over the batch's predictions"),
     (["--num_gpus=1", "--device=cpu"], "--num_gpus=1: no effect; --device=cpu chooses the "
      "device, and run_multi_card_FPS.sh starts one rank per card"),
+    (["--nouse_tpu"], "--nouse_tpu: no effect; --device=auto chooses the device"),
 ])
 def test_an_anchor_flag_that_changes_nothing_here_gets_one_note(argv, note):
   _, notes = anchor(*argv)
   assert len(notes) == 1 and notes[0].startswith("run_pretraining: note: " + note), notes
+
+
+@pytest.mark.parametrize("argv,message", [
+    # MLPerf reference's command lines: its records by a glob, its evaluation's by name.
+    (["--input_file=/data/tf_records4/part-*"], "--input_file=/data/tf_records4/part-* is "
+     "MLPerf reference's (record files by a glob or a list); here pass the folder that holds "
+     "them and no other records: --input_files_dir=/data/tf_records4"),
+    (["--input_file=/data/eval/eval_10k", "--nodo_train"], "--input_file=/data/eval/eval_10k "
+     "is MLPerf reference's (record files by a glob or a list); here pass the folder that "
+     "holds them and no other records: --eval_files_dir=/data/eval"),
+    (["--use_tpu"], "--use_tpu: this recipe runs on GPUs and CPUs (--device), not TPUs; drop "
+     "--use_tpu"),
+])
+def test_mlperf_reference_flags_that_mean_something_else_here_are_refused_with_the_fix(
+    argv, message):
+  with pytest.raises(ValueError) as raised:
+    anchor(*argv)
+  assert str(raised.value) == message
 
 
 @pytest.mark.parametrize("flags,message", [
