@@ -270,8 +270,12 @@ def sleeping(pid):
 
 def arm_stacks():
   """SIGUSR2 (stacks.STACK_SIGNAL) writes this process's Python stacks to stderr: what
-  a run that seems stuck is doing. Forked workers keep it."""
-  faulthandler.register(stacks.STACK_SIGNAL, all_threads=True)
+  a run that seems stuck is doing. Forked workers keep it. Not armed when stderr is no
+  file (closed: `2>&-`, or replaced), where faulthandler has nowhere to write."""
+  try:
+    faulthandler.register(stacks.STACK_SIGNAL, all_threads=True)
+  except (RuntimeError, ValueError, OSError, AttributeError):
+    pass
 
 
 def run_tasks(function, tasks, jobs, on_result, context="fork"):

@@ -83,6 +83,19 @@ def test_a_tool_started_with_ctrl_c_ignored_takes_a_kill_int():
     proc.wait()
 
 
+def test_a_tool_started_with_its_stderr_closed_runs_without_its_stacks_armed(
+    pretraining_data):
+  """`2>&-` (cron, a daemon): faulthandler has nowhere to write SIGUSR2's stacks, and the
+  tool runs all the same (errors.run_main arms them)."""
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_pretrain.inspect_records",
+       "--input=" + pretraining_data["train"]], stdout=subprocess.PIPE,
+      universal_newlines=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT),
+      preexec_fn=lambda: os.close(2))
+  assert result.returncode == 0, result.stdout[-3000:]
+  assert "[MASK]{" in result.stdout  # its examples as text
+
+
 def test_python_drops_a_stop_whose_handler_runs_in_a_fork_callback():
   # Why the tools hold their stops as they fork: a plain Popen with a preexec_fn goes on.
   for stop in ("SIGINT", "SIGTERM"):
