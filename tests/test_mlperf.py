@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -213,6 +214,31 @@ def test_an_evaluation_of_another_set_than_eval_10k_is_said_not_comparable_with_
   assert subset.endswith("--max_eval_steps=0 evaluates the whole set")
   assert mlperf.eval_set_warning(10001, 0.72, 0).endswith(
       "pass eval_10k's records as --eval_files_dir")
+
+
+def test_the_eval_set_is_checked_at_the_first_evaluation_even_off_the_schedule():
+  """An evaluation-only run of a step-28252 checkpoint evaluates off MLPerf's schedule
+  and can still report the target reached: its evaluation is checked too, once."""
+  class Logger(_Logger):
+    def __init__(self):
+      self.warnings = []
+
+    def eval_results(self, *args, **kwargs):
+      pass
+
+    def warning(self, step, message):
+      self.warnings.append((step, message))
+
+  evaluator = types.SimpleNamespace(evaluate=lambda sess: {
+      "eval_samples": 2400, "masked_lm_accuracy": 0.73})
+  monitor = types.SimpleNamespace(evaluation=lambda step, accuracy: [])
+  logger = Logger()
+  schedule = meters.EvalSchedule(logger, evaluator, monitor, 8, 24, 0, 28252, None,
+                                 stop_threshold=0.72, max_eval_steps=100)
+  schedule.evaluate(None, 28252, scheduled=False)
+  schedule.evaluate(None, 28252, scheduled=False)
+  assert [(step, message.split(":")[0]) for step, message in logger.warnings] == [
+      (28252, "the evaluation read 2400 sequences, not the 10000 of MLPerf's eval_10k")]
 
 
 def _rcp_file():

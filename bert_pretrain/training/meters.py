@@ -149,7 +149,7 @@ class EvalSchedule(object):
       skipped after it and before the checkpoint are read after it: the first update
       applied next evaluates a point they passed, as an uninterrupted run does.
     stop_threshold, max_eval_steps: the run's target and evaluation batches per card,
-      for the warning when the first evaluation read another set than eval_10k.
+      for the warning when its first evaluation read another set than eval_10k.
   """
 
   def __init__(self, logger, evaluator, monitor, batch_size, samples_between_eval,
@@ -178,6 +178,7 @@ class EvalSchedule(object):
     self.eval_time = 0.0
     self.eval_samples = 0  # evaluated, over all evaluations
     self.eval_samples_logged = False  # MLPerf's eval_samples, logged once
+    self.eval_set_checked = False  # the warning when it is not eval_10k, once
 
   def start_block(self, step):
     """Opens a block at `step` unless one is open."""
@@ -244,6 +245,8 @@ class EvalSchedule(object):
     if not self.eval_samples_logged and scheduled:
       self.logger.mlperf(mllog.constants.EVAL_SAMPLES, results["eval_samples"])
       self.eval_samples_logged = True
+    if not self.eval_set_checked:  # scheduled or not: an evaluation-only run's is neither
+      self.eval_set_checked = True
       warning = mlperf.eval_set_warning(results["eval_samples"], self.stop_threshold,
                                         self.max_eval_steps)
       if warning:
