@@ -6,7 +6,7 @@ under test against the CPU in float32, layer by layer.
       --max_seq_length=512 --max_predictions_per_seq=76 --train_batch_size=8 --amp
 
 It takes the flags of run_pretraining (a run's command line can be passed as it is, its
---preset applied; the flags that do not change the numbers are ignored; the demo's,
+--preset applied; the flags that do not change the numbers are ignored; a demo's, as
 --preset=demo, reads the demo's model and records): the model (--bert_config_file,
 --init_checkpoint, or fresh weights from --seed), the batch (the first
 --train_batch_size records of --input_files_dir in file order, or a synthetic batch
@@ -80,6 +80,7 @@ from bert_pretrain.model import precision
 from bert_pretrain.training import pretraining
 from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain import run_pretraining  # its flags: a run's command line works here
+from bert_pretrain.wiki import workdir
 
 flags.DEFINE_integer("inject_fault_layer", -1, "Checks the checker: a second activation "
                      "after the feed-forward activation of this encoder layer, in the "
@@ -560,22 +561,37 @@ def main(argv):
     errors.unexpected_arguments("conformance", argv[1:])
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
-  log = lambda line: print("conformance: " + line)
+  errors.take_stop_signals()
   try:
-    config.apply_presets()
-    if config.is_demo():  # the demo's model and records, as its run trains them
-      paths = demo.prepare(FLAGS.demo_cache_dir)
-      for name in ("bert_config_file", "init_checkpoint", "input_files_dir"):
-        if not FLAGS[name].present:
-          setattr(FLAGS, name, paths[name])
-    # As a run decides it: --use_fp16 and --manual_fp16 are --amp, --amp_dtype implies it.
-    device = device_lib.detect_device(
-        FLAGS.device, FLAGS.amp or FLAGS.use_fp16 or FLAGS.manual_fp16 or
-        FLAGS.amp_dtype != "auto", FLAGS.amp_dtype)
-    bert_config, batch, source, init_checkpoint, seed = inputs_from_flags()
-  except ValueError as e:
+    return check_from_flags()
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    return errors.stopped_by_signal("conformance", e, "it writes nothing (the demo's cache "
+                                    "keeps what it finished); run the same command again")
+  except (ValueError, workdir.PrepareError) as e:
     errors.print_error("conformance", e)
     return 2
+  except (EnvironmentError, tf.errors.OpError) as e:
+    if not errors.is_file_error(e):
+      raise
+    errors.print_error("conformance", errors.os_error_message(e))
+    return 2
+
+
+def check_from_flags():
+  """main's work: the device and inputs from the flags, both graphs, the table; returns
+  the exit status (verdict's)."""
+  log = lambda line: print("conformance: " + line)
+  config.apply_presets()
+  if config.is_demo():  # the demo's model and records, as its run trains them
+    paths = demo.prepare(FLAGS.demo_cache_dir)
+    for name in ("bert_config_file", "init_checkpoint", "input_files_dir"):
+      if not FLAGS[name].present:
+        setattr(FLAGS, name, paths[name])
+  # As a run decides it: --use_fp16 and --manual_fp16 are --amp, --amp_dtype implies it.
+  device = device_lib.detect_device(
+      FLAGS.device, FLAGS.amp or FLAGS.use_fp16 or FLAGS.manual_fp16 or
+      FLAGS.amp_dtype != "auto", FLAGS.amp_dtype)
+  bert_config, batch, source, init_checkpoint, seed = inputs_from_flags()
   gpu = 0 if device.kind == "GPU" else None
   session_config = pretraining.session_config(FLAGS.intra_op_threads or os.cpu_count() or 1,
                                               FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla)
@@ -592,13 +608,9 @@ def main(argv):
   if FLAGS.inject_fault_layer >= 0:
     log("injected fault: a second GELU after layer %d's feed-forward activation, in the "
         "tested graph only" % FLAGS.inject_fault_layer)
-  try:
-    rows, compute = check(bert_config, batch, device, session_config, init_checkpoint, seed,
-                          FLAGS.use_xla, FLAGS.init_loss_scale, FLAGS.inject_fault_layer,
-                          log=log)
-  except ValueError as e:
-    errors.print_error("conformance", e)
-    return 2
+  rows, compute = check(bert_config, batch, device, session_config, init_checkpoint, seed,
+                        FLAGS.use_xla, FLAGS.init_loss_scale, FLAGS.inject_fault_layer,
+                        log=log)
   log("relative error = ||tested - reference|| / ||reference|| over the real tokens; "
       "tolerance from compute %s%s (bert_pretrain/conformance.py says how)" % (compute, ", loss scale %g" % FLAGS.init_loss_scale
                        if device.dtype == tf.float16 else ""))
@@ -607,7 +619,6 @@ def main(argv):
   status, line = verdict(rows)
   log(line)
   return status
-
 
 
 if __name__ == "__main__":

@@ -577,8 +577,9 @@ def main(argv):
     errors.print_error("demo", e)
     return 2
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
-    return errors.stopped_by_signal(
-        "demo", e, "run the same command again (what it finished building is kept)")
+    return errors.stopped_by_signal("demo", e, "run the same command again (%s)" % (
+        "a fine-tune stopped before its end starts over" if FLAGS["finetune_from"].present
+        else "what it finished building is kept"))
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise

@@ -327,14 +327,21 @@ def test_fine_tuning_from_a_folder_that_is_not_a_pretraining_run_is_an_error_wri
     assert _listing(folder) == before
 
 
-@pytest.mark.parametrize("sig,status,said", [(signal.SIGINT, 130, "interrupted"),
-                                             (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+@pytest.mark.parametrize("tool,sig,status,said", [
+    ("demo", signal.SIGINT, 130, "demo: interrupted; run the same command again (what it "
+     "finished building is kept)"),
+    ("demo", signal.SIGTERM, 143, "demo: terminated (SIGTERM); run the same command again "
+     "(what it finished building is kept)"),
+    ("conformance", signal.SIGINT, 130, "conformance: interrupted; it writes nothing (the "
+     "demo's cache keeps what it finished); run the same command again")])
 def test_a_stop_while_the_demo_builds_its_cache_is_one_line_and_keeps_what_it_built(
-    tmp_path, sig, status, said):
+    tmp_path, tool, sig, status, said):
   cache = tmp_path / "cache"
-  proc = subprocess.Popen([sys.executable, "-m", "bert_pretrain.demo",
-                           "--demo_cache_dir=%s" % cache], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True)
+  proc = subprocess.Popen([sys.executable, "-m", "bert_pretrain." + tool,
+                           "--demo_cache_dir=%s" % cache] +
+                          (["--preset=demo"] if tool == "conformance" else []),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True)
   try:
     assert proc.stdout.readline().startswith("demo: building a ")  # the vocab, seconds long
     proc.send_signal(sig)
@@ -343,7 +350,6 @@ def test_a_stop_while_the_demo_builds_its_cache_is_one_line_and_keeps_what_it_bu
     if proc.poll() is None:
       proc.kill()
   assert proc.returncode == status, err[-3000:]
-  assert err.splitlines()[-1] == ("demo: %s; run the same command again (what it finished "
-                                  "building is kept)" % said), err[-3000:]
+  assert err.splitlines()[-1] == said, err[-3000:]
   assert "Traceback" not in err
   assert not (cache / "vocab.txt").exists()  # written whole or not at all
