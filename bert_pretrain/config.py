@@ -19,8 +19,8 @@ evaluation and target); the learning rate and steps are the model zoo script's, 
 --reference_hyperparameters takes those of MLPerf's RCP for the run's global batch.
 
 ANCHOR_ALIASES maps the flag names of the recipes this one replaces (NVIDIA's, Habana's,
-Iluvatar's and MLPerf reference's run_pretraining.py) onto ours; ANCHOR_NOTES lists the anchors' flags that are
-accepted and say in one line what this recipe does instead.
+Iluvatar's and MLPerf reference's run_pretraining.py) onto ours; ANCHOR_NOTES lists the
+anchors' flags that are accepted and say in one line what this recipe does instead.
 """
 
 import collections
@@ -287,10 +287,11 @@ class Demo(object):
 @dataclasses.dataclass
 class Anchors(object):
   """Flags of the anchors' run_pretraining.py (NVIDIA DeepLearningExamples, Habana's MLPerf
-  BERT, Iluvatar's CoreX recipe, MLPerf's reference) that users carry over and that are not ours under the
-  same name: other names of our flags (ANCHOR_ALIASES), and flags accepted so that a
-  carried-over command line runs, which say in one line what this recipe does instead
-  (ANCHOR_NOTES; apply_anchor_flags)."""
+  BERT, Iluvatar's CoreX recipe, MLPerf's reference) that users carry over and that are
+  not ours under the same name: other names of our flags (ANCHOR_ALIASES), and flags
+  accepted so that a carried-over command line runs, which say in one line what this
+  recipe does instead (ANCHOR_NOTES; apply_anchor_flags, which refuses those meaning
+  something else here with the fix)."""
   optimizer_type: typing.Optional[str] = setting(None, "The anchors' --optimizer.",
                                                  choices=["lamb", "adam"])
   power: typing.Optional[float] = setting(None, "The anchors' --poly_power.")
