@@ -334,6 +334,9 @@ def _sigterm_at(script, prefix):
 def test_a_sigterm_stops_the_demo_with_its_checkpoint_and_no_fine_tuning(demo_cache, tmp_path):
   lines = _sigterm_at(_one_card_demo(demo_cache, tmp_path, "--output_dir=out"), "Step 3,")
   assert not any(line.startswith("demo: fine-tuning") for line in lines), lines
+  # The demo has no target; stopped, its row says so as a run with one does.
+  assert any(re.match(r"^\| 1 card \| acc \S+ \| fps \S+ \| status aborted \|$", line)
+             for line in lines), lines[-30:]
   assert any(name.startswith("model.ckpt-") for name in os.listdir(str(tmp_path / "out")))
 
 

@@ -212,7 +212,8 @@ def finish(cfg, job, step, finite, stopped_by, results, results_at_start, run_st
   runlog.log_summary(cfg, job.logger, step, job.meter, job.evals, results, results_at_start,
                      status, job.ranks.replicas, time.time() - run_start, job.rcp,
                      where=dict(tokens=job.tokens, split=job.split, peak=job.peak,
-                                flops_per_sequence=job.flops_per_sequence()))
+                                flops_per_sequence=job.flops_per_sequence()),
+                     stopped=bool(stopped_by))
   job.logger.close()
   if stopped_by and job.ranks.size > 1:
     last_barrier(job, stopped_by)

@@ -193,11 +193,12 @@ def log_step(logger, monitor, sess, train, values, step, meter, step_start, samp
 
 
 def log_summary(cfg, logger, step, meter, evals, results, results_at_start, status,
-                num_ranks, e2e_time, rcp, where=None):
+                num_ranks, e2e_time, rcp, where=None, stopped=False):
   """The run's closing lines: time, throughput, where the time went (where: the keyword
   arguments of log_where_time_goes but fps and replicas), the one-line table row
   "| 1 card | acc ... | fps ... | status ... |" and the projected time to train (rcp:
-  mlperf.RcpChoice); also a dllog record of type summary."""
+  mlperf.RcpChoice); also a dllog record of type summary. stopped: a signal ended the
+  run, whose row then says aborted even without a target."""
   eval_time = evals.eval_time
   fps_all, fps_steady = meter.averages()
   # samples: the run's, all processes' (the report's count when the run stopped between
@@ -226,7 +227,7 @@ def log_summary(cfg, logger, step, meter, evals, results, results_at_start, stat
   logger.print("| %s | acc %s | fps %s | status %s |"
                % (cards, "%.6f" % accuracy if accuracy is not None else "n/a",
                   "%.2f" % fps_steady if meter.sentences else "n/a",
-                  status if cfg.evaluation.stop_threshold > 0 else "no target"))
+                  status if cfg.evaluation.stop_threshold > 0 or stopped else "no target"))
   if cfg.run.do_train and meter.sentences and rcp is not None:
     summary.update(log_time_to_train(logger, fps_steady, evals, rcp, status, step,
                                      meter.batch_size))
