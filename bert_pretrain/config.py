@@ -323,7 +323,7 @@ class Anchors(object):
   tf_profiler_begin_iter: int = setting(0, "Accepted: bench/profile_step.py profiles a step.")
   tf_profiler_num_iter: int = setting(0, "Accepted: bench/profile_step.py profiles a step.")
   steps_per_update: typing.Optional[int] = setting(
-      None, "MLPerf reference's --num_accumulation_steps.")
+      None, "MLPerf reference's name for --num_accumulation_steps.")
   input_file: typing.Optional[str] = setting(
       None, "MLPerf reference's record files (a glob or a list): here their folder is "
       "--input_files_dir (--eval_files_dir for the evaluation's); refused with the folder "
