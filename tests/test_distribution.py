@@ -291,6 +291,42 @@ def test_workers_that_disagree_on_the_schedule_are_all_refused_at_start(pretrain
         "with: %s" % (time.time() - started, line))
 
 
+PARTING_HANGS = """
+import threading
+from bert_pretrain.distributed import ranks as ranks_lib
+ranks_lib.PARTING_TIMEOUT_S = 2
+ranks = ranks_lib.Ranks("none")
+ranks._workers, ranks.size = ["localhost:1", "localhost:2"], 2
+calls = []
+def gather(values, config):
+  calls.append(values)
+  if len(calls) == 1:
+    return [values, [12.0]]
+  threading.Event().wait()  # the parting collective, after the peer left: for ever
+ranks._gather = gather
+ranks.agree({"--num_train_steps": 6}, None)
+print("agree returned")
+"""
+
+
+def test_a_worker_whose_parting_collective_hangs_still_ends_with_the_disagreement():
+  """TensorFlow 1.15 could hang a worker in the collective after the settings' gather when
+  its peer had passed it and exited: worker 0 then waited until the stall check called
+  worker 1 stalled."""
+  started = time.time()
+  result = subprocess.run([sys.executable, "-c", PARTING_HANGS], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if "error" in l]
+  assert errors == [
+      "run_pretraining: error: the job's processes disagree on --num_train_steps (worker 0 "
+      "(localhost:1): 6, worker 1 (localhost:2): 12); start every process with the same "
+      "settings (nothing was trained)"], result.stderr[-3000:]
+  assert "agree returned" not in result.stdout
+  print("the hung parting collective ended after %.1f s" % (time.time() - started))
+
+
 def _wait_for(path, text, procs, timeout=180):
   """Waits until the file at `path` contains `text`; fails if a process ended first."""
   deadline = time.time() + timeout

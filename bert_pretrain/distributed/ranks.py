@@ -40,6 +40,10 @@ DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
+# How long a worker that found the job's settings disagree waits in its parting collective
+# (agree()) for its peers: they are in it, or just done, within a second or two.
+PARTING_TIMEOUT_S = 10
+
 
 def launcher_rank():
   """This process's rank as the launcher (horovodrun, mpirun) set it, else None."""
@@ -471,17 +475,24 @@ class Ranks(object):
         differ.append("%s (%s)" % (name, ", ".join(
             "%s: %s" % (self.name(r), shown(r)) for r in [0] + others)))
     if differ:
+      message = ("the job's processes disagree on %s; start every process with the same "
+                 "settings (nothing was trained)" % "; ".join(differ))
       if self._workers:
         # TensorFlow's collectives pull each worker's part: one exiting right after the
         # gather can leave a slower peer without it (a "Socket closed" abort instead of
         # this line). Every worker passing a second collective has the gather's answer;
-        # this one's own end, a peer's exit, changes nothing.
+        # this one's own end, a peer's exit, changes nothing. In TensorFlow 1.15 that
+        # end can hang this worker for ever (no run timeout ends it): a timer ends it.
+        timer = threading.Timer(PARTING_TIMEOUT_S, self._end_process, args=(message, 2))
+        timer.daemon = True
+        timer.start()
         try:
           self._gather([0.0], config)
         except tf.errors.OpError:
           pass
-      raise ValueError("the job's processes disagree on %s; start every process with the "
-                       "same settings (nothing was trained)" % "; ".join(differ))
+        finally:
+          timer.cancel()
+      raise ValueError(message)
     return {name: type(settings[name])(rows[0][names.index(name)]) for name in shared}
 
   def _gather(self, values, config):
@@ -514,13 +525,19 @@ class Ranks(object):
     else:
       what = "the job's processes did not all join"
       why = "every heartbeat in %s is fresh: check that they reach each other" % self._folder
-    errors.print_error(
-        "run_pretraining",
+    self._end_process(
         "%s within --stall_timeout_s=%d (%s); start every process of the job (%d) with the "
         "same settings, or check its host and address; nothing was trained"
-        % (what, self.stall_timeout_s, why, self.size))
+        % (what, self.stall_timeout_s, why, self.size), 3)
+
+  @staticmethod
+  def _end_process(message, status):
+    """Prints run_pretraining's error line and ends the process at once, from any thread
+    (the main one may be stuck in a collective)."""
+    errors.print_error("run_pretraining", message)
+    sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(3)  # pylint: disable=protected-access
+    os._exit(status)  # pylint: disable=protected-access
 
   def absent_ranks(self):
     """The other processes whose heartbeat file is missing, says "done", or was not
