@@ -155,6 +155,8 @@ def error_status(e, cfg, inputs, ranks):
   (2: the input or the machine, 3: the job), or None for an error it does not know."""
   def say(message):
     errors.print_error("run_pretraining", message)
+    if ranks is not None:  # its peers, which now wait for it, name it and its error
+      ranks.stop(error=str(message))
   output_dir = cfg.run.output_dir
   if isinstance(e, ValueError):
     say(e)
@@ -175,12 +177,21 @@ def error_status(e, cfg, inputs, ranks):
     say(errors.os_error_message(e))
   elif isinstance(e, tf.errors.OpError) and ranks is not None and ranks.is_job_error(e):
     stalled = ranks.stalled_ranks()
-    say("%s stopped the job (%s)%s; %s%s" % (
+    # The peer whose error broke the collective writes it as it exits (say()): a moment.
+    ended = ranks.ended_ranks(wait_s=0 if ranks.hvd or stalled else 2)
+    stalled = [r for r in stalled if r not in ended]
+    if ended:
+      who = "; " + ranks.ended_words(ended)
+    elif stalled:
+      who = "; rank %s stopped answering" % ", ".join(str(r) for r in stalled)
+    else:
+      who = ("; a rank stalled or failed: its number is in the lines above ('Missing "
+             "ranks', or its own error)")
+    # A rank the job's end stopped is not its cause: it says nothing to its peers.
+    errors.print_error("run_pretraining", "%s stopped the job (%s)%s; %s%s" % (
         "Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
-        _error_line(e.message).split(". ")[0],
-        "; rank %s stopped answering" % ", ".join(str(r) for r in stalled) if stalled else
-        "; a rank stalled or failed: its number is in the lines above ('Missing ranks', or "
-        "its own error)", checkpoints.rerun_advice(output_dir), ranks.stall_reports(stalled)))
+        _error_line(e.message).split(". ")[0], who, checkpoints.rerun_advice(output_dir),
+        ranks.stall_reports(stalled)))
     return 3
   else:
     return None

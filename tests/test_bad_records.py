@@ -4,7 +4,8 @@ A corrupt record, a file cut short and a token id outside the vocab are met mid-
 up-front check of the whole set is turned off with --full_record_check_mb=0, as for a
 set over 256 MB): the run stops with one line naming the file and the record, keeps its
 checkpoints, and --skip_corrupt_records trains around them. A rank stopped with SIGSTOP
-is named and ends the job.
+is named and ends the job; a worker that ends at a bad record is named, with its error,
+by its peer.
 """
 
 import json
@@ -365,3 +366,32 @@ def test_a_rank_alive_but_stuck_is_named_and_the_job_ends(pretraining_data, tmp_
     assert re.search(r'File ".*loop\.py", line \d+ in train', stuck_report), stuck_report
   finally:
     _end(proc, stuck)
+
+
+def test_a_worker_that_ends_at_a_bad_record_is_named_with_its_error_by_its_peer(
+    pretraining_data, tmp_path):
+  """Worker 1 of a multi_worker_mirrored job reads its host's copy of the records, whose
+  part-1 has a bad record (of the same size: the job's check of the files passes); worker
+  0, with good records, waits for it in a collective. It said "rank 1 stalled: no sign of
+  life" after the stall timeout (TensorFlow 1.15), or that some rank failed (2.15)."""
+  from test_distribution import finish, start_workers  # pylint: disable=g-import-not-at-top
+  folder, path, offset = damaged_copy(pretraining_data, tmp_path, "crc")
+  flags = mid_run_flags(pretraining_data, pretraining_data["train"], tmp_path / "out",
+                        stall_timeout_s=30)
+  started = time.time()
+  procs = start_workers(flags, tmp_path / "logs",
+                        own_flags={1: ["--input_files_dir=%s" % folder]})
+  results = finish(procs, tmp_path / "logs", timeout=300)
+  (status0, output0), (status1, output1) = results
+  assert status1 == 2, output1[-3000:]
+  [line] = error_lines(output1)
+  assert line.startswith("run_pretraining: error: bad TFRecord %s record %d (byte %d): "
+                         % (path, BAD_INDEX, offset)), line
+  assert status0 == 3, output0[-3000:]
+  [peer_line] = error_lines(output0)
+  message = line[len("run_pretraining: error: "):]
+  assert re.search(r"worker 1 \(localhost:\d+\) ended at its error \(%s\), and the job "
+                   r"cannot go on without it: fix what it says; checkpoints in " %
+                   re.escape(message), peer_line), peer_line
+  assert "stalled" not in peer_line
+  print("worker 0 ended after %.1f s with: %s" % (time.time() - started, peer_line))

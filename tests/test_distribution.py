@@ -32,11 +32,11 @@ def _accuracy(stdout):
   return float(found[0])
 
 
-def start_workers(flags, logs, count=2):
+def start_workers(flags, logs, count=2, own_flags=None):
   """Starts `count` multi_worker_mirrored processes of one job on this host, each told
   its place by TF_CONFIG as a cluster manager would, each writing to logs/worker-N.log
   (files: a pipe nobody reads would stall its worker, and with it the job); returns
-  the Popens."""
+  the Popens. own_flags: {worker index: flags that follow (and override) flags}."""
   workers = ["localhost:%d" % port for port in processes.free_ports(count)]
   logs.mkdir()
   procs = []
@@ -46,7 +46,8 @@ def start_workers(flags, logs, count=2):
                                      "task": {"type": "worker", "index": index}}))
     with open(str(logs / ("worker-%d.log" % index)), "w") as log:
       procs.append(subprocess.Popen(
-          rank_command("--distribution=multi_worker_mirrored", *flags), stdout=log,
+          rank_command("--distribution=multi_worker_mirrored", *flags,
+                       *(own_flags or {}).get(index, [])), stdout=log,
           stderr=subprocess.STDOUT, universal_newlines=True, env=env))
   return procs
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain.distributed import stacks
 from conftest import ROOT
 
@@ -133,3 +134,29 @@ def test_a_stack_whose_dump_pauses_between_threads_is_reported_whole(tmp_path):
   finally:
     child.kill()
     child.wait()
+
+
+def test_a_peer_that_ended_at_an_error_is_named_with_it_from_this_jobs_file_only(tmp_path):
+  """Ranks.stop(error=...) writes the rank's error line into its heartbeat file; a peer
+  names it with its error (not as stalled), but not from a file an earlier run left."""
+  folder = tmp_path / ".ranks"
+  folder.mkdir()
+  line = "bad TFRecord train/part-1 record 50 (byte 23468): the CRC does not match the data"
+  one = ranks_lib.Ranks("none")
+  one.rank, one.size, one._folder = 1, 2, str(folder)
+  one.stop(error=line)
+  assert (folder / "rank-1").read_text() == ranks_lib.ENDED + line + "\n"
+  assert not (folder / "rank-1.tmp").exists()
+  zero = ranks_lib.Ranks("none")
+  zero.size, zero._folder = 2, str(folder)
+  early = time.time() - 60  # written before this process started: an earlier run's
+  os.utime(str(folder / "rank-1"), (early, early))
+  assert zero.ended_ranks() == {}
+  assert zero.absent_ranks() == [1]
+  zero._started -= 1  # a file system's coarse clock must not make the next file older
+  one.stop(error=line)  # during this job
+  assert zero.ended_ranks() == {1: line}
+  assert zero.ended_ranks([0]) == {}
+  assert zero.ended_words(zero.ended_ranks()) == (
+      "rank 1 ended at its error (%s), and the job cannot go on without it: fix what it "
+      "says" % line)

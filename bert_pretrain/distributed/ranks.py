@@ -43,6 +43,8 @@ SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 # How long a worker that found the job's settings disagree waits in its parting collective
 # (agree()) for its peers: they are in it, or just done, within a second or two.
 PARTING_TIMEOUT_S = 10
+# A heartbeat file's content once its rank has ended at an error: this, then the line.
+ENDED = "ended at its error: "
 
 
 def launcher_rank():
@@ -177,6 +179,9 @@ class Ranks(object):
     (stacks.py), as run_pretraining does when Horovod's stall check ends the job.
   - Peers that never come: agree(), the run's first collective, gives up after
     stall_timeout_s and names the processes without a heartbeat.
+  - A rank that ends at an error writes its error line into its file (stop(error=...)):
+    a peer that the stall check or a broken collective stops names it and its error
+    rather than calling it stalled.
 
   Args:
     distribution: one of DISTRIBUTIONS (True: "horovod", False: "none").
@@ -483,7 +488,10 @@ class Ranks(object):
         # this line). Every worker passing a second collective has the gather's answer;
         # this one's own end, a peer's exit, changes nothing. In TensorFlow 1.15 that
         # end can hang this worker for ever (no run timeout ends it): a timer ends it.
-        timer = threading.Timer(PARTING_TIMEOUT_S, self._end_process, args=(message, 2))
+        # Before the stall check could call the peer, which ended, stalled.
+        wait = PARTING_TIMEOUT_S if self.stall_timeout_s <= 0 else min(
+            PARTING_TIMEOUT_S, self.stall_timeout_s / 2.0)
+        timer = threading.Timer(wait, self._end_process, args=(message, 2))
         timer.daemon = True
         timer.start()
         try:
@@ -516,8 +524,12 @@ class Ranks(object):
         return sess.run(rows).tolist()
 
   def _not_joined(self):
-    """agree()'s timeout: names the processes without a heartbeat and ends this one."""
+    """agree()'s timeout: names the processes without a heartbeat (or with their error,
+    those that ended at one) and ends this one."""
     absent = self.absent_ranks()
+    ended = self.ended_ranks(absent)
+    if ended:
+      self._end_process("%s; nothing was trained" % self.ended_words(ended), 3)
     if absent:
       what = "%s did not join the job" % ", ".join(self.name(r) for r in absent)
       why = "no heartbeat from %s in %s" % ("it" if len(absent) == 1 else "them",
@@ -540,14 +552,14 @@ class Ranks(object):
     os._exit(status)  # pylint: disable=protected-access
 
   def absent_ranks(self):
-    """The other processes whose heartbeat file is missing, says "done", or was not
-    rewritten within three heartbeats: not (or no longer) running."""
+    """The other processes whose heartbeat file is missing, says "done" or that it ended,
+    or was not rewritten within three heartbeats: not (or no longer) running."""
     absent = []
     for rank in range(self.size):
       if rank == self.rank:
         continue
       heartbeat = stacks.read_heartbeat(self._folder or "", rank)
-      if (heartbeat is None or heartbeat[0].startswith("done") or
+      if (heartbeat is None or heartbeat[0].startswith(("done", ENDED)) or
           time.time() - heartbeat[1] > 3 * self._interval):
         absent.append(rank)
     return absent
@@ -571,18 +583,47 @@ class Ranks(object):
       except OSError:
         continue  # The heartbeat is best effort; training goes on.
       stalled = self.stalled_ranks(self.stall_timeout_s)
-      if stalled:
-        errors.print_error(
-            "run_pretraining",
-            "rank %s stalled: no sign of life for %d s (stuck in I/O, stopped, or its host "
-            "frozen; --stall_timeout_s=%d); the job stops: check that host; %s%s"
-            % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
-               self.stall_timeout_s, checkpoints.rerun_advice(os.path.dirname(self._folder)),
-               self.stall_reports(stalled)))
+      ended = self.ended_ranks(stalled)
+      stalled = [r for r in stalled if r not in ended]
+      if stalled or ended:
+        why = [self.ended_words(ended)] if ended else []
+        if stalled:
+          why.append("rank %s stalled: no sign of life for %d s (stuck in I/O, stopped, or "
+                     "its host frozen; --stall_timeout_s=%d); the job stops: check that host"
+                     % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
+                        self.stall_timeout_s))
+        errors.print_error("run_pretraining", "%s; %s%s" % (
+            "; ".join(why), checkpoints.rerun_advice(os.path.dirname(self._folder)),
+            self.stall_reports(stalled) if stalled else ""))
         sys.stderr.flush()
-        logs.end_open_runs("rank %s stalled: the job stopped (see its error line)"
-                           % ", ".join(str(r) for r in stalled))
+        logs.end_open_runs("; ".join(
+            "rank %s %s: the job stopped (see its error line)"
+            % (", ".join(str(r) for r in sorted(group)), how)
+            for group, how in ((stalled, "stalled"), (ended, "ended at its error")) if group))
         os._exit(3)  # pylint: disable=protected-access
+
+  def ended_words(self, ended):
+    """What the error line says of the peers that ended at an error (ended_ranks)."""
+    return "; ".join("%s ended at its error (%s), and the job cannot go on without it: "
+                     "fix what it says" % (self.name(r), line)
+                     for r, line in sorted(ended.items()))
+
+  def ended_ranks(self, ranks=None, wait_s=0.0):
+    """Of `ranks` (default: the other ranks), those whose heartbeat file says they ended
+    at an error during this job, waiting up to wait_s for one: {rank: its error line}
+    (stop(error=...) wrote it)."""
+    deadline = time.time() + wait_s
+    while self._folder is not None:
+      ended = {}
+      for rank in (range(self.size) if ranks is None else ranks):
+        heartbeat = stacks.read_heartbeat(self._folder, rank) if rank != self.rank else None
+        if (heartbeat is not None and heartbeat[0].startswith(ENDED) and
+            heartbeat[1] >= self._job_start()):
+          ended[rank] = heartbeat[0][len(ENDED):].strip()
+      if ended or time.time() >= deadline:
+        return ended
+      time.sleep(0.2)
+    return {}
 
   def stall_reports(self, stalled):
     """Writes output_dir/stall-rank-N.txt (stacks.write_reports): what each rank was
@@ -630,14 +671,17 @@ class Ranks(object):
         stalled.append(rank)
     return stalled
 
-  def stop(self):
-    """Ends the heartbeat thread; the others no longer wait for this rank."""
+  def stop(self, error=None):
+    """Ends the heartbeat thread; the others no longer wait for this rank. error: the
+    line of the error this rank ends at, which its peers then name (ended_ranks)."""
     self._stop.set()
     if self._thread is not None:
       self._thread.join(timeout=10)
     if self._folder is not None:
+      path = os.path.join(self._folder, "rank-%d" % self.rank)
       try:
-        with open(os.path.join(self._folder, "rank-%d" % self.rank), "w") as f:
-          f.write("done\n")
-      except OSError:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+          f.write("done\n" if error is None else ENDED + error.replace("\n", " ") + "\n")
+        os.replace(path + ".tmp", path)
+      except (OSError, ValueError):  # best effort, as the heartbeat
         pass

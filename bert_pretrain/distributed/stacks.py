@@ -43,7 +43,7 @@ def read_heartbeat(folder, rank):
   """(content, time written) of rank's heartbeat file in folder; None when there is none."""
   path = os.path.join(folder, "rank-%d" % rank)
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
       content = f.read()
     return content, os.path.getmtime(path)
   except OSError:
