@@ -188,10 +188,10 @@ def error_status(e, cfg, inputs, ranks):
       who = ("; a rank stalled or failed: its number is in the lines above ('Missing "
              "ranks', or its own error)")
     # A rank the job's end stopped is not its cause: it says nothing to its peers.
-    errors.print_error("run_pretraining", "%s stopped the job (%s)%s; %s%s" % (
+    errors.print_error("run_pretraining", "%s stopped the job (%s)%s%s" % (
         "Horovod" if ranks.hvd else "TensorFlow's collective all-reduce",
-        _error_line(e.message).split(". ")[0], who, checkpoints.rerun_advice(output_dir),
-        ranks.stall_reports(stalled)))
+        _error_line(e.message).split(". ")[0], who, "" if ended else "; %s%s" % (
+            checkpoints.rerun_advice(output_dir), ranks.stall_reports(stalled))))
     return 3
   else:
     return None

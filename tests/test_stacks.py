@@ -149,7 +149,8 @@ def test_a_peer_that_ended_at_an_error_is_named_with_it_from_this_jobs_file_only
   assert not (folder / "rank-1.tmp").exists()
   zero = ranks_lib.Ranks("none")
   zero.size, zero._folder = 2, str(folder)
-  early = time.time() - 60  # written before this process started: an earlier run's
+  zero.stall_timeout_s = 300
+  early = time.time() - 100  # a run that failed before this one started, and was fixed
   os.utime(str(folder / "rank-1"), (early, early))
   assert zero.ended_ranks() == {}
   assert zero.absent_ranks() == [1]
@@ -157,6 +158,9 @@ def test_a_peer_that_ended_at_an_error_is_named_with_it_from_this_jobs_file_only
   one.stop(error=line)  # during this job
   assert zero.ended_ranks() == {1: line}
   assert zero.ended_ranks([0]) == {}
+  one.stop(error="bad TFRecord /data/caf\udce9/part-1")  # a name that is not UTF-8
+  assert zero.ended_ranks() == {1: "bad TFRecord /data/caf\\udce9/part-1"}
+  one.stop(error=line)
   assert zero.ended_words(zero.ended_ranks()) == (
-      "rank 1 ended at its error (%s), and the job cannot go on without it: fix what it "
+      "rank 1 ended at its error (%s), and the job cannot go on without it: do what it "
       "says" % line)

@@ -577,7 +577,7 @@ class Ranks(object):
         if not os.path.isdir(self._folder):
           os.makedirs(self._folder, exist_ok=True)
         path = os.path.join(self._folder, "rank-%d" % self.rank)
-        with open(path + ".tmp", "w") as f:
+        with open(path + ".tmp", "w", encoding="utf-8", errors="backslashreplace") as f:
           f.write(stacks.heartbeat_text(os.getpid(), beats, self.doing))
         os.replace(path + ".tmp", path)
       except OSError:
@@ -589,12 +589,12 @@ class Ranks(object):
         why = [self.ended_words(ended)] if ended else []
         if stalled:
           why.append("rank %s stalled: no sign of life for %d s (stuck in I/O, stopped, or "
-                     "its host frozen; --stall_timeout_s=%d); the job stops: check that host"
-                     % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
-                        self.stall_timeout_s))
-        errors.print_error("run_pretraining", "%s; %s%s" % (
-            "; ".join(why), checkpoints.rerun_advice(os.path.dirname(self._folder)),
-            self.stall_reports(stalled) if stalled else ""))
+                     "its host frozen; --stall_timeout_s=%d); the job stops: check that "
+                     "host; %s%s" % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
+                                     self.stall_timeout_s,
+                                     checkpoints.rerun_advice(os.path.dirname(self._folder)),
+                                     self.stall_reports(stalled)))
+        errors.print_error("run_pretraining", "; ".join(why))
         sys.stderr.flush()
         logs.end_open_runs("; ".join(
             "rank %s %s: the job stopped (see its error line)"
@@ -603,22 +603,24 @@ class Ranks(object):
         os._exit(3)  # pylint: disable=protected-access
 
   def ended_words(self, ended):
-    """What the error line says of the peers that ended at an error (ended_ranks)."""
+    """What the error line says of the peers that ended at an error (ended_ranks); their
+    own lines say what to do (and what a rerun does)."""
     return "; ".join("%s ended at its error (%s), and the job cannot go on without it: "
-                     "fix what it says" % (self.name(r), line)
+                     "do what it says" % (self.name(r), line)
                      for r, line in sorted(ended.items()))
 
   def ended_ranks(self, ranks=None, wait_s=0.0):
     """Of `ranks` (default: the other ranks), those whose heartbeat file says they ended
     at an error during this job, waiting up to wait_s for one: {rank: its error line}
-    (stop(error=...) wrote it)."""
+    (stop(error=...) wrote it). A file older than this process is an earlier run's (a
+    job's rank cannot end at an error before all have joined)."""
     deadline = time.time() + wait_s
     while self._folder is not None:
       ended = {}
       for rank in (range(self.size) if ranks is None else ranks):
         heartbeat = stacks.read_heartbeat(self._folder, rank) if rank != self.rank else None
         if (heartbeat is not None and heartbeat[0].startswith(ENDED) and
-            heartbeat[1] >= self._job_start()):
+            heartbeat[1] >= self._started):
           ended[rank] = heartbeat[0][len(ENDED):].strip()
       if ended or time.time() >= deadline:
         return ended
@@ -680,7 +682,7 @@ class Ranks(object):
     if self._folder is not None:
       path = os.path.join(self._folder, "rank-%d" % self.rank)
       try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        with open(path + ".tmp", "w", encoding="utf-8", errors="backslashreplace") as f:
           f.write("done\n" if error is None else ENDED + error.replace("\n", " ") + "\n")
         os.replace(path + ".tmp", path)
       except (OSError, ValueError):  # best effort, as the heartbeat
