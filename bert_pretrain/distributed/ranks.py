@@ -487,8 +487,8 @@ class Ranks(object):
         # gather can leave a slower peer without it (a "Socket closed" abort instead of
         # this line). Every worker passing a second collective has the gather's answer;
         # this one's own end, a peer's exit, changes nothing. In TensorFlow 1.15 that
-        # end can hang this worker for ever (no run timeout ends it): a timer ends it.
-        # Before the stall check could call the peer, which ended, stalled.
+        # end can hang this worker for ever (no run timeout ends it): a timer ends it,
+        # within half the stall timeout, before the stall check would name the peer.
         wait = PARTING_TIMEOUT_S if self.stall_timeout_s <= 0 else min(
             PARTING_TIMEOUT_S, self.stall_timeout_s / 2.0)
         timer = threading.Timer(wait, self._end_process, args=(message, 2))
