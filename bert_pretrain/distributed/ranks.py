@@ -576,10 +576,8 @@ class Ranks(object):
       try:
         if not os.path.isdir(self._folder):
           os.makedirs(self._folder, exist_ok=True)
-        path = os.path.join(self._folder, "rank-%d" % self.rank)
-        with open(path + ".tmp", "w", encoding="utf-8", errors="backslashreplace") as f:
-          f.write(stacks.heartbeat_text(os.getpid(), beats, self.doing))
-        os.replace(path + ".tmp", path)
+        stacks.write_heartbeat(self._folder, self.rank,
+                               stacks.heartbeat_text(os.getpid(), beats, self.doing))
       except OSError:
         continue  # The heartbeat is best effort; training goes on.
       stalled = self.stalled_ranks(self.stall_timeout_s)
@@ -680,10 +678,8 @@ class Ranks(object):
     if self._thread is not None:
       self._thread.join(timeout=10)
     if self._folder is not None:
-      path = os.path.join(self._folder, "rank-%d" % self.rank)
       try:
-        with open(path + ".tmp", "w", encoding="utf-8", errors="backslashreplace") as f:
-          f.write("done\n" if error is None else ENDED + error.replace("\n", " ") + "\n")
-        os.replace(path + ".tmp", path)
-      except (OSError, ValueError):  # best effort, as the heartbeat
+        stacks.write_heartbeat(self._folder, self.rank, "done\n" if error is None else
+                               ENDED + error.replace("\n", " ") + "\n")
+      except OSError:  # best effort, as the heartbeat
         pass

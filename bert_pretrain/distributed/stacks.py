@@ -39,6 +39,15 @@ def heartbeat_text(pid, beats, doing):
   return "%d %d %s\n%s\n" % (pid, beats, socket.gethostname(), doing)
 
 
+def write_heartbeat(folder, rank, content):
+  """Replaces rank's heartbeat file in folder with `content` in one step (a reader never
+  sees half of it); raises OSError."""
+  path = os.path.join(folder, "rank-%d" % rank)
+  with open(path + ".tmp", "w", encoding="utf-8", errors="backslashreplace") as f:
+    f.write(content)
+  os.replace(path + ".tmp", path)
+
+
 def read_heartbeat(folder, rank):
   """(content, time written) of rank's heartbeat file in folder; None when there is none."""
   path = os.path.join(folder, "rank-%d" % rank)
