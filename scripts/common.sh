@@ -2,6 +2,8 @@
 # The flags, the presets and the demo are Python's (bert_pretrain/config.py).
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+# CUDA reads CUDA_VISIBLE_DEVICES=-1 as no card, as it reads an empty one: CPU ranks.
+if [ "${CUDA_VISIBLE_DEVICES-}" = -1 ]; then export CUDA_VISIBLE_DEVICES=""; fi
 
 # listed_cards: "COUNT LISTER", the cards nvidia-smi -L, else Iluvatar's ixsmi -L, lists
 # on this host ("0 None": none).
@@ -39,7 +41,7 @@ check_card_list() {
 }
 
 # count_ranks: ranks per host: IX_NUM_CUDA_VISIBLE_DEVICES, else the entries of
-# CUDA_VISIBLE_DEVICES, else the cards listed, else 2 CPU ranks. An empty
+# CUDA_VISIBLE_DEVICES, else the cards listed, else 2 CPU ranks. An empty (or -1)
 # CUDA_VISIBLE_DEVICES hides every card, as CUDA reads it: CPU ranks.
 count_ranks() {
   local from_list="" count lister
@@ -60,7 +62,7 @@ count_ranks() {
   elif [ -n "$from_list" ]; then
     echo "$from_list"
   elif [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
-    echo "CUDA_VISIBLE_DEVICES is empty, which hides every card: 2 CPU ranks per host (export IX_NUM_CUDA_VISIBLE_DEVICES=N to choose, or the cards to use)" >&2
+    echo "CUDA_VISIBLE_DEVICES is empty (or -1), which hides every card: 2 CPU ranks per host (export IX_NUM_CUDA_VISIBLE_DEVICES=N to choose, or the cards to use)" >&2
     echo 2
   elif read -r count lister <<< "$(listed_cards)" && [ "${count:-0}" -gt 0 ]; then
     echo "IX_NUM_CUDA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are unset: one rank per card that $lister -L lists on this host" >&2

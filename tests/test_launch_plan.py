@@ -19,8 +19,10 @@ from conftest import (INSTALLED_PATH, ROOT, launcher_env, passing_ranks_path,
     ({"CUDA_VISIBLE_DEVICES": "GPU-8f6e2a1c-0d3b-4c5e-9a7f-112233445566,MIG-GPU-ab12/1/0"},
      "2", ""),
     ({}, "2", "2 CPU ranks"),
-    ({"CUDA_VISIBLE_DEVICES": ""}, "2", "CUDA_VISIBLE_DEVICES is empty, which hides every "
-     "card: 2 CPU ranks per host"),
+    ({"CUDA_VISIBLE_DEVICES": ""}, "2", "CUDA_VISIBLE_DEVICES is empty (or -1), which hides "
+     "every card: 2 CPU ranks per host"),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, "2", "CUDA_VISIBLE_DEVICES is empty (or -1), which hides "
+     "every card: 2 CPU ranks per host"),
     ({"listed": "nvidia-smi"}, "3", "one rank per card that nvidia-smi -L lists on this host"),
     ({"listed": "ixsmi"}, "3", "one rank per card that ixsmi -L lists on this host"),
     ({"listed": "nvidia-smi", "CUDA_VISIBLE_DEVICES": ""}, "2", "CUDA_VISIBLE_DEVICES is "
@@ -55,10 +57,10 @@ def test_rank_count_from_the_environment(values, ranks, message, tmp_path):
      "99999999999999999999 ranks a host (IX_NUM_CUDA_VISIBLE_DEVICES, else the cards listed) "
      "is more than a host runs (at most 1024); export the number of cards, or of CPU ranks, "
      "e.g. IX_NUM_CUDA_VISIBLE_DEVICES=8"),
-    ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES=-1: -1 hides the cards from there "
-     "on; export only the cards to use, or unset it for CPU ranks "
-     "(IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)"),
     ({"CUDA_VISIBLE_DEVICES": "0,1,-1"}, "CUDA_VISIBLE_DEVICES=0,1,-1: -1 hides the cards from "
+     "there on; export only the cards to use, or unset it for CPU ranks "
+     "(IX_NUM_CUDA_VISIBLE_DEVICES=N chooses how many)"),
+    ({"CUDA_VISIBLE_DEVICES": "-1,0"}, "CUDA_VISIBLE_DEVICES=-1,0: -1 hides the cards from "
      "there on"),
     ({"CUDA_VISIBLE_DEVICES": ","}, "CUDA_VISIBLE_DEVICES=, lists no card"),
     ({"CUDA_VISIBLE_DEVICES": "0,abc"}, "CUDA_VISIBLE_DEVICES=0,abc: 'abc' is not a card (its "
@@ -174,7 +176,7 @@ def test_a_card_list_on_a_host_without_gpus_asks_for_no_more_cpu_ranks_than_core
 
 @pytest.mark.parametrize("gpus,message", [
     (4, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores: "
-     "CUDA_VISIBLE_DEVICES is empty, which hides the 4 cards ixsmi lists; unset "
+     "CUDA_VISIBLE_DEVICES is empty (or -1), which hides the 4 cards ixsmi lists; unset "
      "CUDA_VISIBLE_DEVICES to train on them, or export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer"),
     (0, "4 CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of 2 cores where "
      "neither nvidia-smi nor ixsmi lists a GPU: each would get less than a core; export "
@@ -228,12 +230,14 @@ def test_the_script_counts_this_hosts_cards_unless_the_hosts_are_named(tmp_path)
   assert three.stderr.strip() == (
       "run_multi_card_FPS: error: 3 cards asked for (IX_NUM_CUDA_VISIBLE_DEVICES) but "
       "nvidia-smi lists 2 on this host; export IX_NUM_CUDA_VISIBLE_DEVICES=2 or fewer")
-  hidden = run_multi_card_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
-                                 PATH=gpu_path, CUDA_VISIBLE_DEVICES="",
-                                 IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1))
-  assert hidden.returncode == 2
-  assert ("CUDA_VISIBLE_DEVICES is empty, which hides the 2 cards nvidia-smi lists; unset "
-          "CUDA_VISIBLE_DEVICES to train on them" in hidden.stderr.strip().splitlines()[-1])
+  for no_card in ("", "-1"):
+    hidden = run_multi_card_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1",
+                                   PATH=gpu_path, CUDA_VISIBLE_DEVICES=no_card,
+                                   IX_NUM_CUDA_VISIBLE_DEVICES=str(cores + 1))
+    assert hidden.returncode == 2
+    assert ("CUDA_VISIBLE_DEVICES is empty (or -1), which hides the 2 cards nvidia-smi lists; "
+            "unset CUDA_VISIBLE_DEVICES to train on them"
+            in hidden.stderr.strip().splitlines()[-1]), no_card
   two = run_multi_card_script(tmp_path, "--input_files_dir=/data", DRY_RUN="1", PATH=gpu_path)
   assert two.returncode == 0, two.stderr
   assert two.stdout.startswith("Launching 2 ranks on 1 host (2 per host)")

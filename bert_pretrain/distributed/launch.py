@@ -251,14 +251,15 @@ def check_this_host(per_host, cards, cores, hidden=False, visible=None):
     per_host: int, the ranks (cards) asked for.
     cards: Cards, those listed here (listed_cards; count 0: none).
     cores: int, this host's cores.
-    hidden: an empty CUDA_VISIBLE_DEVICES hides the cards: the ranks run on the CPU.
+    hidden: an empty CUDA_VISIBLE_DEVICES (the script's for -1) hides the cards: the
+      ranks run on the CPU.
     visible: CUDA_VISIBLE_DEVICES when its entries give the count (None: the count is
       IX_NUM_CUDA_VISIBLE_DEVICES's).
   """
   asked = "CUDA_VISIBLE_DEVICES=%s" % visible if visible else "IX_NUM_CUDA_VISIBLE_DEVICES"
   if hidden and cards.count and per_host > cores:
     raise LaunchError("%d CPU ranks asked for (IX_NUM_CUDA_VISIBLE_DEVICES) on a host of %d "
-                      "cores: CUDA_VISIBLE_DEVICES is empty, which hides the %d cards %s "
+                      "cores: CUDA_VISIBLE_DEVICES is empty (or -1), which hides the %d cards %s "
                       "lists; unset CUDA_VISIBLE_DEVICES to train on them, or export "
                       "IX_NUM_CUDA_VISIBLE_DEVICES=%d or fewer"
                       % (per_host, cores, cards.count, cards.lister, cores))
