@@ -2,8 +2,6 @@
 # The flags, the presets and the demo are Python's (bert_pretrain/config.py).
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-# CUDA reads CUDA_VISIBLE_DEVICES=-1 as no card, as it reads an empty one: CPU ranks.
-if [ "${CUDA_VISIBLE_DEVICES-}" = -1 ]; then export CUDA_VISIBLE_DEVICES=""; fi
 
 # listed_cards: "COUNT LISTER", the cards nvidia-smi -L, else Iluvatar's ixsmi -L, lists
 # on this host ("0 None": none).
@@ -45,7 +43,7 @@ check_card_list() {
 # CUDA_VISIBLE_DEVICES hides every card, as CUDA reads it: CPU ranks.
 count_ranks() {
   local from_list="" count lister
-  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && [ "$CUDA_VISIBLE_DEVICES" != -1 ]; then
     check_card_list
     from_list="$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)"
   fi

@@ -251,8 +251,7 @@ def check_this_host(per_host, cards, cores, hidden=False, visible=None):
     per_host: int, the ranks (cards) asked for.
     cards: Cards, those listed here (listed_cards; count 0: none).
     cores: int, this host's cores.
-    hidden: an empty CUDA_VISIBLE_DEVICES (the script's for -1) hides the cards: the
-      ranks run on the CPU.
+    hidden: an empty CUDA_VISIBLE_DEVICES, or -1, hides the cards: the ranks run on the CPU.
     visible: CUDA_VISIBLE_DEVICES when its entries give the count (None: the count is
       IX_NUM_CUDA_VISIBLE_DEVICES's).
   """
@@ -935,19 +934,21 @@ def main(argv):
     if launcher(job, distribution):
       check_horovodrun_args(job.args)
     # On this host alone: the cards listed must be here; a count given must fit (the
-    # script's own default is within the host). An empty list hides every card: CPU ranks.
+    # script's own default is within the host). An empty list, or -1, hides every card
+    # (as CUDA reads them): CPU ranks.
     visible, cards = os.environ.get("CUDA_VISIBLE_DEVICES"), None
+    hidden = visible is not None and visible.strip() in ("", "-1")
     if not names_hosts(run_args) and (visible or os.environ.get("IX_NUM_CUDA_VISIBLE_DEVICES")):
       cards = listed_cards()
-      if visible:
+      if not hidden and visible:
         check_card_list(visible, cards)
-      check_this_host(job.per_host, cards, os.cpu_count() or 1, hidden=visible == "",
-                      visible=visible or None)
+      check_this_host(job.per_host, cards, os.cpu_count() or 1, hidden=hidden,
+                      visible=None if hidden else visible or None)
   except LaunchError as e:
     errors.print_error("run_multi_card_FPS", e)
     return 2
   cpu = distribution != "horovod" and not names_hosts(run_args) and (
-      visible == "" or (not visible and (cards or listed_cards()).count == 0))
+      hidden or (not visible and (cards or listed_cards()).count == 0))
   print("\n".join([summary(job, distribution, cpu)] + launcher(job, distribution, int(port))))
   return 0
 
