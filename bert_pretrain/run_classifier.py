@@ -391,8 +391,10 @@ def main(argv):
       # Held while this frame lives (the whole run), as run_pretraining's.
       lock = checkpoints.OutputDirLock(FLAGS.output_dir)
       lock.acquire()
-    return run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps,
-               settings, earlier)
+    status = run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps,
+                 settings, earlier)
+    ranks.part(status)
+    return status
   except ValueError as e:
     errors.print_error("run_classifier", e)
     return 2

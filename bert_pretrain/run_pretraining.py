@@ -132,6 +132,9 @@ def run(cfg, inputs, ranks, device, stop, notes, then=None):
       print("Removed what an interrupted save left in %s: %s"
             % (cfg.run.output_dir, ", ".join(removed)))
   status = loop.run(cfg, inputs, ranks, device, stop, notes)
+  if not stop.requested:  # saved: a signal now ends it at once (part() may wait for peers)
+    stop.disarm("at the end of the run")
+  ranks.part(status)
   ranks.stop()
   if then and status == 0:  # from now on a signal ends the process at once
     stop.disarm("during %s (the pretraining run is saved)" % then)

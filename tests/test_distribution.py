@@ -21,6 +21,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain import processes
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.distributed import ranks as ranks_lib
+from bert_pretrain.distributed import stacks
 from conftest import (RANKS_MODULE, ROOT, assert_same_weights, base_flags, final_weights,
                       ordered_flags, passing_ranks_path, rank_command, run_pretraining,
                       start_command)
@@ -326,6 +327,85 @@ def test_a_worker_whose_parting_collective_hangs_still_ends_with_the_disagreemen
       "settings (nothing was trained)"], result.stderr[-3000:]
   assert "agree returned" not in result.stdout
   print("the hung parting collective ended after %.1f s" % (time.time() - started))
+
+
+PARTING_AT_THE_END = """
+import sys, threading
+from bert_pretrain.distributed import ranks as ranks_lib
+ranks_lib.PARTING_TIMEOUT_S = 1
+ranks = ranks_lib.Ranks("none")
+ranks._workers, ranks.size = ["localhost:1", "localhost:2", "localhost:3"], 3
+ranks._folder = sys.argv[1]
+ranks._gather = lambda values, config: threading.Event().wait()  # hangs, its peers gone
+print("parting", flush=True)
+ranks.part(5)
+print("part returned")
+"""
+
+
+def start_parting(folder):
+  """Worker 0 of 3 (the heartbeats in `folder`), at its run's end (status 5), in a parting
+  collective that never returns; returns once it is in it."""
+  proc = subprocess.Popen([sys.executable, "-c", PARTING_AT_THE_END, str(folder)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert proc.stdout.readline() == "parting\n", proc.communicate()[1][-3000:]
+  return proc
+
+
+def beat(folder, rank, doing):
+  stacks.write_heartbeat(str(folder), rank, stacks.heartbeat_text(os.getpid(), 1, doing))
+
+
+@pytest.mark.parametrize("peers", [
+    ("done", "done"), ("ended", "parting"), ("parting", "parting"), ("stale", "none")])
+def test_a_worker_whose_parting_collective_hangs_once_no_peer_is_busy_ends_with_its_status(
+    peers, tmp_path):
+  """TensorFlow 1.15 can hang a worker in a collective that its peer passed and exited
+  after: at the end of a run, worker 0 waited for ever (its peer's heartbeat said done).
+  Peers in the parting collective themselves, or whose heartbeat stopped, are not busy."""
+  proc = start_parting(tmp_path)
+  try:
+    for rank, state in enumerate(peers, 1):
+      if state == "done":
+        stacks.write_heartbeat(str(tmp_path), rank, "done\n")
+      elif state == "ended":
+        stacks.write_heartbeat(str(tmp_path), rank, ranks_lib.ENDED + "a bad record\n")
+      elif state == "stale":
+        beat(tmp_path, rank, "drawing the report")
+        os.utime(str(tmp_path / ("rank-%d" % rank)), (time.time() - 60,) * 2)
+    deadline = time.time() + 60
+    while proc.poll() is None and time.time() < deadline:  # the peers' heartbeats go on
+      for rank, state in enumerate(peers, 1):
+        if state == "parting":
+          beat(tmp_path, rank, ranks_lib.PARTING)
+      time.sleep(0.3)
+    out, err = proc.communicate(timeout=1)
+  finally:
+    proc.kill()
+  assert proc.returncode == 5, err[-3000:]
+  assert "part returned" not in out
+  assert "error" not in err, err[-3000:]
+  assert (tmp_path / "rank-0").read_text() == "done\n"
+
+
+def test_a_worker_in_its_parting_collective_waits_for_a_peer_still_busy(tmp_path):
+  """The chief may still draw its report while its peers wait to part: they stay while its
+  heartbeat says it works, and end once it says done."""
+  proc = start_parting(tmp_path)
+  try:
+    stacks.write_heartbeat(str(tmp_path), 2, "done\n")
+    for _ in range(20):  # 6 s; the parting's timeout is 1 s
+      beat(tmp_path, 1, "drawing the report")
+      time.sleep(0.3)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    stacks.write_heartbeat(str(tmp_path), 1, "done\n")
+    out, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 5, err[-3000:]
+  assert "part returned" not in out
 
 
 def _wait_for(path, text, procs, timeout=180):

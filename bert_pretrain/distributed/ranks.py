@@ -40,11 +40,13 @@ DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
-# How long a worker that found the job's settings disagree waits in its parting collective
-# (agree()) for its peers: they are in it, or just done, within a second or two.
+# How long a worker waits in its parting collective (part()) once no peer is running: a
+# peer that passed it ends within a second or two.
 PARTING_TIMEOUT_S = 10
 # A heartbeat file's content once its rank has ended at an error: this, then the line.
 ENDED = "ended at its error: "
+# What a rank in part() is doing (its heartbeat says it).
+PARTING = "the parting collective: every process passes it before any exits"
 
 
 def launcher_rank():
@@ -207,6 +209,8 @@ class Ranks(object):
     self._seen = {}  # rank -> (file content, time it last changed)
     self._started = time.time()
     self._server = None  # multi_worker_mirrored: this worker's tf.distribute.Server
+    self._config = None  # multi_worker_mirrored: the tf.ConfigProto of its sessions
+    self._parting = threading.Lock()  # part(): its collective's end or its watch's, not both
     # What this rank does now ("update 12: ..."), in its heartbeat and stall report.
     self.doing = "starting"
     if distribution == "horovod":
@@ -396,6 +400,7 @@ class Ranks(object):
     worker, the collectives configured into config)."""
     if self.distribution != "multi_worker_mirrored":
       return tf.Session(config=config)
+    self._config = config  # part()'s session takes it too
     config = self.strategy.update_config_proto(config)
     if tf.__version__.startswith("1."):
       # TensorFlow 1.15's scoped-allocator rewrite of the collectives, which the strategy
@@ -482,24 +487,9 @@ class Ranks(object):
     if differ:
       message = ("the job's processes disagree on %s; start every process with the same "
                  "settings (nothing was trained)" % "; ".join(differ))
-      if self._workers:
-        # TensorFlow's collectives pull each worker's part: one exiting right after the
-        # gather can leave a slower peer without it (a "Socket closed" abort instead of
-        # this line). Every worker passing a second collective has the gather's answer;
-        # this one's own end, a peer's exit, changes nothing. In TensorFlow 1.15 that
-        # end can hang this worker for ever (no run timeout ends it): a timer ends it,
-        # within half the stall timeout, before the stall check would name the peer.
-        wait = PARTING_TIMEOUT_S if self.stall_timeout_s <= 0 else min(
-            PARTING_TIMEOUT_S, self.stall_timeout_s / 2.0)
-        timer = threading.Timer(wait, self._end_process, args=(message, 2))
-        timer.daemon = True
-        timer.start()
-        try:
-          self._gather([0.0], config)
-        except tf.errors.OpError:
-          pass
-        finally:
-          timer.cancel()
+      # A worker exiting right after the gather could leave a slower peer without the
+      # answer (a "Socket closed" abort instead of this line).
+      self.part(2, message)
       raise ValueError(message)
     return {name: type(settings[name])(rows[0][names.index(name)]) for name in shared}
 
@@ -523,6 +513,62 @@ class Ranks(object):
       with sess:
         return sess.run(rows).tolist()
 
+  def part(self, status, message=None):
+    """The parting collective, a multi_worker_mirrored worker's last: every worker passes
+    it before any exits. A worker that exits right after a collective can leave a slower
+    peer without its share (TensorFlow's collectives fetch it from the sender): an abort
+    ("Socket closed"), or in TensorFlow 1.15 a wait for ever (no run timeout ends it).
+
+    The parting collective itself can hang so. Once no peer has been busy for
+    PARTING_TIMEOUT_S (half the stall timeout if shorter), this process prints `message` as
+    its error line (if any) and ends with `status`. Busy: its heartbeat is fresh and says
+    it is neither done, ended nor parting too (a chief drawing its report is waited for);
+    without heartbeats to read, no peer is.
+    """
+    if self.size < 2 or not self._workers:
+      return
+    self.doing = PARTING
+    passed = threading.Event()
+    watcher = threading.Thread(target=self._watch_parting, args=(passed, status, message),
+                               name="parting_watch", daemon=True)
+    watcher.start()
+    try:
+      self._gather([0.0], self._config)
+    except tf.errors.OpError:
+      pass  # a peer gone after passing it: nothing is left to wait for
+    finally:
+      with self._parting:
+        passed.set()
+
+  def _watch_parting(self, passed, status, message):
+    """part()'s watch: ends this process once no peer has been busy for the timeout,
+    its heartbeat saying so first."""
+    wait = PARTING_TIMEOUT_S if self.stall_timeout_s <= 0 else min(
+        PARTING_TIMEOUT_S, self.stall_timeout_s / 2.0)
+    since = time.time()
+    while not passed.wait(0.2):
+      if self.busy_peers():
+        since = time.time()
+      elif time.time() - since >= wait:
+        with self._parting:
+          if passed.is_set():
+            return
+          self.stop(error=message)
+          self._end_process(message, status)
+
+  def busy_peers(self):
+    """The other ranks whose fresh heartbeat says they are at work: neither done, ended
+    nor in part() (a frozen one is not: the stall check names it)."""
+    absent = self.absent_ranks()
+    busy = []
+    for rank in range(self.size):
+      heartbeat = stacks.read_heartbeat(self._folder or "", rank)
+      if rank != self.rank and rank not in absent and heartbeat is not None:
+        parsed = stacks.parse_heartbeat(heartbeat[0])
+        if parsed is None or parsed[2] != PARTING:
+          busy.append(rank)
+    return busy
+
   def _not_joined(self):
     """agree()'s timeout: names the processes without a heartbeat (or with their error,
     those that ended at one) and ends this one."""
@@ -544,9 +590,10 @@ class Ranks(object):
 
   @staticmethod
   def _end_process(message, status):
-    """Prints run_pretraining's error line and ends the process at once, from any thread
-    (the main one may be stuck in a collective)."""
-    errors.print_error("run_pretraining", message)
+    """Prints the error line `run_pretraining: error: message` (if any) and ends the
+    process at once, from any thread (the main one may be stuck in a collective)."""
+    if message:
+      errors.print_error("run_pretraining", message)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)  # pylint: disable=protected-access
