@@ -132,7 +132,7 @@ def run(cfg, inputs, ranks, device, stop, notes, then=None):
       print("Removed what an interrupted save left in %s: %s"
             % (cfg.run.output_dir, ", ".join(removed)))
   status = loop.run(cfg, inputs, ranks, device, stop, notes)
-  if not stop.requested:  # saved: a signal now ends it at once (part() may wait for peers)
+  if ranks.parts and not stop.requested:  # saved: a signal now ends it at once
     stop.disarm("at the end of the run")
   ranks.part(status)
   ranks.stop()

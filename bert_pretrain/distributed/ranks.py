@@ -525,7 +525,7 @@ class Ranks(object):
     it is neither done, ended nor parting too (a chief drawing its report is waited for);
     without heartbeats to read, no peer is.
     """
-    if self.size < 2 or not self._workers:
+    if not self.parts:
       return
     self.doing = PARTING
     passed = threading.Event()
@@ -540,25 +540,37 @@ class Ranks(object):
       with self._parting:
         passed.set()
 
+  @property
+  def parts(self):
+    """Whether part() passes a collective: a job of several multi_worker_mirrored workers."""
+    return self.size > 1 and bool(self._workers)
+
   def _watch_parting(self, passed, status, message):
     """part()'s watch: ends this process once no peer has been busy for the timeout,
     its heartbeat saying so first."""
     wait = PARTING_TIMEOUT_S if self.stall_timeout_s <= 0 else min(
         PARTING_TIMEOUT_S, self.stall_timeout_s / 2.0)
     since = time.time()
-    while not passed.wait(0.2):
-      if self.busy_peers():
-        since = time.time()
-      elif time.time() - since >= wait:
-        with self._parting:
-          if passed.is_set():
-            return
-          self.stop(error=message)
-          self._end_process(message, status)
+    try:
+      while not passed.wait(0.2):
+        if self.busy_peers():
+          since = time.time()
+        elif time.time() - since >= wait:
+          with self._parting:
+            if passed.is_set():
+              return
+            self.stop(error=message)
+            self._end_process(message, status)
+    finally:
+      # Whatever failed above (a closed stderr), the main thread must not stay in there.
+      if not passed.is_set():
+        os._exit(status)  # pylint: disable=protected-access
 
   def busy_peers(self):
     """The other ranks whose fresh heartbeat says they are at work: neither done, ended
-    nor in part() (a frozen one is not: the stall check names it)."""
+    nor in part(). One frozen or killed goes stale, and counts as gone."""
+    if self._folder is None:
+      return []
     absent = self.absent_ranks()
     busy = []
     for rank in range(self.size):
@@ -592,10 +604,13 @@ class Ranks(object):
   def _end_process(message, status):
     """Prints the error line `run_pretraining: error: message` (if any) and ends the
     process at once, from any thread (the main one may be stuck in a collective)."""
-    if message:
-      errors.print_error("run_pretraining", message)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+      if message:
+        errors.print_error("run_pretraining", message)
+      sys.stdout.flush()
+      sys.stderr.flush()
+    except (OSError, ValueError):  # a launcher gone: nobody reads them
+      pass
     os._exit(status)  # pylint: disable=protected-access
 
   def absent_ranks(self):
