@@ -131,7 +131,8 @@ def last_update(cfg, inputs, ranks, device, stop, notes):
 
 loop.run = last_update
 cfg = types.SimpleNamespace(run=types.SimpleNamespace(output_dir="results/demo-1"))
-ranks = types.SimpleNamespace(is_chief=False, stop=lambda: None)
+ranks = types.SimpleNamespace(is_chief=False, stop=lambda: None, parts=False,
+                              part=lambda status: None)
 stop = types.SimpleNamespace(requested=True, signum=0, disarm=lambda when: None)
 then = sys.argv[1] if len(sys.argv) > 1 else None
 sys.exit(run_pretraining.run(cfg, None, ranks, None, stop, [], then))
