@@ -40,8 +40,8 @@ DISTRIBUTIONS = ("none", "horovod", "mirrored", "multi_worker_mirrored")
 RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
-# How long a worker waits in its parting collective (part()) once no peer is running: a
-# peer that passed it ends within a second or two.
+# How long a worker waits in its parting collective (part()) once no peer is busy: a peer
+# that passed it ends within a second or two.
 PARTING_TIMEOUT_S = 10
 # A heartbeat file's content once its rank has ended at an error: this, then the line.
 ENDED = "ended at its error: "
@@ -574,7 +574,7 @@ class Ranks(object):
     absent = self.absent_ranks()
     busy = []
     for rank in range(self.size):
-      heartbeat = stacks.read_heartbeat(self._folder or "", rank)
+      heartbeat = stacks.read_heartbeat(self._folder, rank)
       if rank != self.rank and rank not in absent and heartbeat is not None:
         parsed = stacks.parse_heartbeat(heartbeat[0])
         if parsed is None or parsed[2] != PARTING:
