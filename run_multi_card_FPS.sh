@@ -24,11 +24,7 @@ for word in "$@"; do  # the help is run_pretraining's, printed here rather than 
       exec python3 -m bert_pretrain.run_pretraining --preset=multi_card "$word" ;;
   esac
 done
-dry_run="${DRY_RUN:-0}"
-if [ "$dry_run" != 0 ] && [ "$dry_run" != 1 ]; then
-  echo "run_multi_card_FPS: error: DRY_RUN=$dry_run; set DRY_RUN=1 to check and print the plan only, or DRY_RUN=0 (or nothing) to run" >&2
-  exit 2
-fi
+dry_run="$(dry_run_setting run_multi_card_FPS)"
 
 per_host="$(count_ranks)"
 distribution="${DISTRIBUTION:-horovod}"

@@ -71,6 +71,17 @@ count_ranks() {
   fi
 }
 
+# dry_run_setting SCRIPT: DRY_RUN, 0 (run; also when unset) or 1 (check and print only);
+# exits 2 on anything else.
+dry_run_setting() {
+  local value="${DRY_RUN:-0}"
+  if [ "$value" != 0 ] && [ "$value" != 1 ]; then
+    echo "$1: error: DRY_RUN=$value; set DRY_RUN=1 to check and print the plan only, or DRY_RUN=0 (or nothing) to run" >&2
+    exit 2
+  fi
+  echo "$value"
+}
+
 # shell_words WORDS...: the words as one line to paste into a shell (quoted where needed).
 shell_words() {
   local word line=""

@@ -24,7 +24,7 @@ from bert_pretrain import pack_records
 from bert_pretrain import run_pretraining
 from bert_pretrain.distributed import launch
 from bert_pretrain.training import checkpoints
-from conftest import gone, passing_ranks_path
+from conftest import base_flags, gone, passing_ranks_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
@@ -93,6 +93,32 @@ def test_dry_run_0_runs_the_job_another_value_is_refused_and_the_help_is_printed
   unhelped = script(*DATA + ["--help=false"])
   assert unhelped.returncode == 0, unhelped.stderr
   assert unhelped.stdout.count("--help=false") == 1 + 2, unhelped.stdout
+
+
+def test_the_one_card_scripts_dry_run_prints_the_command_checks_the_files_and_trains_nothing(
+    tmp_path, pretraining_data):
+  def script(*words, dry_run="1"):
+    return subprocess.run(["bash", os.path.join(ROOT, "run_1card_FPS.sh")] + list(words),
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=dict(os.environ, DRY_RUN=dry_run),
+                          timeout=300)
+
+  good = base_flags(pretraining_data, tmp_path / "out")
+  checked = script(*good)
+  assert checked.returncode == 0, checked.stderr
+  assert checked.stdout.splitlines() == [
+      "run_1card_FPS: python3 -m bert_pretrain.run_pretraining --preset=one_card "
+      + " ".join(good),
+      "DRY_RUN=1: the flags, the files and --output_dir check out; nothing was started"]
+  assert os.listdir(str(tmp_path)) == []  # no output_dir, no demo folder
+  missing = str(tmp_path / "missing")
+  bad = script(*(good + ["--input_files_dir=" + missing]))
+  assert bad.returncode == 2 and "nothing was started" not in bad.stdout
+  assert bad.stderr.startswith("run_pretraining: error: --input_files_dir=%s " % missing)
+  refused = script(*good, dry_run="yes")
+  assert (refused.returncode, refused.stdout) == (2, "")
+  assert refused.stderr == ("run_1card_FPS: error: DRY_RUN=yes; set DRY_RUN=1 to check and "
+                            "print the plan only, or DRY_RUN=0 (or nothing) to run\n")
 
 
 def test_a_dry_run_refuses_a_tf_config_the_run_would_refuse(tmp_path):
