@@ -365,6 +365,8 @@ def main(argv):
   tf.logging.set_verbosity(tf.logging.ERROR)
   tf.disable_v2_behavior()
   errors.take_stop_signals()
+  ranks = None
+  ended = "an error of the Python traceback above"  # this rank's peers name it with this
   try:
     bert_config, init_checkpoint, labels, data = check_flags()
     runtime = config.from_flags(config.Runtime)
@@ -374,8 +376,9 @@ def main(argv):
       raise ValueError("--horovod and --distribution=%s disagree; pass one"
                        % runtime.distribution)
     device_lib.check_cpu_devices(runtime.cpu_devices, runtime.engine(), os.cpu_count())
-    ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s,
-                            devices=device_lib.replica_devices(device, runtime.cpu_devices))
+    ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s, FLAGS.output_dir,
+                            device_lib.replica_devices(device, runtime.cpu_devices),
+                            program="run_classifier")
     num_train_steps = 0
     if FLAGS.do_train:
       if len(data["train"][0]) < FLAGS.train_batch_size * ranks.replicas:
@@ -394,19 +397,26 @@ def main(argv):
     status = run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps,
                  settings, earlier)
     ranks.part(status)
+    ended = None
     return status
   except ValueError as e:
-    errors.print_error("run_classifier", e)
+    ended = str(e)
+    errors.print_error("run_classifier", ended)
     return 2
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's errors.Terminated
+    ended = "stopped by a signal"
     return errors.stopped_by_signal(
         "run_classifier", e, "run the same command again (a fine-tune is saved at its end: "
         "one stopped before it starts over)")
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
       raise
-    errors.print_error("run_classifier", errors.os_error_message(e))
+    ended = errors.os_error_message(e)
+    errors.print_error("run_classifier", ended)
     return 2
+  finally:
+    if ranks is not None:  # its heartbeat says done, or the error its peers then name
+      ranks.stop(error=ended)
 
 
 def train_replica(bert_config, features, num_labels, dtype, global_step, num_train_steps,
@@ -493,6 +503,7 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
   if device.kind == "GPU":
     gpu = "all" if ranks.strategy else device_lib.gpu_index(ranks, len(device.gpus))
   threads = FLAGS.intra_op_threads or max(1, (os.cpu_count() or 1) // ranks.local_size)
+  ranks.doing = "the session, the weights' broadcast from rank 0"
   sess = ranks.session(pretraining.session_config(
       threads, FLAGS.inter_op_threads or 2, gpu, FLAGS.use_xla,
       cpu_devices=FLAGS.cpu_devices if device.kind == "CPU" else 1))
@@ -504,6 +515,8 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
     checkpoints.write_run_marker(FLAGS.output_dir, dict(
         settings, evaluated_checkpoint=os.path.abspath(init_checkpoint)))
   if FLAGS.do_train and not earlier:
+    ranks.doing = "fine-tuning: %d updates, each with the gradients' all-reduce" % (
+        num_train_steps)
     sess.run(train_iterator.initializer, train_feed)
     status = train(sess, display, all_finite, num_train_steps, global_batch, device.dtype, log)
     if status is not None:
@@ -515,6 +528,7 @@ def run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_ste
       write_lines(os.path.join(FLAGS.output_dir, LABELS_FILE), labels)
   if not ranks.is_chief:
     return 0  # Rank 0 evaluates and predicts on the whole sets.
+  ranks.doing = "evaluating and predicting (rank 0 alone)"
   if FLAGS.do_eval:
     dev = run_in_order(sess, graphs["dev"], ["predictions", "per_example_loss"])
     results = classifier.classification_metrics(

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -20,8 +21,9 @@ from bert_pretrain import demo
 from bert_pretrain.model import modeling
 from bert_pretrain.finetune import classifier
 from bert_pretrain.data import tokenization
-from conftest import (ROOT, SAMPLE_TEXT, TINY_CONFIG, run_command, signal_when,
-                      start_command)
+from bert_pretrain.distributed import stacks
+from conftest import (ROOT, SAMPLE_TEXT, TINY_CONFIG, horovod_env, kill_tree, run_command,
+                      signal_when, start_command)
 
 
 def _write(path, lines):
@@ -666,3 +668,42 @@ def test_two_ranks_fine_tune_with_the_global_batch_and_rank_0_evaluates(task, tm
   assert result.stdout.count("***** Eval results *****") == 1
   assert float(_results(tmp_path / "out")["accuracy"]) >= 0.9
   assert len(open(str(tmp_path / "out" / "test_results.tsv")).readlines()) == 8
+
+
+def test_a_frozen_rank_of_a_fine_tune_is_named_and_the_job_ends(task, tmp_path):
+  """Each rank's heartbeat in output_dir/.ranks, as run_pretraining's: a rank that stops
+  answering is named by its peer, which ends the job instead of waiting for ever."""
+  out = tmp_path / "out"
+  command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+             "bert_pretrain.run_classifier", "--horovod", "--stall_timeout_s=10",
+             "--task_name=tsv", "--data_dir=" + task["data"], "--vocab_file=" + task["vocab"],
+             "--bert_config_file=" + task["config"], "--init_checkpoint=" + task["init"],
+             "--output_dir=" + str(out), "--max_seq_length=64", "--train_batch_size=4",
+             "--num_train_epochs=100000", "--intra_op_threads=1"]
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, env=horovod_env())
+  rank_1 = None
+  try:
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+      heartbeat = stacks.read_heartbeat(str(out / ".ranks"), 1)
+      rank_1 = heartbeat and stacks.parse_heartbeat(heartbeat[0])
+      if rank_1 and rank_1[2].startswith("fine-tuning: "):
+        break
+      time.sleep(0.5)
+    assert rank_1 and rank_1[2].startswith("fine-tuning: "), proc.poll()
+    os.kill(rank_1[0], signal.SIGSTOP)
+    stopped_at = time.time()
+    text = proc.communicate(timeout=120)[0]
+    elapsed = time.time() - stopped_at
+  finally:
+    if rank_1:
+      os.kill(rank_1[0], signal.SIGKILL)
+    kill_tree(proc.pid)
+    proc.wait()
+  assert proc.returncode != 0
+  assert elapsed < 10 + 40, elapsed
+  print([line for line in text.splitlines() if "error:" in line])
+  assert "run_classifier: error: rank 1 stalled: no sign of life for 10 s" in text, text
+  assert ("doing at its last heartbeat: fine-tuning: 500000 updates, each with the "
+          "gradients' all-reduce") in (out / "stall-rank-1.txt").read_text()

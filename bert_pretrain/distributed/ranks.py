@@ -189,14 +189,17 @@ class Ranks(object):
     distribution: one of DISTRIBUTIONS (True: "horovod", False: "none").
     stall_timeout_s: seconds a rank may stay away (0: no stall checks).
     output_dir: the run's folder (for the .ranks files).
+    program: the tool whose error lines this prints ("run_pretraining: error: ...").
     devices: with "mirrored", the devices of the replicas ("/gpu:0", ...; "/cpu:0",
       "/cpu:1" for logical CPUs of the session config, see cpu_devices).
   """
 
-  def __init__(self, distribution="none", stall_timeout_s=0, output_dir=None, devices=None):
+  def __init__(self, distribution="none", stall_timeout_s=0, output_dir=None, devices=None,
+               program="run_pretraining"):
     if distribution is True or distribution is False:
       distribution = "horovod" if distribution else "none"
     self.distribution = distribution
+    self.program = program
     self.hvd = None
     self.strategy = None
     self._workers = []  # multi_worker_mirrored: TF_CONFIG's "host:port" list.
@@ -600,13 +603,12 @@ class Ranks(object):
         "same settings, or check its host and address; nothing was trained"
         % (what, self.stall_timeout_s, why, self.size), 3)
 
-  @staticmethod
-  def _end_process(message, status):
-    """Prints the error line `run_pretraining: error: message` (if any) and ends the
-    process at once, from any thread (the main one may be stuck in a collective)."""
+  def _end_process(self, message, status):
+    """Prints the error line `PROGRAM: error: message` (if any) and ends the process at
+    once, from any thread (the main one may be stuck in a collective)."""
     try:
       if message:
-        errors.print_error("run_pretraining", message)
+        errors.print_error(self.program, message)
       sys.stdout.flush()
       sys.stderr.flush()
     except (OSError, ValueError):  # a launcher gone: nobody reads them
@@ -654,7 +656,7 @@ class Ranks(object):
                                      self.stall_timeout_s,
                                      checkpoints.rerun_advice(os.path.dirname(self._folder)),
                                      self.stall_reports(stalled)))
-        errors.print_error("run_pretraining", "; ".join(why))
+        errors.print_error(self.program, "; ".join(why))
         sys.stderr.flush()
         logs.end_open_runs("; ".join(
             "rank %s %s: the job stopped (see its error line)"
