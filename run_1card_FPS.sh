@@ -17,7 +17,7 @@ command=(python3 -m bert_pretrain.run_pretraining --preset=one_card "$@")
 if [ "$dry_run" = 1 ]; then
   echo "run_1card_FPS: $(shell_words "${command[@]}")"
   "${command[@]}" --check_only
-  echo "DRY_RUN=1: the flags, the files and --output_dir check out; nothing was started"
+  echo "DRY_RUN=1: the flags and run_pretraining --check_only pass; nothing was started"
   exit 0
 fi
 exec "${command[@]}"

@@ -366,7 +366,7 @@ def main(argv):
   tf.disable_v2_behavior()
   errors.take_stop_signals()
   ranks = None
-  ended = "an error of the Python traceback above"  # this rank's peers name it with this
+  ended = "an unexpected error (its Python traceback is in its output)"  # its peers say it
   try:
     bert_config, init_checkpoint, labels, data = check_flags()
     runtime = config.from_flags(config.Runtime)
@@ -376,8 +376,12 @@ def main(argv):
       raise ValueError("--horovod and --distribution=%s disagree; pass one"
                        % runtime.distribution)
     device_lib.check_cpu_devices(runtime.cpu_devices, runtime.engine(), os.cpu_count())
-    ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s, FLAGS.output_dir,
-                            device_lib.replica_devices(device, runtime.cpu_devices),
+    if runtime.engine() != "multi_worker_mirrored":
+      # Before Horovod's init meets the job: a second job's ranks leave the first's folder
+      # alone (multi_worker_mirrored's later worker would see its own chief's lock).
+      checkpoints.OutputDirLock(FLAGS.output_dir).check_free()
+    ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s,
+                            devices=device_lib.replica_devices(device, runtime.cpu_devices),
                             program="run_classifier")
     num_train_steps = 0
     if FLAGS.do_train:
@@ -394,6 +398,7 @@ def main(argv):
       # Held while this frame lives (the whole run), as run_pretraining's.
       lock = checkpoints.OutputDirLock(FLAGS.output_dir)
       lock.acquire()
+    ranks.watch(FLAGS.output_dir)  # heartbeats, once the inputs and the folder are checked
     status = run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps,
                  settings, earlier)
     ranks.part(status)
@@ -410,6 +415,8 @@ def main(argv):
         "one stopped before it starts over)")
   except (EnvironmentError, tf.errors.OpError) as e:
     if not errors.is_file_error(e):
+      if ranks is not None and isinstance(e, tf.errors.OpError) and ranks.is_job_error(e):
+        ranks = None  # a peer's failure ended this rank: the peer's own line names it
       raise
     ended = errors.os_error_message(e)
     errors.print_error("run_classifier", ended)

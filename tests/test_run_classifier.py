@@ -647,21 +647,28 @@ def test_a_second_run_on_an_output_dir_in_use_is_refused(task, tmp_path):
   assert (out / "eval_results.txt").read_text() == "accuracy = 0.9\n"
 
 
+HOROVODRUN_2 = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
+
+
+def _job(task, out, launcher, *flags):
+  """The command of a fine-tune of `task` into `out` under `launcher`; flags added."""
+  return launcher + [sys.executable, "-m", "bert_pretrain.run_classifier",
+                     "--task_name=tsv", "--data_dir=" + task["data"],
+                     "--vocab_file=" + task["vocab"], "--bert_config_file=" + task["config"],
+                     "--init_checkpoint=" + task["init"], "--output_dir=" + str(out),
+                     "--max_seq_length=64", "--train_batch_size=4",
+                     "--intra_op_threads=1"] + list(flags)
+
+
 @pytest.mark.parametrize("launcher,engine", [
-    (["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"], ["--horovod"]),
-    ([], ["--distribution=mirrored", "--cpu_devices=2"])], ids=["horovod", "mirrored"])
+    (HOROVODRUN_2, ["--horovod"]), ([], ["--distribution=mirrored", "--cpu_devices=2"])],
+                         ids=["horovod", "mirrored"])
 def test_two_ranks_fine_tune_with_the_global_batch_and_rank_0_evaluates(task, tmp_path,
                                                                          launcher, engine):
-  command = launcher + [sys.executable, "-m", "bert_pretrain.run_classifier"] + engine + [
-             "--task_name=tsv",
-             "--data_dir=" + task["data"], "--vocab_file=" + task["vocab"],
-             "--bert_config_file=" + task["config"], "--init_checkpoint=" + task["init"],
-             "--output_dir=" + str(tmp_path / "out"), "--max_seq_length=64",
-             "--train_batch_size=4", "--num_train_epochs=30", "--learning_rate=1e-3",
-             "--seed=1", "--intra_op_threads=1", "--do_predict"]
+  command = _job(task, tmp_path / "out", launcher, *engine + [
+      "--num_train_epochs=30", "--learning_rate=1e-3", "--seed=1", "--do_predict"])
   result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+                          universal_newlines=True, timeout=300, env=horovod_env())
   assert result.returncode == 0, result.stdout[-3000:]
   # 40 examples x 30 epochs / (4 x 2 ranks): the updates of one card with batch 8.
   assert "2 rank(s), batch 4 x 2 ranks, 150 updates" in result.stdout
@@ -674,13 +681,9 @@ def test_a_frozen_rank_of_a_fine_tune_is_named_and_the_job_ends(task, tmp_path):
   """Each rank's heartbeat in output_dir/.ranks, as run_pretraining's: a rank that stops
   answering is named by its peer, which ends the job instead of waiting for ever."""
   out = tmp_path / "out"
-  command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-             "bert_pretrain.run_classifier", "--horovod", "--stall_timeout_s=10",
-             "--task_name=tsv", "--data_dir=" + task["data"], "--vocab_file=" + task["vocab"],
-             "--bert_config_file=" + task["config"], "--init_checkpoint=" + task["init"],
-             "--output_dir=" + str(out), "--max_seq_length=64", "--train_batch_size=4",
-             "--num_train_epochs=100000", "--intra_op_threads=1"]
-  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+  proc = subprocess.Popen(_job(task, out, HOROVODRUN_2, "--horovod", "--stall_timeout_s=10",
+                               "--num_train_epochs=100000"),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, env=horovod_env())
   rank_1 = None
   try:
@@ -698,7 +701,10 @@ def test_a_frozen_rank_of_a_fine_tune_is_named_and_the_job_ends(task, tmp_path):
     elapsed = time.time() - stopped_at
   finally:
     if rank_1:
-      os.kill(rank_1[0], signal.SIGKILL)
+      try:
+        os.kill(rank_1[0], signal.SIGKILL)
+      except ProcessLookupError:  # horovodrun ended it
+        pass
     kill_tree(proc.pid)
     proc.wait()
   assert proc.returncode != 0
@@ -707,3 +713,32 @@ def test_a_frozen_rank_of_a_fine_tune_is_named_and_the_job_ends(task, tmp_path):
   assert "run_classifier: error: rank 1 stalled: no sign of life for 10 s" in text, text
   assert ("doing at its last heartbeat: fine-tuning: 500000 updates, each with the "
           "gradients' all-reduce") in (out / "stall-rank-1.txt").read_text()
+
+
+def test_a_refused_fine_tune_job_writes_no_heartbeat_and_leaves_a_live_ones_alone(task,
+                                                                                  tmp_path):
+  out = tmp_path / "out"
+  (out / ".ranks").mkdir(parents=True)
+  live = "4242 7 host2\nfine-tuning: 150 updates, each with the gradients' all-reduce\n"
+  (out / ".ranks" / "rank-1").write_text(live)
+  lock = checkpoints.OutputDirLock(str(out))
+  lock.acquire()  # As a live job's rank 0 does.
+  try:
+    in_use = subprocess.run(_job(task, out, HOROVODRUN_2, "--horovod", "--stall_timeout_s=10"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True, timeout=300, env=horovod_env())
+  finally:
+    lock.release()
+  assert in_use.returncode != 0
+  assert "--output_dir=%s is in use by another run" % out in in_use.stdout, in_use.stdout
+  assert os.listdir(str(out / ".ranks")) == ["rank-1"]
+  assert (out / ".ranks" / "rank-1").read_text() == live
+  # Refused once the ranks have met (a batch for more ranks): nothing made, nothing left.
+  new = tmp_path / "new"
+  too_large = subprocess.run(
+      _job(task, new, HOROVODRUN_2, "--horovod", "--stall_timeout_s=10",
+           "--train_batch_size=32"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      universal_newlines=True, timeout=300, env=horovod_env())
+  assert too_large.returncode != 0
+  assert "do not fill one global batch of 32 x 2 ranks" in too_large.stdout, too_large.stdout
+  assert not new.exists()

@@ -109,7 +109,7 @@ def test_the_one_card_scripts_dry_run_prints_the_command_checks_the_files_and_tr
   assert checked.stdout.splitlines() == [
       "run_1card_FPS: python3 -m bert_pretrain.run_pretraining --preset=one_card "
       + " ".join(good),
-      "DRY_RUN=1: the flags, the files and --output_dir check out; nothing was started"]
+      "DRY_RUN=1: the flags and run_pretraining --check_only pass; nothing was started"]
   assert os.listdir(str(tmp_path)) == []  # no output_dir, no demo folder
   missing = str(tmp_path / "missing")
   bad = script(*(good + ["--input_files_dir=" + missing]))
