@@ -380,8 +380,8 @@ def main(argv):
       # Before Horovod's init meets the job: a second job's ranks leave the first's folder
       # alone (multi_worker_mirrored's later worker would see its own chief's lock).
       checkpoints.OutputDirLock(FLAGS.output_dir).check_free()
-    ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s,
-                            devices=device_lib.replica_devices(device, runtime.cpu_devices),
+    ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s, FLAGS.output_dir,
+                            device_lib.replica_devices(device, runtime.cpu_devices),
                             program="run_classifier")
     num_train_steps = 0
     if FLAGS.do_train:
@@ -398,7 +398,6 @@ def main(argv):
       # Held while this frame lives (the whole run), as run_pretraining's.
       lock = checkpoints.OutputDirLock(FLAGS.output_dir)
       lock.acquire()
-    ranks.watch(FLAGS.output_dir)  # heartbeats, once the inputs and the folder are checked
     status = run(bert_config, init_checkpoint, labels, data, ranks, device, num_train_steps,
                  settings, earlier)
     ranks.part(status)

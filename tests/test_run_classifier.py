@@ -18,6 +18,7 @@ import pytest
 from bert_pretrain.training import checkpoints
 from bert_pretrain.finetune import classifier_data
 from bert_pretrain import demo
+from bert_pretrain import processes
 from bert_pretrain.model import modeling
 from bert_pretrain.finetune import classifier
 from bert_pretrain.data import tokenization
@@ -715,8 +716,8 @@ def test_a_frozen_rank_of_a_fine_tune_is_named_and_the_job_ends(task, tmp_path):
           "gradients' all-reduce") in (out / "stall-rank-1.txt").read_text()
 
 
-def test_a_refused_fine_tune_job_writes_no_heartbeat_and_leaves_a_live_ones_alone(task,
-                                                                                  tmp_path):
+def test_a_second_fine_tune_job_on_a_folder_in_use_leaves_the_live_jobs_heartbeats_alone(
+    task, tmp_path):
   out = tmp_path / "out"
   (out / ".ranks").mkdir(parents=True)
   live = "4242 7 host2\nfine-tuning: 150 updates, each with the gradients' all-reduce\n"
@@ -733,12 +734,37 @@ def test_a_refused_fine_tune_job_writes_no_heartbeat_and_leaves_a_live_ones_alon
   assert "--output_dir=%s is in use by another run" % out in in_use.stdout, in_use.stdout
   assert os.listdir(str(out / ".ranks")) == ["rank-1"]
   assert (out / ".ranks" / "rank-1").read_text() == live
-  # Refused once the ranks have met (a batch for more ranks): nothing made, nothing left.
-  new = tmp_path / "new"
-  too_large = subprocess.run(
-      _job(task, new, HOROVODRUN_2, "--horovod", "--stall_timeout_s=10",
-           "--train_batch_size=32"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      universal_newlines=True, timeout=300, env=horovod_env())
-  assert too_large.returncode != 0
-  assert "do not fill one global batch of 32 x 2 ranks" in too_large.stdout, too_large.stdout
-  assert not new.exists()
+
+
+def test_a_worker_whose_chief_is_refused_ends_naming_the_chiefs_error(task, tmp_path):
+  """multi_worker_mirrored: only the chief checks the lock (a worker would see its own
+  chief's); its heartbeat then ends the worker, which would wait for ever in the
+  weights' broadcast."""
+  out = tmp_path / "out"
+  out.mkdir()
+  workers = ["localhost:%d" % port for port in processes.free_ports(2)]
+  lock = checkpoints.OutputDirLock(str(out))
+  lock.acquire()  # As a live run does.
+  procs = []
+  try:
+    for index in range(2):
+      procs.append(subprocess.Popen(
+          _job(task, out, [], "--distribution=multi_worker_mirrored", "--stall_timeout_s=10"),
+          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+          env=horovod_env(TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {
+              "type": "worker", "index": index}}))))
+    outputs = [proc.communicate(timeout=180)[0] for proc in procs]
+  finally:
+    lock.release()
+    for proc in procs:
+      kill_tree(proc.pid)
+      proc.wait()
+  refusal = "--output_dir=%s is in use by another run (pid %d on " % (out, os.getpid())
+  assert procs[0].returncode == 2 and refusal in outputs[0], outputs[0]
+  # Its error when the worker started before the chief's heartbeat said it; else (an
+  # earlier run's file, for all it can tell) the chief's silence.
+  assert procs[1].returncode == 3, outputs[1]
+  assert ("run_classifier: error: worker 0 (%s) ended at its error (%s" % (
+      workers[0], refusal) in outputs[1] or
+          "run_classifier: error: rank 0 stalled: no sign of life for 10 s" in outputs[1]), (
+              outputs[1])

@@ -257,15 +257,9 @@ class Ranks(object):
       raise ValueError("--distribution=%s is not one of %s" % (distribution,
                                                               ", ".join(DISTRIBUTIONS)))
     self.replicas = self.strategy.num_replicas_in_sync if self.strategy else self.size
-    if output_dir:
-      self.watch(output_dir)
-
-  def watch(self, output_dir):
-    """Starts this rank's heartbeats in output_dir/.ranks and the stall watch, in a job
-    of several processes with stall_timeout_s (Ranks() does when given output_dir)."""
-    if self.size > 1 and self.stall_timeout_s > 0 and self._folder is None:
+    if self.size > 1 and stall_timeout_s > 0 and output_dir:
       self._folder = os.path.join(output_dir, ".ranks")
-      self._interval = max(1.0, min(10.0, self.stall_timeout_s / 10.0))
+      self._interval = max(1.0, min(10.0, stall_timeout_s / 10.0))
       stacks.arm(self._folder, self.rank)
       self._thread = threading.Thread(target=self._watch, name="stall_watchdog", daemon=True)
       self._thread.start()
