@@ -417,10 +417,20 @@ def test_kill_int_stops_a_job_started_in_the_background_of_a_script(tmp_path, co
         "again to resume from its last checkpoint"), output[-3000:]
 
 
+def _catches(pid, signum):
+  """Whether process `pid` has a handler of `signum` (SigCgt in /proc/PID/status)."""
+  try:
+    with open("/proc/%d/status" % pid) as f:
+      caught = [line for line in f if line.startswith("SigCgt:")][0]
+  except (OSError, IndexError):
+    return False
+  return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
+
+
 def test_kill_int_while_the_launcher_checks_ends_it_in_one_line(pretraining_data, tmp_path):
   # Started as a script's `&` starts it; the signal comes as it checks the flags (their
-  # parser imports TensorFlow, a second or more), before any rank.
-  delay_s = 0.5
+  # parser imports TensorFlow, a second or more), before any rank: once it catches SIGINT,
+  # which it does right before (a fixed delay on a loaded machine came before, ignored).
   command = [sys.executable, "-m", "bert_pretrain.distributed.launch", "run", "horovodrun",
              "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
              "bert_pretrain.run_pretraining", "--horovod"] + base_flags(pretraining_data,
@@ -429,7 +439,10 @@ def test_kill_int_while_the_launcher_checks_ends_it_in_one_line(pretraining_data
                           universal_newlines=True, env=horovod_env(), start_new_session=True,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
   try:
-    time.sleep(delay_s)
+    deadline = time.time() + 60
+    while not _catches(proc.pid, signal.SIGINT) and time.time() < deadline:
+      assert proc.poll() is None
+      time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
   finally:
