@@ -33,6 +33,7 @@ import tensorflow.compat.v1 as tf
 
 from bert_pretrain import config
 from bert_pretrain.training import checkpoints
+from bert_pretrain.training import inputs as inputs_lib
 from bert_pretrain.training import logs
 from bert_pretrain.finetune import classifier
 from bert_pretrain.finetune import classifier_data
@@ -376,10 +377,7 @@ def main(argv):
       raise ValueError("--horovod and --distribution=%s disagree; pass one"
                        % runtime.distribution)
     device_lib.check_cpu_devices(runtime.cpu_devices, runtime.engine(), os.cpu_count())
-    if runtime.engine() != "multi_worker_mirrored":
-      # Before Horovod's init meets the job: a second job's ranks leave the first's folder
-      # alone (multi_worker_mirrored's later worker would see its own chief's lock).
-      checkpoints.OutputDirLock(FLAGS.output_dir).check_free()
+    inputs_lib.check_no_other_run(FLAGS.output_dir, runtime.engine())  # before Horovod's init
     ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s, FLAGS.output_dir,
                             device_lib.replica_devices(device, runtime.cpu_devices),
                             program="run_classifier")

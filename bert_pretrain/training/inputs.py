@@ -446,13 +446,18 @@ def resume_settings(cfg, bert_config):
 
 def check_output_folder(output_dir, check_only, engine):
   """Raises ValueError when output_dir cannot be written or another run holds it; makes
-  it unless check_only. Every process looks before its job's chief takes the lock (run
-  by run_pretraining), so a second job's ranks leave the first's folder alone; but
-  multi_worker_mirrored's, which do not meet before it (a later worker would see its own
-  chief's lock)."""
-  if "://" not in output_dir and (check_only or engine != "multi_worker_mirrored"):
-    checkpoints.OutputDirLock(output_dir).check_free()  # first: its probe is a write
+  it unless check_only."""
+  check_no_other_run(output_dir, engine, check_only)  # first: the probe below is a write
   _check_output_dir(output_dir, create=not check_only)
+
+
+def check_no_other_run(output_dir, engine, check_only=False):
+  """Raises ValueError when another run holds output_dir's lock. Every process looks
+  before its job's chief takes the lock (run_pretraining's and run_classifier's), so a
+  second job's ranks leave the first's folder alone; but multi_worker_mirrored's, which do
+  not meet before it (a later worker would see its own chief's lock)."""
+  if "://" not in output_dir and (check_only or engine != "multi_worker_mirrored"):
+    checkpoints.OutputDirLock(output_dir).check_free()
 
 
 def _check_output_dir(output_dir, create=True):
