@@ -228,7 +228,8 @@ def test_a_killed_worker_ends_the_multi_worker_job(pretraining_data, tmp_path):
     errors = [line for line in rest.splitlines() if line.startswith("run_pretraining: error:")]
     assert len(errors) == 1, rest[-3000:]
     assert ("TensorFlow's collective all-reduce stopped the job" in errors[0] or
-            "rank 1 stalled: no sign of life for %d s" % stall in errors[0]), errors[0]
+            re.search(r"worker 1 \(localhost:\d+\) stalled: no sign of life for %d s" % stall,
+                      errors[0])), errors[0]
     # No checkpoint yet (one every 100 updates): rerun, it starts over.
     assert ("no checkpoint was saved in %s yet: the same command run again starts over"
             % (tmp_path / "out")) in errors[0]
@@ -406,6 +407,44 @@ def test_a_worker_in_its_parting_collective_waits_for_a_peer_still_busy(tmp_path
     proc.kill()
   assert proc.returncode == 5, err[-3000:]
   assert "part returned" not in out
+
+
+WATCHING = """
+import sys
+from bert_pretrain.distributed import ranks as ranks_lib
+ranks = ranks_lib.Ranks("none")
+ranks.size, ranks.stall_timeout_s, ranks._folder = 3, 2, sys.argv[1]
+if sys.argv[2] == "multi_worker_mirrored":
+  ranks._workers = ["localhost:1", "localhost:2", "localhost:3"]
+print("watching", flush=True)
+ranks._watch()
+"""
+
+
+@pytest.mark.parametrize("engine, named", [
+    ("multi_worker_mirrored", "worker 1 (localhost:2), worker 2 (localhost:3)"),
+    ("horovod", "rank 1, 2")])
+def test_the_stall_line_names_silent_peers_as_the_engine_knows_them(engine, named, tmp_path):
+  """A multi_worker_mirrored user starts workers by host:port, not by rank."""
+  folder = tmp_path / "out" / ".ranks"
+  folder.mkdir(parents=True)
+  proc = subprocess.Popen([sys.executable, "-c", WATCHING, str(folder), engine],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  try:
+    assert proc.stdout.readline() == "watching\n", proc.communicate()[1][-3000:]
+    for rank in (1, 2):  # one sign of life each, then none
+      beat(folder, rank, "update 7: the gradients' all-reduce")
+    err = proc.communicate(timeout=60)[1]
+  finally:
+    proc.kill()
+  assert proc.returncode == 3, err[-3000:]
+  errors = [line for line in err.splitlines() if line.startswith("run_pretraining: error:")]
+  assert len(errors) == 1 and errors[0].startswith(
+      "run_pretraining: error: %s stalled: no sign of life for 2 s" % named), err[-3000:]
+  assert "update 7: the gradients' all-reduce" in (tmp_path / "out" /
+                                                   "stall-rank-1.txt").read_text()
 
 
 def _wait_for(path, text, procs, timeout=180):

@@ -766,5 +766,6 @@ def test_a_worker_whose_chief_is_refused_ends_naming_the_chiefs_error(task, tmp_
   assert procs[1].returncode == 3, outputs[1]
   assert ("run_classifier: error: worker 0 (%s) ended at its error (%s" % (
       workers[0], refusal) in outputs[1] or
-          "run_classifier: error: rank 0 stalled: no sign of life for 10 s" in outputs[1]), (
+          "run_classifier: error: worker 0 (%s) stalled: no sign of life for 10 s" % workers[0]
+          in outputs[1]), (
               outputs[1])

@@ -437,6 +437,12 @@ class Ranks(object):
       return "worker %d (%s)" % (rank, self._workers[rank])
     return "rank %d" % rank
 
+  def names(self, ranks):
+    """Several of them: "worker 1 (host2:2222), worker 2 (host3:2222)" or "rank 1, 2"."""
+    if self._workers:
+      return ", ".join(self.name(r) for r in ranks)
+    return "rank %s" % ", ".join(str(r) for r in ranks)
+
   def agree(self, settings, config, shared=()):
     """Checks that every process of the job runs with the same settings, the first
     collective of the run, with the engine's own (Horovod's allgather, the strategy's
@@ -592,7 +598,7 @@ class Ranks(object):
     if ended:
       self._end_process("%s; nothing was trained" % self.ended_words(ended), 3)
     if absent:
-      what = "%s did not join the job" % ", ".join(self.name(r) for r in absent)
+      what = "%s did not join the job" % self.names(absent)
       why = "no heartbeat from %s in %s" % ("it" if len(absent) == 1 else "them",
                                            self._folder)
     else:
@@ -650,17 +656,16 @@ class Ranks(object):
       if stalled or ended:
         why = [self.ended_words(ended)] if ended else []
         if stalled:
-          why.append("rank %s stalled: no sign of life for %d s (stuck in I/O, stopped, or "
+          why.append("%s stalled: no sign of life for %d s (stuck in I/O, stopped, or "
                      "its host frozen; --stall_timeout_s=%d); the job stops: check that "
-                     "host; %s%s" % (", ".join(str(r) for r in stalled), self.stall_timeout_s,
+                     "host; %s%s" % (self.names(stalled), self.stall_timeout_s,
                                      self.stall_timeout_s,
                                      checkpoints.rerun_advice(os.path.dirname(self._folder)),
                                      self.stall_reports(stalled)))
         errors.print_error(self.program, "; ".join(why))
         sys.stderr.flush()
         logs.end_open_runs("; ".join(
-            "rank %s %s: the job stopped (see its error line)"
-            % (", ".join(str(r) for r in sorted(group)), how)
+            "%s %s: the job stopped (see its error line)" % (self.names(sorted(group)), how)
             for group, how in ((stalled, "stalled"), (ended, "ended at its error")) if group))
         os._exit(3)  # pylint: disable=protected-access
 
