@@ -377,8 +377,7 @@ def main(argv):
       raise ValueError("--horovod and --distribution=%s disagree; pass one"
                        % runtime.distribution)
     device_lib.check_cpu_devices(runtime.cpu_devices, runtime.engine(), os.cpu_count())
-    inputs_lib.check_no_other_run(FLAGS.output_dir, runtime.engine(),  # before Horovod's init
-                                  stall_timeout_s=runtime.stall_timeout_s)
+    inputs_lib.check_no_other_run(FLAGS.output_dir, runtime.engine())  # before Horovod's init
     ranks = ranks_lib.Ranks(runtime.engine(), runtime.stall_timeout_s, FLAGS.output_dir,
                             device_lib.replica_devices(device, runtime.cpu_devices),
                             program="run_classifier")

@@ -186,7 +186,7 @@ def error_status(e, cfg, inputs, ranks):
     if ended:
       who = "; " + ranks.ended_words(ended)
     elif stalled:
-      who = "; rank %s stopped answering" % ", ".join(str(r) for r in stalled)
+      who = "; %s stopped answering" % ranks.names(stalled)
     else:
       who = ("; a rank stalled or failed: its number is in the lines above ('Missing "
              "ranks', or its own error)")

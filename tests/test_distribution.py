@@ -22,7 +22,6 @@ from bert_pretrain import processes
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.distributed import ranks as ranks_lib
 from bert_pretrain.distributed import stacks
-from bert_pretrain.training import checkpoints
 from conftest import (RANKS_MODULE, ROOT, assert_same_weights, base_flags, final_weights,
                       ordered_flags, passing_ranks_path, rank_command, run_pretraining,
                       start_command)
@@ -293,35 +292,6 @@ def test_workers_that_disagree_on_the_schedule_are_all_refused_at_start(pretrain
   assert not os.path.exists(str(tmp_path / "out" / "model.ckpt-6.index"))
   print("multi_worker_mirrored workers with --num_train_steps 6 and 12 ended after %.1f s "
         "with: %s" % (time.time() - started, line))
-
-
-def test_a_worker_of_a_second_job_on_a_live_jobs_folder_is_refused_before_it_writes_there(
-    pretraining_data, tmp_path):
-  """A worker cannot ask its chief before they meet, so it takes a lock taken long before
-  it started (more than --stall_timeout_s: no chief of its own job) as another run's. A
-  fresh lock, its own chief's, lets it on (the multi_worker runs above)."""
-  out = tmp_path / "out"
-  out.mkdir()
-  lock = checkpoints.OutputDirLock(str(out))
-  lock.acquire()  # As a live job's chief does.
-  lock_file = out / checkpoints.LOCK_FILE
-  os.utime(str(lock_file), (time.time() - 600,) * 2)  # taken 10 minutes ago
-  workers = ["localhost:%d" % port for port in processes.free_ports(2)]
-  try:
-    worker = subprocess.run(
-        rank_command("--distribution=multi_worker_mirrored", "--stall_timeout_s=300",
-                     *base_flags(pretraining_data, out)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
-                 TF_CONFIG=json.dumps({"cluster": {"worker": workers},
-                                       "task": {"type": "worker", "index": 1}})))
-  finally:
-    lock.release()
-  assert worker.returncode == 2, worker.stdout[-3000:]
-  assert worker.stdout.strip().splitlines()[-1] == (
-      "run_pretraining: error: --output_dir=%s is in use by another run (pid %d on %s); wait "
-      "for it to end or pass another --output_dir" % (out, os.getpid(), socket.gethostname()))
-  assert sorted(os.listdir(str(out))) == [checkpoints.LOCK_FILE]  # no heartbeat, nothing
 
 
 PARTING_HANGS = """

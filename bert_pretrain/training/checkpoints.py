@@ -518,17 +518,11 @@ class OutputDirLock(object):
     handle.flush()
     self._handle = handle  # Kept open: closing the file would drop the lock.
 
-  def check_free(self, taken_before=None):
+  def check_free(self):
     """Raises ValueError as acquire() would, without taking the lock or writing anything
     (--check_only, and every process of a job before its chief takes it). A shared lock
-    for a moment: the processes of one job may look at once. taken_before: a time; a lock
-    taken (its file written) since then does not count."""
+    for a moment: the processes of one job may look at once."""
     path = os.path.join(self.output_dir, LOCK_FILE)
-    try:
-      if taken_before is not None and os.path.getmtime(path) >= taken_before:
-        return
-    except OSError:
-      return  # no lock file (a new folder): no run
     try:
       # Opened for writing, unchanged: NFS and CIFS lock only files open so.
       handle = open(path, "r+")

@@ -238,8 +238,7 @@ def check_inputs(cfg):
                                                          resume_settings(cfg, bert_config))
   if not cfg.run.do_train:
     check_evaluated(cfg, resume_checkpoint or init_checkpoint, bert_config)
-  check_output_folder(cfg.run.output_dir, cfg.run.check_only, cfg.runtime.engine(),
-                      cfg.runtime.stall_timeout_s)
+  check_output_folder(cfg.run.output_dir, cfg.run.check_only, cfg.runtime.engine())
   earlier_run = resume_step = resume_position = None
   if resume_checkpoint:
     earlier_run = checkpoints.read_run_marker(cfg.run.output_dir)
@@ -445,29 +444,21 @@ def resume_settings(cfg, bert_config):
           "optimizer": cfg.optimizer.optimizer}
 
 
-def check_output_folder(output_dir, check_only, engine, stall_timeout_s=0):
+def check_output_folder(output_dir, check_only, engine):
   """Raises ValueError when output_dir cannot be written or another run holds it; makes
   it unless check_only."""
-  # First: the probe below is a write.
-  check_no_other_run(output_dir, engine, check_only, stall_timeout_s)
+  check_no_other_run(output_dir, engine, check_only)  # first: the probe below is a write
   _check_output_dir(output_dir, create=not check_only)
 
 
-def check_no_other_run(output_dir, engine, check_only=False, stall_timeout_s=0):
+def check_no_other_run(output_dir, engine, check_only=False):
   """Raises ValueError when another run holds output_dir's lock. Every process looks
   before its job's chief takes the lock (run_pretraining's and run_classifier's), so a
-  second job's ranks leave the first's folder alone. multi_worker_mirrored's processes do
-  not meet before it, and a later worker may see its own chief's lock: for them only a
-  lock taken more than stall_timeout_s before this process started is another run's (the
-  processes of a job start within it of each other, or the job stops)."""
-  if "://" in output_dir:
-    return
-  lock = checkpoints.OutputDirLock(output_dir)
-  if check_only or engine != "multi_worker_mirrored":
-    lock.check_free()
-  elif stall_timeout_s > 0:
-    import psutil  # pylint: disable=g-import-not-at-top  (init_tf.sh installs it)
-    lock.check_free(taken_before=psutil.Process().create_time() - stall_timeout_s)
+  second job's ranks leave the first's folder alone; but multi_worker_mirrored's: a worker
+  would see its own chief's lock, and a chief refused before the strategy's set-up would
+  leave its workers waiting there for ever (it takes the lock after)."""
+  if "://" not in output_dir and (check_only or engine != "multi_worker_mirrored"):
+    checkpoints.OutputDirLock(output_dir).check_free()
 
 
 def _check_output_dir(output_dir, create=True):
