@@ -447,6 +447,19 @@ def test_the_stall_line_names_silent_peers_as_the_engine_knows_them(engine, name
                                                    "stall-rank-1.txt").read_text()
 
 
+def test_a_bad_record_a_peers_collective_passed_on_is_the_jobs_error_not_this_workers():
+  """TensorFlow 1.15 passed worker 1's DataLossError on to worker 0, which named its own
+  (good) records as bad; now it names the peer and its error line."""
+  ranks = ranks_lib.Ranks("none")
+  from_peer = tf.errors.DataLossError(None, None, (
+      '[_Derived_]corrupted record at 23480\nAdditional GRPC error information:\n'
+      '{"description":"Error received from peer","grpc_status":15}'))
+  own = tf.errors.DataLossError(None, None, "corrupted record at 23480")
+  assert not ranks.is_job_error(from_peer)  # one process: no peer
+  ranks.size = 2
+  assert ranks.is_job_error(from_peer) and not ranks.is_job_error(own)
+
+
 def _wait_for(path, text, procs, timeout=180):
   """Waits until the file at `path` contains `text`; fails if a process ended first."""
   deadline = time.time() + timeout

@@ -423,13 +423,16 @@ class Ranks(object):
 
   def is_job_error(self, error):
     """Whether a tf.errors.OpError is one that Horovod, or TensorFlow's collectives of
-    multi_worker_mirrored, raise when the job is broken (a rank stalled or gone)."""
+    multi_worker_mirrored, raise when the job is broken (a rank stalled or gone), or a
+    peer's own error that a collective passed on (TensorFlow 1.15: a worker's bad record
+    reached its peers as "Data loss ... Error received from peer")."""
     if self.hvd is not None:
       return any(word in error.message for word in ("Horovod", "horovod", "gloo", "Gloo"))
-    return self.size > 1 and isinstance(error, (tf.errors.UnavailableError,
-                                                tf.errors.CancelledError,
-                                                tf.errors.AbortedError,
-                                                tf.errors.DeadlineExceededError))
+    return self.size > 1 and (isinstance(error, (tf.errors.UnavailableError,
+                                                 tf.errors.CancelledError,
+                                                 tf.errors.AbortedError,
+                                                 tf.errors.DeadlineExceededError)) or
+                              "Error received from peer" in error.message)
 
   def name(self, rank):
     """How the messages name a process: "worker 1 (host2:2222)" or "rank 1"."""
