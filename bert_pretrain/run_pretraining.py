@@ -172,10 +172,11 @@ def error_status(e, cfg, inputs, ranks):
     else:
       say("out of memory (%s); lower --train_batch_size and raise --num_accumulation_steps "
           "to keep the global batch" % e.message.splitlines()[0])
-  elif (isinstance(e, tf.errors.DataLossError) and
-        not (ranks is not None and ranks.is_job_error(e))) or (
-            isinstance(e, tf.errors.InvalidArgumentError) and
-            input_pipeline.TOKEN_ID_ERROR in e.message):
+  elif (isinstance(e, tf.errors.DataLossError) or (
+      isinstance(e, tf.errors.InvalidArgumentError) and
+      input_pipeline.TOKEN_ID_ERROR in e.message)) and not (
+          # A peer's, passed on by TensorFlow's collectives: named below.
+          ranks is not None and ranks.hvd is None and ranks.is_job_error(e)):
     say(bad_record_message(e, cfg, inputs, ranks))
   elif isinstance(e, tf.errors.OpError) and errors.is_file_error(e):
     say(errors.os_error_message(e))
