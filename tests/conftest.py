@@ -352,6 +352,18 @@ def forked_commands(horovodrun_checked_once):
   shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def environment_restored():
+  """Each test leaves the environment as it found it. What a test runs in-process may set
+  variables (importing torch sets TORCHINDUCTOR_CACHE_DIR); the worker's later runs would
+  then each start a process of their own instead of forking (_forked_command)."""
+  before = dict(os.environ)
+  yield
+  if dict(os.environ) != before:
+    os.environ.clear()
+    os.environ.update(before)
+
+
 def _forked_command(module, flags):
   """This worker's ForkedCommand of `module` for a run with `flags`, when the run could not
   tell the difference: the same environment, no --use_xla (TensorFlow reads its XLA flags
