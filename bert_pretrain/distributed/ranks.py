@@ -304,7 +304,10 @@ class Ranks(object):
     if self.strategy is None:
       return [fn(*args)]
     results = []
-    self.strategy.extended.call_for_each_replica(lambda *a: results.append(fn(*a)), args=args)
+    # Not through AutoGraph, which TensorFlow 2 applies to a replica's function: the graph
+    # code has no Python control flow on tensors, and converting it cost seconds a run.
+    self.strategy.extended.call_for_each_replica(
+        tf.autograph.experimental.do_not_convert(lambda *a: results.append(fn(*a))), args=args)
     return results
 
   def replica_index(self):
