@@ -262,9 +262,9 @@ def test_a_signal_to_the_script_of_an_mpi_job_stops_its_ranks_with_a_checkpoint(
 
 # A rank that stops as run_pretraining does: its first SIGTERM takes SAVE_S to "save", a
 # later one a second or more after it ends it at once; with SAVE_S "never" it never ends by
-# itself and ignores later ones. As run_pretraining's last barrier, the other ranks wait
-# (30 s at most) for rank 0's save before they exit: the launcher ends the job at a
-# rank's exit, and under load rank 0 can take the signal a moment later than they do.
+# itself and ignores later ones. As run_pretraining's last barrier, each rank waits (30 s
+# at most) for both ranks' saves before it exits: the launcher ends the job at a rank's
+# exit, and under load one rank can take the signal a moment later than the other.
 _FAKE_RANK = """
 import os, signal, sys, time
 out, save_s = sys.argv[1], sys.argv[2]
@@ -287,7 +287,8 @@ def stop(unused_signum, unused_frame):
     print("report: not drawn after SIGTERM; python3 -m bert_pretrain.training.report o "
           "draws it", flush=True)
   waited = time.time()
-  while not os.path.exists(os.path.join(out, "saved-0")) and time.time() - waited < 30:
+  while (not all(os.path.exists(os.path.join(out, "saved-%d" % r)) for r in (0, 1)) and
+         time.time() - waited < 30):
     time.sleep(0.05)
   sys.exit(143)
 
