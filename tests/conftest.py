@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny BERT config and real pretraining TFRecords made from
 tests/data/sample_text.txt with the recipe's own vocab builder and create_pretraining_data."""
 
+import contextlib
 import functools
 import json
 import os
@@ -351,16 +352,29 @@ def forked_commands(horovodrun_checked_once):
   shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def environment_kept():
+  """Within: variables set, changed or removed are put back as they were after it; pytest's
+  PYTEST_CURRENT_TEST is left to pytest. Only what changed is touched, so that a thread
+  starting a process meanwhile never sees the environment half restored."""
+  before = dict(os.environ)
+  try:
+    yield
+  finally:
+    for name in set(os.environ) - set(before) - {"PYTEST_CURRENT_TEST"}:
+      del os.environ[name]
+    for name, value in before.items():
+      if os.environ.get(name) != value and name != "PYTEST_CURRENT_TEST":
+        os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def environment_restored():
   """Each test leaves the environment as it found it. What a test runs in-process may set
   variables (importing torch sets TORCHINDUCTOR_CACHE_DIR); the worker's later runs would
   then each start a process of their own instead of forking (_forked_command)."""
-  before = dict(os.environ)
-  yield
-  if dict(os.environ) != before:
-    os.environ.clear()
-    os.environ.update(before)
+  with environment_kept():
+    yield
 
 
 def _forked_command(module, flags):

@@ -96,6 +96,7 @@ def test_each_replicas_graph_is_built_by_the_code_as_written_not_autographs_conv
       assert len(ranks.each_replica(replica)) == 2
   assert files == [__file__] * 2
 
+
 def finish(procs, logs, timeout=300):
   """Waits for every worker; returns their (exit status, output)."""
   try:
