@@ -4,7 +4,6 @@ and the environment, hosts and hostfiles, HOROVOD_RUN_ARGS, and DRY_RUN=1's plan
 import os
 import re
 import subprocess
-import time
 
 import pytest
 
@@ -356,32 +355,3 @@ def test_the_launcher_stops_on_a_contradiction_before_starting_anything(values, 
   errors = result.stderr.splitlines()
   assert len(errors) == 1 and errors[0].startswith(message), result.stderr
   assert os.listdir(str(tmp_path)) == []
-
-
-def test_horovods_end_of_a_rank_shell_takes_the_shell_ending_first_and_still_ends_one(
-    monkeypatch):
-  """What Horovod's end of a shell raises when the shell ends while it lists the shell's
-  children (psutil.NoSuchProcess, a traceback from horovodrun's thread) passes within
-  shells_may_end_first; a shell still running is ended with its child as before."""
-  import psutil  # pylint: disable=g-import-not-at-top
-  from horovod.runner.common.util import safe_shell_exec  # pylint: disable=g-import-not-at-top
-  horovods = safe_shell_exec.terminate_executor_shell_and_children
-
-  def shell_ended_meanwhile(pid):
-    raise psutil.NoSuchProcess(pid)
-  monkeypatch.setattr(safe_shell_exec, "terminate_executor_shell_and_children",
-                      shell_ended_meanwhile)
-  with launch_plan.shells_may_end_first():
-    safe_shell_exec.terminate_executor_shell_and_children(12345)
-  with pytest.raises(psutil.NoSuchProcess):
-    safe_shell_exec.terminate_executor_shell_and_children(12345)
-  monkeypatch.setattr(safe_shell_exec, "terminate_executor_shell_and_children", horovods)
-  shell = subprocess.Popen(["sh", "-c", "sleep 60; true"])
-  deadline = time.time() + 30
-  while not psutil.Process(shell.pid).children() and time.time() < deadline:
-    time.sleep(0.05)
-  (sleep,) = psutil.Process(shell.pid).children()
-  with launch_plan.shells_may_end_first():
-    safe_shell_exec.terminate_executor_shell_and_children(shell.pid)
-  shell.wait(timeout=30)  # ended: its sleep of 60 s was ended first
-  assert not sleep.is_running()

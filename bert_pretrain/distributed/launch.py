@@ -496,27 +496,6 @@ def shell_execs_its_command():
     os.execve = execve
 
 
-@contextlib.contextmanager
-def shells_may_end_first():
-  """Within: Horovod's end of a rank's shell (safe_shell_exec) takes the shell's ending
-  while it lists the shell's children for the end it wanted; Horovod's own would raise
-  NoSuchProcess there, printed as a traceback from its thread at a signalled stop."""
-  from horovod.runner.common.util import safe_shell_exec  # pylint: disable=g-import-not-at-top
-  import psutil  # pylint: disable=g-import-not-at-top  (Horovod's dependency)
-  terminate = safe_shell_exec.terminate_executor_shell_and_children
-
-  def terminate_ended_too(pid):
-    try:
-      terminate(pid)
-    except psutil.NoSuchProcess:
-      pass
-
-  safe_shell_exec.terminate_executor_shell_and_children = terminate_ended_too
-  try:
-    yield
-  finally:
-    safe_shell_exec.terminate_executor_shell_and_children = terminate
-
 def _asleep_with_output_read(child, outputs):
   """Waits until mpirun (child(): its pid, None once it ended) has been in one sleep for
   MPIRUN_SETTLE_S with nothing in `outputs` (processes.output_of's) left unread; returns
@@ -899,7 +878,7 @@ def run(words, dry_run=False):
     if run_commandline is not None:
       os.environ.update(env)
       if "--gloo" in program:
-        with ranks_stop_before_horovodrun_ends_them() as stops, shells_may_end_first():
+        with ranks_stop_before_horovodrun_ends_them() as stops:
           launcher_stop = lambda: stops[-1].signum if stops else None  # noqa: E731
           status = horovodrun_lib.run_horovodrun(program[1:], run_commandline, launcher_stop)
         if status == 128 + signal.SIGTERM and launcher_stop():  # as under mpirun
