@@ -281,6 +281,13 @@ def test_killing_the_rank_on_one_host_ends_the_job_quickly(hosts, pretraining_da
   assert seconds < 60
 
 
+# Horovod's middleman process ends a rank's shell when the job ends; a shell that exits
+# while it lists the shell's children makes it print psutil's NoSuchProcess from its
+# thread (docs/reliability.md). Horovod's race, not the job's: left out of the check.
+HOROVODS_SHELL_RACE = re.compile(
+    r"Exception in thread [^\n]*\nTraceback \(most recent call last\):\n(?:[ ^].*\n)*?"
+    r"psutil\.NoSuchProcess[^\n]*\n")
+
 def test_sigterm_to_the_launcher_of_a_two_host_gloo_job_saves_and_ends_stopped(
     hosts, pretraining_data, tmp_path):
   """The script's launcher signals the ranks of its own host; the one on host2 learns of
@@ -298,7 +305,8 @@ def test_sigterm_to_the_launcher_of_a_two_host_gloo_job_saves_and_ends_stopped(
   stop_step = int(re.search(r"SIGTERM: rank 0 stops after step (\d+)", text).group(1))
   assert os.path.exists(str(out / ("model.ckpt-%d.index" % stop_step))), text[-4000:]
   assert "SIGTERM: rank 1 stops after step %d" % stop_step in text, text[-4000:]
-  assert "Traceback" not in text and "error:" not in text, text[-4000:]
+  ours = HOROVODS_SHELL_RACE.sub("", text)
+  assert "Traceback" not in ours and "error:" not in ours, text[-4000:]
   deadline = time.time() + 30  # the rank on host2 ends
   while _ranks_on(hosts, 1) and time.time() < deadline:
     time.sleep(0.5)
