@@ -32,12 +32,13 @@ PREDICTIONS = 10
 # pytest-xdist's --dist loadfile hands out files by their number of tests, which started
 # slow files after the quick ones: the suite ended on one busy worker.
 SLOWEST_FIRST = ["test_horovod.py", "test_distribution.py", "test_scaling.py",
-                 "test_bench.py", "test_demo.py", "test_scripts.py", "test_tool_errors.py",
-                 "test_checkpoints.py", "test_surviving.py", "test_run_pretraining.py",
-                 "test_run_classifier.py", "test_bad_records.py", "test_multihost.py",
-                 "test_prepare_wiki.py", "test_pack_records.py", "test_optimization.py",
-                 "test_mlperf.py", "test_kernels.py", "test_compare.py", "test_modeling.py",
-                 "test_packed_run.py", "test_launch_plan.py", "test_bad_inputs.py"]
+                 "test_surviving.py", "test_run_pretraining.py", "test_bad_inputs.py",
+                 "test_bench.py", "test_tool_errors.py", "test_export.py", "test_scripts.py",
+                 "test_prepare_wiki.py", "test_bad_records.py", "test_checkpoints.py",
+                 "test_demo.py", "test_multihost.py", "test_run_classifier.py",
+                 "test_pack_records.py", "test_modeling.py", "test_compare.py",
+                 "test_optimization.py", "test_packed_run.py", "test_mlperf.py",
+                 "test_kernels.py"]
 
 # A suite started as a background job (`.ci/run &` in a script) inherits SIGINT ignored, and so
 # would every command it starts: the tests that press Ctrl-C on one would wait in vain.
