@@ -598,7 +598,10 @@ def run_mpirun_in_child(body, alone=False):
   state["child"] = child
   signal.pthread_sigmask(signal.SIG_SETMASK, mask)
   try:
-    os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped
+    # Polled until it has ended (not yet reaped): a blocking wait would act on a signal the
+    # kernel gave another thread, or one that came as the wait began, only after the child.
+    while os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+      time.sleep(0.2)
     with lock:
       state["child"] = None  # once reaped, its pid may be another process's
     _, status = os.waitpid(child, 0)
