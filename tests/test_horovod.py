@@ -717,9 +717,9 @@ def test_a_job_its_ranks_stopped_at_sigterm_ends_with_143_though_horovodrun_retu
 def test_a_job_under_mpirun_a_signal_stopped_ends_with_128_plus_that_signal(
     signum, child_status, status, to_launcher, tmp_path, monkeypatch):
   """mpirun exits with 1 after passing a signal on; the launcher, which passed it to
-  mpirun, ends with 128 + the signal, as a job under horovodrun --gloo does. So it does
-  when the kernel gives the signal to a thread other than the launcher's, whose wait for
-  mpirun it does not interrupt."""
+  mpirun, ends with 128 + the signal, as a job under horovodrun --gloo does; so it does
+  when the signal reaches a thread other than the launcher's, which then does not
+  interrupt the launcher's wait for mpirun."""
   # This job has no ranks. A rank another test left below this process would make the
   # launcher wait out its grace (120 s) before passing the signal on.
   monkeypatch.setattr(launch_plan, "ranks_of_this_host", lambda: [])
@@ -738,6 +738,8 @@ def test_a_job_under_mpirun_a_signal_stopped_ends_with_128_plus_that_signal(
   def send_when_ready():  # the child waits for it, so the launcher's handler is still set
     while not ready.exists():
       time.sleep(0.01)
+    # To this thread, the case: its C-level handler only sets a flag, which the launcher's
+    # thread acts on when it next runs Python (no longer only once the child has ended).
     signal.pthread_kill(launcher if to_launcher else threading.get_ident(), signum)
 
   if signum is not None:
