@@ -5,8 +5,10 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -628,6 +630,39 @@ def test_horovod_ranks_share_their_jobs_lock(pretraining_data, tmp_path):
   assert "Step " not in refused.stdout and "stopped the job" not in refused.stdout
   assert _files_and_times(out) == before
   assert steps_of(out) == [2]
+
+
+class _Pressed(Exception):
+  pass
+
+
+def test_a_wait_for_a_held_lock_ends_at_a_signal_another_thread_got(tmp_path):
+  """The demo waits for its cache's lock while another demo builds it: a Ctrl-C that the
+  kernel gave another of its threads (TensorFlow's) ends the wait at once, not only when
+  the holder lets go (here after 20 s)."""
+  held = checkpoints.OutputDirLock(str(tmp_path))
+  held.acquire()
+  let_go = threading.Timer(20, held.release)
+  let_go.start()
+
+  def press(unused_signum, unused_frame):
+    raise _Pressed()
+
+  def to_this_thread():  # whose C-level handler only sets a flag for the main thread
+    time.sleep(0.5)
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+  previous = signal.signal(signal.SIGUSR1, press)
+  threading.Thread(target=to_this_thread, daemon=True).start()
+  started = time.monotonic()
+  try:
+    with pytest.raises(_Pressed):
+      checkpoints.OutputDirLock(str(tmp_path)).acquire(wait=True)
+  finally:
+    signal.signal(signal.SIGUSR1, previous)
+    let_go.cancel()
+    held.release()
+  assert time.monotonic() - started < 10
 
 
 def _files_and_times(folder):

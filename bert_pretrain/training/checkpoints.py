@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import socket
+import time
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -540,9 +541,18 @@ class OutputDirLock(object):
     """flock on the open lock file (exclusive, or shared); on failure closes it and raises
     ValueError naming the holder (only_when_held: only when another process holds it;
     else it says nothing)."""
+    mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
     try:
-      fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) |
-                  (0 if wait else fcntl.LOCK_NB))
+      while True:
+        try:
+          fcntl.flock(handle, mode)
+          break
+        except BlockingIOError:  # held
+          if not wait:
+            raise
+        # Polled: a blocking flock would act on a Ctrl-C that another thread got, or that
+        # came as the wait began, only once the holder had ended.
+        time.sleep(0.2)
     except (IOError, OSError) as e:
       if only_when_held and e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
         return
