@@ -514,6 +514,14 @@ def _asleep_with_output_read(child, outputs):
     time.sleep(0.2)
 
 
+def _wait_until_ended(child):
+  """Returns once the child process has ended, leaving it unreaped. Polled: a blocking
+  wait would act on a signal the kernel gave another thread, or one that came as the wait
+  began, only after the child."""
+  while os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+    time.sleep(0.2)
+
+
 def run_mpirun_in_child(body, alone=False):
   """Runs body(), horovodrun --mpi, which becomes mpirun, in a child process of its own
   process group and returns its exit status: 128 + the signal that ended it, or that
@@ -598,10 +606,7 @@ def run_mpirun_in_child(body, alone=False):
   state["child"] = child
   signal.pthread_sigmask(signal.SIG_SETMASK, mask)
   try:
-    # Polled until it has ended (not yet reaped): a blocking wait would act on a signal the
-    # kernel gave another thread, or one that came as the wait began, only after the child.
-    while os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
-      time.sleep(0.2)
+    _wait_until_ended(child)
     with lock:
       state["child"] = None  # once reaped, its pid may be another process's
     _, status = os.waitpid(child, 0)
