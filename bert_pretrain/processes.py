@@ -160,7 +160,7 @@ def _read_lines(process, on_line):
         lines.append(line.replace(b"\r\n", b"\n").decode("utf-8", "replace"))
         on_line(lines[-1])
       if not chunk:
-        process.wait()
+        communicate(process)  # its exit, as any other wait here: a second at a time
         return "".join(lines)
 
 

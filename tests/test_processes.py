@@ -137,6 +137,7 @@ def test_a_stop_while_a_child_runs_kills_and_reaps_the_child():
 # thread of the script's own takes it, as one of numpy's or TensorFlow's can.
 INTERRUPTED_WAIT = """
 import os, signal, subprocess, threading, time
+import psutil
 from bert_pretrain import processes
 waiting = threading.Event()
 def interrupt():
@@ -145,20 +146,29 @@ def interrupt():
   os.kill(os.getpid(), signal.SIGINT)
 threading.Thread(target=interrupt, daemon=True).start()
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
-child = subprocess.Popen(["sleep", "60"], stdout=subprocess.PIPE)
 start = time.time()
 try:
   waiting.set()
-  processes.communicate(child)
+  %s
 except KeyboardInterrupt:
+  print("interrupted after %%d s" %% (time.time() - start))
+for child in psutil.Process().children():
   child.kill()
-  print("interrupted after %d s" % (time.time() - start))
 """
+WAITS = {
+    "communicate": "processes.communicate(subprocess.Popen(['sleep', '60'], "
+                   "stdout=subprocess.PIPE))",
+    # Its output read to the end, processes.run waits for the child's exit.
+    "lines-then-exit": "processes.run(['sh', '-c', 'exec sleep 60 >&-'], "
+                       "stdout=subprocess.PIPE, universal_newlines=True, on_line=print)",
+}
 
 
-def test_a_signal_another_thread_took_ends_a_wait_on_a_child_before_the_child_ends():
-  result = subprocess.run([sys.executable, "-c", INTERRUPTED_WAIT], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True, timeout=120,
+@pytest.mark.parametrize("wait", sorted(WAITS))
+def test_a_signal_another_thread_took_ends_a_wait_on_a_child_before_the_child_ends(wait):
+  result = subprocess.run([sys.executable, "-c", INTERRUPTED_WAIT % WAITS[wait]],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=ROOT))
   seconds = re.fullmatch(r"interrupted after (\d+) s\n", result.stdout)
   assert seconds and int(seconds.group(1)) < 30, result.stdout  # not after the child's 60 s
