@@ -148,7 +148,6 @@ threading.Thread(target=interrupt, daemon=True).start()
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
 start = time.time()
 try:
-  waiting.set()
   %s
 except KeyboardInterrupt:
   print("interrupted after %%d s" %% (time.time() - start))
@@ -156,11 +155,12 @@ for child in psutil.Process().children():
   child.kill()
 """
 WAITS = {
-    "communicate": "processes.communicate(subprocess.Popen(['sleep', '60'], "
+    "communicate": "waiting.set(); processes.communicate(subprocess.Popen(['sleep', '60'], "
                    "stdout=subprocess.PIPE))",
-    # Its output read to the end, processes.run waits for the child's exit.
-    "lines-then-exit": "processes.run(['sh', '-c', 'exec sleep 60 >&-'], "
-                       "stdout=subprocess.PIPE, universal_newlines=True, on_line=print)",
+    # Its output read to the end (a line, then none), processes.run waits for its exit.
+    "lines-then-exit": "processes.run(['sh', '-c', 'echo started; exec sleep 60 >&-'], "
+                       "stdout=subprocess.PIPE, universal_newlines=True, "
+                       "on_line=lambda line: waiting.set())",
 }
 
 
