@@ -83,7 +83,7 @@ class WorkerPool(object):
       # The first task forks every worker: now, before this process starts any thread
       # whose locks a fork would copy held.
       try:
-        self.submit(int).result()
+        result(self.submit(int))
       except BaseException:  # a stop: no block ends the workers yet
         self.__exit__(*sys.exc_info())
         raise
@@ -143,6 +143,14 @@ def communicate(process, timeout=None):
     except subprocess.TimeoutExpired as e:
       if deadline is not None and time.monotonic() >= deadline:
         raise subprocess.TimeoutExpired(process.args, timeout, e.output, e.stderr) from None
+
+
+def result(future):
+  """future.result() (a concurrent.futures future), waited on a second at a time, as
+  communicate waits: a stop the kernel gave another thread ends the wait."""
+  while not future.done():
+    concurrent.futures.wait([future], timeout=1.0)
+  return future.result()
 
 
 def _read_lines(process, on_line):
@@ -299,9 +307,12 @@ def run_tasks(function, tasks, jobs, on_result, context="fork"):
       on_result(function(task))
     return
   with WorkerPool(min(jobs, len(tasks)), context) as pool:
-    futures = [pool.submit(function, task) for task in tasks]
-    for future in concurrent.futures.as_completed(futures):
-      on_result(future.result())
+    pending = [pool.submit(function, task) for task in tasks]
+    while pending:  # a second at a time, as result() waits
+      done, pending = concurrent.futures.wait(
+          pending, timeout=1.0, return_when=concurrent.futures.FIRST_COMPLETED)
+      for future in done:
+        on_result(future.result())
 
 
 def free_ports(count, ephemeral_range="/proc/sys/net/ipv4/ip_local_port_range"):

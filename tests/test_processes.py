@@ -161,6 +161,8 @@ WAITS = {
     "lines-then-exit": "processes.run(['sh', '-c', 'echo started; exec sleep 60 >&-'], "
                        "stdout=subprocess.PIPE, universal_newlines=True, "
                        "on_line=lambda line: waiting.set())",
+    # Two workers' tasks: a result waited for.
+    "tasks": "waiting.set(); processes.run_tasks(time.sleep, [60, 60], 2, print)",
 }
 
 

@@ -16,7 +16,7 @@ import re
 import time
 import xml.etree.ElementTree as ElementTree
 
-from bert_pretrain.processes import WorkerPool
+from bert_pretrain import processes
 from bert_pretrain.wiki.markup import wikitext_to_text
 from bert_pretrain.wiki.workdir import (Layout, PrepareError, Progress, atomic_output,
                                         file_digest, marker_is_valid, read_json,
@@ -113,9 +113,9 @@ def _xml_blocks(reader, jobs=1):
         for segment in _bz2_segments(reader):
           pending.append(threads.submit(bz2.decompress, segment))
           while len(pending) > jobs:
-            yield pending.popleft().result()
+            yield processes.result(pending.popleft())
         while pending:
-          yield pending.popleft().result()
+          yield processes.result(pending.popleft())
       finally:
         for future in pending:
           future.cancel()
@@ -300,7 +300,7 @@ def run_extract(layout, settings, dump_path, jobs):
   else:
     # Bounded in flight: the parser must not run ahead of the converters by more than a
     # few chunks, or the whole dump would queue up in memory.
-    with WorkerPool(jobs) as pool:
+    with processes.WorkerPool(jobs) as pool:
       pending = collections.deque()
       for index, chunk_done, batch in chunks():
         num_chunks[0] = index + 1
@@ -309,9 +309,9 @@ def run_extract(layout, settings, dump_path, jobs):
           continue
         pending.append(pool.submit(extract_chunk, (layout.root, settings, index, batch)))
         while len(pending) > jobs:
-          pending.popleft().result()
+          processes.result(pending.popleft())
       while pending:
-        pending.popleft().result()
+        processes.result(pending.popleft())
   if not num_chunks[0]:
     raise PrepareError("%s holds no <page> elements; pass a pages-articles dump"
                        % dump_path)
