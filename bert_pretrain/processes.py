@@ -296,7 +296,7 @@ def run_tasks(function, tasks, jobs, on_result, context="fork"):
     function: a module-level function of one argument.
     tasks: list of arguments.
     jobs: processes to use.
-    on_result: called in this process with each result, in completion order.
+    on_result: called in this process with each result, roughly in completion order.
     context: multiprocessing start method for the workers.
 
   Raises:
