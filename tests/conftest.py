@@ -24,6 +24,7 @@ from bert_pretrain.model import modeling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORKED_RUNS = os.path.join(ROOT, "tests", "forked_runs.py")
+FORK_HOOK = os.path.join(ROOT, "tests", "fork_hook")  # forking_env's
 RANKS_MODULE = "bert_pretrain.run_pretraining"  # the command whose job processes fork
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "data", "sample_text.txt")
 SEQ_LENGTH = 64
@@ -345,7 +346,11 @@ def forked_commands(horovodrun_checked_once):
   _SESSION_ENV.append(_command_env())
   folder = tempfile.mkdtemp(prefix="ranks-")  # short: a socket's path has 107 bytes at most
   _RANKS_SOCKET.append(os.path.join(folder, "socket"))
-  _forked_command(RANKS_MODULE, []).serve()
+  command = _forked_command(RANKS_MODULE, [])
+  command.serve()
+  # Its socket is there once it has imported: a command started sooner would not fork.
+  while not os.path.exists(_RANKS_SOCKET[0]) and command.server.poll() is None:
+    time.sleep(0.1)
   yield _forked_commands
   for command in _forked_commands.values():
     command.close()
@@ -532,6 +537,18 @@ def horovod_env(**extra):
   return env
 
 
+def forking_env(env, script=False):
+  """`env` for a command whose new `python3 -m` processes of the commands in
+  forked_runs.FORKABLE fork from this worker's server of RANKS_MODULE instead of importing
+  TensorFlow (tests/fork_hook), where they could not tell the difference. Not for commands
+  run in a namespace of their own (a read-only mount, another host's network), nor for
+  those a test signals. script: the command is a script that puts the repository first on
+  PYTHONPATH itself, so env's is left out (the server has the repository alone)."""
+  path = [] if script else [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+  return dict(env, PYTHONPATH=os.pathsep.join(path + [FORK_HOOK]),
+              FORKED_RUNS_SOCKET=_RANKS_SOCKET[0])
+
+
 def launcher_env(**values):
   """horovod_env without the session's card variables but those given."""
   env = horovod_env(**values)
@@ -545,7 +562,8 @@ def run_multi_card_script(folder, *flags, **values):
   """bash run_multi_card_FPS.sh FLAGS in `folder`, with launcher_env(**values)."""
   return subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + list(flags),
                         cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, env=launcher_env(**values), timeout=300)
+                        universal_newlines=True,
+                        env=forking_env(launcher_env(**values), script=True), timeout=300)
 
 
 def rank_command(*flags):

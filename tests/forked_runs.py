@@ -20,7 +20,11 @@ writes the child's pid to SOCKET-<its pid>.pid (for the tests that stop or kill 
 conftest.rank_pid) and exits as the child did; the server SIGKILLs the child when the
 client has gone. Where the child could tell the difference (another Python or command,
 --use_xla, or an environment that differs in what Python or TensorFlow read when they
-start), the client runs the command itself.
+start), the client runs the command itself. The commands of FORKABLE are taken too.
+
+Any new `python3 -m` of them becomes such a client where the test gave it
+conftest.forking_env (tests/fork_hook/sitecustomize.py): the runs of the scripts and tools
+the tests start.
 """
 
 import array
@@ -48,6 +52,14 @@ _PR_SET_PDEATHSIG = 1  # prctl's option: the signal this process gets when its p
 # Looked up before any fork: a dlopen in a child of a process with TensorFlow's threads
 # can wait forever on a loader lock one of them held.
 _PRCTL = ctypes.CDLL(None).prctl
+# The commands a server forks for a client besides its own MODULE: those that import
+# TensorFlow at their top anyway, so that what the server imported changes nothing they do
+# (the others run_pretraining imports are not: _imported_already).
+FORKABLE = ("bert_pretrain.run_pretraining", "bert_pretrain.run_classifier",
+            "bert_pretrain.wiki", "bert_pretrain.export", "bert_pretrain.inspect_records",
+            "bert_pretrain.conformance")
+# tests/fork_hook: on a client's PYTHONPATH (conftest.forking_env), not on the server's.
+FORK_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_hook")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2)
 
@@ -115,7 +127,12 @@ def child(module, request):
 
 
 def _differences(env, other):
-  """The names in _READ_AT_START whose values differ between two environments."""
+  """The names in _READ_AT_START whose values differ between two environments (FORK_HOOK
+  left out of PYTHONPATH)."""
+  def without_hook(e):
+    path = [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p != FORK_HOOK]
+    return dict(e, PYTHONPATH=os.pathsep.join(path))
+  env, other = without_hook(env), without_hook(other)
   return sorted(k for k in set(env) | set(other) if k.startswith(_READ_AT_START) and
                 k not in _READ_LATER and env.get(k) != other.get(k))
 
@@ -207,6 +224,13 @@ def _end_orphans(ready, runs):
         connection.close()
 
 
+def _imported_already(module):
+  """Whether this process imported the code `python3 -m module` runs: run as __main__ too,
+  runpy would warn of it, which a new process does not."""
+  spec = importlib.util.find_spec(module)
+  return (module + ".__main__" if spec.submodule_search_locations else module) in sys.modules
+
+
 def _take_rank(module, listener, runs):
   """Forks the run a client asks for, or tells it why not."""
   connection = listener.accept()[0]
@@ -227,11 +251,15 @@ def _take_rank(module, listener, runs):
   connection.settimeout(None)
   refusal = None
   differences = _differences(request["env"], os.environ)
+  command = request["command"]
   if len(fds) != 3:
     refusal = "no stdin, stdout and stderr"
-  elif request["command"][:3] != [sys.executable, "-m", module]:
-    refusal = "not %s -m %s" % (sys.executable, module)
-  elif any(f.startswith("--use_xla") for f in request["command"]):
+  elif (len(command) < 3 or command[:2] != [sys.executable, "-m"] or
+        command[2] not in (module,) + FORKABLE):
+    refusal = "not %s -m %s or one of FORKABLE" % (sys.executable, module)
+  elif _imported_already(command[2]):
+    refusal = "%s: imported here already" % command[2]
+  elif any(f.startswith("--use_xla") for f in command):
     refusal = "--use_xla: TensorFlow reads its XLA flags once"
   elif differences:
     refusal = "environment: " + ", ".join(differences)
@@ -239,8 +267,8 @@ def _take_rank(module, listener, runs):
     _send(connection, {"refused": refusal})
     connection.close()
   else:
-    pid = _fork(lambda: rank_child(module, dict(request, argv=request["command"][3:]),
-                                   list(fds)), _sockets(listener, runs) + [connection])
+    pid = _fork(lambda: rank_child(command[2], dict(request, argv=command[3:]), list(fds)),
+                _sockets(listener, runs) + [connection])
     _send(connection, {"pid": pid})
     runs[pid] = connection
   for fd in fds:
@@ -308,12 +336,16 @@ def rank_client(socket_path, command):
     reply = json.loads(connection.recv(1 << 16).decode())
   except (OSError, ValueError):  # no server, or it ended before it answered
     reply = {"refused": "no server"}
+  if os.environ.get("FORKED_RUNS_LOG"):  # where a test (test_fork_hook.py) reads the replies
+    with open(os.environ["FORKED_RUNS_LOG"], "a") as f:
+      f.write(json.dumps({"command": command, "reply": reply}) + "\n")
   if "pid" not in reply:
     connection.close()
     for sig in _FORWARDED:
       signal.signal(sig, signal.SIG_DFL)
     for sig in pending:
       os.kill(os.getpid(), sig)
+    os.environ.pop("FORKED_RUNS_SOCKET", None)  # or tests/fork_hook would ask again
     os.execv(command[0], command)
   child.append(reply["pid"])
   for sig in pending:

@@ -16,7 +16,8 @@ from bert_pretrain import demo
 from bert_pretrain import errors
 from bert_pretrain.model import modeling
 from bert_pretrain.data import tokenization
-from conftest import (PREDICTIONS, ROOT, SAMPLE_TEXT, SEQ_LENGTH, TINY_CONFIG, base_flags)
+from conftest import (PREDICTIONS, ROOT, SAMPLE_TEXT, SEQ_LENGTH, TINY_CONFIG, base_flags,
+                      forking_env)
 
 WIKI_SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")
 
@@ -89,9 +90,11 @@ COMMANDS = {
 
 
 def _run(words, cwd=None):
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
   return subprocess.run(words, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                         universal_newlines=True, timeout=300, cwd=cwd,
-                        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+                        # read_only's commands run in a mount namespace of their own
+                        env=forking_env(env) if words[0] == sys.executable else env)
 
 
 def _error_line(result, tool):
@@ -160,10 +163,7 @@ STRAY_WORDS = {
 
 @pytest.mark.parametrize("tool", sorted(STRAY_WORDS))
 def test_a_word_that_is_no_flag_is_one_line_without_the_modules_help(tool, tmp_path):
-  result = subprocess.run([sys.executable, "-m"] + STRAY_WORDS[tool], cwd=str(tmp_path),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  result = _run([sys.executable, "-m"] + STRAY_WORDS[tool], cwd=str(tmp_path))
   assert (result.returncode, result.stdout) == (2, "")
   assert result.stderr == (
       "%s: error: unexpected arguments: false; pass everything as --flags: --name=value, and "
