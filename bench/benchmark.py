@@ -503,7 +503,7 @@ def run_worker(kind, row, log_name, script=None, row_flag="--row"):
   command = ([sys.executable, os.path.abspath(__file__), "--worker=" + kind]
              if script is None else [sys.executable, script]) + [
                  row_flag + "=" + json.dumps(row)]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+  env = card.run_env()
   start = time.time()
   with open(log_path, "w") as log_file:
     try:

@@ -102,6 +102,15 @@ def gpu_info(listers=("nvidia-smi", "ixsmi")):
   return None
 
 
+def run_env():
+  """The environment of a run the bench starts: this process's, TensorFlow quiet, and this
+  checkout first on PYTHONPATH with the caller's entries after it (a vendor's TensorFlow
+  may be there)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  path = [p for p in [root] + os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(path))
+
+
 VERSIONS_SCRIPT = """
 import json
 versions = {}

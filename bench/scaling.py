@@ -215,7 +215,7 @@ def prepare_demo(cache_dir):
 
 
 def run_env():
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+  env = card.run_env()
   if os.getuid() == 0:
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
   return env

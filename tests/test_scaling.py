@@ -143,6 +143,15 @@ def scaling_functions(code):
   return json.loads(result.stdout.splitlines()[-1])
 
 
+def test_the_runs_keep_the_callers_pythonpath_after_this_checkout():
+  """A vendor's TensorFlow may be found through PYTHONPATH only (bench/card.py's run_env)."""
+  path = scaling_functions(
+      "import json, os\n"
+      "os.environ['PYTHONPATH'] = '/opt/vendor/python'\n"
+      "print(json.dumps(scaling.run_env()['PYTHONPATH']))")
+  assert path == os.pathsep.join([ROOT, "/opt/vendor/python"])
+
+
 def test_the_largest_batch_search_doubles_then_halves_the_gap_to_an_eighth():
   found = scaling_functions(
       "import json\n"
