@@ -348,9 +348,7 @@ def forked_commands(horovodrun_checked_once):
   _RANKS_SOCKET.append(os.path.join(folder, "socket"))
   command = _forked_command(RANKS_MODULE, [])
   command.serve()
-  # Its socket is there once it has imported: a command started sooner would not fork.
-  while not os.path.exists(_RANKS_SOCKET[0]) and command.server.poll() is None:
-    time.sleep(0.1)
+  _wait_for_socket(command)  # a command started sooner would not fork
   yield _forked_commands
   for command in _forked_commands.values():
     command.close()
@@ -537,16 +535,39 @@ def horovod_env(**extra):
   return env
 
 
-def forking_env(env, script=False):
+def forking_env(env, script=False, socket_path=None):
   """`env` for a command whose new `python3 -m` processes of the commands in
-  forked_runs.FORKABLE fork from this worker's server of RANKS_MODULE instead of importing
-  TensorFlow (tests/fork_hook), where they could not tell the difference. Not for commands
-  run in a namespace of their own (a read-only mount, another host's network), nor for
-  those a test signals. script: the command is a script that puts the repository first on
-  PYTHONPATH itself, so env's is left out (the server has the repository alone)."""
+  forked_runs.FORKABLE fork from this worker's server of RANKS_MODULE (or the one at
+  socket_path: forking_server) instead of importing TensorFlow (tests/fork_hook), where
+  they could not tell the difference. Not for commands run in a namespace of their own (a
+  read-only mount, another host's network), nor for those a test signals. script: the
+  command is a script that puts the repository first on PYTHONPATH itself, so env's is
+  left out (the server has the repository alone)."""
   path = [] if script else [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
   return dict(env, PYTHONPATH=os.pathsep.join(path + [FORK_HOOK]),
-              FORKED_RUNS_SOCKET=_RANKS_SOCKET[0])
+              FORKED_RUNS_SOCKET=socket_path or _RANKS_SOCKET[0])
+
+
+def _wait_for_socket(command):
+  """Waits until the server of `command` (a ForkedCommand with a socket) has imported and
+  takes clients, or has ended."""
+  while not os.path.exists(command.ranks_socket) and command.server.poll() is None:
+    time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def forking_server(env):
+  """Within: a server of RANKS_MODULE of its own started in `env` (a PYTHONPATH of the
+  test's, say); yields its socket's path, for forking_env."""
+  folder = tempfile.mkdtemp(prefix="ranks-")
+  command = ForkedCommand(RANKS_MODULE, env, os.path.join(folder, "socket"))
+  try:
+    command.serve()
+    _wait_for_socket(command)
+    yield command.ranks_socket
+  finally:
+    command.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def launcher_env(**values):

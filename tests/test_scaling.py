@@ -15,6 +15,8 @@ import time
 import pytest
 
 from conftest import AMP_ON_THIS_CPU
+from conftest import forking_env
+from conftest import forking_server
 from conftest import kill_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,15 +34,19 @@ def scaling(tmp_path_factory):
   # The package importable as an install makes it, bench/ not: the script finds its own.
   site = tmp_path_factory.mktemp("site")
   os.symlink(os.path.join(ROOT, "bert_pretrain"), str(site / "bert_pretrain"))
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "bench", "scaling.py"), "--models=tiny",
-       "--train_batch_size=4", "--num_train_steps=4", "--fps_warmup_steps=1",
-       "--noindependent",
-       "--tables=engines,speed,max_batch", "--batch_sizes=4", "--precisions=amp,fp32",
-       "--max_batch_seq_lengths=128", "--memory_limit_gib=0.04", "--max_batch_limit=256",
-       "--out_dir=" + os.path.basename(out_dir)],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-      timeout=1800, env=dict(os.environ, PYTHONPATH=str(site)), cwd=os.path.dirname(out_dir))
+  # Its trainings (this checkout first on their PYTHONPATH: card.run_env) fork from a server
+  # of that PYTHONPATH.
+  with forking_server(dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(site)]))) as path:
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "scaling.py"), "--models=tiny",
+         "--train_batch_size=4", "--num_train_steps=4", "--fps_warmup_steps=1",
+         "--noindependent",
+         "--tables=engines,speed,max_batch", "--batch_sizes=4", "--precisions=amp,fp32",
+         "--max_batch_seq_lengths=128", "--memory_limit_gib=0.04", "--max_batch_limit=256",
+         "--out_dir=" + os.path.basename(out_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+        timeout=1800, env=forking_env(dict(os.environ, PYTHONPATH=str(site)), socket_path=path),
+        cwd=os.path.dirname(out_dir))
   assert result.returncode == 0, result.stdout[-3000:]
   with open(os.path.join(out_dir, "scaling.json")) as f:
     results = json.load(f)
