@@ -107,7 +107,8 @@ def run_env():
   checkout first on PYTHONPATH with the caller's entries after it (a vendor's TensorFlow
   may be there)."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  path = [p for p in [root] + os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+  path = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                   if p and p != root]
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(path))
 
 

@@ -32,7 +32,7 @@ from bert_pretrain.wiki import sentences
 from bert_pretrain.wiki import shard
 from bert_pretrain.wiki import tfrecords
 from bert_pretrain.wiki import workdir
-from conftest import forking_env, gone, workers_of
+from conftest import gone, workers_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,13 +43,13 @@ OUTPUTS = ("text", "train_data", "eval_intermediate", "eval_data", "manifest.jso
            "settings.json")
 
 
-def start_cli(output_dir, vocab, dump=SAMPLE, jobs=1, env=None, **overrides):
+def start_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
   """Starts bash tools/prepare_wiki.sh with the small settings (it execs Python), in a
   process group of its own with its workers."""
   values = dict(SMALL, dump=dump, vocab=vocab, output_dir=output_dir, jobs=jobs)
   values.update(overrides)
   args = ["--%s=%s" % (k, v) for k, v in values.items() if v is not None]
-  env = env or dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   return subprocess.Popen(["bash", os.path.join(ROOT, "tools", "prepare_wiki.sh")] + args,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, env=env, start_new_session=True)
@@ -57,10 +57,8 @@ def start_cli(output_dir, vocab, dump=SAMPLE, jobs=1, env=None, **overrides):
 
 def run_cli(output_dir, vocab, dump=SAMPLE, jobs=1, **overrides):
   """Runs start_cli's command; returns CompletedProcess. A run still going after 300 s
-  is asked for its Python stacks and its workers' (SIGUSR2), which the failure shows.
-  Its Python forks from the worker's server (conftest.forking_env): no test signals it."""
-  process = start_cli(output_dir, vocab, dump, jobs, forking_env(dict(
-      os.environ, TF_CPP_MIN_LOG_LEVEL="2"), script=True), **overrides)
+  is asked for its Python stacks and its workers' (SIGUSR2), which the failure shows."""
+  process = start_cli(output_dir, vocab, dump, jobs, **overrides)
   try:
     out, err = process.communicate(timeout=300)
   except subprocess.TimeoutExpired:
