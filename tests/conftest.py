@@ -548,10 +548,13 @@ def forking_env(env, script=False, socket_path=None):
               FORKED_RUNS_SOCKET=socket_path or _RANKS_SOCKET[0])
 
 
-def _wait_for_socket(command):
+def _wait_for_socket(command, timeout=300):
   """Waits until the server of `command` (a ForkedCommand with a socket) has imported and
-  takes clients, or has ended."""
-  while not os.path.exists(command.ranks_socket) and command.server.poll() is None:
+  takes clients, has ended, or `timeout` seconds have gone (its clients then run the
+  commands themselves)."""
+  deadline = time.time() + timeout
+  while (not os.path.exists(command.ranks_socket) and command.server.poll() is None and
+         time.time() < deadline):
     time.sleep(0.1)
 
 

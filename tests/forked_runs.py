@@ -53,10 +53,11 @@ _PR_SET_PDEATHSIG = 1  # prctl's option: the signal this process gets when its p
 # can wait forever on a loader lock one of them held.
 _PRCTL = ctypes.CDLL(None).prctl
 # The commands a server forks for a client besides its own MODULE: those that import
-# TensorFlow at their top anyway, so that what the server imported changes nothing they do
-# (the others run_pretraining imports are not: _imported_already).
+# TensorFlow at their top anyway, so that what the server imported changes nothing they do.
+# Not prepare_wiki's: its main process and workers load TensorFlow only where they need it.
+# (_imported_already refuses one the server has imported: runpy would warn.)
 FORKABLE = ("bert_pretrain.run_pretraining", "bert_pretrain.run_classifier",
-            "bert_pretrain.wiki", "bert_pretrain.export", "bert_pretrain.inspect_records",
+            "bert_pretrain.export", "bert_pretrain.inspect_records",
             "bert_pretrain.conformance")
 # tests/fork_hook: on a client's PYTHONPATH (conftest.forking_env), not on the server's.
 FORK_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_hook")

@@ -26,9 +26,9 @@ def test_a_forkable_command_forks_and_one_in_another_environment_runs_itself(tmp
   itself = _run("bert_pretrain.inspect_records", tmp_path, TF_CPP_MIN_LOG_LEVEL="3")
   line = ("inspect_tfrecords: error: --input=%s does not exist; pass the folder that holds "
           "the TFRecord files\n" % (tmp_path / "none"))
-  replies = [json.loads(l)["reply"] for l in (tmp_path / "log").read_text().splitlines()]
+  replies = [json.loads(line)["reply"]
+             for line in (tmp_path / "log").read_text().splitlines()]
   assert [sorted(r) for r in replies] == [["pid"], ["refused"]], replies
   assert replies[1]["refused"] == "environment: TF_CPP_MIN_LOG_LEVEL"
   for result in (forked, itself):
     assert (result.returncode, result.stdout, result.stderr) == (2, "", line)
-

@@ -36,7 +36,9 @@ def scaling(tmp_path_factory):
   os.symlink(os.path.join(ROOT, "bert_pretrain"), str(site / "bert_pretrain"))
   # Its trainings (this checkout first on their PYTHONPATH: card.run_env) fork from a server
   # of that PYTHONPATH.
-  with forking_server(dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(site)]))) as path:
+  server_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                    PYTHONPATH=os.pathsep.join([ROOT, str(site)]))
+  with forking_server(server_env) as path:
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "scaling.py"), "--models=tiny",
          "--train_batch_size=4", "--num_train_steps=4", "--fps_warmup_steps=1",
@@ -45,7 +47,8 @@ def scaling(tmp_path_factory):
          "--max_batch_seq_lengths=128", "--memory_limit_gib=0.04", "--max_batch_limit=256",
          "--out_dir=" + os.path.basename(out_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-        timeout=1800, env=forking_env(dict(os.environ, PYTHONPATH=str(site)), socket_path=path),
+        timeout=1800, env=forking_env(dict(os.environ, PYTHONPATH=str(site)),
+                                      socket_path=path),
         cwd=os.path.dirname(out_dir))
   assert result.returncode == 0, result.stdout[-3000:]
   with open(os.path.join(out_dir, "scaling.json")) as f:
