@@ -548,6 +548,12 @@ def forking_env(env, script=False, socket_path=None):
               FORKED_RUNS_SOCKET=socket_path or _RANKS_SOCKET[0])
 
 
+def tool_env():
+  """The environment of a test's command line of a tool: the test's, the repository first on
+  PYTHONPATH, TensorFlow quiet, made to fork (forking_env)."""
+  return forking_env(dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
 def _wait_for_socket(command, timeout=300):
   """Waits until the server of `command` (a ForkedCommand with a socket) has imported and
   takes clients, has ended, or `timeout` seconds have gone (its clients then run the

@@ -18,7 +18,7 @@ from bert_pretrain import demo
 from bert_pretrain.data import records
 from bert_pretrain.training import checkpoints
 from bert_pretrain.training import report
-from conftest import AMP_ON_THIS_CPU, base_flags, forking_env, run_pretraining
+from conftest import AMP_ON_THIS_CPU, base_flags, run_pretraining, tool_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -92,7 +92,7 @@ def short_demo_run(tmp_path_factory):
   result = subprocess.run(
       [sys.executable, "-m", "bert_pretrain.run_pretraining"] + flags, stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, universal_newlines=True, timeout=300,
-      env=forking_env(dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")))
+      env=tool_env())
   assert result.returncode == 0, result.stdout[-3000:]
   return {"cache": str(root / "cache"), "output_dir": output_dir, "paths": paths}
 
@@ -182,7 +182,7 @@ def test_the_anchors_eval_checkpoint_path_names_the_checkpoint_a_demo_evaluates(
          "--eval_checkpoint_path=" + path, "--output_dir=" + str(tmp_path / "eval"),
          "--nodraw_report", "--intra_op_threads=1", "--max_eval_steps=2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-        timeout=300, env=forking_env(dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")))
+        timeout=300, env=tool_env())
     assert result.returncode == status, result.stdout[-3000:]
     assert line in result.stdout, result.stdout[-3000:]
 
@@ -273,7 +273,7 @@ def test_fine_tuning_a_run_again_takes_demo_finetune_epochs_and_names_an_earlier
         [sys.executable, "-m", "bert_pretrain.demo", "--finetune_from=%s" % run,
          "--demo_cache_dir=" + short_demo_run["cache"], "--demo_finetune_epochs=%g" % epochs],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600,
-        cwd=ROOT, env=forking_env(dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")))
+        cwd=ROOT, env=tool_env())
   first = finetune_from(0.05)
   assert first.returncode == 0, first.stderr[-3000:]
   assert "--num_train_epochs=0.05 " in first.stdout
@@ -305,7 +305,7 @@ def test_fine_tuning_from_a_folder_that_is_not_a_pretraining_run_is_an_error_wri
                 bert_config_file=paths["bert_config_file"], vocab_file=paths["vocab_file"],
                 num_train_epochs=0.01,
                 init_checkpoint=os.path.join(short_demo_run["output_dir"], "model.ckpt-2"))
-  env = forking_env(dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+  env = tool_env()
   trained = subprocess.run([sys.executable, "-m", "bert_pretrain.run_classifier"] + [
       "--%s=%s" % item for item in sorted(values.items())], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, universal_newlines=True, env=env,

@@ -17,7 +17,7 @@ from bert_pretrain import errors
 from bert_pretrain.model import modeling
 from bert_pretrain.data import tokenization
 from conftest import (PREDICTIONS, ROOT, SAMPLE_TEXT, SEQ_LENGTH, TINY_CONFIG, base_flags,
-                      forking_env)
+                      tool_env)
 
 WIKI_SAMPLE = os.path.join(ROOT, "tests", "data", "wiki_sample.xml")
 
@@ -90,11 +90,11 @@ COMMANDS = {
 
 
 def _run(words, cwd=None):
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  # read_only's commands run in a mount namespace of their own: they must not fork.
+  env = tool_env() if words[0] == sys.executable else dict(
+      os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
   return subprocess.run(words, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        universal_newlines=True, timeout=300, cwd=cwd,
-                        # read_only's commands run in a mount namespace of their own
-                        env=forking_env(env) if words[0] == sys.executable else env)
+                        universal_newlines=True, timeout=300, cwd=cwd, env=env)
 
 
 def _error_line(result, tool):
