@@ -83,6 +83,23 @@ def test_a_tool_started_with_ctrl_c_ignored_takes_a_kill_int():
     proc.wait()
 
 
+def test_a_ctrl_c_raised_in_code_run_from_a_string_still_exits_130_as_a_module(tmp_path):
+  # Python 3.11 marks such a KeyboardInterrupt unhandled, caught or not, and a `-m` run
+  # then dies of SIGINT at exit (-2): the launcher's flag check imports TensorFlow, whose
+  # namedtuples and dataclasses are built so.
+  (tmp_path / "from_a_string.py").write_text(
+      "import sys\n"
+      "from bert_pretrain import errors\n"
+      "try:\n"
+      "  exec('raise KeyboardInterrupt')\n"
+      "except KeyboardInterrupt as e:\n"
+      "  sys.exit(errors.stopped_by_signal('tool', e, 'rerun', sys.stdout))\n")
+  result = subprocess.run([sys.executable, "-m", "from_a_string"], stdout=subprocess.PIPE,
+                          universal_newlines=True, timeout=60, cwd=str(tmp_path),
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+  assert (result.returncode, result.stdout) == (130, "tool: interrupted; rerun\n")
+
+
 def test_a_tool_started_with_its_stderr_closed_runs_without_its_stacks_armed(
     pretraining_data):
   """`2>&-` (cron, a daemon): faulthandler has nowhere to write SIGUSR2's stacks, and the
