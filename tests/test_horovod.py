@@ -18,7 +18,7 @@ from bert_pretrain.distributed import horovodrun as horovodrun_lib
 from bert_pretrain.distributed import launch as launch_plan
 from bert_pretrain.training import logs
 from conftest import (INSTALLED_PATH, ROOT, assert_same_weights, base_flags,
-                      can_look_into_descriptors, horovod_env,
+                      can_look_into_descriptors, forking_env, horovod_env,
                       kill_tree, launcher_env, ordered_flags, rank_command, rank_pid,
                       run_multi_card_script, run_pretraining, stuck_process_state)
 
@@ -507,7 +507,8 @@ def test_a_failed_job_ends_with_the_ranks_error_and_its_exit_status(pretraining_
   result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + flags,
                           cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=300,
-                          env=launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"))
+                          env=forking_env(launcher_env(IX_NUM_CUDA_VISIBLE_DEVICES="2"),
+                                          script=True))
   assert result.returncode == 2, result.stdout[-3000:]
   error = "run_pretraining: error: corrupt TFRecord file %s" % (evaluation / name)
   # Both ranks find it; the job ends with the first to exit.

@@ -23,8 +23,8 @@ from bert_pretrain.model import modeling
 from bert_pretrain.finetune import classifier
 from bert_pretrain.data import tokenization
 from bert_pretrain.distributed import stacks
-from conftest import (ROOT, SAMPLE_TEXT, TINY_CONFIG, horovod_env, kill_tree, run_command,
-                      signal_when, start_command)
+from conftest import (ROOT, SAMPLE_TEXT, TINY_CONFIG, forking_env, horovod_env, kill_tree,
+                      run_command, signal_when, start_command)
 
 
 def _write(path, lines):
@@ -669,7 +669,7 @@ def test_two_ranks_fine_tune_with_the_global_batch_and_rank_0_evaluates(task, tm
   command = _job(task, tmp_path / "out", launcher, *engine + [
       "--num_train_epochs=30", "--learning_rate=1e-3", "--seed=1", "--do_predict"])
   result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=300, env=horovod_env())
+                          universal_newlines=True, timeout=300, env=forking_env(horovod_env()))
   assert result.returncode == 0, result.stdout[-3000:]
   # 40 examples x 30 epochs / (4 x 2 ranks): the updates of one card with batch 8.
   assert "2 rank(s), batch 4 x 2 ranks, 150 updates" in result.stdout
@@ -727,7 +727,8 @@ def test_a_second_fine_tune_job_on_a_folder_in_use_leaves_the_live_jobs_heartbea
   try:
     in_use = subprocess.run(_job(task, out, HOROVODRUN_2, "--horovod", "--stall_timeout_s=10"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True, timeout=300, env=horovod_env())
+                            universal_newlines=True, timeout=300,
+                            env=forking_env(horovod_env()))
   finally:
     lock.release()
   assert in_use.returncode != 0

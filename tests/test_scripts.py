@@ -24,7 +24,7 @@ from bert_pretrain import pack_records
 from bert_pretrain import run_pretraining
 from bert_pretrain.distributed import launch
 from bert_pretrain.training import checkpoints
-from conftest import base_flags, gone, passing_ranks_path
+from conftest import base_flags, forking_env, gone, passing_ranks_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = ["--input_files_dir=/data/train", "--eval_files_dir=/data/eval",
@@ -71,7 +71,8 @@ def test_dry_run_0_runs_the_job_another_value_is_refused_and_the_help_is_printed
   def script(*words, **values):
     return subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + list(words),
                           cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=dict(env, **values), timeout=120)
+                          universal_newlines=True,
+                          env=forking_env(dict(env, **values), script=True), timeout=120)
 
   ran = script(*DATA, DRY_RUN="0")
   assert ran.returncode == 0, ran.stderr
@@ -100,7 +101,8 @@ def test_the_one_card_scripts_dry_run_prints_the_command_checks_the_files_and_tr
   def script(*words, dry_run="1"):
     return subprocess.run(["bash", os.path.join(ROOT, "run_1card_FPS.sh")] + list(words),
                           cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=dict(os.environ, DRY_RUN=dry_run),
+                          universal_newlines=True,
+                          env=forking_env(dict(os.environ, DRY_RUN=dry_run), script=True),
                           timeout=300)
 
   good = base_flags(pretraining_data, tmp_path / "out")
@@ -264,7 +266,8 @@ def test_a_demo_run_with_a_bad_setting_ends_with_its_line_before_the_demo_is_bui
   result = subprocess.run(["bash", os.path.join(ROOT, "run_1card_FPS.sh"),
                            "--learning_rate=-1", "--demo_cache_dir=%s" % cache],
                           cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=300)
+                          universal_newlines=True, timeout=300,
+                          env=forking_env(dict(os.environ), script=True))
   assert result.returncode == 2, result.stdout + result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
       "run_pretraining: error: --learning_rate=-1 must be positive (the peak of the "
@@ -279,7 +282,8 @@ def test_a_demo_refused_once_its_data_is_read_leaves_no_empty_run_folder(demo_ca
   result = subprocess.run(["bash", os.path.join(ROOT, "run_1card_FPS.sh"),
                            "--max_seq_length=256", "--demo_cache_dir=%s" % demo_cache],
                           cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=300)
+                          universal_newlines=True, timeout=300,
+                          env=forking_env(dict(os.environ), script=True))
   assert result.returncode == 2, result.stdout + result.stderr
   assert result.stderr.strip().splitlines()[-1].endswith(
       "holds records of max_seq_length 128 and max_predictions_per_seq 20, but the run uses "
@@ -319,9 +323,12 @@ def _unbuffered_removed(env):
   return env
 
 
-def _one_card_demo(demo_cache, cwd, *flags_given):
+def _one_card_demo(demo_cache, cwd, *flags_given, forking=False):
+  """forking: the script's Python processes fork (conftest.forking_env); not for a test
+  that signals the script."""
   env = _unbuffered_removed(dict(
       os.environ, PATH="%s:%s" % (os.path.dirname(sys.executable), os.environ["PATH"])))
+  env = forking_env(env, script=True) if forking else env
   return subprocess.Popen(["bash", os.path.join(ROOT, "run_1card_FPS.sh"),
                            "--demo_cache_dir=" + demo_cache, "--nodraw_report",
                            "--display_loss_steps=1"] + list(flags_given),
@@ -331,7 +338,7 @@ def _one_card_demo(demo_cache, cwd, *flags_given):
 
 def test_the_one_card_demo_trains_then_fine_tunes_what_it_pretrained(demo_cache, tmp_path):
   script = _one_card_demo(demo_cache, tmp_path, "--num_train_steps=2",
-                          "--demo_finetune_epochs=0.1")
+                          "--demo_finetune_epochs=0.1", forking=True)
   out, _ = script.communicate(timeout=600)
   assert script.returncode == 0, out[-3000:]
   run, = os.listdir(str(tmp_path / "results"))
@@ -434,7 +441,8 @@ def test_a_demos_dry_run_checks_the_output_folder_it_is_given(tmp_path):
     result = subprocess.run(["bash", os.path.join(ROOT, "run_multi_card_FPS.sh"),
                              "--output_dir=%s" % output_dir], cwd=str(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True, env=env, timeout=300)
+                            universal_newlines=True, env=forking_env(env, script=True),
+                            timeout=300)
     if message is None:
       assert result.returncode == 0, result.stderr
       assert not (tmp_path / "new").exists()  # a dry run makes nothing
