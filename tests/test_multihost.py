@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, assert_same_weights, base_flags, ordered_flags, run_pretraining
+from conftest import (ROOT, assert_same_weights, base_flags, launcher_env, ordered_flags,
+                      run_pretraining)
 
 HOSTS = ("host1", "host2")
 ADDRESSES = ("198.18.0.1", "198.18.0.2")
@@ -166,11 +167,9 @@ def hosts(tmp_path_factory):
 
 
 def _env(**values):
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
-             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-  for name in ("IX_NUM_CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "HOROVOD_RUN_ARGS"):
-    env.pop(name, None)
-  env.update(values)
+  env = launcher_env(**values)
+  if "HOROVOD_RUN_ARGS" not in values:
+    env.pop("HOROVOD_RUN_ARGS", None)
   return env
 
 

@@ -21,7 +21,7 @@ import tensorflow.compat.v1 as tf
 from bert_pretrain.training import report
 from bert_pretrain.training import resume as resume_lib
 from bert_pretrain.training import signals
-from conftest import (ROOT, TINY_CONFIG, base_flags, rank_command, rank_pid,
+from conftest import (ROOT, TINY_CONFIG, base_flags, horovod_env, rank_command, rank_pid,
                       run_pretraining, start_command)
 
 MODULE = [sys.executable, "-m", "bert_pretrain.run_pretraining"]
@@ -29,11 +29,6 @@ GLOO = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
 MPIRUN = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]
 STEPS = 40
 SAVE_STEPS = 4
-
-
-def _env():
-  return dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
-              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +119,7 @@ def _run_and_signal_once(command, out, at_step, target, sig, dllog):
                          stderr=stderr_path)
   else:
     with open(str(stdout_path), "w") as stdout, open(str(stderr_path), "w") as stderr:
-      proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=_env())
+      proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=horovod_env())
   try:
     step_line = re.compile(r"Step %d," % at_step)
     seen = lambda: (step_line.search(stdout_path.read_text()) or
@@ -174,7 +169,7 @@ def reference_curves(dropout_free, tmp_path_factory):
       if launcher == "gloo":
         result = subprocess.run(GLOO + rank_command("--horovod", *flags),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                universal_newlines=True, env=_env(), timeout=400)
+                                universal_newlines=True, env=horovod_env(), timeout=400)
         assert result.returncode == 0, result.stdout[-3000:]
       else:
         result = run_pretraining(*flags)
@@ -357,7 +352,7 @@ def test_two_ranks_signalled_stop_at_the_same_step_and_resume(dropout_free, refe
 
   rerun = subprocess.run(launcher + rank_command("--horovod", *flags),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         universal_newlines=True, env=_env(),
+                         universal_newlines=True, env=horovod_env(),
                          timeout=400)
   assert rerun.returncode == 0, rerun.stdout[-3000:]
   assert _resumed_step(rerun.stdout) == stop_step
@@ -384,7 +379,7 @@ def dropout_curves(pretraining_data, tmp_path_factory):
       if launcher == "gloo":
         result = subprocess.run(GLOO + rank_command("--horovod", *flags),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                universal_newlines=True, env=_env(), timeout=600)
+                                universal_newlines=True, env=horovod_env(), timeout=600)
         assert result.returncode == 0, result.stdout[-3000:]
       else:
         result = run_pretraining(*flags, timeout=600)
@@ -410,7 +405,7 @@ def test_a_sigkilled_run_with_dropout_resumes_the_loss_curve_bit_identically(
   assert status != 0
   if launcher == "gloo":
     rerun = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           universal_newlines=True, env=_env(), timeout=600)
+                           universal_newlines=True, env=horovod_env(), timeout=600)
   else:
     rerun = run_pretraining(*flags, timeout=600)
   assert rerun.returncode == 0, rerun.stdout[-3000:] + (rerun.stderr or "")[-3000:]
@@ -476,7 +471,7 @@ def test_a_two_rank_run_resumed_on_one_rank_or_mirrored_trains_the_next_records_
   first = subprocess.run(GLOO + rank_command("--horovod", *_layout_flags(
       pretraining_data, two, num_train_steps=4, train_batch_size=2)),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         universal_newlines=True, env=_env(), timeout=600)
+                         universal_newlines=True, env=horovod_env(), timeout=600)
   assert first.returncode == 0, first.stdout[-3000:]
   assert _trained(two) == {u: uninterrupted_order[u] for u in range(1, 5)}
   was = "was horovod, 2 processes, 2 replicas x batch 2 x 1 accumulation = global batch 4"
@@ -550,7 +545,7 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
         ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + _layout_flags(
             pretraining_data, out, num_train_steps=6),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-        env=dict(_env(), DRY_RUN=dry_run, IX_NUM_CUDA_VISIBLE_DEVICES="2"), timeout=300)
+        env=dict(horovod_env(), DRY_RUN=dry_run, IX_NUM_CUDA_VISIBLE_DEVICES="2"), timeout=300)
     assert script.returncode == 2, script.stdout + script.stderr
     assert script.stderr.strip().splitlines()[-1].startswith(
         "run_pretraining: error: --output_dir=%s was trained with a global batch of 4 (1 "
@@ -696,7 +691,7 @@ def _stop_script(mode, out):
   proc = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, mode, str(out / "mlperf.log"),
                            str(out / "dllog.json")],
                           stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True, env=_env())
+                          stderr=subprocess.PIPE, universal_newlines=True, env=horovod_env())
   assert proc.stdout.readline() == "ready\n"
   return proc
 
