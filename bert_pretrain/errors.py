@@ -225,7 +225,7 @@ def stopped_by_signal(tool, error, fix, stream=None):
   stream = stream or sys.stderr
   # Python 3.8+ run as `python3 -m` kills itself with SIGINT at exit, whatever status it
   # returns, once a Ctrl-C went through code that exec or eval ran from a string (as
-  # namedtuple's and dataclasses' is, while TensorFlow imports); a string exec clears that.
+  # namedtuple's and dataclasses' is, while modules import); a string exec clears that.
   exec("")  # pylint: disable=exec-used
   if isinstance(error, Terminated):
     stream.write("%s: terminated (SIGTERM); %s\n" % (tool, fix))
