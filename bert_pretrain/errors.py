@@ -223,9 +223,8 @@ def stopped_by_signal(tool, error, fix, stream=None):
   Ctrl-C's KeyboardInterrupt; returns the exit status a shell gives a process the signal
   ended, so a scheduler or a script still sees what ended it: 128 + 15, or 128 + 2."""
   stream = stream or sys.stderr
-  # Python 3.8+ run as `python3 -m` kills itself with SIGINT at exit, whatever status it
-  # returns, once a Ctrl-C went through code that exec or eval ran from a string (as
-  # namedtuple's and dataclasses' is, while modules import); a string exec clears that.
+  # A Ctrl-C raised in code exec/eval ran from a string (dataclasses, namedtuple) makes
+  # Python 3.8+ die of SIGINT at exit whatever status -m returns; a string exec clears it.
   exec("")  # pylint: disable=exec-used
   if isinstance(error, Terminated):
     stream.write("%s: terminated (SIGTERM); %s\n" % (tool, fix))

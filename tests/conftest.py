@@ -528,9 +528,9 @@ def rewrite_checkpoint(prefix, out_prefix, change=lambda name, value: value, ext
 
 def horovod_env(**extra):
   """The environment of a launcher, horovodrun or mpirun: the repository first, TensorFlow
-  quiet, Open MPI allowed as root and its ranks yielding the core as they wait (they share
-  the machine's with the other tests' processes, where a rank's busy polling costs a job
-  of two ranks about 5 s of CPU); keyword arguments add or replace variables."""
+  quiet, Open MPI allowed as root, its ranks yielding their core while they wait (busy
+  polling took CPU the other tests' processes need); keyword arguments add or replace
+  variables."""
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
              OMPI_MCA_mpi_yield_when_idle="1")

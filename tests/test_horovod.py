@@ -429,8 +429,8 @@ def _catches(pid, signum):
 
 
 def test_kill_int_while_the_launcher_checks_ends_it_in_one_line(pretraining_data, tmp_path):
-  # Started as a script's `&` starts it; the signal comes as it checks the flags and
-  # inputs (a rank's --check_only, a second or more), before any rank: once it catches SIGINT,
+  # Started as a script's `&` starts it; the signal comes as it checks the flags and inputs
+  # (a rank's --check_only, a second or more), before any rank: once it catches SIGINT,
   # which it does right before (a fixed delay on a loaded machine came before, ignored).
   command = [sys.executable, "-m", "bert_pretrain.distributed.launch", "run", "horovodrun",
              "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",

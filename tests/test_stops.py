@@ -84,7 +84,7 @@ def test_a_tool_started_with_ctrl_c_ignored_takes_a_kill_int():
 
 
 def test_a_ctrl_c_raised_in_code_run_from_a_string_still_exits_130_as_a_module(tmp_path):
-  # Python 3.11 marks such a KeyboardInterrupt unhandled, caught or not, and a `-m` run
+  # Python 3.8+ marks such a KeyboardInterrupt unhandled, caught or not, and a `-m` run
   # then dies of SIGINT at exit (-2): the launcher's flag check imports config.py, whose
   # dataclasses are built so (and namedtuples are).
   (tmp_path / "from_a_string.py").write_text(

@@ -545,7 +545,7 @@ def test_what_changes_the_data_order_is_refused_and_the_allowed_change_continues
         ["bash", os.path.join(ROOT, "run_multi_card_FPS.sh")] + _layout_flags(
             pretraining_data, out, num_train_steps=6),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-        env=dict(horovod_env(), DRY_RUN=dry_run, IX_NUM_CUDA_VISIBLE_DEVICES="2"), timeout=300)
+        env=horovod_env(DRY_RUN=dry_run, IX_NUM_CUDA_VISIBLE_DEVICES="2"), timeout=300)
     assert script.returncode == 2, script.stdout + script.stderr
     assert script.stderr.strip().splitlines()[-1].startswith(
         "run_pretraining: error: --output_dir=%s was trained with a global batch of 4 (1 "
